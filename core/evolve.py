@@ -1,0 +1,370 @@
+"""`evolve(state, event)`: the only code that changes a State.
+
+Decisions emit events; each event is applied here at once, so a replay of the log through
+`evolve` alone rebuilds exactly the state the live scheduler had. Handlers trust the
+event: checks belong to the decision that emitted it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from . import types as T
+from .policy import with_params
+from .state import (
+    FINISHED, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING,
+    Checkpoint, Job, Ledger, LevelWait, Node, Saga, State, Window, Estimate,
+    hold_add, hold_remove, job_progress_ms, queue_add, queue_remove, set_holder,
+    _index_node_capacity, node_free_count,
+)
+
+LEVEL_WAIT_HORIZON = 100  # samples in the running mean of a level's wait
+
+
+def evolve(state: State, ev: T.Event) -> None:
+    state.c.t = ev.t
+    handler = _HANDLERS.get(type(ev))
+    if handler is not None:
+        handler(state, ev)
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def _node_joined(s: State, ev: T.NodeJoined) -> None:
+    node = Node(name=ev.node, gpu_model=ev.gpu_model, gpus=ev.gpus, holder=[""] * ev.gpus)
+    s.c.nodes[ev.node] = node
+    _index_node_capacity(s.ix, node)
+
+
+def _node_lost(s: State, ev: T.NodeLost) -> None:
+    node = s.c.nodes[ev.node]
+    ix = s.ix
+    model = node.gpu_model
+    free = node_free_count(node)
+    ix.capacity_by_model[model] -= node.gpus
+    ix.total_gpus -= node.gpus
+    ix.free_by_model[model] -= free
+    bucket = ix.free_buckets[model][free]
+    del bucket[node.name]
+    if not bucket:
+        del ix.free_buckets[model][free]
+    sizes = [n.gpus for name, n in sorted(s.c.nodes.items())
+             if n.up and n.gpu_model == model and name != node.name]
+    ix.node_size_max_by_model[model] = max(sizes, default=0)
+    node.up = False
+    node.holder = [""] * node.gpus
+    ix.jobs_by_node.pop(node.name, None)
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
+    job = Job(
+        id=ev.job, team=ev.team, user=ev.user, kind=ev.kind, level=ev.level,
+        requested_level=ev.requested_level, eff_level=ev.level, gpus=ev.gpus,
+        gpu_models=list(ev.gpu_models), est_runtime_ms=int(ev.est_runtime_s * 1000),
+        ckpt_interval_ms=int(ev.ckpt_interval_s * 1000), ckpt_cost_ms=int(ev.ckpt_cost_s * 1000),
+        restore_cost_ms=int(ev.restore_cost_s * 1000), preemptible=ev.preemptible,
+        command=list(ev.command), variant=ev.variant, submit_t=ev.t, queued_since_t=ev.t,
+        level_since_t=ev.t,
+    )
+    s.c.jobs[job.id] = job
+    queue_add(s.ix, job)
+
+
+def _occupy(s: State, job: Job, placement: list[T.Slot]) -> None:
+    for slot in placement:
+        for gpu in slot.gpus:
+            set_holder(s.c, s.ix, slot.node, gpu, job.id)
+        s.ix.jobs_by_node.setdefault(slot.node, {})[job.id] = None
+
+
+def _vacate(s: State, job: Job) -> None:
+    for slot in job.placement:
+        node = s.c.nodes[slot.node]
+        for gpu in slot.gpus:
+            if node.holder[gpu] == job.id:
+                set_holder(s.c, s.ix, slot.node, gpu, "")
+        on_node = s.ix.jobs_by_node.get(slot.node)
+        if on_node is not None:
+            on_node.pop(job.id, None)
+
+
+def _start_requested(s: State, ev: T.JobStartRequested | T.JobResumeRequested) -> None:
+    job = s.c.jobs[ev.job]
+    if job.state == QUEUED:
+        queue_remove(s.ix, job)
+        hold_add(s.ix, job)
+        s.c.rr_last_team[job.eff_level] = job.team
+    elif job.state == RELEASED:  # a rolled-back victim gets its GPUs back
+        hold_add(s.ix, job)
+    job.state = STARTING
+    job.placement = list(ev.placement)
+    job.saga = ""
+    _occupy(s, job, job.placement)
+
+
+def _job_running(s: State, ev: T.JobRunning) -> None:
+    job = s.c.jobs[ev.job]
+    job.state = RUNNING
+    job.run_started_t = ev.t
+    job.frozen_t = 0
+    job.resume_pending = False
+    if job.first_start_t == 0:
+        job.first_start_t = ev.t
+    if job.preempt_count:
+        job.protected_until_t = ev.t + s.c.policy.min_run_after_restart_ms * job.preempt_count
+    wait = s.c.level_wait[job.level]
+    samples = min(wait.samples + 1, LEVEL_WAIT_HORIZON)
+    s.c.level_wait[job.level] = LevelWait(
+        samples=wait.samples + 1, mean_ms=wait.mean_ms + (ev.waited_ms - wait.mean_ms) / samples)
+
+
+def _job_ended(s: State, ev: T.JobFinished | T.JobFailed | T.JobCancelled) -> None:
+    job = s.c.jobs.pop(ev.job)
+    if job.state == QUEUED:
+        queue_remove(s.ix, job)
+    elif job.state in HOLDING:
+        _vacate(s, job)
+        hold_remove(s.ix, job)
+    if isinstance(ev, T.JobFinished):
+        final = FINISHED
+        _learn_runtime(s, job, ev.run_ms)
+    else:
+        final = "failed" if isinstance(ev, T.JobFailed) else "cancelled"
+    s.c.done[job.id] = final
+    s.c.done_count += 1
+    s.c.done_hash = hashlib.sha256(f"{s.c.done_hash}|{job.id}|{final}".encode()).hexdigest()
+
+
+def _learn_runtime(s: State, job: Job, run_ms: int) -> None:
+    key = f"{job.team}/{job.kind}"
+    est = s.c.estimates.get(key) or Estimate()
+    samples = est.samples + 1
+    s.c.estimates[key] = Estimate(samples=samples, mean_ms=est.mean_ms + (run_ms - est.mean_ms) / samples)
+
+
+def _job_requeued(s: State, ev: T.JobRequeued) -> None:
+    job = s.c.jobs[ev.job]
+    if job.state in HOLDING:
+        _vacate(s, job)
+        hold_remove(s.ix, job)
+    restored = job.checkpoints[-1].progress_ms if job.checkpoints else 0
+    job.progress_ms = restored
+    job.run_started_t = 0
+    job.frozen_t = 0
+    job.ckpt_started_t = 0
+    job.saga = ""
+    job.state = QUEUED
+    job.preempt_count = ev.preempt_count
+    job.boost = ev.boost
+    job.eff_level = max(0, job.level - ev.boost)
+    job.queued_since_t = ev.t
+    job.level_since_t = ev.t
+    job.resume_pending = bool(job.checkpoints)
+    job.placement = []
+    queue_add(s.ix, job)
+
+
+def _priority_aged(s: State, ev: T.PriorityAged) -> None:
+    job = s.c.jobs[ev.job]
+    queue_remove(s.ix, job)
+    job.eff_level = ev.to_level
+    job.level_since_t = ev.t
+    queue_add(s.ix, job)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def _checkpoint_began(s: State, ev: T.CheckpointBegan) -> None:
+    s.c.jobs[ev.job].ckpt_started_t = ev.t
+
+
+def _checkpoint_recorded(s: State, ev: T.CheckpointRecorded) -> None:
+    job = s.c.jobs[ev.job]
+    job.checkpoints = (job.checkpoints + [Checkpoint(
+        step=ev.step, digest=ev.digest, bytes=ev.bytes, progress_ms=ev.progress_ms, t=ev.t,
+    )])[-s.c.policy.checkpoints_kept:]
+    job.ckpt_started_t = 0
+
+
+def _checkpoint_failed(s: State, ev: T.CheckpointFailedRecorded) -> None:
+    s.c.jobs[ev.job].ckpt_started_t = 0
+
+
+def _checkpoint_fallback(s: State, ev: T.CheckpointFallback) -> None:
+    job = s.c.jobs[ev.job]
+    keep: list[Checkpoint] = []
+    for ckpt in job.checkpoints:
+        if ckpt.digest == ev.bad_digest:
+            break
+        keep.append(ckpt)
+    job.checkpoints = keep
+    if job.state != RUNNING:
+        job.progress_ms = keep[-1].progress_ms if keep else 0
+
+
+def _safe_point(s: State, ev: T.SafePointReached) -> None:
+    job = s.c.jobs[ev.job]
+    if job.frozen_t == 0:
+        job.frozen_t = ev.t
+
+
+# ---------------------------------------------------------------- sagas
+
+
+def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
+    c = s.c
+    preemptor = c.jobs[ev.preemptor]
+    queue_remove(s.ix, preemptor)
+    hold_add(s.ix, preemptor)
+    preemptor.state = RESERVED
+    preemptor.saga = ev.saga
+    preemptor.placement = list(ev.placement)
+    for slot in ev.placement:
+        node = c.nodes[slot.node]
+        for gpu in slot.gpus:
+            if node.holder[gpu] == "":
+                set_holder(c, s.ix, slot.node, gpu, preemptor.id)
+    for victim_id in ev.victims:
+        victim = c.jobs[victim_id]
+        victim.state = PREEMPTING
+        victim.saga = ev.saga
+        _window(c.team_windows, victim.team).preempted.append(ev.t)
+        _window(c.user_windows, victim.user).preempted.append(ev.t)
+    _window(c.team_windows, preemptor.team).preempting.append(ev.t)
+    _window(c.user_windows, preemptor.user).preempting.append(ev.t)
+    _prune_windows(c, ev.t)
+    c.sagas[ev.saga] = Saga(
+        id=ev.saga, preemptor=ev.preemptor, victims=list(ev.victims), released=[],
+        placement=list(ev.placement), deadline_t=ev.deadline_t, planned_t=ev.t,
+        benefit=ev.benefit, cost=ev.cost)
+    c.saga_count += 1
+
+
+def _window(windows: dict[str, Window], key: str) -> Window:
+    win = windows.get(key)
+    if win is None:
+        win = windows[key] = Window()
+    return win
+
+
+def _prune_windows(c, t: int) -> None:
+    start = t - c.policy.fairness_window_ms
+    for windows in (c.team_windows, c.user_windows):
+        for key in sorted(windows):
+            win = windows[key]
+            win.preempting = [x for x in win.preempting if x > start]
+            win.preempted = [x for x in win.preempted if x > start]
+            if not win.preempting and not win.preempted:
+                del windows[key]
+
+
+def _victim_released(s: State, ev: T.VictimReleased) -> None:
+    c = s.c
+    saga = c.sagas[ev.saga]
+    victim = c.jobs[ev.job]
+    victim.progress_ms = job_progress_ms(victim, ev.t)
+    victim.run_started_t = 0
+    victim.frozen_t = 0
+    _vacate(s, victim)
+    hold_remove(s.ix, victim)
+    victim.state = RELEASED
+    for slot in saga.placement:
+        node = c.nodes[slot.node]
+        for gpu in slot.gpus:
+            if node.holder[gpu] == "":
+                set_holder(c, s.ix, slot.node, gpu, saga.preemptor)
+    saga.released.append(ev.job)
+
+
+def _preemption_committed(s: State, ev: T.PreemptionCommitted) -> None:
+    s.c.sagas.pop(ev.saga)
+
+
+def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
+    c = s.c
+    saga = c.sagas.pop(ev.saga)
+    preemptor = c.jobs.get(saga.preemptor)
+    if preemptor is not None and preemptor.state == RESERVED:
+        _vacate(s, preemptor)
+        hold_remove(s.ix, preemptor)
+        preemptor.state = QUEUED
+        preemptor.saga = ""
+        preemptor.placement = []
+        queue_add(s.ix, preemptor)
+    for victim_id in saga.victims:
+        victim = c.jobs.get(victim_id)
+        if victim is None:
+            continue
+        victim.saga = ""
+        if victim.state == PREEMPTING:
+            victim.progress_ms = job_progress_ms(victim, ev.t)
+            victim.run_started_t = ev.t
+            victim.frozen_t = 0
+            victim.state = RUNNING
+
+
+# ---------------------------------------------------------------- fairness, ledger, policy
+
+
+def _declined(s: State, ev: T.PreemptionDeclined) -> None:
+    s.c.jobs[ev.job].last_decline = ev.reason
+
+
+def _team_protected(s: State, ev: T.TeamProtected) -> None:
+    s.c.team_protected_until[ev.team] = ev.until_t
+
+
+def _team_downgraded(s: State, ev: T.TeamDowngraded) -> None:
+    s.c.team_downgraded_until[ev.team] = ev.until_t
+
+
+def _compensation(s: State, ev: T.CompensationGranted) -> None:
+    entry = s.c.ledger.get(ev.team) or Ledger()
+    if ev.kind == "quota_gpu_hours":
+        entry.quota_gpu_hours += ev.amount
+    elif ev.kind == "fee_credit":
+        entry.fee_credit += ev.amount
+    else:
+        entry.priority_boosts += int(ev.amount)
+    s.c.ledger[ev.team] = entry
+    job = s.c.jobs.get(ev.job)
+    if job is not None and ev.kind == "fee_credit":
+        job.compensations += 1
+
+
+def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
+    s.c.policy = with_params(s.c.policy, ev.params)
+
+
+_HANDLERS = {
+    T.NodeJoined: _node_joined,
+    T.NodeLost: _node_lost,
+    T.JobSubmitted: _job_submitted,
+    T.JobStartRequested: _start_requested,
+    T.JobResumeRequested: _start_requested,
+    T.JobRunning: _job_running,
+    T.JobFinished: _job_ended,
+    T.JobFailed: _job_ended,
+    T.JobCancelled: _job_ended,
+    T.JobRequeued: _job_requeued,
+    T.PriorityAged: _priority_aged,
+    T.CheckpointBegan: _checkpoint_began,
+    T.CheckpointRecorded: _checkpoint_recorded,
+    T.CheckpointFailedRecorded: _checkpoint_failed,
+    T.CheckpointFallback: _checkpoint_fallback,
+    T.SafePointReached: _safe_point,
+    T.PreemptionPlanned: _preemption_planned,
+    T.VictimReleased: _victim_released,
+    T.PreemptionCommitted: _preemption_committed,
+    T.PreemptionRolledBack: _preemption_rolled_back,
+    T.PreemptionDeclined: _declined,
+    T.TeamProtected: _team_protected,
+    T.TeamDowngraded: _team_downgraded,
+    T.CompensationGranted: _compensation,
+    T.PolicyChanged: _policy_changed,
+}

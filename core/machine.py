@@ -1,0 +1,626 @@
+"""`step(state, input) -> (state, records)`: the one entry point of the scheduler, used
+live, in replay and in the simulator.
+
+Each input is checked, then decided on: decisions emit events, each event is applied by
+`evolve` at once and sealed into the hash chain. After the input's own events comes a
+scheduling pass: saga deadlines, aging, placement of queued jobs in level and policy
+order, and preemption for blocked jobs that may preempt. An input that emits nothing
+leaves the state untouched (a quiet tick is not logged at all).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import math
+import re
+
+from . import types as T
+from .evolve import evolve
+from .placement import acceptable_models, free_gpus, place, placement_nodes
+from .policy import PolicyError, with_params
+from .preemption import Decline, may_preempt, plan_preemption, victim_cost, expected_runtime_ms
+from .state import (
+    HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
+    job_progress_ms, last_checkpoint, queue_depth, state_digest, window_count,
+)
+from .types import LEVELS
+
+JOB_ID_LENGTH_MAX = 200
+KIND_SUFFIX = re.compile(r"[-_.]?\d+$")
+# Inputs after which blocked jobs are reconsidered for preemption; saga progress reports
+# (started, safe_point, released...) change nothing a blocked job's decision depends on.
+PREEMPTION_TRIGGERS = (T.Submit, T.Tick, T.CheckpointSaved, T.SetPolicy, T.NodeUp, T.Cancel)
+
+
+class Ctx:
+    """Collects the records of one step; every emit applies the event at once."""
+
+    __slots__ = ("state", "inp", "records", "accepted")
+
+    def __init__(self, state: State, inp: T.Input) -> None:
+        self.state = state
+        self.inp = inp
+        self.records: list[T.Record] = []
+        self.accepted = False
+
+    def emit(self, ev: T.Event) -> None:
+        if not self.accepted and not isinstance(ev, T.InputRejected):
+            self.accepted = True
+            self._seal(T.InputAccepted(t=self.inp.t, input=self.inp))
+        self._seal(ev)
+
+    def _seal(self, ev: T.Event) -> None:
+        c = self.state.c
+        evolve(self.state, ev)
+        data = T.encode(ev)
+        prev = c.chain
+        n = c.events_n + 1
+        digest = hashlib.sha256(prev.encode() + data).hexdigest()
+        c.events_n = n
+        c.chain = digest
+        c.last_input_seq = max(c.last_input_seq, self.inp.seq)
+        self.records.append(T.Record(n=n, prev=prev, hash=digest, input_seq=self.inp.seq, event=ev))
+        if n % c.policy.digest_every_events == 0 and not isinstance(ev, T.StateDigest):
+            self._seal(T.StateDigest(t=c.t, digest=state_digest(c), events=n))
+
+
+def new_state(policy=None) -> State:
+    state = State()
+    if policy is not None:
+        state.c.policy = policy
+    return state
+
+
+def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
+    ctx = Ctx(state, inp)
+    reason = _check_common(state, inp)
+    if reason:
+        _reject(ctx, reason[0], reason[1])
+        return state, ctx.records
+    handler = _HANDLERS[type(inp)]
+    handler(ctx, inp)
+    if ctx.records and isinstance(ctx.records[-1].event, T.InputRejected) and not ctx.accepted:
+        return state, ctx.records
+    schedule(ctx, consider_preemption=isinstance(inp, PREEMPTION_TRIGGERS))
+    return state, ctx.records
+
+
+def _check_common(state: State, inp: T.Input) -> tuple[str, str] | None:
+    if isinstance(inp, T.Malformed):
+        return "malformed_input", inp.error
+    if inp.v != T.SCHEMA_VERSION:
+        return "unsupported_schema_version", f"v={inp.v}; this scheduler reads v={T.SCHEMA_VERSION}"
+    if inp.t < state.c.t:
+        return "time_must_not_go_back", f"t={inp.t} is before the last recorded t={state.c.t}"
+    if state.c.last_input_seq and 0 < inp.seq <= state.c.last_input_seq:
+        return "input_already_applied", f"seq={inp.seq} <= last applied {state.c.last_input_seq}"
+    return None
+
+
+def _reject(ctx: Ctx, reason: str, detail: str = "") -> None:
+    inp = ctx.inp
+    ctx.emit(T.InputRejected(t=max(inp.t, ctx.state.c.t), reason=reason, detail=detail,
+                             input_type=type(inp).__struct_config__.tag, job=T.input_job(inp)))
+
+
+# ---------------------------------------------------------------- input handlers
+
+
+def _on_node_up(ctx: Ctx, inp: T.NodeUp) -> None:
+    if not inp.node:
+        return _reject(ctx, "node_must_be_named")
+    if inp.gpus <= 0:
+        return _reject(ctx, "gpus_must_be_positive", f"node {inp.node} reported {inp.gpus} GPUs")
+    if not inp.gpu_model:
+        return _reject(ctx, "gpu_model_must_be_set")
+    node = ctx.state.c.nodes.get(inp.node)
+    if node is not None and node.up:
+        if node.gpus == inp.gpus and node.gpu_model == inp.gpu_model:
+            return  # a repeated report: nothing changes, nothing is logged
+        return _reject(ctx, "node_already_up_with_other_inventory",
+                       f"{inp.node} is up with {node.gpus}x{node.gpu_model}; send node_down first")
+    ctx.emit(T.NodeJoined(t=inp.t, node=inp.node, gpu_model=inp.gpu_model, gpus=inp.gpus))
+
+
+def _on_node_down(ctx: Ctx, inp: T.NodeDown) -> None:
+    node = ctx.state.c.nodes.get(inp.node)
+    if node is None or not node.up:
+        return _reject(ctx, "unknown_node", f"{inp.node} is not up")
+    lose_node(ctx, inp.node, inp.reason)
+
+
+def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
+    c = ctx.state.c
+    t = ctx.inp.t
+    for saga_id in sorted(c.sagas):
+        saga = c.sagas[saga_id]
+        touched = any(slot.node == node_name for slot in saga.placement) or any(
+            slot.node == node_name for v in saga.victims if v in c.jobs for slot in c.jobs[v].placement)
+        if touched:
+            rollback(ctx, saga_id, "node_lost", lost_node=node_name)
+    jobs = sorted(ctx.state.ix.jobs_by_node.get(node_name, {}))
+    for job_id in jobs:
+        job = c.jobs[job_id]
+        if job.state in HOLDING:
+            requeue(ctx, job, "node_lost", counts_as_preemption=False)
+    ctx.emit(T.NodeLost(t=t, node=node_name, reason=reason, jobs=jobs))
+
+
+def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
+    c = ctx.state.c
+    p = c.policy
+    problem = _submit_problem(c, inp)
+    if problem:
+        return _reject(ctx, *problem)
+    level = inp.level
+    if c.team_downgraded_until.get(inp.team, 0) > inp.t and level < p.downgrade_applies_below_level:
+        level = min(LEVELS - 1, level + p.downgrade_levels)
+    ctx.emit(T.JobSubmitted(
+        t=inp.t, job=inp.job, team=inp.team, user=inp.user, level=level,
+        requested_level=inp.level, gpus=inp.gpus, gpu_models=sorted(inp.gpu_models),
+        kind=inp.kind or KIND_SUFFIX.sub("", inp.job) or inp.job,
+        est_runtime_s=_or(inp.est_runtime_s, p.default_est_runtime_s),
+        ckpt_interval_s=_or(inp.ckpt_interval_s, p.default_ckpt_interval_s),
+        ckpt_cost_s=_or(inp.ckpt_cost_s, p.default_ckpt_cost_s),
+        restore_cost_s=_or(inp.restore_cost_s, p.default_restore_cost_s),
+        preemptible=inp.preemptible, command=list(inp.command)))
+
+
+def _or(value: float | None, default: float) -> float:
+    return float(default if value is None else value)
+
+
+def _submit_problem(c, inp: T.Submit) -> tuple[str, str] | None:
+    if not inp.job:
+        return "job_must_be_named", "give the job an id"
+    if len(inp.job) > JOB_ID_LENGTH_MAX:
+        return "job_id_too_long", f"at most {JOB_ID_LENGTH_MAX} characters"
+    if inp.job in c.jobs or inp.job in c.done:
+        return "job_id_already_used", f"{inp.job} was submitted before; pick a new id"
+    if not inp.team:
+        return "team_must_be_set", "every job belongs to a team"
+    if not inp.user:
+        return "user_must_be_set", "every job belongs to a user"
+    if not 0 <= inp.level < LEVELS:
+        return "level_must_be_0_to_7", f"got level {inp.level}"
+    if inp.gpus <= 0:
+        return "gpus_must_be_positive", f"got gpus {inp.gpus}"
+    for name in ("est_runtime_s", "ckpt_interval_s", "ckpt_cost_s", "restore_cost_s"):
+        value = getattr(inp, name)
+        if value is not None and (value < 0 or math.isnan(value) or math.isinf(value)):
+            return f"{name}_must_be_non_negative", f"got {name} {value}"
+    if inp.est_runtime_s is not None and inp.est_runtime_s == 0:
+        return "est_runtime_s_must_be_positive", "leave it out if unknown"
+    return None
+
+
+def _job_or_reject(ctx: Ctx, inp, states: tuple[str, ...]) -> Job | None:
+    job = ctx.state.c.jobs.get(inp.job)
+    if job is None:
+        done = ctx.state.c.done.get(inp.job)
+        _reject(ctx, "unknown_job" if done is None else f"job_already_{done}", inp.job)
+        return None
+    if job.state not in states:
+        tag = type(inp).__struct_config__.tag
+        _reject(ctx, f"job_is_{job.state}", f"{tag} for {job.id} needs it {' or '.join(states)}")
+        return None
+    return job
+
+
+def _on_cancel(ctx: Ctx, inp: T.Cancel) -> None:
+    job = _job_or_reject(ctx, inp, (QUEUED, STARTING, RUNNING, RESERVED, PREEMPTING, RELEASED))
+    if job is None:
+        return
+    nodes = placement_nodes(job.placement) if job.state in (STARTING, RUNNING, PREEMPTING) else []
+    if job.state == RESERVED:
+        rollback(ctx, job.saga, "preemptor_cancelled")
+    elif job.state == PREEMPTING:
+        release_victim(ctx, job)
+    ctx.emit(T.JobCancelled(t=inp.t, job=job.id, nodes=nodes))
+    if job.saga and job.saga in ctx.state.c.sagas:
+        commit_if_complete(ctx, ctx.state.c.sagas[job.saga].id)
+
+
+def _on_started(ctx: Ctx, inp: T.Started) -> None:
+    job = _job_or_reject(ctx, inp, (STARTING,))
+    if job is None:
+        return
+    ctx.emit(T.JobRunning(t=inp.t, job=job.id, waited_ms=inp.t - job.queued_since_t))
+
+
+def _on_checkpoint_started(ctx: Ctx, inp: T.CheckpointStarted) -> None:
+    job = _job_or_reject(ctx, inp, (RUNNING, PREEMPTING))
+    if job is not None:
+        ctx.emit(T.CheckpointBegan(t=inp.t, job=job.id))
+
+
+def _on_checkpoint_saved(ctx: Ctx, inp: T.CheckpointSaved) -> None:
+    job = _job_or_reject(ctx, inp, (RUNNING, PREEMPTING, RELEASED))
+    if job is None:
+        return
+    if not inp.digest:
+        return _reject(ctx, "digest_must_be_set", "a checkpoint without a digest cannot be verified")
+    if inp.bytes < 0 or inp.step < 0:
+        return _reject(ctx, "step_and_bytes_must_be_non_negative")
+    # The checkpoint holds the progress made when the save began (training pauses to save).
+    at = job.ckpt_started_t or job.frozen_t or inp.t
+    progress = job_progress_ms(job, at) if job.state != RELEASED else job.progress_ms
+    ctx.emit(T.CheckpointRecorded(t=inp.t, job=job.id, step=inp.step, digest=inp.digest,
+                                  bytes=inp.bytes, progress_ms=progress))
+
+
+def _on_checkpoint_failed(ctx: Ctx, inp: T.CheckpointFailed) -> None:
+    job = _job_or_reject(ctx, inp, (RUNNING, PREEMPTING, STARTING, RELEASED))
+    if job is None:
+        return
+    if job.state == STARTING and inp.digest:
+        return _fallback(ctx, job, inp.digest)
+    ctx.emit(T.CheckpointFailedRecorded(t=inp.t, job=job.id, reason=inp.reason))
+    if job.state == PREEMPTING:
+        rollback(ctx, job.saga, "victim_checkpoint_failed")
+
+
+def _fallback(ctx: Ctx, job: Job, bad_digest: str) -> None:
+    index = next((i for i, ck in enumerate(job.checkpoints) if ck.digest == bad_digest), None)
+    if index is None:
+        return _reject(ctx, "unknown_checkpoint_digest", f"{job.id} has no checkpoint {bad_digest}")
+    good = job.checkpoints[index - 1] if index > 0 else None
+    lost = job.checkpoints[index].progress_ms - (good.progress_ms if good else 0)
+    ctx.emit(T.CheckpointFallback(t=ctx.inp.t, job=job.id, bad_digest=bad_digest,
+                                  to_step=good.step if good else 0,
+                                  to_digest=good.digest if good else "", lost_progress_ms=lost))
+
+
+def _on_safe_point(ctx: Ctx, inp: T.SafePoint) -> None:
+    job = _job_or_reject(ctx, inp, (PREEMPTING,))
+    if job is not None:
+        ctx.emit(T.SafePointReached(t=inp.t, job=job.id))
+
+
+def _on_released(ctx: Ctx, inp: T.Released) -> None:
+    job = _job_or_reject(ctx, inp, (PREEMPTING,))
+    if job is None:
+        return
+    saga_id = job.saga
+    release_victim(ctx, job)
+    commit_if_complete(ctx, saga_id)
+
+
+def _on_finished(ctx: Ctx, inp: T.Finished) -> None:
+    job = _job_or_reject(ctx, inp, (RUNNING, STARTING, PREEMPTING))
+    if job is None:
+        return
+    saga_id = job.saga
+    if job.state == PREEMPTING:
+        release_victim(ctx, job)
+    run_ms = job_progress_ms(job, inp.t)
+    nodes = placement_nodes(job.placement)
+    if inp.ok:
+        ctx.emit(T.JobFinished(t=inp.t, job=job.id, run_ms=run_ms, nodes=nodes))
+    else:
+        ctx.emit(T.JobFailed(t=inp.t, job=job.id, run_ms=run_ms, reason="exited_with_error", nodes=nodes))
+    if saga_id:
+        commit_if_complete(ctx, saga_id)
+
+
+def _on_tick(ctx: Ctx, inp: T.Tick) -> None:
+    return None
+
+
+def _on_set_policy(ctx: Ctx, inp: T.SetPolicy) -> None:
+    try:
+        with_params(ctx.state.c.policy, inp.params)
+    except PolicyError as err:
+        return _reject(ctx, "invalid_policy", str(err))
+    ctx.emit(T.PolicyChanged(t=inp.t, params=inp.params, by=inp.by, reason=inp.reason))
+
+
+# ---------------------------------------------------------------- sagas
+
+
+def release_victim(ctx: Ctx, job: Job) -> None:
+    last = last_checkpoint(job)
+    progress = job_progress_ms(job, ctx.inp.t)
+    lost = progress - (last.progress_ms if last else 0)
+    ctx.emit(T.VictimReleased(t=ctx.inp.t, saga=job.saga, job=job.id, lost_progress_ms=lost))
+
+
+def commit_if_complete(ctx: Ctx, saga_id: str) -> None:
+    c = ctx.state.c
+    saga = c.sagas.get(saga_id)
+    if saga is None:
+        return
+    pending = [v for v in saga.victims if v in c.jobs and c.jobs[v].state == PREEMPTING]
+    if pending:
+        return
+    t = ctx.inp.t
+    ctx.emit(T.PreemptionCommitted(t=t, saga=saga.id, preemptor=saga.preemptor, victims=saga.victims))
+    preemptor = c.jobs[saga.preemptor]
+    _request_start(ctx, preemptor, saga.placement)
+    for victim_id in saga.victims:
+        victim = c.jobs.get(victim_id)
+        if victim is not None and victim.state == RELEASED:
+            requeue(ctx, victim, "preempted", counts_as_preemption=True)
+
+
+def rollback(ctx: Ctx, saga_id: str, reason: str, lost_node: str = "") -> None:
+    c = ctx.state.c
+    saga = c.sagas[saga_id]
+    t = ctx.inp.t
+    ctx.emit(T.PreemptionRolledBack(t=t, saga=saga_id, reason=reason, preemptor=saga.preemptor,
+                                    victims=saga.victims))
+    for victim_id in saga.victims:
+        victim = c.jobs.get(victim_id)
+        if victim is None:
+            continue
+        if victim.state == RUNNING:  # had not released: it keeps running
+            ctx.emit(T.NoticeWithdrawn(t=t, saga=saga_id, job=victim_id,
+                                       nodes=placement_nodes(victim.placement)))
+        elif victim.state == RELEASED and lost_node in placement_nodes(victim.placement):
+            requeue(ctx, victim, "node_lost", counts_as_preemption=False)
+        elif victim.state == RELEASED:  # gets its own GPUs back, from its fresh checkpoint
+            last = last_checkpoint(victim)
+            ctx.emit(T.JobResumeRequested(
+                t=t, job=victim_id, placement=victim.placement,
+                nodes=placement_nodes(victim.placement), ckpt_step=last.step if last else 0,
+                ckpt_digest=last.digest if last else "", reason="rolled_back",
+                command=victim.command))
+
+
+def requeue(ctx: Ctx, job: Job, reason: str, counts_as_preemption: bool) -> None:
+    c = ctx.state.c
+    p = c.policy
+    t = ctx.inp.t
+    count = job.preempt_count + (1 if counts_as_preemption else 0)
+    boost = min(p.requeue_boost_max, p.requeue_boost_per_preemption * count)
+    last = last_checkpoint(job)
+    lost = job_progress_ms(job, t) - (last.progress_ms if last else 0)
+    if counts_as_preemption and count >= p.compensation_after_preemptions:
+        boost = min(LEVELS - 1, boost + p.compensation_priority_boost)
+        _compensate(ctx, job, count, lost)
+    ctx.emit(T.JobRequeued(t=t, job=job.id, boost=boost, reason=reason,
+                           lost_progress_ms=max(0, lost), preempt_count=count))
+
+
+def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
+    p = ctx.state.c.policy
+    t = ctx.inp.t
+    overhead_ms = job.ckpt_cost_ms + job.restore_cost_ms
+    lost_gpu_hours = job.gpus * (max(0, lost_ms) + overhead_ms) / 3_600_000
+    grants = [
+        ("quota_gpu_hours", round(lost_gpu_hours * p.compensation_quota_gpu_hours_per_lost, 6)),
+        ("priority_boost", float(p.compensation_priority_boost)),
+        ("fee_credit", round(lost_gpu_hours * p.fee_credit_per_gpu_hour, 6)),
+    ]
+    for kind, amount in grants:
+        ctx.emit(T.CompensationGranted(t=t, job=job.id, team=job.team, kind=kind, amount=amount,
+                                       preempt_count=count))
+
+
+def _request_start(ctx: Ctx, job: Job, placement: list[T.Slot]) -> None:
+    nodes = placement_nodes(placement)
+    last = last_checkpoint(job)
+    if job.resume_pending and last is not None:
+        ctx.emit(T.JobResumeRequested(t=ctx.inp.t, job=job.id, placement=placement, nodes=nodes,
+                                      ckpt_step=last.step, ckpt_digest=last.digest,
+                                      command=job.command))
+    else:
+        ctx.emit(T.JobStartRequested(t=ctx.inp.t, job=job.id, placement=placement, nodes=nodes,
+                                     command=job.command))
+
+
+# ---------------------------------------------------------------- the scheduling pass
+
+
+def schedule(ctx: Ctx, consider_preemption: bool) -> None:
+    _expire_sagas(ctx)
+    _age(ctx)
+    blocked = _place_queued(ctx)
+    if consider_preemption:
+        _preempt_for(ctx, blocked)
+
+
+def _expire_sagas(ctx: Ctx) -> None:
+    c = ctx.state.c
+    for saga_id in sorted(c.sagas):
+        if c.sagas[saga_id].deadline_t < ctx.inp.t:
+            rollback(ctx, saga_id, "deadline_passed")
+
+
+def aging_threshold_ms(state: State, level: int) -> int:
+    """Shrinks as the level's queue deepens and as its historical wait grows."""
+    p = state.c.policy
+    base = p.aging_threshold_ms[level]
+    depth = queue_depth(state.ix, level)
+    history = state.c.level_wait[level].mean_ms
+    speedup = (1.0 + p.aging_depth_factor * math.log2(1 + depth)
+               + p.aging_history_factor * history / max(base, 1))
+    return max(p.aging_threshold_min_ms, int(base / speedup))
+
+
+def _age(ctx: Ctx) -> None:
+    state = ctx.state
+    t = ctx.inp.t
+    for level in range(1, LEVELS):
+        aging = state.ix.aging[level]
+        if not aging:
+            continue
+        threshold = aging_threshold_ms(state, level)
+        due = []
+        for since, job_id in aging:
+            if since + threshold > t:
+                break
+            due.append(job_id)
+        for job_id in due:
+            job = state.c.jobs[job_id]
+            ctx.emit(T.PriorityAged(t=t, job=job_id, from_level=level, to_level=level - 1,
+                                    waited_ms=t - job.queued_since_t))
+
+
+def queue_order(state: State, level: int, limit: int) -> list[str]:
+    """Up to `limit` queued jobs of one level in the order its policy serves them."""
+    teams = state.ix.queues[level]
+    if not teams or limit <= 0:
+        return []
+    policy = state.c.policy.queue_policy[level]
+    names = sorted(teams)
+    if policy == "fcfs":
+        merged = heapq.merge(*(teams[name] for name in names))
+        return [job_id for _, job_id in itertools.islice(merged, limit)]
+    if policy == "fair_share":
+        return _fair_share_order(state, teams, names, limit)
+    return _round_robin_order(state, level, teams, names, limit)
+
+
+def _fair_share_order(state: State, teams, names: list[str], limit: int) -> list[str]:
+    c = state.c
+    usage = {}
+    for name in names:
+        bonus = c.ledger[name].quota_gpu_hours if name in c.ledger else 0.0
+        quota = c.policy.team_quota.get(name, 1.0) * (1.0 + bonus / 100.0)
+        usage[name] = (state.ix.team_gpus.get(name, 0), quota)
+    cursor = dict.fromkeys(names, 0)
+    order: list[str] = []
+    while len(order) < limit:
+        best = None
+        for name in names:
+            queue = teams[name]
+            i = cursor[name]
+            if i >= len(queue):
+                continue
+            used, quota = usage[name]
+            key = (used / quota, queue[i][0], name)
+            if best is None or key < best[0]:
+                best = (key, name)
+        if best is None:
+            break
+        name = best[1]
+        job_id = teams[name][cursor[name]][1]
+        cursor[name] += 1
+        used, quota = usage[name]
+        usage[name] = (used + c.jobs[job_id].gpus, quota)
+        order.append(job_id)
+    return order
+
+
+def _round_robin_order(state: State, level: int, teams, names: list[str], limit: int) -> list[str]:
+    last = state.c.rr_last_team[level]
+    start = next((i for i, name in enumerate(names) if name > last), 0)
+    rotation = names[start:] + names[:start]
+    order: list[str] = []
+    for rank in itertools.count():
+        added = False
+        for name in rotation:
+            queue = teams[name]
+            if rank < len(queue):
+                order.append(queue[rank][1])
+                added = True
+                if len(order) >= limit:
+                    return order
+        if not added:
+            return order
+    return order
+
+
+def _place_queued(ctx: Ctx) -> list[str]:
+    """Start every queued job that fits, in order; return the blocked ones that may preempt."""
+    state = ctx.state
+    c = state.c
+    p = c.policy
+    t = ctx.inp.t
+    budget = p.scan_jobs_max
+    blocked: list[str] = []
+    guarded_models: dict[str, None] = {}
+    for level in range(LEVELS):
+        if budget <= 0:
+            break
+        order = queue_order(state, level, budget)
+        budget -= len(order)
+        for job_id in order:
+            job = c.jobs[job_id]
+            models = acceptable_models(job.gpu_models, state.ix)
+            if any(m in guarded_models for m in models):
+                continue
+            placement = None
+            if free_gpus(models, state.ix) >= job.gpus:
+                placement = place(job.gpus, models, c.nodes, state.ix)
+            if placement is not None:
+                _request_start(ctx, job, placement)
+                continue
+            if may_preempt(state, job) and len(blocked) < p.preemption_candidates_max:
+                blocked.append(job_id)
+            if t - job.queued_since_t >= p.starvation_wait_ms:
+                guarded_models.update(dict.fromkeys(models))
+    return blocked
+
+
+def _preempt_for(ctx: Ctx, blocked: list[str]) -> None:
+    state = ctx.state
+    c = state.c
+    for job_id in blocked:
+        job = c.jobs.get(job_id)
+        if job is None or job.state != QUEUED:
+            continue
+        outcome = plan_preemption(state, job)
+        if isinstance(outcome, Decline):
+            if outcome.reason != job.last_decline:
+                ctx.emit(T.PreemptionDeclined(t=ctx.inp.t, job=job_id, reason=outcome.reason,
+                                              benefit=outcome.benefit, cost=outcome.cost))
+            continue
+        _start_saga(ctx, job, outcome)
+
+
+def _start_saga(ctx: Ctx, job: Job, plan) -> None:
+    c = ctx.state.c
+    p = c.policy
+    t = ctx.inp.t
+    saga_id = f"saga-{c.saga_count + 1}"
+    deadline = t + max(p.deadline_min_ms, plan.ready_ms + p.deadline_slack_ms)
+    victim_nodes = sorted(dict.fromkeys(s.node for v in plan.victims for s in c.jobs[v].placement))
+    ctx.emit(T.PreemptionPlanned(
+        t=t, saga=saga_id, preemptor=job.id, victims=plan.victims, placement=plan.placement,
+        deadline_t=deadline, benefit=plan.benefit, cost=plan.cost, reason=plan.reason,
+        victim_nodes=victim_nodes))
+    for victim_id in plan.victims:
+        victim = c.jobs[victim_id]
+        ctx.emit(T.VictimNotified(t=t, saga=saga_id, job=victim_id,
+                                  nodes=placement_nodes(victim.placement), deadline_t=deadline,
+                                  checkpoint_needed=plan.checkpoint_needed[victim_id]))
+    _fairness_after_plan(ctx, job, plan.victims)
+
+
+def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
+    c = ctx.state.c
+    p = c.policy
+    t = ctx.inp.t
+    teams = sorted(dict.fromkeys(c.jobs[v].team for v in victims))
+    for team in teams:
+        win = c.team_windows.get(team)
+        count = window_count(win.preempted, t, p.fairness_window_ms) if win else 0
+        if count >= p.team_preempted_max and c.team_protected_until.get(team, 0) <= t:
+            ctx.emit(T.TeamProtected(t=t, team=team, until_t=t + p.team_protect_ms,
+                                     preempted_in_window=count))
+    win = c.team_windows.get(preemptor.team)
+    count = window_count(win.preempting, t, p.fairness_window_ms) if win else 0
+    if count >= p.team_preempting_max and c.team_downgraded_until.get(preemptor.team, 0) <= t:
+        ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=t + p.team_downgrade_ms,
+                                  preempting_in_window=count))
+
+
+_HANDLERS = {
+    T.NodeUp: _on_node_up,
+    T.NodeDown: _on_node_down,
+    T.Submit: _on_submit,
+    T.Cancel: _on_cancel,
+    T.Started: _on_started,
+    T.CheckpointStarted: _on_checkpoint_started,
+    T.CheckpointSaved: _on_checkpoint_saved,
+    T.CheckpointFailed: _on_checkpoint_failed,
+    T.SafePoint: _on_safe_point,
+    T.Released: _on_released,
+    T.Finished: _on_finished,
+    T.Tick: _on_tick,
+    T.SetPolicy: _on_set_policy,
+}

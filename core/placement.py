@@ -1,0 +1,84 @@
+"""Gang placement on the GPU pool: all of a job's GPUs or none.
+
+A job that fits on one node goes on one node, best fit (the node left with the fewest free
+GPUs, then the smallest name). A job larger than any node of its models spans nodes,
+taking the emptiest nodes first so that it uses as few as possible. Pure functions over
+the node table and the free-count index.
+"""
+
+from __future__ import annotations
+
+from .state import Index, Node
+from .types import Slot
+
+
+def acceptable_models(job_models: list[str], ix: Index) -> list[str]:
+    """The job's models, or every model in the pool when it accepts any."""
+    if job_models:
+        return sorted(job_models)
+    return sorted(ix.capacity_by_model)
+
+
+def free_gpus(models: list[str], ix: Index) -> int:
+    return sum(ix.free_by_model.get(m, 0) for m in models)
+
+
+def node_size_max(models: list[str], ix: Index) -> int:
+    return max((ix.node_size_max_by_model.get(m, 0) for m in models), default=0)
+
+
+def place(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index) -> list[Slot] | None:
+    if free_gpus(models, ix) < gpus:
+        return None
+    if gpus <= node_size_max(models, ix):
+        return _place_on_one_node(gpus, models, nodes, ix)
+    return _place_across_nodes(gpus, models, nodes, ix)
+
+
+def _place_on_one_node(gpus: int, models: list[str], nodes: dict[str, Node],
+                       ix: Index) -> list[Slot] | None:
+    best: tuple[int, str] | None = None
+    for model in models:
+        buckets = ix.free_buckets.get(model, {})
+        fitting = [free for free in buckets if free >= gpus and buckets[free]]
+        if not fitting:
+            continue
+        free = min(fitting)
+        name = min(buckets[free])
+        if best is None or (free, name) < best:
+            best = (free, name)
+    if best is None:
+        return None
+    node = nodes[best[1]]
+    return [Slot(node=node.name, gpus=free_indices(node)[:gpus])]
+
+
+def _place_across_nodes(gpus: int, models: list[str], nodes: dict[str, Node],
+                        ix: Index) -> list[Slot] | None:
+    candidates: list[tuple[int, str]] = []
+    for model in models:
+        for free, bucket in ix.free_buckets.get(model, {}).items():
+            if free > 0:
+                candidates.extend((-free, name) for name in bucket)
+    candidates.sort()
+    placement: list[Slot] = []
+    needed = gpus
+    for neg_free, name in candidates:
+        take = min(-neg_free, needed)
+        placement.append(Slot(node=name, gpus=free_indices(nodes[name])[:take]))
+        needed -= take
+        if needed == 0:
+            return sorted(placement, key=lambda s: s.node)
+    return None
+
+
+def free_indices(node: Node) -> list[int]:
+    return [i for i, holder in enumerate(node.holder) if holder == ""]
+
+
+def placement_nodes(placement: list[Slot]) -> list[str]:
+    return sorted(dict.fromkeys(slot.node for slot in placement))
+
+
+def placement_gpus(placement: list[Slot]) -> int:
+    return sum(len(slot.gpus) for slot in placement)

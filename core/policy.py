@@ -1,0 +1,150 @@
+"""Every tunable of the scheduler in one typed config, with documented defaults.
+
+Loaded from TOML (`load_policy_toml`), changed at run time by `set_policy` inputs (which
+become `PolicyChanged` events so replay stays exact). Per-level lists have one entry per
+level, 0 (most urgent) to 7. Names end with their unit.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import msgspec
+
+from .types import LEVELS
+
+FCFS = "fcfs"
+FAIR_SHARE = "fair_share"
+ROUND_ROBIN = "round_robin"
+QUEUE_POLICIES = (FCFS, FAIR_SHARE, ROUND_ROBIN)
+
+
+class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # --- queues
+    # Queue order within each level: 0-2 first come first served, 3-5 team fair share by
+    # quota, 6-7 round robin over teams.
+    queue_policy: list[str] = msgspec.field(default_factory=lambda: [FCFS, FCFS, FCFS, FAIR_SHARE, FAIR_SHARE, FAIR_SHARE,
+                               ROUND_ROBIN, ROUND_ROBIN])
+    # Team weights for fair share; a team not listed weighs 1.
+    team_quota: dict[str, float] = {}
+    # Fraction of the pool each level keeps: a level's jobs are not preempted while the
+    # level holds no more than this share.
+    guaranteed_share: list[float] = msgspec.field(default_factory=lambda: [0.0, 0.0, 0.0, 0.05, 0.05, 0.05, 0.0, 0.0])
+    # Level L may preempt jobs of level >= preempts_from_level[L]; 8 means it may not preempt.
+    preempts_from_level: list[int] = msgspec.field(default_factory=lambda: [2, 3, 4, 6, 7, 8, 8, 8])
+    # Weight of one GPU-second of wait (benefit) or loss (cost) at each level.
+    level_weight: list[float] = msgspec.field(default_factory=lambda: [16.0, 8.0, 4.0, 2.0, 1.5, 1.0, 0.5, 0.25])
+    # Jobs considered per scheduling pass; bounds the cost of one decision.
+    scan_jobs_max: int = 256
+    # Blocked jobs considered for preemption per pass.
+    preemption_candidates_max: int = 4
+    # A blocked head job that has waited this long stops backfill on its GPU models.
+    starvation_wait_ms: int = 2 * 3600 * 1000
+
+    # --- aging: a job waiting longer than its level's threshold rises one level; the
+    # threshold shrinks as the queue deepens and as the level's historical wait grows.
+    aging_threshold_ms: list[int] = msgspec.field(default_factory=lambda: [0, 600_000, 900_000, 1_200_000, 1_800_000, 2_400_000,
+                                     3_600_000, 3_600_000])
+    aging_depth_factor: float = 0.25  # per doubling of queue depth
+    aging_history_factor: float = 0.5  # per threshold of historical mean wait
+    aging_threshold_min_ms: int = 60_000
+
+    # --- preemption decision
+    victims_per_preemption_max: int = 8
+    # Time for a victim to reach a safe point after the notice.
+    safe_point_ms: int = 30_000
+    # A checkpoint younger than this is fresh: the victim releases without saving again.
+    fresh_checkpoint_ms: int = 120_000
+    # Extra time on top of the expected safe point + checkpoint before a saga rolls back.
+    deadline_slack_ms: int = 120_000
+    deadline_min_ms: int = 180_000
+    # Defaults for what the submitter did not say.
+    default_est_runtime_s: float = 3600.0
+    default_ckpt_interval_s: float = 1800.0
+    default_ckpt_cost_s: float = 30.0
+    default_restore_cost_s: float = 30.0
+    # Finished jobs of one (team, kind) needed before history replaces the submitter's estimate.
+    estimate_samples_min: int = 3
+    # Net benefit (benefit - cost) must exceed this, in weighted GPU-seconds.
+    net_benefit_min: float = 0.0
+
+    # --- fairness, over a sliding window
+    fairness_window_ms: int = 3600 * 1000
+    team_preempted_max: int = 6  # then the team is protected
+    team_protect_ms: int = 1800 * 1000
+    team_preempting_max: int = 6  # then the team's new high-level jobs are downgraded
+    team_downgrade_ms: int = 1800 * 1000
+    downgrade_levels: int = 2
+    downgrade_applies_below_level: int = 3  # jobs submitted at levels < this are downgraded
+    user_preempted_max: int = 4
+    user_preempting_max: int = 4
+
+    # --- recovery and compensation
+    requeue_boost_per_preemption: int = 1
+    requeue_boost_max: int = 3
+    # Protected from preemption for this long after a restart, times the preemption count.
+    min_run_after_restart_ms: int = 900_000
+    checkpoints_kept: int = 3
+    compensation_after_preemptions: int = 3
+    compensation_quota_gpu_hours_per_lost: float = 1.0
+    compensation_priority_boost: int = 1
+    fee_credit_per_gpu_hour: float = 2.5
+
+    # --- audit
+    digest_every_events: int = 500
+
+
+class PolicyError(ValueError):
+    pass
+
+
+def validate(policy: Policy) -> Policy:
+    """Check cross-field limits. Raises PolicyError with what to fix."""
+    per_level = ["queue_policy", "guaranteed_share", "preempts_from_level", "level_weight",
+                 "aging_threshold_ms"]
+    for name in per_level:
+        if len(getattr(policy, name)) != LEVELS:
+            raise PolicyError(f"{name} must have {LEVELS} entries, one per level 0..7")
+    for name in policy.queue_policy:
+        if name not in QUEUE_POLICIES:
+            raise PolicyError(f"queue_policy entry {name!r} must be one of {QUEUE_POLICIES}")
+    if sum(policy.guaranteed_share) > 1.0 + 1e-9:
+        raise PolicyError("guaranteed_share must add up to at most 1.0")
+    for level, first in enumerate(policy.preempts_from_level):
+        if first <= level:
+            raise PolicyError(
+                f"preempts_from_level[{level}]={first}: a level may only preempt lower"
+                f" levels, so it must be > {level}")
+    if policy.victims_per_preemption_max < 1:
+        raise PolicyError("victims_per_preemption_max must be at least 1")
+    if policy.digest_every_events < 1:
+        raise PolicyError("digest_every_events must be at least 1")
+    if any(w <= 0 for w in policy.level_weight):
+        raise PolicyError("level_weight entries must be positive")
+    return policy
+
+
+def with_params(policy: Policy, params: dict[str, Any]) -> Policy:
+    """A new policy with `params` replaced. Raises PolicyError naming the bad field."""
+    merged = msgspec.structs.asdict(policy)
+    for key in sorted(params):
+        if key not in merged:
+            raise PolicyError(f"unknown policy parameter {key!r}")
+        merged[key] = params[key]
+    try:
+        return validate(msgspec.convert(merged, Policy))
+    except msgspec.ValidationError as err:
+        raise PolicyError(f"invalid policy value: {err}") from err
+
+
+def load_policy_toml(path: str) -> Policy:
+    with open(path, "rb") as fh:
+        try:
+            data = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as err:
+            raise PolicyError(f"{path}: not valid TOML: {err}") from err
+    try:
+        return with_params(Policy(), data)
+    except PolicyError as err:
+        raise PolicyError(f"{path}: {err}") from err

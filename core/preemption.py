@@ -1,0 +1,316 @@
+"""The preemption decision model: which running jobs to preempt for a blocked job, and
+whether it is worth it.
+
+1. match: victims on nodes of a GPU model the job accepts, that together with free GPUs
+   give it a gang placement; the cheapest minimal set (ties broken by job id, node name);
+2. benefit: the preemptor's wait saved (its expected wait for a natural release, from
+   remaining-time estimates, minus the time the preemption takes), in GPU-seconds
+   weighted by its level;
+3. cost: per victim, lost progress, checkpoint save and restore time and its expected
+   requeue wait, in GPU-seconds weighted by its level;
+4. fairness: protected teams and users, a victim cap, guaranteed shares, and the
+   preemptor's user limit.
+
+Preempt only when benefit - cost > policy.net_benefit_min. Pure functions of the state.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .placement import acceptable_models, free_indices, node_size_max
+from .state import RUNNING, Job, State, job_progress_ms, last_checkpoint, window_count
+from .types import Slot
+
+LINDY_FLOOR_FRACTION = 10  # a job past its estimate is expected to run 1/10 of it more
+
+
+class VictimCost(msgspec.Struct, kw_only=True):
+    job: str
+    gpus: int
+    lost_ms: int
+    save_ms: int
+    restore_ms: int
+    requeue_wait_ms: int
+    ready_ms: int  # notice -> released
+    checkpoint_needed: bool
+    cost: float
+
+
+class Plan(msgspec.Struct, kw_only=True):
+    victims: list[str]
+    placement: list[Slot]
+    benefit: float
+    cost: float
+    ready_ms: int
+    natural_wait_ms: int
+    checkpoint_needed: dict[str, bool]
+    reason: str
+
+
+class Decline(msgspec.Struct, kw_only=True):
+    reason: str
+    benefit: float = 0.0
+    cost: float = 0.0
+
+
+# ---------------------------------------------------------------- estimates
+
+
+def expected_runtime_ms(state: State, job: Job) -> int:
+    """History of the same team and kind once it has enough samples, else the submitter's."""
+    est = state.c.estimates.get(f"{job.team}/{job.kind}")
+    if est is not None and est.samples >= state.c.policy.estimate_samples_min:
+        return int(est.mean_ms)
+    return job.est_runtime_ms
+
+
+def remaining_ms(state: State, job: Job) -> int:
+    total = expected_runtime_ms(state, job)
+    done = job_progress_ms(job, state.c.t)
+    return max(total - done, total // LINDY_FLOOR_FRACTION, 1)
+
+
+def can_checkpoint(job: Job) -> bool:
+    return job.ckpt_interval_ms > 0
+
+
+def victim_cost(state: State, victim: Job, preemptor_runtime_ms: int) -> VictimCost:
+    c = state.c
+    p = c.policy
+    t = c.t
+    progress = job_progress_ms(victim, t)
+    last = last_checkpoint(victim)
+    since_ckpt = progress - (last.progress_ms if last else 0)
+    checkpoint_needed = False
+    if not can_checkpoint(victim):
+        lost, save, ready = since_ckpt, 0, p.safe_point_ms
+    elif victim.ckpt_started_t:
+        # A checkpoint is being written: wait for it rather than lose it.
+        save = max(0, victim.ckpt_started_t + victim.ckpt_cost_ms - t)
+        lost, ready = 0, save + p.safe_point_ms
+    elif last is not None and t - last.t < p.fresh_checkpoint_ms:
+        lost, save, ready = since_ckpt, 0, p.safe_point_ms
+    else:
+        lost, save, ready = 0, victim.ckpt_cost_ms, p.safe_point_ms + victim.ckpt_cost_ms
+        checkpoint_needed = True
+    restore = victim.restore_cost_ms if (last is not None or checkpoint_needed) else 0
+    history_wait = int(c.level_wait[victim.level].mean_ms)
+    requeue_wait = min(history_wait, preemptor_runtime_ms)
+    seconds = (lost + save + restore + requeue_wait) / 1000.0
+    return VictimCost(
+        job=victim.id, gpus=victim.gpus, lost_ms=lost, save_ms=save, restore_ms=restore,
+        requeue_wait_ms=requeue_wait, ready_ms=ready, checkpoint_needed=checkpoint_needed,
+        cost=p.level_weight[victim.level] * victim.gpus * seconds)
+
+
+# ---------------------------------------------------------------- eligibility
+
+
+def may_preempt(state: State, job: Job) -> bool:
+    return state.c.policy.preempts_from_level[job.level] < 8
+
+
+def victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
+    c = state.c
+    p = c.policy
+    t = c.t
+    if victim.state != RUNNING or not victim.preemptible or victim.saga:
+        return False
+    if victim.level < p.preempts_from_level[preemptor.level] or victim.level <= preemptor.level:
+        return False
+    if victim.protected_until_t > t:
+        return False
+    if c.team_protected_until.get(victim.team, 0) > t:
+        return False
+    win = c.user_windows.get(victim.user)
+    if win is not None and window_count(win.preempted, t, p.fairness_window_ms) >= p.user_preempted_max:
+        return False
+    return True
+
+
+def user_preempting_exhausted(state: State, job: Job) -> bool:
+    c = state.c
+    win = c.user_windows.get(job.user)
+    if win is None:
+        return False
+    return window_count(win.preempting, c.t, c.policy.fairness_window_ms) >= c.policy.user_preempting_max
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def plan_preemption(state: State, job: Job) -> Plan | Decline:
+    if user_preempting_exhausted(state, job):
+        return Decline(reason="user_preempting_limit")
+    c = state.c
+    ix = state.ix
+    models = acceptable_models(job.gpu_models, ix)
+    nodes = [c.nodes[name] for name in sorted(c.nodes)
+             if c.nodes[name].up and c.nodes[name].gpu_model in models]
+    if not nodes:
+        return Decline(reason="no_node_of_model")
+    runtime = expected_runtime_ms(state, job)
+    costs: dict[str, VictimCost] = {}
+    for node in nodes:
+        for victim_id in sorted(ix.jobs_by_node.get(node.name, {})):
+            if victim_id in costs:
+                continue
+            victim = c.jobs[victim_id]
+            if victim_eligible(state, job, victim):
+                costs[victim_id] = victim_cost(state, victim, runtime)
+    if not costs:
+        return Decline(reason="no_eligible_victims")
+    if job.gpus <= node_size_max(models, ix):
+        choice = _cheapest_single_node(state, job, nodes, costs)
+    else:
+        choice = _cheapest_across_nodes(state, job, nodes, costs)
+    if choice is None:
+        return Decline(reason="no_victim_set_within_limits")
+    victims, placement = choice
+    cost = sum(costs[v].cost for v in victims)
+    ready = max(costs[v].ready_ms for v in victims)
+    natural_wait = natural_wait_ms(state, job, nodes)
+    level_weight = c.policy.level_weight[job.level]
+    benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
+    if benefit - cost <= c.policy.net_benefit_min:
+        return Decline(reason="benefit_below_cost", benefit=round(benefit, 3), cost=round(cost, 3))
+    return Plan(
+        victims=victims, placement=placement, benefit=round(benefit, 3), cost=round(cost, 3),
+        ready_ms=ready, natural_wait_ms=natural_wait,
+        checkpoint_needed={v: costs[v].checkpoint_needed for v in victims},
+        reason=(f"saves {natural_wait - ready} ms of level-{job.level} wait on {job.gpus} GPUs;"
+                f" victims lose {sum(costs[v].lost_ms for v in victims)} ms of progress"))
+
+
+def _gpus_on(victim: Job, node_name: str) -> list[int]:
+    for slot in victim.placement:
+        if slot.node == node_name:
+            return slot.gpus
+    return []
+
+
+def _share_allows(state: State, taken: dict[int, int], victim: Job) -> bool:
+    c = state.c
+    floor = c.policy.guaranteed_share[victim.level] * state.ix.total_gpus
+    held_after = state.ix.level_gpus[victim.level] - taken.get(victim.level, 0) - victim.gpus
+    return held_after >= floor or floor == 0
+
+
+def _cheapest_single_node(state: State, job: Job, nodes, costs) -> tuple[list[str], list[Slot]] | None:
+    best = None
+    cap = state.c.policy.victims_per_preemption_max
+    for node in nodes:
+        free = free_indices(node)
+        need = job.gpus - len(free)
+        if need <= 0 or node.gpus < job.gpus:
+            continue
+        on_node = sorted((costs[v].cost, v) for v in state.ix.jobs_by_node.get(node.name, {})
+                         if v in costs)
+        chosen = _greedy_minimal(state, [(cost, v, len(_gpus_on(state.c.jobs[v], node.name)))
+                                         for cost, v in on_node], need)
+        if chosen is None or len(chosen) > cap:
+            continue
+        total = sum(costs[v].cost for v in chosen)
+        key = (total, len(chosen), node.name)
+        if best is None or key < best[0]:
+            freed = sorted(free + [g for v in chosen for g in _gpus_on(state.c.jobs[v], node.name)])
+            best = (key, sorted(chosen), [Slot(node=node.name, gpus=freed[:job.gpus])])
+    return None if best is None else (best[1], best[2])
+
+
+def _cheapest_across_nodes(state: State, job: Job, nodes, costs) -> tuple[list[str], list[Slot]] | None:
+    free_total = sum(len(free_indices(node)) for node in nodes)
+    need = job.gpus - free_total
+    node_names = {node.name: None for node in nodes}
+    units = []
+    for v in sorted(costs):
+        victim = state.c.jobs[v]
+        usable = sum(len(s.gpus) for s in victim.placement if s.node in node_names)
+        units.append((costs[v].cost / max(usable, 1), v, usable))
+    units.sort()
+    chosen = _greedy_minimal(state, units, need)
+    if chosen is None or len(chosen) > state.c.policy.victims_per_preemption_max:
+        return None
+    chosen_map = dict.fromkeys(chosen)
+    placement: list[Slot] = []
+    needed = job.gpus
+    for node in nodes:
+        gpus = [i for i, holder in enumerate(node.holder) if holder == "" or holder in chosen_map]
+        take = gpus[:needed]
+        if take:
+            placement.append(Slot(node=node.name, gpus=take))
+            needed -= len(take)
+        if needed == 0:
+            return sorted(chosen), placement
+    return None
+
+
+def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int) -> list[str] | None:
+    """Cheapest-first until `need` GPUs are freed, then drop any victim not needed."""
+    if need <= 0:
+        return []
+    chosen: list[tuple[float, str, int]] = []
+    taken_by_level: dict[int, int] = {}
+    freed = 0
+    for unit in units:
+        victim = state.c.jobs[unit[1]]
+        if not _share_allows(state, taken_by_level, victim):
+            continue
+        chosen.append(unit)
+        taken_by_level[victim.level] = taken_by_level.get(victim.level, 0) + victim.gpus
+        freed += unit[2]
+        if freed >= need:
+            break
+    if freed < need:
+        return None
+    for unit in sorted(chosen, reverse=True):  # most expensive first
+        if freed - unit[2] >= need:
+            chosen.remove(unit)
+            freed -= unit[2]
+    return [unit[1] for unit in chosen]
+
+
+def natural_wait_ms(state: State, job: Job, nodes) -> int:
+    """When would the job fit without preempting, as running jobs finish as estimated."""
+    c = state.c
+    ix = state.ix
+    single = job.gpus <= max((n.gpus for n in nodes), default=0)
+    remaining_cache: dict[str, int] = {}
+
+    def remaining(job_id: str) -> int:
+        if job_id not in remaining_cache:
+            other = c.jobs[job_id]
+            remaining_cache[job_id] = (remaining_ms(state, other)
+                                       if other.state == RUNNING else expected_runtime_ms(state, other))
+        return remaining_cache[job_id]
+
+    best: int | None = None
+    pooled: list[tuple[int, int]] = []
+    pooled_free = 0
+    for node in nodes:
+        free = len(free_indices(node))
+        releases = sorted((remaining(j), len(_gpus_on(c.jobs[j], node.name)))
+                          for j in ix.jobs_by_node.get(node.name, {}))
+        if single:
+            if node.gpus < job.gpus:
+                continue
+            wait = _first_fit_time(free, releases, job.gpus)
+            if wait is not None and (best is None or wait < best):
+                best = wait
+        else:
+            pooled_free += free
+            pooled.extend(releases)
+    if not single:
+        best = _first_fit_time(pooled_free, sorted(pooled), job.gpus)
+    return best if best is not None else 10 * expected_runtime_ms(state, job)
+
+
+def _first_fit_time(free: int, releases: list[tuple[int, int]], need: int) -> int | None:
+    if free >= need:
+        return 0
+    for at_ms, gpus in releases:
+        free += gpus
+        if free >= need:
+            return at_ms
+    return None

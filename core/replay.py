@@ -1,0 +1,66 @@
+"""Folding a log back into state, and running inputs through `step`.
+
+`apply_record` is the replay twin of sealing in `machine.Ctx`: it checks the record's place
+in the hash chain, verifies a `StateDigest` against the rebuilt state, and applies the
+event with `evolve`. A modified, dropped or reordered record raises `ChainError` naming
+its position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable, Iterator
+
+from . import types as T
+from .evolve import evolve
+from .machine import new_state, step
+from .state import State, state_digest
+
+
+class ChainError(ValueError):
+    """The log is not the one the scheduler wrote: names the first bad record."""
+
+    def __init__(self, n: int, problem: str) -> None:
+        super().__init__(f"record {n}: {problem}")
+        self.n = n
+        self.problem = problem
+
+
+class DigestMismatch(ChainError):
+    pass
+
+
+def apply_record(state: State, record: T.Record) -> None:
+    c = state.c
+    expected_n = c.events_n + 1
+    if record.n != expected_n:
+        raise ChainError(record.n, f"expected record {expected_n} here (dropped or reordered)")
+    if record.prev != c.chain:
+        raise ChainError(record.n, "does not follow the previous record's hash")
+    actual = hashlib.sha256(c.chain.encode() + T.encode(record.event)).hexdigest()
+    if actual != record.hash:
+        raise ChainError(record.n, "content does not match its hash (modified)")
+    if isinstance(record.event, T.StateDigest):
+        mine = state_digest(c)
+        if mine != record.event.digest:
+            raise DigestMismatch(record.n, f"state digest {mine[:16]} != recorded {record.event.digest[:16]}")
+    evolve(state, record.event)
+    c.events_n = record.n
+    c.chain = record.hash
+    c.last_input_seq = max(c.last_input_seq, record.input_seq)
+
+
+def rebuild(records: Iterable[T.Record], state: State | None = None, to_n: int | None = None) -> State:
+    state = state or new_state()
+    for record in records:
+        if to_n is not None and record.n > to_n:
+            break
+        apply_record(state, record)
+    return state
+
+
+def run_inputs(inputs: Iterable[T.Input], state: State | None = None) -> Iterator[T.Record]:
+    state = state or new_state()
+    for inp in inputs:
+        _, records = step(state, inp)
+        yield from records

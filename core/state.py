@@ -1,0 +1,311 @@
+"""The scheduler's state: nodes and their GPUs, jobs, open preemption sagas, fairness
+windows, learned estimates, and the hash chain head.
+
+`State` holds the canonical entities (what a snapshot stores and a `StateDigest` covers)
+plus an `Index` of derived lookups (queues per level and team, free GPUs per model, jobs
+per node). The index is rebuilt from the entities on load, so it never needs to be
+stored. Only `evolve` changes a State; decisions read it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from typing import Any
+
+import msgspec
+
+from .policy import Policy
+from .types import GENESIS_HASH, LEVELS, Slot
+
+# Job states
+QUEUED = "queued"
+STARTING = "starting"  # start or resume requested, waiting for `started`
+RUNNING = "running"
+RESERVED = "reserved"  # preemptor holding a reservation while its saga runs
+PREEMPTING = "preempting"  # victim notified, not yet released
+RELEASED = "released"  # victim released inside an open saga
+FINISHED = "finished"
+FAILED = "failed"
+CANCELLED = "cancelled"
+TERMINAL = (FINISHED, FAILED, CANCELLED)
+# States in which a job holds GPUs (its placement).
+HOLDING = (STARTING, RUNNING, RESERVED, PREEMPTING)
+
+
+class Checkpoint(msgspec.Struct, kw_only=True):
+    step: int
+    digest: str
+    bytes: int
+    progress_ms: int
+    t: int
+
+
+class Job(msgspec.Struct, kw_only=True):
+    id: str
+    team: str
+    user: str
+    kind: str
+    level: int  # base level: decides what the job may preempt and be preempted by
+    requested_level: int
+    eff_level: int  # queue level after aging and recovery boost
+    gpus: int
+    gpu_models: list[str]
+    est_runtime_ms: int
+    ckpt_interval_ms: int
+    ckpt_cost_ms: int
+    restore_cost_ms: int
+    preemptible: bool
+    command: list[str] = []
+    variant: str = ""
+    state: str = QUEUED
+    submit_t: int = 0
+    queued_since_t: int = 0
+    level_since_t: int = 0
+    placement: list[Slot] = []
+    run_started_t: int = 0
+    progress_ms: int = 0  # progress banked before the current run
+    frozen_t: int = 0  # time the job stopped progressing (safe point); 0 while progressing
+    checkpoints: list[Checkpoint] = []
+    ckpt_started_t: int = 0
+    preempt_count: int = 0
+    boost: int = 0
+    protected_until_t: int = 0
+    saga: str = ""
+    last_decline: str = ""
+    resume_pending: bool = False
+    compensations: int = 0
+    first_start_t: int = 0
+
+
+class Node(msgspec.Struct, kw_only=True):
+    name: str
+    gpu_model: str
+    gpus: int
+    holder: list[str]  # job id per GPU index, "" when free
+    up: bool = True
+
+
+class Saga(msgspec.Struct, kw_only=True):
+    id: str
+    preemptor: str
+    victims: list[str]
+    released: list[str]
+    placement: list[Slot]
+    deadline_t: int
+    planned_t: int
+    benefit: float
+    cost: float
+
+
+class Window(msgspec.Struct, kw_only=True):
+    """Times of recent preemptions, for sliding-window fairness counts."""
+
+    preempting: list[int] = []
+    preempted: list[int] = []
+
+
+class Estimate(msgspec.Struct, kw_only=True):
+    samples: int = 0
+    mean_ms: float = 0.0
+
+
+class LevelWait(msgspec.Struct, kw_only=True):
+    samples: int = 0
+    mean_ms: float = 0.0
+
+
+class Ledger(msgspec.Struct, kw_only=True):
+    quota_gpu_hours: float = 0.0
+    fee_credit: float = 0.0
+    priority_boosts: int = 0
+
+
+class Canonical(msgspec.Struct, kw_only=True):
+    """Everything a snapshot holds and a StateDigest covers."""
+
+    t: int = 0
+    events_n: int = 0
+    chain: str = GENESIS_HASH
+    last_input_seq: int = 0
+    policy: Policy = msgspec.field(default_factory=Policy)
+    nodes: dict[str, Node] = {}
+    jobs: dict[str, Job] = {}
+    sagas: dict[str, Saga] = {}
+    saga_count: int = 0
+    done_count: int = 0
+    done_hash: str = GENESIS_HASH
+    done: dict[str, str] = {}  # terminal job id -> final state
+    team_windows: dict[str, Window] = {}
+    user_windows: dict[str, Window] = {}
+    team_protected_until: dict[str, int] = {}
+    team_downgraded_until: dict[str, int] = {}
+    estimates: dict[str, Estimate] = {}
+    level_wait: list[LevelWait] = msgspec.field(
+        default_factory=lambda: [LevelWait() for _ in range(LEVELS)])
+    rr_last_team: list[str] = msgspec.field(default_factory=lambda: [""] * LEVELS)
+    ledger: dict[str, Ledger] = {}
+
+
+class Index:
+    """Derived lookups, rebuilt from the canonical entities."""
+
+    def __init__(self) -> None:
+        # level -> team -> sorted [(submit_t, job id)] of queued jobs at that eff level
+        self.queues: list[dict[str, list[tuple[int, str]]]] = [{} for _ in range(LEVELS)]
+        # level -> sorted [(level_since_t, job id)], for aging
+        self.aging: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
+        self.free_by_model: dict[str, int] = {}
+        self.capacity_by_model: dict[str, int] = {}
+        self.node_size_max_by_model: dict[str, int] = {}
+        # model -> free count -> {node: None} (insertion ordered; we always take min name)
+        self.free_buckets: dict[str, dict[int, dict[str, None]]] = {}
+        self.jobs_by_node: dict[str, dict[str, None]] = {}
+        self.team_gpus: dict[str, int] = {}
+        self.level_gpus: list[int] = [0] * LEVELS
+        self.total_gpus = 0
+
+
+class State:
+    __slots__ = ("c", "ix")
+
+    def __init__(self, canonical: Canonical | None = None) -> None:
+        self.c = canonical or Canonical()
+        self.ix = rebuild_index(self.c)
+
+    @property
+    def policy(self) -> Policy:
+        return self.c.policy
+
+    @property
+    def t(self) -> int:
+        return self.c.t
+
+
+def rebuild_index(c: Canonical) -> Index:
+    ix = Index()
+    for name in sorted(c.nodes):
+        node = c.nodes[name]
+        if node.up:
+            _index_node_capacity(ix, node)
+    for job_id in sorted(c.jobs):
+        job = c.jobs[job_id]
+        if job.state == QUEUED:
+            queue_add(ix, job)
+        if job.state in HOLDING or job.state == RELEASED:
+            hold_add(ix, job)
+        for slot in job.placement:
+            if job.state in HOLDING:
+                ix.jobs_by_node.setdefault(slot.node, {})[job.id] = None
+    return ix
+
+
+def _index_node_capacity(ix: Index, node: Node) -> None:
+    model = node.gpu_model
+    ix.capacity_by_model[model] = ix.capacity_by_model.get(model, 0) + node.gpus
+    ix.node_size_max_by_model[model] = max(ix.node_size_max_by_model.get(model, 0), node.gpus)
+    ix.total_gpus += node.gpus
+    free = sum(1 for holder in node.holder if holder == "")
+    ix.free_by_model[model] = ix.free_by_model.get(model, 0) + free
+    ix.free_buckets.setdefault(model, {}).setdefault(free, {})[node.name] = None
+
+
+def node_free_count(node: Node) -> int:
+    return sum(1 for holder in node.holder if holder == "")
+
+
+# ---------------------------------------------------------------- index upkeep
+
+
+def queue_add(ix: Index, job: Job) -> None:
+    bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), (job.submit_t, job.id))
+    bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
+
+
+def queue_remove(ix: Index, job: Job) -> None:
+    team_queue = ix.queues[job.eff_level].get(job.team, [])
+    _remove_sorted(team_queue, (job.submit_t, job.id))
+    if not team_queue:
+        ix.queues[job.eff_level].pop(job.team, None)
+    _remove_sorted(ix.aging[job.eff_level], (job.level_since_t, job.id))
+
+
+def _remove_sorted(items: list, key: Any) -> None:
+    i = bisect.bisect_left(items, key)
+    if i < len(items) and items[i] == key:
+        del items[i]
+
+
+def hold_add(ix: Index, job: Job) -> None:
+    ix.team_gpus[job.team] = ix.team_gpus.get(job.team, 0) + job.gpus
+    ix.level_gpus[job.level] += job.gpus
+
+
+def hold_remove(ix: Index, job: Job) -> None:
+    ix.team_gpus[job.team] = ix.team_gpus.get(job.team, 0) - job.gpus
+    if ix.team_gpus[job.team] == 0:
+        del ix.team_gpus[job.team]
+    ix.level_gpus[job.level] -= job.gpus
+
+
+def set_holder(c: Canonical, ix: Index, node_name: str, gpu: int, job_id: str) -> None:
+    """Change who holds one GPU, keeping the free counts in step."""
+    node = c.nodes[node_name]
+    before = node.holder[gpu]
+    if before == job_id:
+        return
+    if node.up:
+        free_before = node_free_count(node)
+    node.holder[gpu] = job_id
+    if not node.up:
+        return
+    delta = (1 if job_id == "" else 0) - (1 if before == "" else 0)
+    if delta:
+        model = node.gpu_model
+        ix.free_by_model[model] += delta
+        buckets = ix.free_buckets[model]
+        bucket = buckets[free_before]
+        del bucket[node_name]
+        if not bucket:
+            del buckets[free_before]
+        buckets.setdefault(free_before + delta, {})[node_name] = None
+
+
+def queue_depth(ix: Index, level: int) -> int:
+    return len(ix.aging[level])
+
+
+# ---------------------------------------------------------------- digest
+
+
+def state_digest(c: Canonical) -> str:
+    """SHA-256 of the canonical state with sorted keys; the terminal-job map is covered by
+    its rolling hash, so the digest's cost does not grow with history."""
+    view = msgspec.structs.replace(c, done={})
+    data = msgspec.json.encode(view, order="sorted")
+    return hashlib.sha256(data).hexdigest()
+
+
+def snapshot_bytes(c: Canonical) -> bytes:
+    return msgspec.json.encode(c, order="sorted")
+
+
+def load_snapshot(data: bytes) -> State:
+    return State(msgspec.json.decode(data, type=Canonical))
+
+
+def job_progress_ms(job: Job, t: int) -> int:
+    """Training progress: banked progress plus the current run up to now or the safe point."""
+    if job.state not in (RUNNING, PREEMPTING) or job.run_started_t == 0:
+        return job.progress_ms
+    end = job.frozen_t if job.frozen_t else t
+    return job.progress_ms + max(0, end - job.run_started_t)
+
+
+def last_checkpoint(job: Job) -> Checkpoint | None:
+    return job.checkpoints[-1] if job.checkpoints else None
+
+
+def window_count(times: list[int], t: int, window_ms: int) -> int:
+    start = t - window_ms
+    return len(times) - bisect.bisect_right(times, start)

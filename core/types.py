@@ -1,0 +1,420 @@
+"""The public vocabulary of xirang: inputs (what clients and agents send) and events (what
+the scheduler records), as msgspec tagged unions with JSON on the wire.
+
+Inputs are snake_case tagged (`{"type": "submit", ...}`), events PascalCase. Every message
+carries `v` (schema version) and `t` (integer milliseconds). Tags are never reused; new
+fields are optional so that old logs keep decoding.
+
+An event is sealed into a `Record` by the state machine: its position `n`, the hash of the
+previous record and its own hash (SHA-256 over the previous hash and the canonical event
+bytes), which makes the log a hash chain an auditor can verify.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+SCHEMA_VERSION = 1
+LEVELS = 8  # 0 (emergency fix) .. 7 (batch exploration)
+
+
+class _Input(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    t: int = 0
+    v: int = SCHEMA_VERSION
+    # Client-chosen id, used for deduplication on the bus (Nats-Msg-Id).
+    id: str = ""
+    # Sequence of the input on XR_IN, stamped by the scheduler; 0 when offline.
+    seq: int = 0
+
+
+class NodeUp(_Input, tag="node_up"):
+    node: str
+    gpu_model: str
+    gpus: int
+
+
+class NodeDown(_Input, tag="node_down"):
+    node: str
+    reason: str = "reported_down"
+
+
+class Submit(_Input, tag="submit"):
+    job: str
+    team: str
+    user: str
+    level: int
+    gpus: int
+    gpu_models: list[str] = []
+    est_runtime_s: float | None = None
+    ckpt_interval_s: float | None = None
+    ckpt_cost_s: float | None = None
+    restore_cost_s: float | None = None
+    preemptible: bool = True
+    # Job kind for learned runtime estimates; defaults to the job id without a numeric suffix.
+    kind: str = ""
+    # Free-form command line for the host agent to run (live system).
+    command: list[str] = []
+
+
+class Cancel(_Input, tag="cancel"):
+    job: str
+
+
+class Started(_Input, tag="started"):
+    job: str
+
+
+class CheckpointStarted(_Input, tag="checkpoint_started"):
+    job: str
+
+
+class CheckpointSaved(_Input, tag="checkpoint_saved"):
+    job: str
+    step: int
+    digest: str
+    bytes: int
+
+
+class CheckpointFailed(_Input, tag="checkpoint_failed"):
+    job: str
+    reason: str
+    # When a restore finds this checkpoint corrupt, the digest that failed to verify.
+    digest: str = ""
+
+
+class SafePoint(_Input, tag="safe_point"):
+    job: str
+
+
+class Released(_Input, tag="released"):
+    job: str
+
+
+class Finished(_Input, tag="finished"):
+    job: str
+    ok: bool
+
+
+class Tick(_Input, tag="tick"):
+    pass
+
+
+class SetPolicy(_Input, tag="set_policy"):
+    params: dict[str, Any]
+    by: str = "operator"
+    reason: str = ""
+
+
+class Malformed(_Input, tag="malformed"):
+    """Not sent by anyone: a line that failed to decode, carried into the machine so that
+    its rejection is recorded like any other."""
+
+    raw: str
+    error: str
+
+
+Input = Union[
+    NodeUp, NodeDown, Submit, Cancel, Started, CheckpointStarted, CheckpointSaved,
+    CheckpointFailed, SafePoint, Released, Finished, Tick, SetPolicy, Malformed,
+]
+
+
+# ---------------------------------------------------------------- events
+
+
+class Slot(msgspec.Struct, array_like=False, frozen=True):
+    """GPUs of one node in a placement."""
+
+    node: str
+    gpus: list[int]
+
+
+class _Event(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
+    t: int
+    v: int = SCHEMA_VERSION
+
+
+class InputAccepted(_Event, tag="InputAccepted"):
+    """The accepted input itself, first in its batch, so the log carries what was decided on."""
+
+    input: Input
+
+
+class InputRejected(_Event, tag="InputRejected"):
+    reason: str
+    detail: str = ""
+    input_type: str = ""
+    job: str = ""
+
+
+class NodeJoined(_Event, tag="NodeJoined"):
+    node: str
+    gpu_model: str
+    gpus: int
+
+
+class NodeLost(_Event, tag="NodeLost"):
+    node: str
+    reason: str
+    jobs: list[str]
+
+
+class JobSubmitted(_Event, tag="JobSubmitted"):
+    job: str
+    team: str
+    user: str
+    level: int  # level after any downgrade
+    requested_level: int
+    gpus: int
+    gpu_models: list[str]
+    kind: str
+    est_runtime_s: float
+    ckpt_interval_s: float
+    ckpt_cost_s: float
+    restore_cost_s: float
+    preemptible: bool
+    command: list[str] = []
+    variant: str = ""
+
+
+class JobStartRequested(_Event, tag="JobStartRequested"):
+    job: str
+    placement: list[Slot]
+    nodes: list[str]
+    command: list[str] = []
+
+
+class JobResumeRequested(_Event, tag="JobResumeRequested"):
+    job: str
+    placement: list[Slot]
+    nodes: list[str]
+    ckpt_step: int
+    ckpt_digest: str
+    reason: str = "requeued"
+    command: list[str] = []
+
+
+class JobRunning(_Event, tag="JobRunning"):
+    job: str
+    waited_ms: int
+
+
+class JobFinished(_Event, tag="JobFinished"):
+    job: str
+    run_ms: int
+    nodes: list[str] = []
+
+
+class JobFailed(_Event, tag="JobFailed"):
+    job: str
+    run_ms: int
+    reason: str
+    nodes: list[str] = []
+
+
+class JobCancelled(_Event, tag="JobCancelled"):
+    job: str
+    nodes: list[str] = []
+
+
+class JobRequeued(_Event, tag="JobRequeued"):
+    job: str
+    boost: int
+    reason: str
+    lost_progress_ms: int
+    preempt_count: int
+
+
+class PriorityAged(_Event, tag="PriorityAged"):
+    job: str
+    from_level: int
+    to_level: int
+    waited_ms: int
+
+
+class PreemptionPlanned(_Event, tag="PreemptionPlanned"):
+    saga: str
+    preemptor: str
+    victims: list[str]
+    placement: list[Slot]
+    deadline_t: int
+    benefit: float
+    cost: float
+    reason: str
+    victim_nodes: list[str] = []
+
+
+class VictimNotified(_Event, tag="VictimNotified"):
+    """Host-directed: tell the victim's job to reach a safe point, checkpoint and release."""
+
+    saga: str
+    job: str
+    nodes: list[str]
+    deadline_t: int
+    checkpoint_needed: bool
+
+
+class VictimReleased(_Event, tag="VictimReleased"):
+    saga: str
+    job: str
+    lost_progress_ms: int
+
+
+class PreemptionCommitted(_Event, tag="PreemptionCommitted"):
+    saga: str
+    preemptor: str
+    victims: list[str]
+
+
+class PreemptionRolledBack(_Event, tag="PreemptionRolledBack"):
+    saga: str
+    reason: str
+    preemptor: str = ""
+    victims: list[str] = []
+
+
+class NoticeWithdrawn(_Event, tag="NoticeWithdrawn"):
+    """Host-directed: a victim that had not released keeps running."""
+
+    saga: str
+    job: str
+    nodes: list[str]
+
+
+class PreemptionDeclined(_Event, tag="PreemptionDeclined"):
+    """Why a blocked job did not preempt; recorded when the reason changes."""
+
+    job: str
+    reason: str
+    benefit: float = 0.0
+    cost: float = 0.0
+
+
+class TeamProtected(_Event, tag="TeamProtected"):
+    team: str
+    until_t: int
+    preempted_in_window: int
+
+
+class TeamDowngraded(_Event, tag="TeamDowngraded"):
+    team: str
+    until_t: int
+    preempting_in_window: int
+
+
+class CompensationGranted(_Event, tag="CompensationGranted"):
+    job: str
+    team: str
+    kind: str  # quota_gpu_hours | priority_boost | fee_credit
+    amount: float
+    preempt_count: int
+
+
+class CheckpointBegan(_Event, tag="CheckpointBegan"):
+    job: str
+
+
+class CheckpointRecorded(_Event, tag="CheckpointRecorded"):
+    job: str
+    step: int
+    digest: str
+    bytes: int
+    progress_ms: int
+
+
+class CheckpointFailedRecorded(_Event, tag="CheckpointFailedRecorded"):
+    job: str
+    reason: str
+
+
+class CheckpointFallback(_Event, tag="CheckpointFallback"):
+    job: str
+    bad_digest: str
+    to_step: int
+    to_digest: str
+    lost_progress_ms: int
+
+
+class SafePointReached(_Event, tag="SafePointReached"):
+    job: str
+
+
+class PolicyChanged(_Event, tag="PolicyChanged"):
+    params: dict[str, Any]
+    by: str
+    reason: str = ""
+
+
+class StateDigest(_Event, tag="StateDigest"):
+    digest: str
+    events: int
+
+
+Event = Union[
+    InputAccepted, InputRejected, NodeJoined, NodeLost, JobSubmitted, JobStartRequested,
+    JobResumeRequested, JobRunning, JobFinished, JobFailed, JobCancelled, JobRequeued,
+    PriorityAged, PreemptionPlanned, VictimNotified, VictimReleased, PreemptionCommitted,
+    PreemptionRolledBack, NoticeWithdrawn, PreemptionDeclined, TeamProtected, TeamDowngraded,
+    CompensationGranted, CheckpointBegan, CheckpointRecorded, CheckpointFailedRecorded,
+    CheckpointFallback, SafePointReached, PolicyChanged, StateDigest,
+]
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """One sealed event of the log: position, hash chain, and the input it came from."""
+
+    n: int
+    prev: str
+    hash: str
+    input_seq: int = 0
+    event: Event
+
+
+GENESIS_HASH = "0" * 64
+
+_input_decoder = msgspec.json.Decoder(Input)
+_record_decoder = msgspec.json.Decoder(Record)
+_event_decoder = msgspec.json.Decoder(Event)
+_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def encode(obj: Any) -> bytes:
+    """Canonical JSON: sorted keys, so equal values give equal bytes."""
+    return _encoder.encode(obj)
+
+
+def decode_record(data: bytes | str) -> Record:
+    return _record_decoder.decode(data)
+
+
+def decode_event(data: bytes | str) -> Event:
+    return _event_decoder.decode(data)
+
+
+def parse_input(data: bytes | str) -> Input:
+    """Decode one input line. Never raises: a line that does not decode becomes `Malformed`,
+    which the machine turns into `InputRejected` with the decoder's words."""
+    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
+    try:
+        return _input_decoder.decode(text)
+    except msgspec.DecodeError as err:  # ValidationError is a DecodeError
+        return Malformed(raw=text[:2000], error=str(err), t=_best_effort_t(text))
+
+
+def _best_effort_t(text: str) -> int:
+    try:
+        obj = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return 0
+    t = obj.get("t") if isinstance(obj, dict) else None
+    return t if isinstance(t, int) and not isinstance(t, bool) else 0
+
+
+def input_job(inp: Input) -> str:
+    return getattr(inp, "job", "")
+
+
+def type_name(obj: Any) -> str:
+    return obj.__struct_config__.tag

@@ -1,0 +1,60 @@
+"""The `xirang` command line. Each command group lives in its own module that exposes
+`register(subparsers)`; this file only wires them together, so adding a command never
+touches another's code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that register subcommands, in the order their help is listed.
+COMMAND_MODULES = [
+    "xirang.cmd_replay",
+    "xirang.cmd_bench",
+]
+OPTIONAL_COMMAND_MODULES = [
+    "xirang.cmd_live",
+    "xirang.cmd_sim",
+    "xirang.cmd_data",
+]
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed without a traceback, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="xirang",
+        description="Event-sourced GPU job scheduler with safe, atomic, fair preemption.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    for name in OPTIONAL_COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+    except UserError as err:
+        print(f"xirang: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""`xirang bench NAME --json`: speed and memory goals as benchmarks with JSON output.
+
+Each benchmark is a function `run(args) -> dict` named here by module path, so the parts
+of the system can add theirs without touching each other."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+BENCHES = {
+    "core": "xirang.bench_core:run",
+    "sim": "replay.bench:run",
+    "bus": "agents.bench:run",
+    "replay": "projections.bench:run",
+}
+
+
+def register(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks with JSON output")
+    bench.add_argument("name", choices=sorted(BENCHES))
+    bench.add_argument("--json", action="store_true", help="print JSON only")
+    bench.add_argument("--quick", action="store_true", help="smaller sizes, for tests")
+    bench.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    module_name, func_name = BENCHES[args.name].split(":")
+    result = getattr(importlib.import_module(module_name), func_name)(args)
+    print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))
+    return 0
