@@ -5,7 +5,7 @@ simulator. Imports only the standard library and msgspec; time, ids and randomne
 in inputs.
 """
 
-from .machine import new_state, step
+from .machine import new_state, next_due_t, step
 from .policy import Policy, PolicyError, load_policy_toml, with_params
 from .replay import ChainError, DigestMismatch, apply_record, rebuild, run_inputs
 from .state import State, load_snapshot, snapshot_bytes, state_digest
@@ -13,6 +13,6 @@ from .types import Record, encode, parse_input
 
 __all__ = [
     "ChainError", "DigestMismatch", "Policy", "PolicyError", "Record", "State", "apply_record",
-    "encode", "load_policy_toml", "load_snapshot", "new_state", "parse_input", "rebuild",
+    "encode", "load_policy_toml", "load_snapshot", "new_state", "next_due_t", "parse_input", "rebuild",
     "run_inputs", "snapshot_bytes", "state_digest", "step", "with_params",
 ]

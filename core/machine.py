@@ -624,3 +624,15 @@ _HANDLERS = {
     T.Tick: _on_tick,
     T.SetPolicy: _on_set_policy,
 }
+
+
+def next_due_t(state: State) -> int | None:
+    """The earliest time at which a tick would change something on its own (an aging step
+    or a saga deadline), so a simulator can jump there instead of ticking every second."""
+    c = state.c
+    due: list[int] = [saga.deadline_t + 1 for saga in c.sagas.values()]
+    for level in range(1, LEVELS):
+        aging = state.ix.aging[level]
+        if aging:
+            due.append(aging[0][0] + aging_threshold_ms(state, level))
+    return min(due) if due else None
