@@ -339,6 +339,7 @@ def _compensation(s: State, ev: T.CompensationGranted) -> None:
 
 def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
     s.c.policy = with_params(s.c.policy, ev.params)
+    s.ix.variant_policies.clear()
 
 
 _HANDLERS = {

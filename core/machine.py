@@ -19,8 +19,8 @@ import re
 from . import types as T
 from .evolve import evolve
 from .placement import acceptable_models, free_gpus, place, placement_nodes
-from .policy import PolicyError, with_params
-from .preemption import Decline, may_preempt, plan_preemption, victim_cost, expected_runtime_ms
+from .policy import PolicyError, assign_variant, with_params
+from .preemption import Decline, may_preempt, plan_preemption
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
     job_progress_ms, last_checkpoint, queue_depth, state_digest, window_count,
@@ -165,7 +165,8 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
         ckpt_interval_s=_or(inp.ckpt_interval_s, p.default_ckpt_interval_s),
         ckpt_cost_s=_or(inp.ckpt_cost_s, p.default_ckpt_cost_s),
         restore_cost_s=_or(inp.restore_cost_s, p.default_restore_cost_s),
-        preemptible=inp.preemptible, command=list(inp.command)))
+        preemptible=inp.preemptible, command=list(inp.command),
+        variant=assign_variant(p, inp.team, inp.job)))
 
 
 def _or(value: float | None, default: float) -> float:

@@ -7,6 +7,7 @@ level, 0 (most urgent) to 7. Names end with their unit.
 
 from __future__ import annotations
 
+import hashlib
 import tomllib
 from typing import Any
 
@@ -91,6 +92,12 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     compensation_priority_boost: int = 1
     fee_credit_per_gpu_hour: float = 2.5
 
+    # --- A/B: named variants, each a set of overrides of the parameters above, used for the
+    # preemption decisions of the jobs assigned to it. A job's variant is chosen by a hash of
+    # its team (ab_split_by = "team") or its id ("job"); "" means no experiment.
+    ab_variants: dict[str, dict[str, Any]] = {}
+    ab_split_by: str = "team"
+
     # --- audit
     digest_every_events: int = 500
 
@@ -120,9 +127,30 @@ def validate(policy: Policy) -> Policy:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:
         raise PolicyError("digest_every_events must be at least 1")
+    if policy.ab_split_by not in ("team", "job"):
+        raise PolicyError("ab_split_by must be 'team' or 'job'")
+    for name in sorted(policy.ab_variants):
+        overrides = policy.ab_variants[name]
+        if "ab_variants" in overrides or "ab_split_by" in overrides:
+            raise PolicyError(f"ab_variants[{name!r}] cannot override the experiment itself")
+        base = msgspec.structs.replace(policy, ab_variants={})
+        try:
+            with_params(base, overrides)
+        except PolicyError as err:
+            raise PolicyError(f"ab_variants[{name!r}]: {err}") from err
     if any(w <= 0 for w in policy.level_weight):
         raise PolicyError("level_weight entries must be positive")
     return policy
+
+
+def assign_variant(policy: Policy, team: str, job: str) -> str:
+    """Deterministic A/B assignment: the same team (or job) always lands in the same variant."""
+    if not policy.ab_variants:
+        return ""
+    names = sorted(policy.ab_variants)
+    key = team if policy.ab_split_by == "team" else job
+    bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return names[bucket % len(names)]
 
 
 def with_params(policy: Policy, params: dict[str, Any]) -> Policy:

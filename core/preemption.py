@@ -19,6 +19,7 @@ from __future__ import annotations
 import msgspec
 
 from .placement import acceptable_models, free_indices, node_size_max
+from .policy import Policy, with_params
 from .state import RUNNING, Job, State, job_progress_ms, last_checkpoint, window_count
 from .types import Slot
 
@@ -75,9 +76,8 @@ def can_checkpoint(job: Job) -> bool:
     return job.ckpt_interval_ms > 0
 
 
-def victim_cost(state: State, victim: Job, preemptor_runtime_ms: int) -> VictimCost:
+def victim_cost(state: State, victim: Job, preemptor_runtime_ms: int, p: Policy) -> VictimCost:
     c = state.c
-    p = c.policy
     t = c.t
     progress = job_progress_ms(victim, t)
     last = last_checkpoint(victim)
@@ -105,6 +105,19 @@ def victim_cost(state: State, victim: Job, preemptor_runtime_ms: int) -> VictimC
 
 
 # ---------------------------------------------------------------- eligibility
+
+
+def variant_policy(state: State, job: Job) -> Policy:
+    """The policy an A/B variant's jobs are decided by: the base policy with the variant's
+    overrides. Cached per variant until the next PolicyChanged."""
+    base = state.c.policy
+    overrides = base.ab_variants.get(job.variant)
+    if not overrides:
+        return base
+    cache = state.ix.variant_policies
+    if job.variant not in cache:
+        cache[job.variant] = with_params(base, overrides)
+    return cache[job.variant]
 
 
 def may_preempt(state: State, job: Job) -> bool:
@@ -144,6 +157,7 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
     if user_preempting_exhausted(state, job):
         return Decline(reason="user_preempting_limit")
     c = state.c
+    p = variant_policy(state, job)
     ix = state.ix
     models = acceptable_models(job.gpu_models, ix)
     nodes = [c.nodes[name] for name in sorted(c.nodes)
@@ -158,22 +172,22 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
                 continue
             victim = c.jobs[victim_id]
             if victim_eligible(state, job, victim):
-                costs[victim_id] = victim_cost(state, victim, runtime)
+                costs[victim_id] = victim_cost(state, victim, runtime, p)
     if not costs:
         return Decline(reason="no_eligible_victims")
     if job.gpus <= node_size_max(models, ix):
-        choice = _cheapest_single_node(state, job, nodes, costs)
+        choice = _cheapest_single_node(state, job, nodes, costs, p.victims_per_preemption_max)
     else:
-        choice = _cheapest_across_nodes(state, job, nodes, costs)
+        choice = _cheapest_across_nodes(state, job, nodes, costs, p.victims_per_preemption_max)
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")
     victims, placement = choice
     cost = sum(costs[v].cost for v in victims)
     ready = max(costs[v].ready_ms for v in victims)
     natural_wait = natural_wait_ms(state, job, nodes)
-    level_weight = c.policy.level_weight[job.level]
+    level_weight = p.level_weight[job.level]
     benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
-    if benefit - cost <= c.policy.net_benefit_min:
+    if benefit - cost <= p.net_benefit_min:
         return Decline(reason="benefit_below_cost", benefit=round(benefit, 3), cost=round(cost, 3))
     return Plan(
         victims=victims, placement=placement, benefit=round(benefit, 3), cost=round(cost, 3),
@@ -197,9 +211,8 @@ def _share_allows(state: State, taken: dict[int, int], victim: Job) -> bool:
     return held_after >= floor or floor == 0
 
 
-def _cheapest_single_node(state: State, job: Job, nodes, costs) -> tuple[list[str], list[Slot]] | None:
+def _cheapest_single_node(state: State, job: Job, nodes, costs, cap: int) -> tuple[list[str], list[Slot]] | None:
     best = None
-    cap = state.c.policy.victims_per_preemption_max
     for node in nodes:
         free = free_indices(node)
         need = job.gpus - len(free)
@@ -219,7 +232,7 @@ def _cheapest_single_node(state: State, job: Job, nodes, costs) -> tuple[list[st
     return None if best is None else (best[1], best[2])
 
 
-def _cheapest_across_nodes(state: State, job: Job, nodes, costs) -> tuple[list[str], list[Slot]] | None:
+def _cheapest_across_nodes(state: State, job: Job, nodes, costs, cap: int) -> tuple[list[str], list[Slot]] | None:
     free_total = sum(len(free_indices(node)) for node in nodes)
     need = job.gpus - free_total
     node_names = {node.name: None for node in nodes}
@@ -230,7 +243,7 @@ def _cheapest_across_nodes(state: State, job: Job, nodes, costs) -> tuple[list[s
         units.append((costs[v].cost / max(usable, 1), v, usable))
     units.sort()
     chosen = _greedy_minimal(state, units, need)
-    if chosen is None or len(chosen) > state.c.policy.victims_per_preemption_max:
+    if chosen is None or len(chosen) > cap:
         return None
     chosen_map = dict.fromkeys(chosen)
     placement: list[Slot] = []

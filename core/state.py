@@ -164,6 +164,7 @@ class Index:
         self.team_gpus: dict[str, int] = {}
         self.level_gpus: list[int] = [0] * LEVELS
         self.total_gpus = 0
+        self.variant_policies: dict[str, Any] = {}
 
 
 class State:
