@@ -185,6 +185,10 @@ def _checkpoint_began(s: State, ev: T.CheckpointBegan) -> None:
 
 def _checkpoint_recorded(s: State, ev: T.CheckpointRecorded) -> None:
     job = s.c.jobs[ev.job]
+    if job.ckpt_started_t and job.state in (RUNNING, PREEMPTING):
+        # Training pauses while a checkpoint is written: that time is overhead, not progress.
+        pause_end = job.frozen_t if job.frozen_t else ev.t
+        job.progress_ms -= max(0, pause_end - max(job.ckpt_started_t, job.run_started_t))
     job.checkpoints = (job.checkpoints + [Checkpoint(
         step=ev.step, digest=ev.digest, bytes=ev.bytes, progress_ms=ev.progress_ms, t=ev.t,
     )])[-s.c.policy.checkpoints_kept:]
@@ -288,6 +292,7 @@ def _preemption_committed(s: State, ev: T.PreemptionCommitted) -> None:
 def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
     c = s.c
     saga = c.sagas.pop(ev.saga)
+    retry_t = ev.t + c.policy.preemption_retry_ms
     preemptor = c.jobs.get(saga.preemptor)
     if preemptor is not None and preemptor.state == RESERVED:
         _vacate(s, preemptor)
@@ -295,6 +300,7 @@ def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
         preemptor.state = QUEUED
         preemptor.saga = ""
         preemptor.placement = []
+        preemptor.preempt_retry_t = retry_t
         queue_add(s.ix, preemptor)
     for victim_id in saga.victims:
         victim = c.jobs.get(victim_id)
@@ -306,6 +312,7 @@ def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
             victim.run_started_t = ev.t
             victim.frozen_t = 0
             victim.state = RUNNING
+            victim.protected_until_t = max(victim.protected_until_t, retry_t)
 
 
 # ---------------------------------------------------------------- fairness, ledger, policy

@@ -562,7 +562,7 @@ def _preempt_for(ctx: Ctx, blocked: list[str]) -> None:
     c = state.c
     for job_id in blocked:
         job = c.jobs.get(job_id)
-        if job is None or job.state != QUEUED:
+        if job is None or job.state != QUEUED or job.preempt_retry_t > ctx.inp.t:
             continue
         outcome = plan_preemption(state, job)
         if isinstance(outcome, Decline):

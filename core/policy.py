@@ -55,11 +55,12 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     victims_per_preemption_max: int = 8
     # Time for a victim to reach a safe point after the notice.
     safe_point_ms: int = 30_000
-    # A checkpoint younger than this is fresh: the victim releases without saving again.
-    fresh_checkpoint_ms: int = 120_000
     # Extra time on top of the expected safe point + checkpoint before a saga rolls back.
     deadline_slack_ms: int = 120_000
     deadline_min_ms: int = 180_000
+    # After a rollback the preemptor waits this long before planning again, and victims that
+    # failed to release are left alone as long, so a broken job cannot start a loop.
+    preemption_retry_ms: int = 300_000
     # Defaults for what the submitter did not say.
     default_est_runtime_s: float = 3600.0
     default_ckpt_interval_s: float = 1800.0

@@ -67,9 +67,13 @@ def expected_runtime_ms(state: State, job: Job) -> int:
 
 
 def remaining_ms(state: State, job: Job) -> int:
+    """Expected runtime minus progress; a job already past its estimate is expected to need
+    a tenth of the estimate more (it has shown it runs long), not zero."""
     total = expected_runtime_ms(state, job)
     done = job_progress_ms(job, state.c.t)
-    return max(total - done, total // LINDY_FLOOR_FRACTION, 1)
+    if done < total:
+        return total - done
+    return max(total // LINDY_FLOOR_FRACTION, 1)
 
 
 def can_checkpoint(job: Job) -> bool:
@@ -89,7 +93,8 @@ def victim_cost(state: State, victim: Job, preemptor_runtime_ms: int, p: Policy)
         # A checkpoint is being written: wait for it rather than lose it.
         save = max(0, victim.ckpt_started_t + victim.ckpt_cost_ms - t)
         lost, ready = 0, save + p.safe_point_ms
-    elif last is not None and t - last.t < p.fresh_checkpoint_ms:
+    elif last is not None and since_ckpt < victim.ckpt_cost_ms:
+        # Fresh: releasing now loses less than saving again would cost.
         lost, save, ready = since_ckpt, 0, p.safe_point_ms
     else:
         lost, save, ready = 0, victim.ckpt_cost_ms, p.safe_point_ms + victim.ckpt_cost_ms

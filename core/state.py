@@ -73,6 +73,7 @@ class Job(msgspec.Struct, kw_only=True):
     protected_until_t: int = 0
     saga: str = ""
     last_decline: str = ""
+    preempt_retry_t: int = 0  # no new saga for this job before this time
     resume_pending: bool = False
     compensations: int = 0
     first_start_t: int = 0

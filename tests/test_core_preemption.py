@@ -1,0 +1,241 @@
+"""Scenario tests of the preemption rules: given inputs, expect events."""
+
+from core import types as T
+
+from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, started, submit, tick
+
+
+def two_victims_on_one_node(**params) -> Run:
+    run = Run(**params)
+    run.at(0, node("a1", "A100"), node("h1", "H100"))
+    run.at(1000, submit("low-1", 6, 4, team="search", user="li", est_runtime_s=4 * 3600,
+                        ckpt_cost_s=15, restore_cost_s=10),
+           submit("low-2", 6, 4, team="search", user="li", est_runtime_s=4 * 3600,
+                  ckpt_cost_s=15, restore_cost_s=10))
+    start_all(run, 2000)
+    return run
+
+
+def test_multi_victim_preemption_commits_and_starts_preemptor_only_after_every_release():
+    run = two_victims_on_one_node()
+    planned = run.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana", est_runtime_s=1800))
+    plan = of(planned, T.PreemptionPlanned)
+    assert len(plan) == 1 and plan[0].victims == ["low-1", "low-2"]
+    assert plan[0].benefit > plan[0].cost > 0
+    assert sorted(n.job for n in of(planned, T.VictimNotified)) == ["low-1", "low-2"]
+    assert plan[0].placement == [T.Slot(node="a1", gpus=list(range(8)))]
+
+    first = run.at(20 * MIN + 40_000, T.SafePoint(job="low-1"), T.Released(job="low-1"))
+    assert not of(first, T.PreemptionCommitted)
+    assert not [e for e in of(first, T.JobStartRequested) if e.job == "urgent"]
+    assert run.job_state("urgent") == "reserved"
+    check_invariants(run.state)
+
+    second = run.at(20 * MIN + 50_000, T.Released(job="low-2"))
+    kinds = [type(e).__name__ for e in second if not isinstance(e, T.InputAccepted)]
+    assert kinds[:3] == ["VictimReleased", "PreemptionCommitted", "JobStartRequested"]
+    assert sorted(e.job for e in of(second, T.JobRequeued)) == ["low-1", "low-2"]
+    assert run.job_state("urgent") == "starting"
+    assert run.job("low-1").state == "queued" and run.job("low-1").preempt_count == 1
+    check_invariants(run.state)
+
+
+def test_same_level_never_preempts():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("first", 1, 8, est_runtime_s=10 * 3600))
+    start_all(run, 2000)
+    events = run.at(HOUR, submit("second", 1, 8, team="t2", user="u2"))
+    events += run.at(2 * HOUR, tick(2 * HOUR))
+    assert not of(events, T.PreemptionPlanned)
+    assert [e.reason for e in of(events, T.PreemptionDeclined)] == ["no_eligible_victims"]
+
+
+def test_missed_deadline_rolls_everything_back_and_no_gpu_is_held_twice():
+    run = two_victims_on_one_node()
+    plan = of(run.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana")),
+              T.PreemptionPlanned)[0]
+    run.at(20 * MIN + 30_000, T.SafePoint(job="low-1"),
+           T.CheckpointSaved(job="low-1", step=10, digest="sha256:aa", bytes=100),
+           T.Released(job="low-1"))
+    check_invariants(run.state)
+    events = run.at(plan.deadline_t + 1, tick(plan.deadline_t + 1))
+    rolled = of(events, T.PreemptionRolledBack)
+    assert [r.reason for r in rolled] == ["deadline_passed"]
+    assert [e.job for e in of(events, T.JobResumeRequested)] == ["low-1"]
+    assert of(events, T.JobResumeRequested)[0].ckpt_digest == "sha256:aa"
+    assert [e.job for e in of(events, T.NoticeWithdrawn)] == ["low-2"]
+    assert not of(events, T.PreemptionPlanned), "no immediate retry after a rollback"
+    assert run.job_state("urgent") == "queued"
+    assert run.job_state("low-2") == "running"
+    check_invariants(run.state)
+    holders = run.state.c.nodes["a1"].holder
+    assert holders == ["low-1"] * 4 + ["low-2"] * 4
+
+
+def test_victim_writing_a_checkpoint_is_waited_for():
+    run = two_victims_on_one_node()
+    run.at(20 * MIN, T.CheckpointStarted(job="low-1"))
+    # low-1 writes for 15 s; a preemption arriving 5 s in must wait for that checkpoint.
+    events = run.at(20 * MIN + 5000, submit("urgent", 1, 8, team="safety", user="ana"))
+    plan = of(events, T.PreemptionPlanned)[0]
+    notices = {n.job: n for n in of(events, T.VictimNotified)}
+    assert notices["low-1"].checkpoint_needed is False
+    assert plan.deadline_t >= 20 * MIN + 15_000
+    run.at(20 * MIN + 15_000, T.CheckpointSaved(job="low-1", step=7, digest="sha256:c1", bytes=1))
+    run.at(20 * MIN + 16_000, T.Released(job="low-1"))
+    done = run.at(20 * MIN + 60_000, T.SafePoint(job="low-2"),
+                  T.CheckpointSaved(job="low-2", step=7, digest="sha256:c2", bytes=1),
+                  T.Released(job="low-2"))
+    assert of(done, T.PreemptionCommitted)
+    released = {e.job: e for e in run.events(T.VictimReleased)}
+    assert released["low-1"].lost_progress_ms < 2000  # only the second after its checkpoint
+
+
+def test_no_preemption_when_victim_finishes_in_seconds_and_would_lose_hours():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("long", 6, 8, team="search", est_runtime_s=4 * 3600, ckpt_interval_s=0))
+    start_all(run, 1000)
+    events = run.at(4 * HOUR - 10_000, submit("urgent", 1, 8, team="safety", user="ana"))
+    assert not of(events, T.PreemptionPlanned)
+    declined = of(events, T.PreemptionDeclined)
+    assert declined and declined[0].reason == "benefit_below_cost"
+    assert declined[0].cost > declined[0].benefit
+
+
+def test_a_fresh_checkpoint_makes_a_victim_cheap():
+    stale = two_victims_on_one_node()
+    stale_plan = of(stale.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana")),
+                    T.PreemptionPlanned)[0]
+    fresh = two_victims_on_one_node()
+    fresh.at(20 * MIN - 10_000, T.CheckpointSaved(job="low-1", step=3, digest="sha256:f1", bytes=1),
+             T.CheckpointSaved(job="low-2", step=3, digest="sha256:f2", bytes=1))
+    events = fresh.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana"))
+    fresh_plan = of(events, T.PreemptionPlanned)[0]
+    assert fresh_plan.cost < stale_plan.cost
+    assert all(not n.checkpoint_needed for n in of(events, T.VictimNotified))
+
+
+def preempt_cycle(run: Run, t: int, preemptor: str, team: str, user: str) -> T.PreemptionPlanned | None:
+    plans = of(run.at(t, submit(preemptor, 1, 8, team=team, user=user, est_runtime_s=600)),
+               T.PreemptionPlanned)
+    return plans[0] if plans else None
+
+
+def fill_nodes(run: Run, count: int, team: str = "research") -> None:
+    run.at(0, *[node(f"n{i}") for i in range(count)])
+    run.at(1000, *[submit(f"bg-{i}", 6, 8, team=team, user=f"r{i}", est_runtime_s=10 * 3600)
+                   for i in range(count)])
+    start_all(run, 2000)
+
+
+def test_team_preempted_too_often_is_protected():
+    run = Run(team_preempted_max=2, team_preempting_max=100, user_preempting_max=100)
+    fill_nodes(run, 3)
+    assert preempt_cycle(run, 20 * MIN, "p1", "prod", "a") is not None
+    assert not run.events(T.TeamProtected)
+    assert preempt_cycle(run, 21 * MIN, "p2", "prod", "b") is not None
+    protected = run.events(T.TeamProtected)
+    assert [p.team for p in protected] == ["research"]
+    assert preempt_cycle(run, 22 * MIN, "p3", "prod", "c") is None
+    assert run.job("p3").last_decline == "no_eligible_victims"
+    assert run.job_state("bg-2") == "running"
+
+
+def test_team_preempting_too_often_is_downgraded():
+    run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
+              user_preempted_max=100)
+    fill_nodes(run, 3)
+    preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
+    preempt_cycle(run, 21 * MIN, "p2", "prod", "b")
+    downgraded = run.events(T.TeamDowngraded)
+    assert [d.team for d in downgraded] == ["prod"]
+    later = of(run.at(22 * MIN, submit("p3", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
+    assert (later.requested_level, later.level) == (1, 3)
+    other = of(run.at(22 * MIN, submit("q1", 1, 8, team="other", user="d")), T.JobSubmitted)[0]
+    assert other.level == 1
+
+
+def test_victims_per_preemption_are_capped():
+    run = Run(victims_per_preemption_max=2)
+    run.at(0, node("a1"))
+    run.at(1000, *[submit(f"one-{i}", 6, 2, user=f"u{i}", est_runtime_s=10 * 3600) for i in range(4)])
+    start_all(run, 2000)
+    events = run.at(HOUR, submit("urgent", 1, 8, team="safety", user="ana"))
+    assert not of(events, T.PreemptionPlanned)
+    assert of(events, T.PreemptionDeclined)[0].reason == "no_victim_set_within_limits"
+
+
+def test_guaranteed_share_keeps_a_level_from_being_preempted_below_it():
+    run = Run(guaranteed_share=[0, 0, 0, 0, 0, 0, 0.5, 0])
+    fill_nodes(run, 2)  # level 6 holds 16 of 16 GPUs; its guarantee is 8
+    first = preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
+    assert first is not None
+    run.at(20 * MIN + 40_000, T.Released(job=first.victims[0]))
+    assert preempt_cycle(run, 40 * MIN, "p2", "prod", "b") is None
+    assert run.job("p2").last_decline == "no_victim_set_within_limits"
+
+
+def test_minimal_victim_set_prefers_cheapest_jobs():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("cheap", 7, 4, user="u1", est_runtime_s=10 * 3600, ckpt_cost_s=5),
+           submit("dear", 6, 4, user="u2", est_runtime_s=10 * 3600, ckpt_cost_s=600),
+           )
+    start_all(run, 2000)
+    events = run.at(HOUR, submit("mid", 2, 4, team="safety", user="ana"))
+    assert of(events, T.PreemptionPlanned)[0].victims == ["cheap"]
+
+
+def test_gpus_of_the_wrong_model_are_never_chosen():
+    run = Run()
+    run.at(0, node("a1", "A100"), node("h1", "H100"))
+    run.at(1000, submit("on-a", 6, 8, models=["A100"], est_runtime_s=10 * 3600),
+           submit("on-h", 6, 8, models=["H100"], user="u2", est_runtime_s=10 * 3600))
+    start_all(run, 2000)
+    events = run.at(HOUR, submit("wants-h", 1, 8, team="safety", user="ana", models=["H100"]))
+    plan = of(events, T.PreemptionPlanned)[0]
+    assert plan.victims == ["on-h"]
+    assert [s.node for s in plan.placement] == ["h1"]
+    free_a = Run()
+    free_a.at(0, node("a1", "A100"))
+    assert not of(free_a.at(1000, submit("h-only", 3, 1, models=["H100"])), T.JobStartRequested)
+
+
+def test_job_larger_than_any_node_is_one_gang_across_nodes_or_not_at_all():
+    run = Run()
+    run.at(0, node("n1"), node("n2"), node("n3"))
+    run.at(1000, submit("small", 5, 4, est_runtime_s=10 * 3600))
+    start_all(run, 1000)
+    big = of(run.at(2000, submit("big", 5, 16, user="u2")), T.JobStartRequested)
+    assert len(big) == 1
+    assert sum(len(s.gpus) for s in big[0].placement) == 16
+    assert sorted(s.node for s in big[0].placement) == ["n2", "n3"]
+    check_invariants(run.state)
+    too_big = run.at(3000, submit("bigger", 5, 12, user="u3"))
+    assert not of(too_big, T.JobStartRequested)
+    assert run.job_state("bigger") == "queued"
+    assert all(h == "" for h in run.state.c.nodes["n1"].holder[4:])
+
+
+def test_preemptor_cancelled_mid_saga_rolls_back():
+    run = two_victims_on_one_node()
+    run.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana"))
+    run.at(20 * MIN + 30_000, T.Released(job="low-1"))
+    events = run.at(20 * MIN + 31_000, T.Cancel(job="urgent"))
+    assert [r.reason for r in of(events, T.PreemptionRolledBack)] == ["preemptor_cancelled"]
+    assert [e.job for e in of(events, T.JobResumeRequested)] == ["low-1"]
+    assert run.job_state("urgent") == "cancelled"
+    check_invariants(run.state)
+
+
+def test_lost_node_rolls_back_its_saga_and_requeues_its_jobs():
+    run = two_victims_on_one_node()
+    run.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana"))
+    events = run.at(20 * MIN + 5000, T.NodeDown(node="a1"))
+    assert [r.reason for r in of(events, T.PreemptionRolledBack)] == ["node_lost"]
+    assert sorted(e.job for e in of(events, T.JobRequeued)) == ["low-1", "low-2"]
+    assert of(events, T.NodeLost)[0].jobs == ["low-1", "low-2"]
+    check_invariants(run.state)
+    assert run.state.ix.free_by_model.get("A100", 0) == 0
