@@ -1,0 +1,131 @@
+"""Scenario tests of queue order, aging and the wait bound."""
+
+from core import types as T
+from core.machine import aging_threshold_ms
+
+from scenario import HOUR, MIN, Run, node, of, start_all, submit, tick
+
+
+def started_order(events) -> list[str]:
+    return [e.job for e in of(events, T.JobStartRequested)]
+
+
+def one_busy_node(level_of_busy: int = 1) -> Run:
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1, submit("busy", level_of_busy, 8, team="ops", est_runtime_s=HOUR / 1000))
+    start_all(run, 2)
+    return run
+
+
+def test_levels_are_served_in_order_and_fcfs_within_levels_0_to_2():
+    run = one_busy_node()
+    run.at(10, submit("b-late", 2, 2, team="x"))
+    run.at(11, submit("a-early", 2, 2, team="y"))
+    run.at(12, submit("urgent", 0, 2, team="z"))
+    events = run.at(HOUR, T.Finished(job="busy", ok=True))
+    assert started_order(events) == ["urgent", "b-late", "a-early"]
+
+
+def test_fair_share_serves_the_team_furthest_below_its_quota():
+    run = Run(team_quota={"big": 3.0, "small": 1.0})
+    run.at(0, node("a1"))
+    run.at(1, submit("busy", 1, 8, team="ops", est_runtime_s=3600))
+    start_all(run, 2)
+    run.at(10, *[submit(f"big-{i}", 4, 1, team="big") for i in range(6)])
+    run.at(20, *[submit(f"small-{i}", 4, 1, team="small") for i in range(6)])
+    events = run.at(HOUR, T.Finished(job="busy", ok=True))
+    order = started_order(events)
+    assert len(order) == 8
+    assert sum(1 for j in order if j.startswith("big")) == 6
+    assert sum(1 for j in order if j.startswith("small")) == 2
+
+
+def test_round_robin_alternates_teams_at_levels_6_and_7():
+    run = one_busy_node()
+    run.at(10, *[submit(f"a-{i}", 7, 1, team="a") for i in range(4)])
+    run.at(20, *[submit(f"b-{i}", 7, 1, team="b") for i in range(2)])
+    events = run.at(HOUR, T.Finished(job="busy", ok=True))
+    teams = [j[0] for j in started_order(events)]
+    assert teams == ["a", "b", "a", "b", "a", "a"]
+
+
+def test_aging_raises_a_waiting_job_one_level_at_a_time():
+    run = one_busy_node()
+    run.at(10, submit("waiter", 7, 1, team="a"))
+    threshold = aging_threshold_ms(run.state, 7)
+    before = run.at(10 + threshold - 1, tick(10 + threshold - 1))
+    assert not of(before, T.PriorityAged)
+    aged = of(run.at(10 + threshold, tick(10 + threshold)), T.PriorityAged)
+    assert [(a.from_level, a.to_level) for a in aged] == [(7, 6)]
+    assert run.job("waiter").eff_level == 6 and run.job("waiter").level == 7
+
+
+def test_aging_threshold_shrinks_as_the_queue_deepens():
+    shallow = one_busy_node()
+    shallow.at(10, submit("w0", 6, 1, team="a"))
+    deep = one_busy_node()
+    deep.at(10, *[submit(f"w{i}", 6, 1, team="a") for i in range(64)])
+    assert aging_threshold_ms(deep.state, 6) < aging_threshold_ms(shallow.state, 6)
+
+
+def test_aged_jobs_do_not_gain_the_right_to_preempt():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1, submit("holder", 6, 8, team="ops", est_runtime_s=100 * 3600))
+    start_all(run, 2)
+    run.at(10, submit("old", 7, 8, team="a"))
+    events = []
+    for hour in range(1, 12):
+        events += run.at(hour * HOUR, tick(hour * HOUR))
+    assert run.job("old").eff_level == 0
+    assert not of(events, T.PreemptionPlanned)
+
+
+def test_aging_starts_a_starved_level_7_job_within_its_bound():
+    """A stream of small level-5 jobs keeps one node busy; the big level-7 job must still
+    start within: the sum of aging thresholds + the starvation guard + one job's runtime."""
+    run = Run()
+    p = run.state.c.policy
+    run.at(0, node("a1"))
+    run.at(1000, submit("big-batch", 7, 8, team="explore", est_runtime_s=3600))
+    job_ms = 30 * MIN
+    bound = sum(p.aging_threshold_ms[1:]) + p.starvation_wait_ms + job_ms
+    running: dict[str, int] = {}
+    started_at = None
+    n = 0
+    for t in range(5 * MIN, bound + 5 * MIN, 5 * MIN):
+        for job_id, end in sorted(running.items()):
+            if end <= t:
+                run.at(t, T.Finished(job=job_id, ok=True))
+                del running[job_id]
+        for _ in range(2):
+            n += 1
+            run.at(t, submit(f"small-{n}", 5, 1, team=f"team{n % 3}", user=f"u{n}",
+                             est_runtime_s=job_ms / 1000))
+        for job_id in sorted(run.state.c.jobs):
+            job = run.state.c.jobs[job_id]
+            if job.state == "starting":
+                run.at(t, T.Started(job=job_id))
+                if job_id == "big-batch":
+                    started_at = t
+                else:
+                    running[job_id] = t + job_ms
+        if started_at is not None:
+            break
+    assert started_at is not None, "the level-7 job starved"
+    assert started_at - 1000 <= bound
+
+
+def test_recovery_boost_puts_a_preempted_job_ahead_of_its_level():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("victim", 6, 8, team="search", est_runtime_s=10 * 3600))
+    start_all(run, 2000)
+    run.at(HOUR, submit("urgent", 1, 8, team="safety", user="ana", est_runtime_s=600))
+    run.at(HOUR + 40_000, T.Released(job="victim"))
+    run.at(HOUR + 41_000, submit("peer", 6, 8, team="other", user="p"))
+    start_all(run, HOUR + 50_000)
+    events = run.at(HOUR + 20 * MIN, T.Finished(job="urgent", ok=True))
+    assert started_order(events) == ["victim"]
+    assert run.job_state("peer") == "queued"

@@ -1,0 +1,90 @@
+"""Scenario tests of recovery: checkpoint fallback, restart protection, compensation."""
+
+from core import types as T
+
+from scenario import HOUR, MIN, Run, node, of, start_all, submit
+
+
+def preempted_once(run: Run, t: int, preemptor: str, checkpoints: list[tuple[int, str]]) -> None:
+    """Preempt `victim` for a new level-1 job at t, saving the given checkpoints first."""
+    for step, digest in checkpoints:
+        run.at(t - 1000, T.CheckpointSaved(job="victim", step=step, digest=digest, bytes=10))
+    plans = of(run.at(t, submit(preemptor, 1, 8, team="safety", user=preemptor, est_runtime_s=600)),
+               T.PreemptionPlanned)
+    assert plans, f"{preemptor} did not preempt"
+    run.at(t + 20_000, T.Released(job="victim"))
+    start_all(run, t + 30_000)
+
+
+def test_corrupt_checkpoint_falls_back_to_the_previous_one_and_reports_the_loss():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("victim", 6, 8, team="search", est_runtime_s=10 * 3600))
+    start_all(run, 1000)
+    run.at(30 * MIN, T.CheckpointStarted(job="victim"))
+    run.at(30 * MIN, T.CheckpointSaved(job="victim", step=100, digest="sha256:old", bytes=10))
+    run.at(HOUR, T.CheckpointStarted(job="victim"))
+    run.at(HOUR, T.CheckpointSaved(job="victim", step=200, digest="sha256:new", bytes=10))
+    preempted_once(run, HOUR + 1000, "urgent", [])
+    resume = of(run.at(HOUR + 40 * MIN, T.Finished(job="urgent", ok=True)), T.JobResumeRequested)
+    assert [(r.job, r.ckpt_digest) for r in resume] == [("victim", "sha256:new")]
+    events = run.at(HOUR + 41 * MIN, T.CheckpointFailed(job="victim", reason="digest_mismatch",
+                                                        digest="sha256:new"))
+    fallback = of(events, T.CheckpointFallback)
+    assert len(fallback) == 1
+    assert (fallback[0].to_step, fallback[0].to_digest) == (100, "sha256:old")
+    assert fallback[0].lost_progress_ms == 30 * MIN
+    assert [c.digest for c in run.job("victim").checkpoints] == ["sha256:old"]
+    running = of(run.at(HOUR + 42 * MIN, T.Started(job="victim")), T.JobRunning)
+    assert running and run.job("victim").progress_ms == 30 * MIN - 1000
+
+
+def test_a_restarted_victim_is_protected_for_its_minimum_run_time():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("victim", 6, 8, team="search", est_runtime_s=100 * 3600))
+    start_all(run, 1000)
+    preempted_once(run, HOUR, "first", [(1, "sha256:a")])
+    run.at(HOUR + 20 * MIN, T.Finished(job="first", ok=True))
+    start_all(run, HOUR + 21 * MIN)
+    restarted_t = HOUR + 21 * MIN
+    protected = run.at(restarted_t + 5 * MIN, submit("second", 1, 8, team="safety", user="s2"))
+    assert not of(protected, T.PreemptionPlanned)
+    min_run = run.state.c.policy.min_run_after_restart_ms
+    later = run.at(restarted_t + min_run + 1, submit("third", 1, 8, team="safety", user="s3"))
+    assert of(later, T.PreemptionPlanned)
+
+
+def test_compensation_is_granted_past_the_preemption_threshold():
+    run = Run(compensation_after_preemptions=2, min_run_after_restart_ms=0)
+    run.at(0, node("a1"))
+    run.at(1000, submit("victim", 6, 8, team="search", est_runtime_s=100 * 3600, ckpt_interval_s=0))
+    start_all(run, 1000)
+    preempted_once(run, HOUR, "p1", [])
+    assert not run.events(T.CompensationGranted)
+    run.at(HOUR + 20 * MIN, T.Finished(job="p1", ok=True))
+    start_all(run, HOUR + 21 * MIN)
+    preempted_once(run, 3 * HOUR, "p2", [])
+    grants = run.events(T.CompensationGranted)
+    assert sorted(g.kind for g in grants) == ["fee_credit", "priority_boost", "quota_gpu_hours"]
+    assert all(g.team == "search" and g.job == "victim" and g.preempt_count == 2 for g in grants)
+    fee = next(g for g in grants if g.kind == "fee_credit")
+    assert fee.amount > 0
+    ledger = run.state.c.ledger["search"]
+    assert ledger.fee_credit == fee.amount and ledger.priority_boosts == 1
+    requeued = run.events(T.JobRequeued)[-1]
+    assert requeued.preempt_count == 2 and requeued.boost == 3
+
+
+def test_runtime_estimates_are_learned_from_finished_jobs():
+    from core.preemption import expected_runtime_ms
+
+    run = Run()
+    run.at(0, node("a1"))
+    for i in range(3):
+        run.at(i * HOUR + 1, submit(f"train-{i}", 5, 8, est_runtime_s=10 * 3600))
+        start_all(run, i * HOUR + 1)
+        run.at(i * HOUR + 1 + 20 * MIN, T.Finished(job=f"train-{i}", ok=True))
+    run.at(4 * HOUR, submit("train-9", 5, 8, est_runtime_s=10 * 3600))
+    assert run.job("train-9").kind == "train"
+    assert expected_runtime_ms(run.state, run.job("train-9")) == 20 * MIN
