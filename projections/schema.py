@@ -1,0 +1,135 @@
+"""The DuckDB schema of the projection of XR_EV, documented table by table.
+
+Every table is derived from the log alone, so the whole database can be dropped and
+rebuilt from sequence 1. `projector_position` holds the stream sequence of the last record
+applied; the projector writes it in the same transaction as the rows, which is what makes
+the projection exactly once across crashes.
+
+Times (`*_t`) are the log's milliseconds (the scheduler's clock, stamped on inputs);
+durations end in `_ms`; `seq` is the XR_EV stream sequence (or the line number of an
+exported JSONL log), `n` the record's position in the hash chain.
+
+Tables
+- `events`: every record of the log: seq, n, t, type, job (if the event names one),
+  input_seq, hash, body (the record as canonical JSON, for `json_extract`).
+- `job_events`: one row per (record, job it concerns), including the preemptor and each
+  victim of a preemption: seq, n, t, job, type, saga, detail (a short description).
+- `jobs`: one row per job, its latest state: team, user, kind, variant, level (base),
+  requested_level, eff_level (queue level after aging and boosts), gpus, state
+  (queued, starting, running, reserved, preempting, released, finished, failed,
+  cancelled), submit_t, first_start_t, end_t, waited_ms (total time queued before each
+  start), run_ms (reported at the end), gpu_ms (GPU time held while running),
+  preempt_count, lost_progress_ms (from requeues and checkpoint fallbacks), aged (level
+  rises), last_ckpt_step, compensation fee_credit, est_runtime_ms.
+- `sagas`: one row per preemption saga: planned_t, preemptor (+ team, user, level),
+  victims, benefit, cost, reason, deadline_t, outcome (open, committed, rolled_back),
+  end_t, wait_ms (planned to committed or rolled back), rollback_reason.
+- `preemptions`: one row per (saga, victim), with the saga's benefit, cost and reason:
+  victim team, user, level and gpus; preemptor team and level; planned_t, released_t,
+  release_lost_ms (progress since the last checkpoint at release), requeued_t,
+  requeue_lost_ms, resumed_t and recovery_ms (notice to running again), outcome.
+- `queue_wait`: one row per start (JobRunning): job, team, user, level, eff_level,
+  variant, waited_ms, after_preemption (the job had been preempted before).
+- `team_usage`: per (team, level): gpu_ms run, jobs submitted/started/finished/failed,
+  preempted (as victim), preempting (as preemptor), lost_progress_ms.
+- `ledger`: the compensation ledger: seq, t, job, team, kind (quota_gpu_hours,
+  priority_boost, fee_credit), amount, preempt_count.
+- `nodes`: node, gpu_model, gpus, up, joined_t, lost_t, lost_reason.
+- `team_limits`: TeamProtected and TeamDowngraded events: seq, t, team, kind, until_t, count.
+- `declines`: PreemptionDeclined: seq, t, job, reason, benefit, cost.
+- `policy_changes`: PolicyChanged: seq, t, by, reason, params (JSON).
+- `projector_position`: one row: stream, last_seq, last_n, last_hash, updated_t.
+
+Views
+- `queue_now`: queued jobs per eff_level, team and user: depth, oldest wait.
+- `running_now`: GPUs held per level, team and user.
+- `preemption_stats`: per victim level, team and user: preemptions, committed,
+  rolled back, success rate, mean recovery, lost GPU-hours.
+- `team_ledger`: compensation totals per team and kind.
+"""
+
+from __future__ import annotations
+
+TABLES = """
+CREATE TABLE IF NOT EXISTS events (
+    seq BIGINT, n BIGINT, t BIGINT, type VARCHAR, job VARCHAR, input_seq BIGINT,
+    hash VARCHAR, body VARCHAR);
+CREATE TABLE IF NOT EXISTS job_events (
+    seq BIGINT, n BIGINT, t BIGINT, job VARCHAR, type VARCHAR, saga VARCHAR, detail VARCHAR);
+CREATE TABLE IF NOT EXISTS jobs (
+    job VARCHAR, team VARCHAR, "user" VARCHAR, kind VARCHAR, variant VARCHAR, level INTEGER,
+    requested_level INTEGER, eff_level INTEGER, gpus INTEGER, state VARCHAR, submit_t BIGINT,
+    first_start_t BIGINT, end_t BIGINT, waited_ms BIGINT, run_ms BIGINT, gpu_ms BIGINT,
+    preempt_count INTEGER, lost_progress_ms BIGINT, aged INTEGER, last_ckpt_step BIGINT,
+    fee_credit DOUBLE, est_runtime_ms BIGINT, running_since_t BIGINT, queued_since_t BIGINT);
+CREATE TABLE IF NOT EXISTS sagas (
+    saga VARCHAR, planned_t BIGINT, preemptor VARCHAR, preemptor_team VARCHAR,
+    preemptor_user VARCHAR, preemptor_level INTEGER, victims INTEGER, benefit DOUBLE,
+    cost DOUBLE, reason VARCHAR, deadline_t BIGINT, outcome VARCHAR, end_t BIGINT,
+    wait_ms BIGINT, rollback_reason VARCHAR);
+CREATE TABLE IF NOT EXISTS preemptions (
+    saga VARCHAR, victim VARCHAR, victim_team VARCHAR, victim_user VARCHAR,
+    victim_level INTEGER, victim_gpus INTEGER, preemptor VARCHAR, preemptor_team VARCHAR,
+    preemptor_level INTEGER, planned_t BIGINT, benefit DOUBLE, cost DOUBLE, reason VARCHAR,
+    released_t BIGINT, release_lost_ms BIGINT, requeued_t BIGINT, requeue_lost_ms BIGINT,
+    resumed_t BIGINT, recovery_ms BIGINT, outcome VARCHAR);
+CREATE TABLE IF NOT EXISTS queue_wait (
+    seq BIGINT, t BIGINT, job VARCHAR, team VARCHAR, "user" VARCHAR, level INTEGER,
+    eff_level INTEGER, variant VARCHAR, waited_ms BIGINT, after_preemption BOOLEAN);
+CREATE TABLE IF NOT EXISTS team_usage (
+    team VARCHAR, level INTEGER, gpu_ms BIGINT, submitted INTEGER, started INTEGER,
+    finished INTEGER, failed INTEGER, preempted INTEGER, preempting INTEGER,
+    lost_progress_ms BIGINT);
+CREATE TABLE IF NOT EXISTS ledger (
+    seq BIGINT, t BIGINT, job VARCHAR, team VARCHAR, kind VARCHAR, amount DOUBLE,
+    preempt_count INTEGER);
+CREATE TABLE IF NOT EXISTS nodes (
+    node VARCHAR, gpu_model VARCHAR, gpus INTEGER, up BOOLEAN, joined_t BIGINT,
+    lost_t BIGINT, lost_reason VARCHAR);
+CREATE TABLE IF NOT EXISTS team_limits (
+    seq BIGINT, t BIGINT, team VARCHAR, kind VARCHAR, until_t BIGINT, count INTEGER);
+CREATE TABLE IF NOT EXISTS declines (
+    seq BIGINT, t BIGINT, job VARCHAR, reason VARCHAR, benefit DOUBLE, cost DOUBLE);
+CREATE TABLE IF NOT EXISTS policy_changes (
+    seq BIGINT, t BIGINT, "by" VARCHAR, reason VARCHAR, params VARCHAR);
+CREATE TABLE IF NOT EXISTS projector_position (
+    stream VARCHAR, last_seq BIGINT, last_n BIGINT, last_hash VARCHAR, updated_t BIGINT);
+"""
+
+VIEWS = """
+CREATE OR REPLACE VIEW queue_now AS
+    SELECT eff_level AS level, team, "user", count(*) AS depth,
+           max((SELECT max(t) FROM events) - queued_since_t) AS oldest_wait_ms
+    FROM jobs WHERE state = 'queued' GROUP BY ALL;
+CREATE OR REPLACE VIEW running_now AS
+    SELECT level, team, "user", sum(gpus) AS gpus, count(*) AS jobs
+    FROM jobs WHERE state IN ('starting', 'running', 'reserved', 'preempting') GROUP BY ALL;
+CREATE OR REPLACE VIEW preemption_stats AS
+    SELECT victim_level AS level, victim_team AS team, victim_user AS "user",
+           count(*) AS preemptions,
+           count(*) FILTER (outcome = 'committed') AS committed,
+           count(*) FILTER (outcome = 'rolled_back') AS rolled_back,
+           count(*) FILTER (outcome = 'committed') / greatest(1, count(*) FILTER (outcome <> 'open'))
+               AS success_rate,
+           avg(recovery_ms) AS recovery_ms_mean,
+           sum(coalesce(requeue_lost_ms, 0) * victim_gpus) / 3600000.0 AS lost_gpu_hours
+    FROM preemptions GROUP BY ALL;
+CREATE OR REPLACE VIEW team_ledger AS
+    SELECT team, kind, sum(amount) AS amount, count(*) AS grants FROM ledger GROUP BY ALL;
+"""
+
+# Mutable tables: rows are replaced by key when they change in a batch.
+KEYS = {"jobs": ("job",), "sagas": ("saga",), "preemptions": ("saga", "victim"),
+        "team_usage": ("team", "level"), "nodes": ("node",)}
+
+
+def columns(con, table: str) -> list[str]:
+    rows = con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+        "ORDER BY ordinal_position", [table]).fetchall()
+    return [r[0] for r in rows]
+
+
+def create(con) -> None:
+    con.execute(TABLES)
+    con.execute(VIEWS)
