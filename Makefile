@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(BIN)/xirang demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests; rc=$$?; \
+	$(BIN)/python -m pytest tests -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 bench: $(STAMP)

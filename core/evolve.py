@@ -277,21 +277,33 @@ def _victim_released(s: State, ev: T.VictimReleased) -> None:
     _vacate(s, victim)
     hold_remove(s.ix, victim)
     victim.state = RELEASED
-    for slot in saga.placement:
-        node = c.nodes[slot.node]
+    for slot in victim.placement:
         for gpu in slot.gpus:
-            if node.holder[gpu] == "":
-                set_holder(c, s.ix, slot.node, gpu, saga.preemptor)
+            set_holder(c, s.ix, slot.node, gpu, saga.preemptor)
+    wanted = {(slot.node, gpu): None for slot in saga.placement for gpu in slot.gpus}
+    for slot in victim.placement:
+        extra = [gpu for gpu in slot.gpus if (slot.node, gpu) not in wanted]
+        if extra:
+            saga.held_extra.append(T.Slot(node=slot.node, gpus=extra))
     saga.released.append(ev.job)
 
 
+def _free_held_extra(s: State, saga: Saga) -> None:
+    for slot in saga.held_extra:
+        node = s.c.nodes[slot.node]
+        for gpu in slot.gpus:
+            if node.holder[gpu] == saga.preemptor:
+                set_holder(s.c, s.ix, slot.node, gpu, "")
+
+
 def _preemption_committed(s: State, ev: T.PreemptionCommitted) -> None:
-    s.c.sagas.pop(ev.saga)
+    _free_held_extra(s, s.c.sagas.pop(ev.saga))
 
 
 def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
     c = s.c
     saga = c.sagas.pop(ev.saga)
+    _free_held_extra(s, saga)
     retry_t = ev.t + c.policy.preemption_retry_ms
     preemptor = c.jobs.get(saga.preemptor)
     if preemptor is not None and preemptor.state == RESERVED:

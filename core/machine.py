@@ -552,9 +552,14 @@ def _place_queued(ctx: Ctx) -> list[str]:
                 continue
             if may_preempt(state, job) and len(blocked) < p.preemption_candidates_max:
                 blocked.append(job_id)
-            if t - job.queued_since_t >= p.starvation_wait_ms:
+            if t - job.queued_since_t >= p.starvation_wait_ms and _could_ever_fit(state, job, models):
                 guarded_models.update(dict.fromkeys(models))
     return blocked
+
+
+def _could_ever_fit(state: State, job: Job, models: list[str]) -> bool:
+    """A job bigger than the pool of its models must not hold everyone else back."""
+    return job.gpus <= sum(state.ix.capacity_by_model.get(m, 0) for m in models)
 
 
 def _preempt_for(ctx: Ctx, blocked: list[str]) -> None:

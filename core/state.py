@@ -97,6 +97,9 @@ class Saga(msgspec.Struct, kw_only=True):
     planned_t: int
     benefit: float
     cost: float
+    # GPUs of released victims outside the preemptor's placement: held for the saga so a
+    # rollback can give every victim its whole gang back; freed at commit.
+    held_extra: list[Slot] = []
 
 
 class Window(msgspec.Struct, kw_only=True):

@@ -1,0 +1,149 @@
+"""A seeded random world for property tests: a random cluster, a random workload, and
+agents that answer the scheduler's decisions the way real ones might (promptly, late, or
+never; checkpoints that fail; nodes that die). Run as a script it prints the event log, so
+a test can compare logs across processes and hash seeds."""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Callable
+
+from core import new_state, step
+from core import types as T
+from core.state import State
+
+MODELS = ["A100", "H100", "L4"]
+
+
+class World:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.state: State = new_state()
+        self.t = 0
+        self.n_jobs = 0
+        self.records: list[T.Record] = []
+        self.nodes = [(f"node-{i}", self.rng.choice(MODELS), self.rng.choice([4, 8]))
+                      for i in range(self.rng.randint(2, 6))]
+
+    def feed(self, inp: T.Input, check: Callable[[State, T.Input, list[T.Record]], None] | None = None,
+             before: bytes | None = None) -> list[T.Record]:
+        _, records = step(self.state, inp)
+        self.records.extend(records)
+        if check is not None:
+            check(self.state, inp, records, before)
+        return records
+
+    def boot(self) -> list[T.Input]:
+        return [T.NodeUp(t=0, node=name, gpu_model=model, gpus=gpus) for name, model, gpus in self.nodes]
+
+    def next_input(self) -> T.Input:
+        rng = self.rng
+        self.t += rng.choice([0, 1000, 5000, 30_000, 120_000, 600_000])
+        t = self.t
+        jobs = self.state.c.jobs
+        by_state: dict[str, list[str]] = {}
+        for job_id in sorted(jobs):
+            by_state.setdefault(jobs[job_id].state, []).append(job_id)
+        roll = rng.random()
+        if roll < 0.12:
+            return self._submit(t)
+        if roll < 0.35:
+            if not by_state.get("starting"):
+                return T.Tick(t=t)
+            job_id = rng.choice(by_state["starting"])
+            job = jobs[job_id]
+            if job.resume_pending and job.checkpoints and rng.random() < 0.3:
+                return T.CheckpointFailed(t=t, job=job_id, reason="digest_mismatch",
+                                          digest=job.checkpoints[-1].digest)
+            return T.Started(t=t, job=job_id)
+        if roll < 0.55:
+            if not by_state.get("preempting"):
+                return T.Tick(t=t)
+            return self._victim_answer(t, rng.choice(by_state["preempting"]))
+        if roll < 0.80:
+            if not by_state.get("running"):
+                return T.Tick(t=t)
+            return self._running_fact(t, rng.choice(by_state["running"]))
+        if roll < 0.81:
+            return T.Cancel(t=t, job=rng.choice(sorted(jobs))) if jobs else T.Tick(t=t)
+        if roll < 0.815:
+            name = rng.choice(self.nodes)[0]
+            node = self.state.c.nodes.get(name)
+            if node is not None and node.up:
+                return T.NodeDown(t=t, node=name)
+            spec = next(n for n in self.nodes if n[0] == name)
+            return T.NodeUp(t=t, node=name, gpu_model=spec[1], gpus=spec[2])
+        if roll < 0.82:
+            name = rng.choice(self.nodes)
+            return T.NodeUp(t=t, node=name[0], gpu_model=name[1], gpus=name[2])
+        if roll < 0.825:
+            return T.SetPolicy(t=t, params={"victims_per_preemption_max": rng.randint(2, 8)})
+        if roll < 0.83:
+            return T.parse_input('{"type":"submit","t":%d,"job":"bad","level":99}' % t)
+        return T.Tick(t=t)
+
+    def _submit(self, t: int) -> T.Submit:
+        rng = self.rng
+        self.n_jobs += 1
+        models = sorted(rng.sample(MODELS, rng.randint(1, 2))) if rng.random() < 0.8 else []
+        return T.Submit(
+            t=t, job=f"job-{self.n_jobs}", team=f"team-{rng.randint(1, 4)}",
+            user=f"user-{rng.randint(1, 6)}", level=rng.choice([0, 1, 2, 3, 5, 6, 6, 7, 7, 7]),
+            gpus=rng.choice([1, 1, 2, 4, 8, 12, 16]), gpu_models=models,
+            est_runtime_s=rng.choice([60, 600, 3600, 36000]),
+            ckpt_interval_s=rng.choice([0, 300, 1800]), ckpt_cost_s=rng.choice([5, 30, 120]),
+            restore_cost_s=rng.choice([5, 30]), preemptible=rng.random() < 0.9)
+
+    def _victim_answer(self, t: int, job_id: str) -> T.Input:
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.15:
+            return T.SafePoint(t=t, job=job_id)
+        if roll < 0.35:
+            return T.CheckpointSaved(t=t, job=job_id, step=t // 1000, digest=f"sha256:{job_id}-{t}",
+                                     bytes=1 << 20)
+        if roll < 0.40:
+            return T.CheckpointFailed(t=t, job=job_id, reason="disk_full")
+        if roll < 0.45:
+            return T.Finished(t=t, job=job_id, ok=True)
+        if roll < 0.85:
+            return T.Released(t=t, job=job_id)
+        return T.Tick(t=t)
+
+    def _running_fact(self, t: int, job_id: str) -> T.Input:
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.4:
+            return T.Finished(t=t, job=job_id, ok=rng.random() < 0.9)
+        if roll < 0.5:
+            return T.CheckpointStarted(t=t, job=job_id)
+        return T.CheckpointSaved(t=t, job=job_id, step=t // 1000, digest=f"sha256:{job_id}-{t}",
+                                 bytes=1 << 20)
+
+    def settle(self) -> list[T.Input]:
+        """Inputs that end every open saga: victims release, then time passes the deadlines."""
+        inputs: list[T.Input] = []
+        c = self.state.c
+        for job_id in sorted(c.jobs):
+            if c.jobs[job_id].state == "preempting":
+                inputs.append(T.Released(t=self.t, job=job_id))
+        deadline = max((s.deadline_t for s in c.sagas.values()), default=self.t)
+        inputs.append(T.Tick(t=max(self.t, deadline) + 1))
+        return inputs
+
+
+def run_world(seed: int, steps: int, check=None) -> World:
+    world = World(seed)
+    for inp in world.boot():
+        world.feed(inp, check)
+    for _ in range(steps):
+        world.feed(world.next_input(), check)
+    return world
+
+
+if __name__ == "__main__":
+    result = run_world(int(sys.argv[1]), int(sys.argv[2]))
+    out = sys.stdout.buffer
+    for record in result.records:
+        out.write(T.encode(record) + b"\n")
