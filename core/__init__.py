@@ -9,10 +9,10 @@ from .machine import new_state, next_due_t, step
 from .policy import Policy, PolicyError, load_policy_toml, with_params
 from .replay import ChainError, DigestMismatch, apply_record, rebuild, run_inputs
 from .state import State, load_snapshot, snapshot_bytes, state_digest
-from .types import Record, encode, parse_input
+from .types import Record, decode_record, encode, parse_input
 
 __all__ = [
     "ChainError", "DigestMismatch", "Policy", "PolicyError", "Record", "State", "apply_record",
-    "encode", "load_policy_toml", "load_snapshot", "new_state", "next_due_t", "parse_input", "rebuild",
+    "decode_record", "encode", "load_policy_toml", "load_snapshot", "new_state", "next_due_t", "parse_input", "rebuild",
     "run_inputs", "snapshot_bytes", "state_digest", "step", "with_params",
 ]

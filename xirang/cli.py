@@ -20,8 +20,7 @@ OPTIONAL_COMMAND_MODULES = [
 ]
 
 
-class UserError(Exception):
-    """A mistake the user can fix; printed without a traceback, exit status 2."""
+from xirang.errors import UserError  # noqa: F401  (re-exported for command modules)
 
 
 def build_parser() -> argparse.ArgumentParser:

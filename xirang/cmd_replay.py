@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from xirang.cli import UserError
+    from xirang.errors import UserError
 
     policy = None
     if args.policy:

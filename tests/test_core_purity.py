@@ -1,0 +1,74 @@
+"""core/ stays pure: it imports only the standard library's logic and msgspec, and never
+reads a clock, randomness, the environment or the network."""
+
+import ast
+import pathlib
+import sys
+
+CORE = pathlib.Path(__file__).resolve().parent.parent / "core"
+# Standard-library modules that would bring time, randomness, I/O or concurrency into core.
+FORBIDDEN_STDLIB = {
+    "time", "datetime", "random", "secrets", "uuid", "os", "sys", "io", "socket", "select",
+    "threading", "multiprocessing", "asyncio", "subprocess", "signal", "shutil", "tempfile",
+    "pathlib", "glob", "urllib", "http", "ssl", "ctypes", "concurrent", "sched", "queue",
+    "zoneinfo", "calendar", "locale", "platform", "resource", "logging",
+}
+# tomllib reads a file a user names; the one function that does so is allowed to open it.
+ALLOWED_THIRD_PARTY = {"msgspec"}
+FORBIDDEN_CALLS = {"open"}
+OPEN_ALLOWED_IN = {("policy.py", "load_policy_toml")}
+
+
+def core_files():
+    files = sorted(CORE.glob("*.py"))
+    assert files, "core/ has no modules"
+    return files
+
+
+def imported_roots(tree: ast.AST) -> list[str]:
+    roots = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            roots.append(node.module.split(".")[0])
+    return roots
+
+
+def test_core_imports_only_stdlib_logic_and_msgspec():
+    for path in core_files():
+        tree = ast.parse(path.read_text())
+        for root in imported_roots(tree):
+            if root in ALLOWED_THIRD_PARTY:
+                continue
+            assert root in sys.stdlib_module_names, f"{path.name} imports {root}"
+            assert root not in FORBIDDEN_STDLIB, f"{path.name} imports {root}: core must stay pure"
+
+
+def test_core_reads_no_clock_randomness_or_files():
+    for path in core_files():
+        tree = ast.parse(path.read_text())
+        for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+            for node in ast.walk(func):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    if node.func.id in FORBIDDEN_CALLS:
+                        assert (path.name, func.name) in OPEN_ALLOWED_IN, \
+                            f"{path.name}:{func.name} calls {node.func.id}()"
+                if isinstance(node, ast.Attribute) and node.attr in ("now", "utcnow", "time_ns", "perf_counter"):
+                    raise AssertionError(f"{path.name}:{func.name} reads a clock ({node.attr})")
+
+
+def test_core_never_iterates_a_set():
+    for path in core_files():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.For, ast.comprehension)):
+                it = node.iter
+                assert not isinstance(it, (ast.Set, ast.SetComp)), f"{path.name} iterates a set literal"
+                if isinstance(it, ast.Call) and isinstance(it.func, ast.Name):
+                    assert it.func.id not in ("set", "frozenset"), f"{path.name} iterates a set()"
+
+
+def test_the_purity_check_would_catch_a_clock(tmp_path):
+    bad = ast.parse("import time\ndef f():\n    return time.time()\n")
+    assert "time" in imported_roots(bad)
