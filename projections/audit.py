@@ -1,0 +1,240 @@
+"""Audit: rebuild the scheduler's state from the log, verify it, and tell a job's story.
+
+`Audit.feed(pos, payload)` folds one record with `core.apply_record`, which checks the
+record's position and hash link, recomputes its hash, and checks every `StateDigest`
+against the rebuilt state; the first record that fails is reported with its position in
+the chain (`n`) and in its source (stream sequence or line number). A modified record
+fails its hash; a dropped or reordered one breaks the position sequence; a forger who
+recomputes hashes is caught by the next StateDigest.
+
+What one log alone cannot show is a loss of records at its very end: compare the chain
+head printed by the audit with one kept elsewhere (the scheduler logs its own).
+
+The story of a job (`--job J`) is told from the log, not the projection, so it works on
+an exported file as well: when it queued and aged, who preempted it and why (benefit
+against cost), how it was released, which checkpoint it resumed from, what its team was
+compensated, and how it ended.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+import msgspec
+
+from core import ChainError, apply_record, new_state
+from core import types as T
+from core.state import state_digest
+
+EPOCH_MS_MIN = 10**12  # below this, t counts from the start of a scenario, not 1970
+
+
+def fmt_t(t: int) -> str:
+    if t >= EPOCH_MS_MIN:
+        return dt.datetime.fromtimestamp(t / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    s = t // 1000
+    return f"T+{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s"
+
+
+def fmt_ms(ms: float) -> str:
+    s = int(round(ms / 1000))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s // 60 % 60} min"
+
+
+@dataclass
+class Problem:
+    n: int  # position in the hash chain where the log goes wrong
+    pos: int  # stream sequence or line number
+    problem: str
+
+    def words(self, pos_name: str) -> str:
+        return f"record {self.n} ({pos_name} {self.pos}): {self.problem}"
+
+
+@dataclass
+class JobInfo:
+    team: str
+    user: str
+    level: int
+
+
+@dataclass
+class Audit:
+    job: str = ""
+    to_n: int | None = None
+    to_t: int | None = None
+    state: object = field(default_factory=new_state)
+    records: int = 0
+    digests: int = 0
+    last_pos: int = 0
+    problem: Problem | None = None
+    stopped_early: bool = False
+    story: list[str] = field(default_factory=list)
+    jobs: dict[str, JobInfo] = field(default_factory=dict)
+    _last_ckpt: dict[str, T.CheckpointRecorded] = field(default_factory=dict)
+    _decoder: msgspec.json.Decoder = field(default_factory=lambda: msgspec.json.Decoder(T.Record))
+
+    @property
+    def done(self) -> bool:
+        return self.problem is not None or self.stopped_early
+
+    def feed(self, pos: int, payload: bytes) -> bool:
+        """Fold one record; False once the audit has stopped (a problem or the window end)."""
+        if self.done:
+            return False
+        try:
+            record = self._decoder.decode(payload)
+        except msgspec.DecodeError as err:
+            self.problem = Problem(self.state.c.events_n + 1, pos, f"not a log record: {err}")
+            return False
+        if (self.to_n is not None and record.n > self.to_n) or (
+                self.to_t is not None and record.event.t > self.to_t):
+            self.stopped_early = True
+            return False
+        try:
+            apply_record(self.state, record)
+        except ChainError as err:
+            self.problem = Problem(err.n, pos, self._explain(record, err))
+            return False
+        except (KeyError, IndexError, ValueError) as err:  # hash fine, but the fold is impossible
+            self.problem = Problem(record.n, pos, f"cannot be applied to the state: {err!r}")
+            return False
+        self.records += 1
+        self.last_pos = pos
+        if isinstance(record.event, T.StateDigest):
+            self.digests += 1
+        self._remember(record.event)
+        if self.job and _concerns(record.event, self.job):
+            line = self._tell(record.event)
+            if line:
+                self.story.append(f"{fmt_t(record.event.t)}  {line}")
+        return True
+
+    def _explain(self, record: T.Record, err: ChainError) -> str:
+        """Say which record is missing or displaced, not only where the chain broke."""
+        expected = self.state.c.events_n + 1
+        if record.n > expected:
+            missing = f"record {expected}" if record.n == expected + 1 else f"records {expected}..{record.n - 1}"
+            return f"{missing} missing just before it (dropped, or moved later)"
+        if record.n < expected:
+            return f"record {record.n} appears again after record {expected - 1} (moved or duplicated)"
+        return err.problem
+
+    def summary(self, pos_name: str) -> dict:
+        c = self.state.c
+        out = {
+            "ok": self.problem is None,
+            "records_verified": self.records,
+            "state_digests_verified": self.digests,
+            "last_record": c.events_n,
+            f"last_{pos_name.replace(' ', '_')}": self.last_pos,
+            "last_t": c.t,
+            "chain_head": c.chain,
+            "state_digest": state_digest(c),
+            "jobs_open": len(c.jobs),
+            "jobs_done": c.done_count,
+            "sagas_open": len(c.sagas),
+        }
+        if self.problem:
+            out["problem"] = self.problem.words(pos_name)
+            out["problem_record"] = self.problem.n
+            out[f"problem_{pos_name.replace(' ', '_')}"] = self.problem.pos
+        return out
+
+    # ------------------------------------------------------------ the story
+
+    def _remember(self, ev: T.Event) -> None:
+        if isinstance(ev, T.JobSubmitted):
+            self.jobs[ev.job] = JobInfo(ev.team, ev.user, ev.level)
+        elif isinstance(ev, T.CheckpointRecorded):
+            self._last_ckpt[ev.job] = ev
+
+    def _who(self, job: str) -> str:
+        info = self.jobs.get(job)
+        return f"{job} (level {info.level}, team {info.team}, user {info.user})" if info else job
+
+    def _tell(self, ev: T.Event) -> str:
+        job = self.job
+        if isinstance(ev, T.JobSubmitted):
+            down = (f", downgraded from level {ev.requested_level} because its team preempted too often"
+                    if ev.level != ev.requested_level else "")
+            variant = f", A/B variant {ev.variant}" if ev.variant else ""
+            return (f"queued at level {ev.level}{down}: {ev.gpus} GPUs of {ev.gpu_models or 'any model'}"
+                    f" for {ev.user} of team {ev.team}{variant}")
+        if isinstance(ev, T.PriorityAged):
+            return f"aged from level {ev.from_level} to {ev.to_level} after waiting {fmt_ms(ev.waited_ms)}"
+        if isinstance(ev, T.JobStartRequested):
+            return f"placed on {_where(ev.placement)}"
+        if isinstance(ev, T.JobResumeRequested):
+            why = "after its preemption was rolled back" if ev.reason == "rolled_back" else "after a requeue"
+            ckpt = (f"from checkpoint step {ev.ckpt_step} ({ev.ckpt_digest[:23]})" if ev.ckpt_digest
+                    else "from scratch (no checkpoint)")
+            return f"resumed {why} on {_where(ev.placement)}, restoring {ckpt}"
+        if isinstance(ev, T.JobRunning):
+            return f"running, after waiting {fmt_ms(ev.waited_ms)} in the queue"
+        if isinstance(ev, T.PreemptionPlanned):
+            if ev.preemptor == job:
+                victims = ", ".join(self._who(v) for v in ev.victims)
+                return (f"preempts {victims} ({ev.saga}): benefit {ev.benefit:.0f} against cost"
+                        f" {ev.cost:.0f}, net {ev.benefit - ev.cost:.0f}; {ev.reason}")
+            return (f"preempted by {self._who(ev.preemptor)} ({ev.saga}) because the benefit"
+                    f" {ev.benefit:.0f} outweighed the cost {ev.cost:.0f} (net"
+                    f" {ev.benefit - ev.cost:.0f}); {ev.reason}")
+        if isinstance(ev, T.VictimNotified):
+            need = "save a checkpoint, " if ev.checkpoint_needed else "(its checkpoint is fresh) "
+            return f"told to reach a safe point, {need}and release by {fmt_t(ev.deadline_t)}"
+        if isinstance(ev, T.SafePointReached):
+            return "reached a safe point"
+        if isinstance(ev, T.VictimReleased):
+            ckpt = self._last_ckpt.get(job)
+            at = f" at checkpoint step {ckpt.step}" if ckpt else " without any checkpoint"
+            return f"released its GPUs{at}, losing {fmt_ms(ev.lost_progress_ms)} of progress since it"
+        if isinstance(ev, T.PreemptionCommitted):
+            return f"preemption {ev.saga} committed" + (": starts on the freed GPUs" if ev.preemptor == job else "")
+        if isinstance(ev, T.PreemptionRolledBack):
+            return f"preemption {ev.saga} rolled back ({ev.reason}): " + (
+                "back in the queue" if ev.preemptor == job else "keeps or gets back its GPUs")
+        if isinstance(ev, T.NoticeWithdrawn):
+            return "preemption notice withdrawn: keeps running"
+        if isinstance(ev, T.JobRequeued):
+            return (f"requeued ({ev.reason}) with a priority boost of {ev.boost}, preempted"
+                    f" {ev.preempt_count} time(s) so far, {fmt_ms(ev.lost_progress_ms)} of progress lost")
+        if isinstance(ev, T.CheckpointFallback):
+            return (f"checkpoint {ev.bad_digest[:23]} failed verification: fell back to step"
+                    f" {ev.to_step}, losing {fmt_ms(ev.lost_progress_ms)} more")
+        if isinstance(ev, T.CompensationGranted):
+            unit = {"quota_gpu_hours": " GPU-hours of quota", "fee_credit": " in fee credit",
+                    "priority_boost": " level(s) of priority boost"}.get(ev.kind, "")
+            return (f"team {ev.team} compensated {ev.amount:g}{unit} after {ev.preempt_count}"
+                    " preemptions")
+        if isinstance(ev, T.PreemptionDeclined):
+            return (f"could not start and did not preempt: {ev.reason} (benefit {ev.benefit:.0f},"
+                    f" cost {ev.cost:.0f})")
+        if isinstance(ev, T.CheckpointFailedRecorded):
+            return f"checkpoint failed: {ev.reason}"
+        if isinstance(ev, T.JobFinished):
+            return f"finished after {fmt_ms(ev.run_ms)} of training"
+        if isinstance(ev, T.JobFailed):
+            return f"failed ({ev.reason}) after {fmt_ms(ev.run_ms)} of training"
+        if isinstance(ev, T.JobCancelled):
+            return "cancelled"
+        if isinstance(ev, T.InputRejected):
+            return f"a {ev.input_type or 'an'} input about it was rejected: {ev.reason} {ev.detail}".strip()
+        return ""
+
+
+def _concerns(ev: T.Event, job: str) -> bool:
+    if getattr(ev, "job", None) == job:
+        return True
+    if isinstance(ev, (T.PreemptionPlanned, T.PreemptionCommitted, T.PreemptionRolledBack)):
+        return ev.preemptor == job or job in ev.victims
+    return False
+
+
+def _where(placement: list[T.Slot]) -> str:
+    return ", ".join(f"{s.node} GPUs {','.join(map(str, s.gpus))}" for s in placement)

@@ -1,0 +1,346 @@
+"""Data commands: the DuckDB projection and everything that reads it or the log.
+
+    xirang project   (--nats URL | --log FILE) [--db FILE] [--follow] [--rebuild]
+    xirang sql       "SELECT ..." [--db FILE] [--json | --csv]
+    xirang export    --parquet DIR [--db FILE]
+    xirang audit     (--nats URL | --log FILE) [--to-seq N | --to-time T] [--job J] [--json]
+    xirang dashboard (--nats URL | --log FILE) [--db FILE] [--port P]
+    xirang alerts    [--db FILE] [--json]
+    xirang ab report [--db FILE] [--json] [--seed S]
+    xirang tune      [--db FILE] (--out FILE | --nats URL) [--apply]
+    xirang report    --from T --to T [--db FILE] [--out FILE.html]
+    xirang whatif    --policy ALT.toml (--log FILE | --nats URL) [--from T --to T]
+
+Times (`--to-time`, `--from`, `--to`) are log milliseconds or ISO 8601 datetimes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import datetime as dt
+import json
+import os
+import sys
+
+DEFAULT_DB = os.path.join(".xirang", "projection.duckdb")
+
+
+def _user_error(message: str):
+    from xirang.cli import UserError
+
+    return UserError(message)
+
+
+def register(sub) -> None:
+    _register_project(sub)
+    _register_sql(sub)
+    _register_export(sub)
+    _register_audit(sub)
+
+
+def add_source(parser, required: bool = True) -> None:
+    group = parser.add_mutually_exclusive_group(required=required)
+    group.add_argument("--nats", metavar="URL", help="read XR_EV from this NATS server")
+    group.add_argument("--log", metavar="FILE", help="read an exported log (JSONL, one record a line)")
+
+
+def add_db(parser) -> None:
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"DuckDB file (default {DEFAULT_DB})")
+
+
+def parse_time(text: str | None) -> int | None:
+    """Log milliseconds, or an ISO 8601 datetime (UTC unless it says otherwise)."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise _user_error(f"time {text!r}: give log milliseconds (e.g. 3600000) or an ISO"
+                          " datetime (e.g. 2026-11-29T03:12:00)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return int(when.timestamp() * 1000)
+
+
+def check_log_file(path: str) -> None:
+    if not os.path.isfile(path):
+        raise _user_error(f"log file {path} does not exist (export one with"
+                          " `xirang replay run INPUTS --events-out FILE`)")
+
+
+# ---------------------------------------------------------------- project
+
+
+def _register_project(sub) -> None:
+    p = sub.add_parser("project", help="project the log into DuckDB tables (exactly once)")
+    add_source(p)
+    add_db(p)
+    p.add_argument("--follow", action="store_true", help="keep projecting new records (JetStream)")
+    p.add_argument("--rebuild", action="store_true", help="drop the database and project from seq 1")
+    p.add_argument("--batch", type=int, default=5000, help="records per transaction at most")
+    p.add_argument("--progress", action="store_true", help="print each committed position")
+    p.set_defaults(func=cmd_project)
+
+
+def open_projector(db: str, rebuild: bool = False, stream: str = "XR_EV"):
+    import duckdb
+
+    from projections.projector import Projector
+
+    if rebuild:
+        for path in (db, db + ".wal"):
+            if os.path.exists(path):
+                os.remove(path)
+    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    try:
+        return Projector(db, stream=stream)
+    except duckdb.IOException as err:
+        raise _user_error(f"cannot open {db}: {err} (is another projector or dashboard"
+                          " using it?)") from err
+
+
+def cmd_project(args) -> int:
+    if args.batch < 1:
+        raise _user_error("--batch must be at least 1")
+    if args.log:
+        check_log_file(args.log)
+        return _project_file(args)
+    return asyncio.run(_project_nats(args))
+
+
+def _project_file(args) -> int:
+    from projections.logsource import jsonl_batches
+    from projections.projector import ProjectionError
+
+    proj = open_projector(args.db, args.rebuild, stream=f"file:{os.path.abspath(args.log)}")
+    applied = 0
+    try:
+        for batch in jsonl_batches(args.log, proj.last_seq + 1, args.batch):
+            applied += proj.apply(batch)
+            _progress(args, proj)
+    except ProjectionError as err:
+        raise _user_error(str(err)) from err
+    print(json.dumps({"applied": applied, "last_seq": proj.last_seq, "last_record": proj.last_n}))
+    return 0
+
+
+def _progress(args, proj) -> None:
+    if args.progress:
+        print(f"committed seq {proj.last_seq} record {proj.last_n}", flush=True)
+
+
+async def _project_nats(args) -> int:
+    from agents import bus
+    from projections.logsource import read_batches
+    from projections.projector import ProjectionError
+
+    proj = open_projector(args.db, args.rebuild)
+    nc, js = await connect_or_explain(args.nats)
+    applied = 0
+    try:
+        async for batch in read_batches(js, proj.last_seq + 1, args.batch, follow=args.follow):
+            applied += await asyncio.to_thread(proj.apply, batch)
+            _progress(args, proj)
+    except ProjectionError as err:
+        raise _user_error(str(err)) from err
+    finally:
+        await nc.close()
+    print(json.dumps({"applied": applied, "last_seq": proj.last_seq, "last_record": proj.last_n,
+                      "stream": bus.EV_STREAM}))
+    return 0
+
+
+async def connect_or_explain(url: str):
+    from agents import bus
+
+    try:
+        nc, js = await bus.connect(url, reconnects=2)
+    except Exception as err:  # noqa: BLE001 - any failure to connect is the user's to fix
+        raise _user_error(f"cannot connect to NATS at {url}: {err!r}") from err
+    try:
+        await js.stream_info(bus.EV_STREAM)
+    except Exception as err:  # noqa: BLE001
+        await nc.close()
+        raise _user_error(f"{url} has no {bus.EV_STREAM} stream (is the scheduler running"
+                          f" there?): {err!r}") from err
+    return nc, js
+
+
+# ---------------------------------------------------------------- sql and export
+
+
+def _register_sql(sub) -> None:
+    p = sub.add_parser("sql", help="run SQL on the projection and print a table")
+    p.add_argument("query", help='e.g. "SELECT * FROM preemption_stats"')
+    add_db(p)
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="one JSON array of objects")
+    fmt.add_argument("--csv", action="store_true", help="CSV with a header line")
+    p.set_defaults(func=cmd_sql)
+
+
+def open_readonly(db: str):
+    import duckdb
+
+    if not os.path.exists(db):
+        raise _user_error(f"no projection at {db}: run `xirang project --log FILE` or"
+                          " `xirang project --nats URL` first (or pass --db)")
+    try:
+        return duckdb.connect(db, read_only=True)
+    except duckdb.Error as err:
+        raise _user_error(f"cannot open {db}: {err} (a running projector or dashboard holds"
+                          " it; query the dashboard's /api/sql instead)") from err
+
+
+def cmd_sql(args) -> int:
+    import duckdb
+
+    con = open_readonly(args.db)
+    try:
+        cur = con.execute(args.query)
+    except duckdb.Error as err:
+        raise _user_error(f"SQL error: {err}") from err
+    if cur.description is None:
+        return 0
+    names = [d[0] for d in cur.description]
+    rows = cur.fetchall()
+    if args.json:
+        print(json.dumps([dict(zip(names, r)) for r in rows], default=str, indent=1))
+    elif args.csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(names)
+        writer.writerows(rows)
+    else:
+        print(format_table(names, rows))
+    return 0
+
+
+def format_table(names: list[str], rows: list[tuple]) -> str:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
+    line = "  ".join(n.ljust(w) for n, w in zip(names, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for row in cells:
+        out.append("  ".join(c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(row, widths)))
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.0f}"
+    return str(value)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _register_export(sub) -> None:
+    p = sub.add_parser("export", help="export every table and view of the projection")
+    p.add_argument("--parquet", metavar="DIR", required=True, help="write DIR/<table>.parquet")
+    add_db(p)
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args) -> int:
+    con = open_readonly(args.db)
+    os.makedirs(args.parquet, exist_ok=True)
+    names = [r[0] for r in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
+        " ORDER BY table_name").fetchall()]
+    written = {}
+    for name in names:
+        path = os.path.join(args.parquet, f"{name}.parquet")
+        con.execute(f"COPY (SELECT * FROM \"{name}\") TO '{_sql_str(path)}' (FORMAT parquet)")
+        written[name] = con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+    print(json.dumps({"dir": args.parquet, "rows": written}, indent=1))
+    return 0
+
+
+def _sql_str(text: str) -> str:
+    return text.replace("'", "''")
+
+
+# ---------------------------------------------------------------- audit
+
+
+def _register_audit(sub) -> None:
+    p = sub.add_parser("audit", help="rebuild state from the log and verify every hash and digest")
+    add_source(p)
+    window = p.add_mutually_exclusive_group()
+    window.add_argument("--to-seq", type=int, metavar="N", help="stop after record N of the chain")
+    window.add_argument("--to-time", metavar="T", help="stop after log time T")
+    p.add_argument("--job", metavar="J", help="tell this job's history in plain words")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_audit)
+
+
+def cmd_audit(args) -> int:
+    from projections.audit import Audit
+    from projections.logsource import jsonl_batches
+
+    if args.to_seq is not None and args.to_seq < 0:
+        raise _user_error("--to-seq must be a record number >= 0")
+    audit = Audit(job=args.job or "", to_n=args.to_seq, to_t=parse_time(args.to_time))
+    if args.log:
+        check_log_file(args.log)
+        pos_name = "line"
+        for batch in jsonl_batches(args.log):
+            if not all(audit.feed(pos, data) for pos, data in batch):
+                break
+    else:
+        pos_name = "stream seq"
+        asyncio.run(_audit_nats(args.nats, audit))
+    summary = audit.summary(pos_name)
+    if args.job and args.job not in audit.jobs:
+        summary["job_problem"] = f"job {args.job} does not appear in the audited log"
+    _print_audit(args, audit, summary)
+    return 0 if audit.problem is None else 1
+
+
+async def _audit_nats(url: str, audit) -> None:
+    from projections.logsource import read_batches
+
+    nc, js = await connect_or_explain(url)
+    try:
+        async for batch in read_batches(js, 1):
+            if not all(audit.feed(pos, data) for pos, data in batch):
+                break
+    finally:
+        await nc.close()
+
+
+def _print_audit(args, audit, summary: dict) -> None:
+    if args.json:
+        if args.job:
+            summary["job"] = args.job
+            summary["story"] = audit.story
+        print(json.dumps(summary, indent=1))
+        return
+    if audit.problem:
+        print(f"LOG DOES NOT VERIFY: {summary['problem']}")
+        print(f"verified {audit.records} records before it ({audit.digests} state digests)")
+    else:
+        print(f"log verified: {audit.records} records, hash chain intact, {audit.digests} state"
+              f" digests match the rebuilt state")
+        print(f"chain head {summary['chain_head']}; state digest {summary['state_digest']}")
+    print(f"state at record {summary['last_record']}: {summary['jobs_open']} open jobs,"
+          f" {summary['jobs_done']} done, {summary['sagas_open']} open preemptions")
+    if args.job:
+        print(f"\nhistory of {args.job}:")
+        if "job_problem" in summary:
+            print(f"  {summary['job_problem']}")
+        for line in audit.story:
+            print(f"  {line}")
