@@ -29,9 +29,11 @@ from .types import LEVELS
 
 JOB_ID_LENGTH_MAX = 200
 KIND_SUFFIX = re.compile(r"[-_.]?\d+$")
-# Inputs after which blocked jobs are reconsidered for preemption; saga progress reports
-# (started, safe_point, released...) change nothing a blocked job's decision depends on.
-PREEMPTION_TRIGGERS = (T.Submit, T.Tick, T.CheckpointSaved, T.SetPolicy, T.NodeUp, T.Cancel)
+# Inputs after which the blocked jobs at the head of the queues are reconsidered for
+# preemption. A submit reconsiders only the job it brought; everything else a decision
+# depends on (remaining times, checkpoints) drifts slowly, so the periodic tick suffices,
+# and the cost of a step stays independent of how many jobs wait.
+PREEMPTION_TRIGGERS = (T.Tick, T.SetPolicy)
 
 
 class Ctx:
@@ -83,7 +85,12 @@ def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
     handler(ctx, inp)
     if ctx.records and isinstance(ctx.records[-1].event, T.InputRejected) and not ctx.accepted:
         return state, ctx.records
-    schedule(ctx, consider_preemption=isinstance(inp, PREEMPTION_TRIGGERS))
+    if isinstance(inp, PREEMPTION_TRIGGERS):
+        schedule(ctx, preempt_for="head")
+    elif isinstance(inp, T.Submit):
+        schedule(ctx, preempt_for=inp.job)
+    else:
+        schedule(ctx, preempt_for="")
     return state, ctx.records
 
 
@@ -415,12 +422,18 @@ def _request_start(ctx: Ctx, job: Job, placement: list[T.Slot]) -> None:
 # ---------------------------------------------------------------- the scheduling pass
 
 
-def schedule(ctx: Ctx, consider_preemption: bool) -> None:
+def schedule(ctx: Ctx, preempt_for: str) -> None:
+    """Deadlines, aging, placement, then preemption: for the blocked jobs at the head of the
+    queues (`preempt_for="head"`), for one just-submitted job (its id), or for none ("")."""
     _expire_sagas(ctx)
     _age(ctx)
-    blocked = _place_queued(ctx)
-    if consider_preemption:
+    blocked = _place_queued(ctx, want_blocked=preempt_for == "head")
+    if preempt_for == "head":
         _preempt_for(ctx, blocked)
+    elif preempt_for:
+        job = ctx.state.c.jobs.get(preempt_for)
+        if job is not None and job.state == QUEUED and may_preempt(ctx.state, job):
+            _preempt_for(ctx, [preempt_for])
 
 
 def _expire_sagas(ctx: Ctx) -> None:
@@ -525,12 +538,14 @@ def _round_robin_order(state: State, level: int, teams, names: list[str], limit:
     return order
 
 
-def _place_queued(ctx: Ctx) -> list[str]:
+def _place_queued(ctx: Ctx, want_blocked: bool) -> list[str]:
     """Start every queued job that fits, in order; return the blocked ones that may preempt."""
     state = ctx.state
     c = state.c
     p = c.policy
     t = ctx.inp.t
+    if not any(state.ix.free_by_model.values()):
+        return _heads_that_may_preempt(state) if want_blocked else []
     budget = p.scan_jobs_max
     blocked: list[str] = []
     guarded_models: dict[str, None] = {}
@@ -555,6 +570,25 @@ def _place_queued(ctx: Ctx) -> list[str]:
             if t - job.queued_since_t >= p.starvation_wait_ms and _could_ever_fit(state, job, models):
                 guarded_models.update(dict.fromkeys(models))
     return blocked
+
+
+def _heads_that_may_preempt(state: State) -> list[str]:
+    """With no GPU free, only preemption can start anything: the first queued jobs, in
+    serving order, whose level may preempt."""
+    p = state.c.policy
+    found: list[str] = []
+    budget = p.scan_jobs_max
+    for level in range(LEVELS):
+        if budget <= 0 or len(found) >= p.preemption_candidates_max:
+            break
+        order = queue_order(state, level, budget)
+        budget -= len(order)
+        for job_id in order:
+            if may_preempt(state, state.c.jobs[job_id]):
+                found.append(job_id)
+                if len(found) >= p.preemption_candidates_max:
+                    break
+    return found
 
 
 def _could_ever_fit(state: State, job: Job, models: list[str]) -> bool:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import msgspec
 
-from .placement import acceptable_models, free_indices, node_size_max
+from .placement import acceptable_models, free_indices, node_size_max, place
 from .policy import Policy, with_params
 from .state import RUNNING, Job, State, job_progress_ms, last_checkpoint, window_count
-from .types import Slot
+from .types import LEVELS, Slot
 
 LINDY_FLOOR_FRACTION = 10  # a job past its estimate is expected to run 1/10 of it more
 
@@ -169,19 +169,25 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
              if c.nodes[name].up and c.nodes[name].gpu_model in models]
     if not nodes:
         return Decline(reason="no_node_of_model")
+    if place(job.gpus, models, c.nodes, ix) is not None:
+        # Held back only by the scan budget or the starvation guard: no one needs to go.
+        return Decline(reason="fits_without_preemption")
     runtime = expected_runtime_ms(state, job)
+    model_ok = dict.fromkeys(models)
     costs: dict[str, VictimCost] = {}
-    for node in nodes:
-        for victim_id in sorted(ix.jobs_by_node.get(node.name, {})):
-            if victim_id in costs:
-                continue
+    for level in range(max(p.preempts_from_level[job.level], job.level + 1), LEVELS):
+        for victim_id in sorted(ix.holding_by_level[level]):
             victim = c.jobs[victim_id]
-            if victim_eligible(state, job, victim):
+            if not victim_eligible(state, job, victim):
+                continue
+            if any(c.nodes[slot.node].gpu_model in model_ok for slot in victim.placement):
                 costs[victim_id] = victim_cost(state, victim, runtime, p)
     if not costs:
         return Decline(reason="no_eligible_victims")
+    victim_nodes = dict.fromkeys(slot.node for v in costs for slot in c.jobs[v].placement)
+    candidate_nodes = [node for node in nodes if node.name in victim_nodes]
     if job.gpus <= node_size_max(models, ix):
-        choice = _cheapest_single_node(state, job, nodes, costs, p.victims_per_preemption_max)
+        choice = _cheapest_single_node(state, job, candidate_nodes, costs, p.victims_per_preemption_max)
     else:
         choice = _cheapest_across_nodes(state, job, nodes, costs, p.victims_per_preemption_max)
     if choice is None:

@@ -167,6 +167,8 @@ class Index:
         self.jobs_by_node: dict[str, dict[str, None]] = {}
         self.team_gpus: dict[str, int] = {}
         self.level_gpus: list[int] = [0] * LEVELS
+        # level -> {job id: None} of jobs holding GPUs, to find preemption victims by level
+        self.holding_by_level: list[dict[str, None]] = [{} for _ in range(LEVELS)]
         self.total_gpus = 0
         self.variant_policies: dict[str, Any] = {}
 
@@ -197,7 +199,7 @@ def rebuild_index(c: Canonical) -> Index:
         job = c.jobs[job_id]
         if job.state == QUEUED:
             queue_add(ix, job)
-        if job.state in HOLDING or job.state == RELEASED:
+        if job.state in HOLDING:
             hold_add(ix, job)
         for slot in job.placement:
             if job.state in HOLDING:
@@ -244,9 +246,11 @@ def _remove_sorted(items: list, key: Any) -> None:
 def hold_add(ix: Index, job: Job) -> None:
     ix.team_gpus[job.team] = ix.team_gpus.get(job.team, 0) + job.gpus
     ix.level_gpus[job.level] += job.gpus
+    ix.holding_by_level[job.level][job.id] = None
 
 
 def hold_remove(ix: Index, job: Job) -> None:
+    del ix.holding_by_level[job.level][job.id]
     ix.team_gpus[job.team] = ix.team_gpus.get(job.team, 0) - job.gpus
     if ix.team_gpus[job.team] == 0:
         del ix.team_gpus[job.team]
