@@ -59,7 +59,7 @@ class Driver:
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.rng = random.Random(spec.seed)
-        self.state = new_state(spec.policy)
+        self.state = new_state()
         self.heap: list[tuple[int, int, T.Input, str, int]] = []
         self.order = 0
         self.jobs: dict[str, _Job] = {}
@@ -97,6 +97,9 @@ class Driver:
 
     def _plan_arrivals(self) -> None:
         spec, rng = self.spec, self.rng
+        if spec.policy is not None:
+            # through the log, as live, so that a replay of the log has the same policy
+            self.at(0, T.SetPolicy(params=policy_params(spec.policy), by="workload"))
         for i in range(spec.nodes):
             self.at(0, T.NodeUp(node=f"node-{i:02d}", gpu_model="A100", gpus=spec.gpus_per_node))
         t = SEC
@@ -120,7 +123,7 @@ class Driver:
         self.jobs[job] = _Job(duration_ms=duration, ckpt_interval_ms=ckpt)
         self.at(t, T.Submit(job=job, team=team, user=user, level=level, gpus=gpus,
                             gpu_models=["A100"], est_runtime_s=duration / 1000,
-                            ckpt_interval_s=ckpt / 1000, ckpt_cost_s=20, restore_cost_s=15))
+                            ckpt_interval_s=ckpt / 1000, ckpt_cost_s=20.0, restore_cost_s=15.0))
 
     def _feed(self, inp: T.Input) -> None:
         self.inputs.append(inp)
@@ -174,6 +177,12 @@ class Driver:
             t += 21 * SEC
             self.at(t, _saved(ev.job, t), ev.job, job.token)
         self.at(t + SEC, T.Released(job=ev.job), ev.job, job.token)
+
+
+def policy_params(policy: Policy) -> dict:
+    """The fields of `policy` that differ from the defaults, as set_policy params."""
+    mine, base = msgspec.structs.asdict(policy), msgspec.structs.asdict(Policy())
+    return {k: msgspec.to_builtins(v) for k, v in mine.items() if v != base[k]}
 
 
 def _saved(job: str, t: int) -> T.CheckpointSaved:

@@ -27,7 +27,7 @@ DEFAULT_DB = os.path.join(".xirang", "projection.duckdb")
 
 
 def _user_error(message: str):
-    from xirang.cli import UserError
+    from xirang.errors import UserError
 
     return UserError(message)
 
@@ -39,10 +39,28 @@ def register(sub) -> None:
     _register_audit(sub)
 
 
-def add_source(parser, required: bool = True) -> None:
-    group = parser.add_mutually_exclusive_group(required=required)
-    group.add_argument("--nats", metavar="URL", help="read XR_EV from this NATS server")
+def add_source(parser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--nats", metavar="URL", help="read XR_EV from this NATS server (default:"
+                       " $XIRANG_NATS, else the server `xirang up` started)")
     group.add_argument("--log", metavar="FILE", help="read an exported log (JSONL, one record a line)")
+
+
+def resolve_source(args) -> None:
+    """Fill in args.nats the way the live commands do when neither source is given."""
+    if args.log:
+        check_log_file(args.log)
+        return
+    if args.nats:
+        return
+    args.nats = os.environ.get("XIRANG_NATS")
+    url_file = os.path.join(".xirang", "nats.url")
+    if not args.nats and os.path.exists(url_file):
+        with open(url_file, encoding="utf-8") as fh:
+            args.nats = fh.read().strip()
+    if not args.nats:
+        raise _user_error("no log to read: pass --log FILE or --nats URL (or set XIRANG_NATS,"
+                          " or start the system with `xirang up`)")
 
 
 def add_db(parser) -> None:
@@ -107,8 +125,8 @@ def open_projector(db: str, rebuild: bool = False, stream: str = "XR_EV"):
 def cmd_project(args) -> int:
     if args.batch < 1:
         raise _user_error("--batch must be at least 1")
+    resolve_source(args)
     if args.log:
-        check_log_file(args.log)
         return _project_file(args)
     return asyncio.run(_project_nats(args))
 
@@ -294,8 +312,8 @@ def cmd_audit(args) -> int:
     if args.to_seq is not None and args.to_seq < 0:
         raise _user_error("--to-seq must be a record number >= 0")
     audit = Audit(job=args.job or "", to_n=args.to_seq, to_t=parse_time(args.to_time))
+    resolve_source(args)
     if args.log:
-        check_log_file(args.log)
         pos_name = "line"
         for batch in jsonl_batches(args.log):
             if not all(audit.feed(pos, data) for pos, data in batch):
