@@ -1,0 +1,211 @@
+"""What the peer policies share: their own view of the GPU pool, job records, and the
+simulator-facing interface every policy (xirang's adapter too) implements:
+
+    name: str; steps: int; wants_periodic_checkpoints: bool
+    bind(sim)                 # the Simulator, whose commands (start, notify, withdraw,
+                              # kill, cancel) act on hosts and whose wake_at(t) calls back
+    on_submit(spec, t)        # a trace arrival (replay.workload.TraceJob)
+    on_fact(inp)              # a host's fact, as a core input (Started, Finished, Released...)
+    on_wake(t)                # the wake-up asked for with sim.wake_at
+    summary() -> dict         # extra numbers for the scorecard
+
+A peer learns that GPUs are free only from the facts (`finished`, `released`), as a real
+scheduler would. Placement is the same as core's (placement.py): a job that fits one node
+goes on one node, best fit (fewest free GPUs left, then the smallest name); a larger job
+spans the emptiest nodes. So differences between policies come from their decisions, not
+from packing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core import types as T
+
+from ..workload import TraceJob
+
+QUEUED = "queued"
+NOMINATED = "nominated"  # victims are being evicted for it; GPUs reserved
+STARTING = "starting"
+RUNNING = "running"
+TERMINATING = "terminating"
+
+
+@dataclass(slots=True)
+class PeerJob:
+    spec: TraceJob
+    level: int
+    eligible_t: int
+    seq: int
+    state: str = QUEUED
+    placement: list = field(default_factory=list)  # [(node, gpus)]
+    reservation: list = field(default_factory=list)  # [(node, gpus)] while NOMINATED
+    start_t: int = -1
+    cls: tuple = ()
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.gpus
+
+
+class Pool:
+    """Free and reserved GPUs per node, and the jobs bound to each node."""
+
+    def __init__(self, cluster) -> None:
+        self.names = [n[0] for n in cluster.nodes]
+        self.model = {n[0]: n[1] for n in cluster.nodes}
+        self.size = {n[0]: n[2] for n in cluster.nodes}
+        self.free = {n[0]: n[2] for n in cluster.nodes}
+        self.reserved = {n[0]: 0 for n in cluster.nodes}
+        self.bound: dict[str, dict[str, int]] = {n[0]: {} for n in cluster.nodes}
+        self.free_total = cluster.total_gpus
+        self.reserved_total = 0
+        self.node_gpus_max = max(self.size.values())
+
+    def nodes_for(self, models: list[str]) -> list[str]:
+        if not models:
+            return self.names
+        return [n for n in self.names if self.model[n] in models]
+
+    def avail(self, node: str) -> int:
+        return self.free[node] - self.reserved[node]
+
+    def place(self, gpus: int, models: list[str]) -> list[tuple[str, int]] | None:
+        if self.free_total - self.reserved_total < gpus:
+            return None
+        nodes = self.nodes_for(models)
+        if gpus <= self.node_gpus_max:
+            best = None
+            for n in nodes:
+                a = self.avail(n)
+                if a >= gpus and (best is None or a < best[0]):
+                    best = (a, n)
+                    if a == gpus:
+                        break
+            return None if best is None else [(best[1], gpus)]
+        order = sorted((-self.avail(n), n) for n in nodes if self.avail(n) > 0)
+        placement, need = [], gpus
+        for neg, n in order:
+            take = min(-neg, need)
+            placement.append((n, take))
+            need -= take
+            if need == 0:
+                return sorted(placement)
+        return None
+
+    def occupy(self, job_id: str, placement: list[tuple[str, int]]) -> None:
+        for n, g in placement:
+            self.free[n] -= g
+            self.free_total -= g
+            self.bound[n][job_id] = g
+
+    def vacate(self, job_id: str, placement: list[tuple[str, int]]) -> None:
+        for n, g in placement:
+            self.free[n] += g
+            self.free_total += g
+            self.bound[n].pop(job_id, None)
+
+    def reserve(self, reservation: list[tuple[str, int]], sign: int = 1) -> None:
+        for n, g in reservation:
+            self.reserved[n] += sign * g
+            self.reserved_total += sign * g
+
+
+class PeerPolicy:
+    """Common bookkeeping: job records, the pool, facts, and starting jobs."""
+
+    name = "peer"
+    wants_periodic_checkpoints = False
+
+    def __init__(self, config: dict, cluster, seed: int) -> None:
+        self.config = dict(config)
+        self.cluster = cluster
+        self.pool = Pool(cluster)
+        self.jobs: dict[str, PeerJob] = {}
+        self.steps = 0
+        self.preemptions = 0
+        self._seq = 0
+        self.sim = None
+
+    def bind(self, sim) -> None:
+        self.sim = sim
+
+    def summary(self) -> dict:
+        return {"preemptions_decided": self.preemptions}
+
+    # ------------------------------------------------------------ arrivals and facts
+
+    def on_submit(self, spec: TraceJob, t: int) -> None:
+        self._seq += 1
+        job = PeerJob(spec=spec, level=spec.level, eligible_t=t, seq=self._seq)
+        self.jobs[spec.id] = job
+        self.enqueue(job)
+        self.sim.wake_at(t)
+
+    def on_fact(self, inp: T.Input) -> None:
+        job = self.jobs.get(inp.job)
+        if job is None:
+            return
+        if isinstance(inp, T.Started):
+            job.state = RUNNING if job.state == STARTING else job.state
+        elif isinstance(inp, T.Finished):
+            self.pool.vacate(job.id, job.placement)
+            del self.jobs[job.id]
+            self.on_job_gone(job)
+            self.sim.wake_at(inp.t)
+        elif isinstance(inp, T.Released):  # a victim's process is gone: requeue it
+            self.pool.vacate(job.id, job.placement)
+            job.placement = []
+            job.state = QUEUED
+            self._seq += 1
+            job.seq = self._seq
+            job.eligible_t = inp.t
+            self.on_job_gone(job)
+            self.enqueue(job)
+            self.sim.wake_at(inp.t)
+
+    def on_job_gone(self, job: PeerJob) -> None:
+        """A job left its GPUs (finished or evicted)."""
+
+    # ------------------------------------------------------------ actions
+
+    def start(self, job: PeerJob, placement: list[tuple[str, int]]) -> None:
+        self.pool.occupy(job.id, placement)
+        job.placement = placement
+        job.state = STARTING
+        job.start_t = self.sim.now
+        self.sim.start(job.id, placement, None)
+
+    def evict(self, victim: PeerJob, grace_ms: int) -> None:
+        victim.state = TERMINATING
+        self.preemptions += 1
+        self.sim.kill(victim.id, grace_ms)
+
+    # ------------------------------------------------------------ to implement
+
+    def enqueue(self, job: PeerJob) -> None:
+        raise NotImplementedError
+
+    def on_wake(self, t: int) -> None:
+        raise NotImplementedError
+
+
+def victims_on_node(policy: PeerPolicy, node: str, preemptor: PeerJob) -> list[PeerJob]:
+    """Bound jobs of strictly lower priority (higher level) that are not already leaving."""
+    out = []
+    for job_id in policy.pool.bound[node]:
+        job = policy.jobs[job_id]
+        if job.state in (STARTING, RUNNING) and job.level > preemptor.level:
+            out.append(job)
+    return out
+
+
+def gpus_on(job: PeerJob, node: str) -> int:
+    for n, g in job.placement:
+        if n == node:
+            return g
+    return 0

@@ -1,0 +1,87 @@
+"""No preemption: strict priority (level 0 first), first come first served within a level.
+
+This is kube-scheduler with `preemptionPolicy: Never`: every scheduling pass walks the
+pending jobs in priority order and starts each one that fits now. A job that does not fit
+is skipped and jobs behind it may start (greedy backfill with no reservation), so a
+large job can wait a long time behind a stream of small ones; nothing running is ever
+stopped. A requeued job (never, here) would go to the back of its level.
+
+The pass walks per-(level, GPUs, models) FIFO classes merged by (level, eligible time,
+arrival): jobs of one class are interchangeable for fitting, so once the head of a class
+cannot be placed the rest of that class is skipped for this pass. That keeps a pass
+proportional to the jobs started, not to the queue length.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .base import NOMINATED, PeerJob, PeerPolicy
+
+
+class NonePolicy(PeerPolicy):
+    name = "none"
+
+    def __init__(self, config: dict, cluster, seed: int) -> None:
+        super().__init__(config, cluster, seed)
+        self.classes: dict[tuple, dict[str, PeerJob]] = {}
+        self.nominated: dict[str, PeerJob] = {}
+
+    def enqueue(self, job: PeerJob) -> None:
+        job.cls = (job.level, job.gpus, tuple(job.spec.gpu_models))
+        self.classes.setdefault(job.cls, {})[job.id] = job
+
+    def dequeue(self, job: PeerJob) -> None:
+        members = self.classes[job.cls]
+        del members[job.id]
+        if not members:
+            del self.classes[job.cls]
+
+    def on_wake(self, t: int) -> None:
+        self.steps += 1
+        self.start_nominated()
+        heap = []
+        for cls, members in self.classes.items():
+            head = next(iter(members.values()))
+            heap.append(((head.level, head.eligible_t, head.seq), cls))
+        heapq.heapify(heap)
+        while heap:
+            if self.pool.free_total - self.pool.reserved_total <= 0 and not self.preempts:
+                break
+            _, cls = heapq.heappop(heap)
+            members = self.classes[cls]
+            job = next(iter(members.values()))
+            placement = self.pool.place(job.gpus, job.spec.gpu_models)
+            if placement is not None:
+                self.dequeue(job)
+                self.start(job, placement)
+            elif self.preempts and self.try_preempt(job):
+                self.dequeue(job)
+            else:
+                continue  # the class is blocked for this pass
+            if cls in self.classes:
+                head = next(iter(self.classes[cls].values()))
+                heapq.heappush(heap, ((head.level, head.eligible_t, head.seq), cls))
+
+    preempts = False
+
+    def try_preempt(self, job: PeerJob) -> bool:
+        return False
+
+    def nominate(self, job: PeerJob, reservation: list[tuple[str, int]]) -> None:
+        job.state = NOMINATED
+        job.reservation = reservation
+        self.pool.reserve(reservation)
+        self.nominated[job.id] = job
+
+    def start_nominated(self) -> None:
+        """Start each nominated job whose reserved GPUs have all been freed."""
+        if not self.nominated:
+            return
+        order = sorted(self.nominated.values(), key=lambda j: (j.level, j.eligible_t, j.seq))
+        for job in order:
+            if all(self.pool.free[n] >= g for n, g in job.reservation):
+                self.pool.reserve(job.reservation, -1)
+                del self.nominated[job.id]
+                reservation, job.reservation = job.reservation, []
+                self.start(job, reservation)

@@ -1,0 +1,264 @@
+"""Slurm-style scheduling: multifactor priority with an age factor, QOS preemption with
+PreemptMode=REQUEUE and GraceTime, and EASY backfill.
+
+Assumptions, with Slurm's names (defaults here in brackets; override in the config dict):
+- Priority (priority/multifactor), recomputed every PriorityCalcPeriod [300 s] and at
+  submit:  PriorityWeightAge [5000] * min(age, PriorityMaxAge [7 days]) / PriorityMaxAge
+  + PriorityWeightQOS [10000] * (7 - level) / 7 + PriorityWeightPartition [1000] * 1
+  (one partition). One level is worth 1429 points, about two days of age, so a job that
+  has waited long enough overtakes newer jobs of the next level up. Fair-share, job size
+  and association factors are left out (weight 0). Ties go to the older job id.
+- The main scheduler tests pending jobs in priority order (at most default_queue_depth
+  [100] per pass) and stops at the first job it can neither start nor start by
+  preemption, like a single partition.
+- Preemption (PreemptType=preempt/qos): a level may preempt jobs of any lower QOS
+  (higher level). Preemptable jobs on a node go lowest QOS first, then youngest; the
+  node needing the fewest victims (then fewest victim GPUs, then name) wins. Victims get
+  SIGTERM, GraceTime [60 s], then SIGKILL, and are requeued (PreemptMode=REQUEUE): the
+  job restarts from its newest periodic checkpoint, losing the progress since, and its
+  age restarts at the requeue (its eligible time is reset). The preemptor waits for the
+  victims' GPUs, which are held for it.
+- Backfill (sched/backfill) every bf_interval [30 s] while GPUs are free: the first
+  blocked job gets a reservation at its shadow time, computed from running jobs' time
+  limits (the trace's est_runtime_s, counted from their start); later jobs (at most
+  bf_max_job_test [500]) start when they fit now and either end by the shadow time or
+  use only GPUs the reservation does not need. Backfill does not preempt. The
+  reservation counts GPUs pool-wide, not per node.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from .base import RUNNING, STARTING, PeerJob, PeerPolicy, gpus_on, victims_on_node
+
+DAY_MS = 86_400_000
+DEFAULTS = {
+    "PriorityWeightAge": 5000.0,
+    "PriorityMaxAge_s": 7 * 86400.0,
+    "PriorityWeightQOS": 10000.0,
+    "PriorityWeightPartition": 1000.0,
+    "PriorityCalcPeriod_s": 300.0,
+    "GraceTime_s": 60.0,
+    "default_queue_depth": 100,
+    "bf_interval_s": 30.0,
+    "bf_max_job_test": 500,
+}
+
+
+class SlurmPolicy(PeerPolicy):
+    name = "slurm"
+
+    def __init__(self, config: dict, cluster, seed: int) -> None:
+        unknown = sorted(set(config) - set(DEFAULTS))
+        if unknown:
+            raise ValueError(f"slurm policy: unknown setting(s) {', '.join(unknown)};"
+                             f" known: {', '.join(DEFAULTS)}")
+        super().__init__(config, cluster, seed)
+        cfg = {**DEFAULTS, **config}
+        self.w_age = float(cfg["PriorityWeightAge"])
+        self.max_age_ms = int(1000 * float(cfg["PriorityMaxAge_s"]))
+        self.w_qos = float(cfg["PriorityWeightQOS"])
+        self.w_part = float(cfg["PriorityWeightPartition"])
+        self.calc_ms = int(1000 * float(cfg["PriorityCalcPeriod_s"]))
+        self.grace_ms = int(1000 * float(cfg["GraceTime_s"]))
+        self.queue_depth = int(cfg["default_queue_depth"])
+        self.bf_ms = int(1000 * float(cfg["bf_interval_s"]))
+        self.bf_max = int(cfg["bf_max_job_test"])
+        self.queue: list[tuple[float, int, int, str]] = []  # (-priority, eligible_t, seq, id)
+        self.keys: dict[str, tuple] = {}
+        self.nominated: dict[str, PeerJob] = {}
+        self.next_calc_t = 0
+        self.last_bf_t = -10**18
+        self.level_gpus = [0] * 8
+
+    # ------------------------------------------------------------ priority
+
+    def priority(self, job: PeerJob, t: int) -> float:
+        age = min(max(0, t - job.eligible_t), self.max_age_ms)
+        return (self.w_age * age / self.max_age_ms + self.w_qos * (7 - job.level) / 7
+                + self.w_part)
+
+    def _key(self, job: PeerJob, t: int) -> tuple:
+        return (-self.priority(job, t), job.eligible_t, job.seq, job.id)
+
+    def enqueue(self, job: PeerJob) -> None:
+        key = self._key(job, self.sim.now)
+        self.keys[job.id] = key
+        bisect.insort(self.queue, key)
+
+    def _dequeue_at(self, i: int) -> None:
+        key = self.queue.pop(i)
+        del self.keys[key[3]]
+
+    def _recalc(self, t: int) -> None:
+        self.queue = sorted(self._key(self.jobs[k[3]], t) for k in self.queue)
+        self.keys = {k[3]: k for k in self.queue}
+        self.next_calc_t = t + self.calc_ms
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def start(self, job, placement) -> None:
+        super().start(job, placement)
+        self.level_gpus[job.level] += job.gpus
+
+    def evict(self, victim, grace_ms) -> None:
+        self.level_gpus[victim.level] -= victim.gpus
+        super().evict(victim, grace_ms)
+
+    def on_job_gone(self, job) -> None:
+        if job.state in (STARTING, RUNNING):
+            self.level_gpus[job.level] -= job.gpus
+
+    # ------------------------------------------------------------ the passes
+
+    def on_wake(self, t: int) -> None:
+        self.steps += 1
+        if t >= self.next_calc_t:
+            self._recalc(t)
+        self._start_nominated()
+        blocked_at = self._main(t)
+        if blocked_at is not None and self.pool.free_total - self.pool.reserved_total > 0:
+            if t - self.last_bf_t >= self.bf_ms:
+                self.last_bf_t = t
+                self._backfill(t, blocked_at)
+            if self.pool.free_total - self.pool.reserved_total > 0:
+                self.sim.wake_at(self.last_bf_t + self.bf_ms)
+
+    def _main(self, t: int) -> int | None:
+        """Start or preempt in priority order; the index of the first blocked job, or None."""
+        i = 0
+        tested = 0
+        while i < len(self.queue) and tested < self.queue_depth:
+            tested += 1
+            job = self.jobs[self.queue[i][3]]
+            placement = self.pool.place(job.gpus, job.spec.gpu_models)
+            if placement is not None:
+                self._dequeue_at(i)
+                self.start(job, placement)
+            elif self._try_preempt(job):
+                self._dequeue_at(i)
+            else:
+                return i
+        return None
+
+    def _backfill(self, t: int, head_i: int) -> None:
+        head = self.jobs[self.queue[head_i][3]]
+        shadow_t, extra = self._shadow(head, t)
+        i = head_i + 1
+        tested = 0
+        while i < len(self.queue) and tested < self.bf_max:
+            avail = self.pool.free_total - self.pool.reserved_total
+            if avail <= 0:
+                return
+            job = self.jobs[self.queue[i][3]]
+            tested += 1
+            if job.gpus > avail:
+                i += 1
+                continue
+            ends_in_time = t + job.spec.est_runtime_ms <= shadow_t
+            if not ends_in_time and job.gpus > extra:
+                i += 1
+                continue
+            placement = self.pool.place(job.gpus, job.spec.gpu_models)
+            if placement is None:
+                i += 1
+                continue
+            if not ends_in_time:
+                extra -= job.gpus
+            self._dequeue_at(i)
+            self.start(job, placement)
+
+    def _shadow(self, head: PeerJob, t: int) -> tuple[int, int]:
+        """When the head job could start as running jobs reach their time limits, and how
+        many GPUs it leaves spare then."""
+        free = self.pool.free_total - self.pool.reserved_total
+        ends = []
+        for job in self.jobs.values():
+            if job.placement and job.state in (STARTING, RUNNING, "terminating"):
+                ends.append((max(t, job.start_t + job.spec.est_runtime_ms), job.gpus))
+        ends.sort()
+        for end_t, gpus in ends:
+            if free >= head.gpus:
+                break
+            free += gpus
+            t = end_t
+        return t, max(0, free - head.gpus)
+
+    def _start_nominated(self) -> None:
+        if not self.nominated:
+            return
+        order = sorted(self.nominated.values(), key=lambda j: self.keys.get(j.id, (0,)) + (j.seq,))
+        for job in order:
+            if all(self.pool.free[n] >= g for n, g in job.reservation):
+                self.pool.reserve(job.reservation, -1)
+                del self.nominated[job.id]
+                reservation, job.reservation = job.reservation, []
+                self.start(job, reservation)
+
+    # ------------------------------------------------------------ preemption
+
+    def _try_preempt(self, job: PeerJob) -> bool:
+        need = job.gpus
+        if sum(self.level_gpus[job.level + 1:]) + self.pool.free_total - self.pool.reserved_total < need:
+            return False
+        if need <= self.pool.node_gpus_max:
+            choice = self._single_node(job)
+        else:
+            choice = self._across_nodes(job)
+        if choice is None:
+            return False
+        victims, reservation = choice
+        for victim in victims:
+            self.evict(victim, self.grace_ms)
+        job.state = "nominated"
+        job.reservation = reservation
+        self.pool.reserve(reservation)
+        self.nominated[job.id] = job
+        return True
+
+    def _node_victims(self, node: str, job: PeerJob, need: int) -> list[PeerJob] | None:
+        have = self.pool.avail(node)
+        victims = []
+        for v in sorted(victims_on_node(self, node, job), key=lambda v: (-v.level, -v.start_t, v.seq)):
+            if have >= need:
+                break
+            victims.append(v)
+            have += gpus_on(v, node)
+        return victims if have >= need else None
+
+    def _single_node(self, job: PeerJob):
+        best = None
+        for node in self.pool.nodes_for(job.spec.gpu_models):
+            if self.pool.size[node] < job.gpus:
+                continue
+            victims = self._node_victims(node, job, job.gpus)
+            if not victims:
+                continue
+            key = (len(victims), sum(v.gpus for v in victims), node)
+            if best is None or key < best[0]:
+                best = (key, victims, [(node, job.gpus)])
+        return None if best is None else (best[1], best[2])
+
+    def _across_nodes(self, job: PeerJob):
+        ranked = []
+        for node in self.pool.nodes_for(job.spec.gpu_models):
+            candidates = victims_on_node(self, node, job)
+            capacity = self.pool.avail(node) + sum(gpus_on(v, node) for v in candidates)
+            if capacity > 0:
+                ranked.append((len(candidates), -capacity, node))
+        ranked.sort()
+        victims: dict[str, PeerJob] = {}
+        reservation = []
+        need = job.gpus
+        for _, neg_capacity, node in ranked:
+            take = min(-neg_capacity, need)
+            for v in self._node_victims(node, job, take) or []:
+                victims[v.id] = v
+            reservation.append((node, take))
+            need -= take
+            if need == 0:
+                break
+        if need > 0 or not victims:
+            return None
+        return list(victims.values()), sorted(reservation)

@@ -1,0 +1,100 @@
+"""xirang's own policy in the simulator: every decision is `core.step`, the same code the
+live scheduler runs.
+
+The adapter turns trace arrivals into `submit` inputs and the hosts' facts into inputs
+(they already are core inputs), steps the core, and hands the host-directed events to the
+simulated hosts: JobStartRequested -> start from scratch, JobResumeRequested -> start from
+the named checkpoint, VictimNotified -> notice, NoticeWithdrawn -> withdraw, JobCancelled ->
+kill. It wakes the core with `tick` inputs at `core.next_due_t` (aging, saga deadlines)
+and every `tick_s` (60 s of simulated time) while jobs wait, so that blocked jobs are
+reconsidered as running jobs progress. It does not tick when nothing waits.
+
+Config keys: those of `core.Policy` (as in a policy TOML file), or `policy` (a
+`core.Policy`), plus `tick_s` and `report_periodic_checkpoints` (default true: hosts
+report every periodic checkpoint, as live agents do; false reports only the checkpoints a
+notice asked for, which makes long runs much cheaper while the core's cost model still
+sees a checkpoint in progress only when it is a notice's).
+"""
+
+from __future__ import annotations
+
+from core import Policy, new_state, next_due_t, step, with_params
+from core import types as T
+
+from ..sim import XIRANG_TICK_MS
+from ..workload import TraceJob
+
+ADAPTER_KEYS = ("policy", "tick_s", "report_periodic_checkpoints")
+
+
+class XirangPolicy:
+    name = "xirang"
+
+    def __init__(self, config: dict, cluster, seed: int) -> None:
+        config = dict(config)
+        policy = config.pop("policy", None) or Policy()
+        self.tick_ms = int(1000 * float(config.pop("tick_s", XIRANG_TICK_MS / 1000)))
+        self.wants_periodic_checkpoints = bool(config.pop("report_periodic_checkpoints", True))
+        if config:
+            policy = with_params(policy, config)  # PolicyError names a bad key
+        self.state = new_state(policy)
+        self.cluster = cluster
+        self.steps = 0
+        self.sim = None
+        self.counts: dict[str, int] = {}
+        self.rejections: dict[str, int] = {}
+
+    def bind(self, sim) -> None:
+        self.sim = sim
+        for name, model, gpus in self.cluster.nodes:
+            self._step(T.NodeUp(t=0, node=name, gpu_model=model, gpus=gpus))
+
+    def on_submit(self, spec: TraceJob, t: int) -> None:
+        self._step(T.Submit(
+            t=t, job=spec.id, team=spec.team, user=spec.user, level=spec.level, gpus=spec.gpus,
+            gpu_models=list(spec.gpu_models), est_runtime_s=spec.est_runtime_ms / 1000,
+            ckpt_interval_s=spec.ckpt_interval_ms / 1000, ckpt_cost_s=spec.ckpt_cost_ms / 1000,
+            restore_cost_s=spec.restore_cost_ms / 1000))
+
+    def on_fact(self, inp: T.Input) -> None:
+        self._step(inp)
+
+    def on_wake(self, t: int) -> None:
+        self._step(T.Tick(t=t))
+
+    def summary(self) -> dict:
+        return {"events": dict(sorted(self.counts.items())),
+                "rejected": dict(sorted(self.rejections.items()))}
+
+    def _step(self, inp: T.Input) -> None:
+        self.steps += 1
+        _, records = step(self.state, inp)
+        sim = self.sim
+        counts = self.counts
+        for record in records:
+            ev = record.event
+            kind = type(ev)
+            name = kind.__name__
+            counts[name] = counts.get(name, 0) + 1
+            if kind is T.JobStartRequested:
+                sim.start(ev.job, ev.placement, 0)
+            elif kind is T.JobResumeRequested:
+                sim.start(ev.job, ev.placement, ev.ckpt_step)
+            elif kind is T.VictimNotified:
+                sim.notify(ev.job, ev.checkpoint_needed)
+            elif kind is T.NoticeWithdrawn:
+                sim.withdraw(ev.job)
+            elif kind is T.JobCancelled:
+                sim.cancel(ev.job)
+            elif kind is T.InputRejected:
+                key = f"{ev.input_type}:{ev.reason}"
+                self.rejections[key] = self.rejections.get(key, 0) + 1
+        self._plan_wake(inp.t)
+
+    def _plan_wake(self, t: int) -> None:
+        due = next_due_t(self.state)
+        if any(self.state.ix.aging):
+            periodic = t + self.tick_ms
+            due = periodic if due is None else min(due, periodic)
+        if due is not None:
+            self.sim.wake_at(max(due, t))
