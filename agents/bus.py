@@ -1,0 +1,277 @@
+"""The bus: NATS JetStream streams, subjects and the few operations every agent shares.
+
+- XR_IN (`xr.in.<type>`): inputs from clients, hosts and jobs, deduplicated by the input's
+  `id` (Nats-Msg-Id; a uuid is assigned when the client gave none).
+- XR_EV (`xr.ev.>`): the log, file storage, kept forever, atomic batches allowed. Every
+  record goes to `xr.ev.log.<EventType>`; a record whose event names hosts (`nodes`, or
+  `node` for NodeJoined/NodeLost) also goes, same bytes, to `xr.ev.host.<node>.<EventType>`
+  in the same atomic batch, so a host agent's durable consumer reads only its own.
+  Rebuilding state reads only `xr.ev.log.>`.
+- XR_SNAP (object store): the newest state snapshot and the XR_EV sequence it covers.
+- XR_CKPT (object store): job checkpoints, written by the job SDK.
+- XR_LEASE (key-value): the scheduler leader lease (compare-and-set on revision).
+- `xr.hb.<node>`: host heartbeats, plain NATS (not stored).
+
+Everything is created idempotently by whoever connects first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from typing import AsyncIterator
+
+import msgspec
+import nats
+from nats.js import api
+from nats.js.errors import BadRequestError, NotFoundError, ObjectNotFoundError
+
+from core import load_snapshot, new_state, snapshot_bytes
+from core import types as T
+from core.replay import apply_record
+from core.state import State
+
+IN_STREAM = "XR_IN"
+EV_STREAM = "XR_EV"
+IN_PREFIX = "xr.in"
+LOG_PREFIX = "xr.ev.log"
+HOST_PREFIX = "xr.ev.host"
+HB_PREFIX = "xr.hb"
+SNAP_BUCKET = "XR_SNAP"
+CKPT_BUCKET = "XR_CKPT"
+LEASE_BUCKET = "XR_LEASE"
+SNAP_OBJECT = "latest"
+DEDUP_WINDOW_S = 600.0
+# The server refuses atomic batches above 1000 messages; leave room for one more input.
+BATCH_MESSAGES_MAX = 800
+BATCH_ACK_TIMEOUT_S = 10.0
+FETCH_BATCH = 1000
+WRITER_HEADER = "Xr-Writer"
+FENCING_ERR_CODE = 10071
+
+_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class FencingError(RuntimeError):
+    """Another writer appended since our last append: our view of the log is stale."""
+
+
+class BatchError(RuntimeError):
+    """The server refused an atomic batch (or did not answer): the outcome must be re-read."""
+
+
+def node_token(name: str) -> str:
+    """A subject token for a node name; names outside [A-Za-z0-9_-] are hex-encoded."""
+    if _SAFE_TOKEN.match(name):
+        return name
+    return "x" + name.encode().hex()
+
+
+async def connect(url: str, name: str = "xirang", **kwargs) -> tuple[nats.NATS, object]:
+    async def _quiet(_err):  # reconnect noise is handled by the callers' timeouts
+        return None
+
+    nc = await nats.connect(url, name=name, max_reconnect_attempts=kwargs.pop("reconnects", 60),
+                            reconnect_time_wait=0.25, connect_timeout=5,
+                            error_cb=_quiet, **kwargs)
+    return nc, nc.jetstream(timeout=10)
+
+
+async def ensure_streams(js, replicas: int = 1) -> None:
+    await _ensure_stream(js, api.StreamConfig(
+        name=IN_STREAM, subjects=[f"{IN_PREFIX}.>"], storage=api.StorageType.FILE,
+        retention=api.RetentionPolicy.LIMITS, duplicate_window=DEDUP_WINDOW_S,
+        num_replicas=replicas))
+    await _ensure_stream(js, api.StreamConfig(
+        name=EV_STREAM, subjects=["xr.ev.>"], storage=api.StorageType.FILE,
+        retention=api.RetentionPolicy.LIMITS, allow_atomic=True, deny_delete=True,
+        deny_purge=True, num_replicas=replicas, duplicate_window=DEDUP_WINDOW_S))
+    for bucket in (SNAP_BUCKET, CKPT_BUCKET):
+        try:
+            await js.object_store(bucket)
+        except (NotFoundError, BadRequestError, Exception):  # noqa: BLE001 - any miss means create
+            await _create_object_store(js, bucket, replicas)
+    try:
+        await js.key_value(LEASE_BUCKET)
+    except Exception:  # noqa: BLE001
+        try:
+            await js.create_key_value(api.KeyValueConfig(bucket=LEASE_BUCKET, history=1,
+                                                         replicas=replicas))
+        except BadRequestError:
+            pass  # created by someone else meanwhile
+
+
+async def _create_object_store(js, bucket: str, replicas: int) -> None:
+    try:
+        await js.create_object_store(bucket, config=api.ObjectStoreConfig(
+            bucket=bucket, storage=api.StorageType.FILE, replicas=replicas))
+    except BadRequestError:
+        pass
+
+
+async def _ensure_stream(js, config: api.StreamConfig) -> None:
+    try:
+        await js.stream_info(config.name)
+    except NotFoundError:
+        try:
+            await js.add_stream(config)
+        except BadRequestError as err:
+            if "already in use" not in str(err):
+                raise
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def input_subject(inp: T.Input) -> str:
+    return f"{IN_PREFIX}.{T.type_name(inp)}"
+
+
+async def send_input(js, inp: T.Input) -> tuple[str, int, bool]:
+    """Publish one input to XR_IN; returns (id, XR_IN sequence, duplicate)."""
+    if not inp.id:
+        inp = msgspec.structs.replace(inp, id=uuid.uuid4().hex)
+    ack = await js.publish(input_subject(inp), T.encode(inp), headers={"Nats-Msg-Id": inp.id})
+    return inp.id, ack.seq, bool(ack.duplicate)
+
+
+async def send_raw_input(js, data: bytes, msg_id: str | None = None) -> int:
+    """Publish bytes as they are (possibly malformed: the scheduler records the rejection)."""
+    ack = await js.publish(f"{IN_PREFIX}.raw", data,
+                           headers={"Nats-Msg-Id": msg_id or uuid.uuid4().hex})
+    return ack.seq
+
+
+# ---------------------------------------------------------------- the log
+
+
+def host_nodes(event: T.Event) -> list[str]:
+    nodes = getattr(event, "nodes", None)
+    if nodes:
+        return list(nodes)
+    if isinstance(event, (T.NodeJoined, T.NodeLost)):
+        return [event.node]
+    return []
+
+
+def record_messages(records: list[T.Record]) -> list[tuple[str, bytes]]:
+    """The log copy of each record, then its host-directed copies (same bytes)."""
+    out: list[tuple[str, bytes]] = []
+    for record in records:
+        data = T.encode(record)
+        name = T.type_name(record.event)
+        out.append((f"{LOG_PREFIX}.{name}", data))
+        for node in dict.fromkeys(host_nodes(record.event)):
+            out.append((f"{HOST_PREFIX}.{node_token(node)}.{name}", data))
+    return out
+
+
+async def publish_atomic(nc, messages: list[tuple[str, bytes]], expected_last_seq: int,
+                         writer: str) -> int:
+    """Append messages to XR_EV as one atomic batch fenced by expected-last-sequence.
+    Returns the stream sequence of the last message."""
+    batch_id = uuid.uuid4().hex
+    last = len(messages)
+    for i, (subject, data) in enumerate(messages, 1):
+        headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i), WRITER_HEADER: writer}
+        if i == 1:
+            headers["Nats-Expected-Last-Sequence"] = str(expected_last_seq)
+        if i < last:
+            await nc.publish(subject, data, headers=headers)
+            continue
+        headers["Nats-Batch-Commit"] = "1"
+        try:
+            reply = await nc.request(subject, data, headers=headers, timeout=BATCH_ACK_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 - timeout or connection loss: outcome unknown
+            raise BatchError(f"no answer to atomic batch: {err!r}") from err
+        answer = json.loads(reply.data or b"{}")
+        error = answer.get("error")
+        if error:
+            if error.get("err_code") == FENCING_ERR_CODE:
+                raise FencingError(error.get("description", "wrong last sequence"))
+            raise BatchError(f"atomic batch refused: {error}")
+        return int(answer["seq"])
+    raise ValueError("empty batch")
+
+
+async def stream_last_seq(js, stream: str) -> int:
+    info = await js.stream_info(stream)
+    return info.state.last_seq
+
+
+async def read_records(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[int, T.Record]]:
+    """Records on `xr.ev.log.>` with start_seq <= stream seq <= end_seq, in order."""
+    if end_seq < start_seq:
+        return
+    sub = await js.pull_subscribe(
+        f"{LOG_PREFIX}.>", durable=None, stream=EV_STREAM,
+        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                                  opt_start_seq=start_seq, ack_policy=api.AckPolicy.NONE,
+                                  inactive_threshold=30.0, max_ack_pending=-1))
+    try:
+        info = await sub.consumer_info()
+        pending = info.num_pending
+        while pending > 0:
+            msgs = await sub.fetch(min(FETCH_BATCH, pending), timeout=10)
+            for msg in msgs:
+                pending -= 1
+                seq = msg.metadata.sequence.stream
+                if seq > end_seq:
+                    return
+                yield seq, T.decode_record(msg.data)
+                if seq == end_seq:
+                    return
+    finally:
+        await sub.unsubscribe()
+
+
+async def load_state(js, snapshot: bool = True) -> tuple[State, int]:
+    """State folded from the newest snapshot plus the log tail; returns (state, the XR_EV
+    sequence it covers). The policy comes from the log (set_policy inputs), never from a
+    local file, so a replay of the log rebuilds the same state."""
+    end_seq = await stream_last_seq(js, EV_STREAM)
+    state, covered = (await load_snapshot_obj(js)) if snapshot else (None, 0)
+    if state is None or covered > end_seq:
+        state, covered = new_state(), 0
+    async for _, record in read_records(js, covered + 1, end_seq):
+        apply_record(state, record)
+    return state, end_seq
+
+
+async def load_snapshot_obj(js) -> tuple[State | None, int]:
+    try:
+        store = await js.object_store(SNAP_BUCKET)
+        result = await store.get(SNAP_OBJECT)
+    except (ObjectNotFoundError, NotFoundError):
+        return None, 0
+    except Exception:  # noqa: BLE001 - a missing or unreadable snapshot only costs a longer fold
+        return None, 0
+    head, _, body = bytes(result.data).partition(b"\n")
+    meta = json.loads(head)
+    return load_snapshot(body), int(meta["ev_seq"])
+
+
+async def save_snapshot(js, state: State, ev_seq: int) -> None:
+    store = await js.object_store(SNAP_BUCKET)
+    head = json.dumps({"ev_seq": ev_seq, "events_n": state.c.events_n}).encode()
+    await store.put(SNAP_OBJECT, head + b"\n" + snapshot_bytes(state.c))
+
+
+async def all_records(js) -> list[tuple[int, T.Record]]:
+    end = await stream_last_seq(js, EV_STREAM)
+    return [item async for item in read_records(js, 1, end)]
+
+
+async def wait_for(predicate, timeout_s: float, interval_s: float = 0.05):
+    """Poll an async predicate until it returns something truthy."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise TimeoutError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(interval_s)

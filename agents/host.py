@@ -1,0 +1,422 @@
+"""The GPU host agent, one per machine: it turns the scheduler's decisions for this host
+into OS processes, and the processes' fates into facts on XR_IN.
+
+- Inventory from pynvml (or `--simulate 8xH100`); `node_up` at start; a heartbeat on
+  `xr.hb.<node>` every second (plain NATS: liveness is not history).
+- A durable consumer on `xr.ev.host.<node>.>` delivers the decisions for this host.
+  Each is acted on at most once: the agent keeps, in its state folder, the last record
+  `n` it acted on and one file per job run (pid, what it was told), and every job process
+  carries a marker in its environment, so an agent restarted after a crash re-adopts its
+  processes instead of starting them again. Facts are sent with ids derived from the
+  run (`<node>:<job>:<n>:finished`), so a repeated report is dropped by XR_IN's dedup.
+- JobStartRequested / JobResumeRequested: start the command in its own process group,
+  under `agents.jobwrap` (which records the exit status), with CUDA_VISIBLE_DEVICES set
+  to the placement's GPUs and XR_* variables for the job SDK.
+- VictimNotified: an SDK job (it leaves a marker file) gets the notice in a file and
+  SIGUSR1, and reports safe_point/checkpoint/released itself; any other job gets
+  SIGTERM, a grace time, then SIGKILL, and the agent reports `released`.
+- NoticeWithdrawn: the notice file goes, the job keeps running.
+- JobCancelled, or the job finished elsewhere: SIGTERM, grace, SIGKILL. NodeLost for this
+  host: its jobs were requeued elsewhere, so they are stopped and the host rejoins.
+- A process that exits on its own: `finished {ok: exit status == 0}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import msgspec
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from core import types as T
+
+from . import bus
+from .gpus import Inventory
+
+log = logging.getLogger("xirang.host")
+
+HEARTBEAT_S = 1.0
+MONITOR_S = 0.2
+FETCH_BATCH = 64
+SDK_MARKER = "sdk"
+RELEASED_MARKER = "released"
+NOTICE_FILE = "notice.json"
+EXIT_FILE = "exit.json"
+MARKER_ENV = "XR_RUN"
+
+
+class Run(msgspec.Struct, kw_only=True):
+    """One run of a job on this host, as kept in the state folder."""
+
+    job: str
+    n: int  # record that started it
+    pid: int = 0
+    dir: str = ""
+    primary: bool = True
+    resume: bool = False
+    notified: bool = False
+    withdrawn: bool = False
+    stopping: str = ""  # why the agent is stopping it: cancelled | finished_elsewhere | node_lost
+    term_sent_t: float = 0.0
+    killed: bool = False
+
+
+class Acted(msgspec.Struct, kw_only=True):
+    last_n: int = 0
+
+
+class HostAgent:
+    def __init__(self, url: str, node: str, inventory: Inventory, state_dir: str | os.PathLike,
+                 grace_s: float = 10.0, default_command: list[str] | None = None) -> None:
+        self.url = url
+        self.node = node
+        self.token = bus.node_token(node)
+        self.inventory = inventory
+        self.dir = Path(state_dir) / self.token
+        self.runs_dir = self.dir / "runs"
+        self.grace_s = grace_s
+        self.default_command = default_command or [sys.executable, "-c", "import time; time.sleep(60)"]
+        self.stop_event = asyncio.Event()
+        self.runs: dict[str, Run] = {}
+        self.acted = Acted()
+        self.actions = 0
+        self.nc = self.js = None
+        self._children: dict[int, object] = {}
+
+    # ------------------------------------------------------------ state folder
+
+    def _load(self) -> None:
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        acted = self.dir / "acted.json"
+        if acted.exists():
+            self.acted = msgspec.json.decode(acted.read_bytes(), type=Acted)
+        for path in sorted(self.runs_dir.glob("*.json")):
+            run = msgspec.json.decode(path.read_bytes(), type=Run)
+            self.runs[run.job] = run
+
+    def _save_acted(self) -> None:
+        _write_atomic(self.dir / "acted.json", msgspec.json.encode(self.acted))
+
+    def _save_run(self, run: Run) -> None:
+        _write_atomic(self.runs_dir / f"{_safe(run.job)}.json", msgspec.json.encode(run))
+
+    def _drop_run(self, run: Run) -> None:
+        self.runs.pop(run.job, None)
+        try:
+            (self.runs_dir / f"{_safe(run.job)}.json").unlink()
+        except FileNotFoundError:
+            pass
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        self._load()
+        self.nc, self.js = await bus.connect(self.url, name=f"host-{self.node}")
+        await bus.ensure_streams(self.js)
+        sub = await self._consumer()
+        await self._report(T.NodeUp(node=self.node, gpu_model=self.inventory.model,
+                                    gpus=len(self.inventory.gpus)), f"up-{uuid.uuid4().hex}")
+        log.info("host %s: %d x %s up, %d runs adopted, last acted record %d", self.node,
+                 len(self.inventory.gpus), self.inventory.model, len(self.runs), self.acted.last_n)
+        tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._monitor())]
+        try:
+            await self._consume(sub)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - a durable consumer outlives its subscription
+                pass
+            await self.nc.drain()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    async def _consumer(self):
+        durable = f"host-{self.token}"
+        try:
+            await self.js.consumer_info(bus.EV_STREAM, durable)
+            deliver = api.DeliverPolicy.ALL
+        except NotFoundError:
+            # A new host only cares about decisions from now on; its node_up comes next.
+            deliver = api.DeliverPolicy.NEW
+        return await self.js.pull_subscribe(
+            f"{bus.HOST_PREFIX}.{self.token}.>", durable=durable, stream=bus.EV_STREAM,
+            config=api.ConsumerConfig(deliver_policy=deliver, ack_policy=api.AckPolicy.EXPLICIT,
+                                      ack_wait=30, max_deliver=-1))
+
+    async def _heartbeats(self) -> None:
+        subject = f"{bus.HB_PREFIX}.{self.token}"
+        while True:
+            body = {"node": self.node, "gpu_model": self.inventory.model,
+                    "gpus": len(self.inventory.gpus), "jobs": sorted(self.runs), "t": int(time.time() * 1000)}
+            try:
+                await self.nc.publish(subject, json.dumps(body).encode())
+            except Exception:  # noqa: BLE001 - reconnecting; the scheduler's timeout is the judge
+                pass
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _consume(self, sub) -> None:
+        while not self.stop_event.is_set():
+            try:
+                msgs = await sub.fetch(FETCH_BATCH, timeout=0.5)
+            except (asyncio.TimeoutError, TimeoutError):
+                continue
+            except Exception as err:  # noqa: BLE001 - connection trouble: retry shortly
+                log.warning("host %s: fetch failed: %r", self.node, err)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                record = T.decode_record(msg.data)
+                if record.n > self.acted.last_n:
+                    await self._act(record)
+                    self.acted.last_n = record.n
+                    self._save_acted()
+                await msg.ack()
+
+    # ------------------------------------------------------------ decisions
+
+    async def _act(self, record: T.Record) -> None:
+        ev = record.event
+        self.actions += 1
+        if isinstance(ev, (T.JobStartRequested, T.JobResumeRequested)):
+            await self._start(record.n, ev)
+        elif isinstance(ev, T.VictimNotified):
+            await self._notify(ev)
+        elif isinstance(ev, T.NoticeWithdrawn):
+            self._withdraw(ev.job)
+        elif isinstance(ev, T.JobCancelled):
+            self._stop_run(ev.job, "cancelled")
+        elif isinstance(ev, (T.JobFinished, T.JobFailed)):
+            self._stop_run(ev.job, "finished_elsewhere")
+        elif isinstance(ev, T.NodeLost) and ev.node == self.node:
+            asyncio.create_task(self._rejoin())
+
+    async def _start(self, n: int, ev: T.JobStartRequested | T.JobResumeRequested) -> None:
+        existing = self.runs.get(ev.job)
+        if existing is not None and existing.n == n:
+            return  # already started by this very record (before a crash)
+        marker = f"{self.node}/{ev.job}/{n}"
+        adopted = find_marked_process(marker)
+        gpus = [g for slot in ev.placement if slot.node == self.node for g in slot.gpus]
+        primary = bool(ev.placement) and ev.placement[0].node == self.node
+        resume = isinstance(ev, T.JobResumeRequested) and bool(ev.ckpt_digest)
+        run_dir = self.runs_dir / f"{_safe(ev.job)}-{n}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume)
+        if adopted:
+            run.pid = adopted
+        else:
+            run.pid = self._spawn(run, marker, gpus, ev)
+        self.runs[ev.job] = run
+        self._save_run(run)
+        log.info("host %s: %s %s on GPUs %s (pid %d)", self.node,
+                 "resumed" if resume else "started", ev.job, gpus, run.pid)
+        if primary and not resume:
+            # An SDK job restoring a checkpoint reports `started` itself, after checking
+            # the checkpoint's digest (a bad one must be reported before it starts).
+            await self._report(T.Started(job=ev.job), f"{marker}:started")
+
+    def _spawn(self, run: Run, marker: str, gpus: list[int], ev) -> int:
+        command = list(ev.command) or list(self.default_command)
+        env = dict(os.environ)
+        # `python` in a job's command means the interpreter (and venv) the agent runs in.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env.update({
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            MARKER_ENV: marker,
+            "XR_JOB": ev.job,
+            "XR_NODE": self.node,
+            "XR_NATS_URL": self.url,
+            "XR_CKPT_BUCKET": bus.CKPT_BUCKET,
+            "XR_JOB_DIR": run.dir,
+            "XR_PRIMARY": "1" if run.primary else "0",
+            "XR_REPORT_STARTED": "1" if run.resume and run.primary else "0",
+            "XR_RESUME_STEP": str(getattr(ev, "ckpt_step", 0) or 0),
+            "XR_RESUME_DIGEST": getattr(ev, "ckpt_digest", "") or "",
+        })
+        out = open(Path(run.dir) / "output.log", "ab")
+        import subprocess
+
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agents.jobwrap", str(Path(run.dir) / EXIT_FILE), "--", *command],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=os.getcwd())
+        out.close()
+        self._children[proc.pid] = proc
+        return proc.pid
+
+    async def _notify(self, ev: T.VictimNotified) -> None:
+        run = self.runs.get(ev.job)
+        if run is None:
+            return  # already gone: its exit was (or will be) reported
+        run.notified, run.withdrawn = True, False
+        notice = {"saga": ev.saga, "deadline_t": ev.deadline_t, "checkpoint_needed": ev.checkpoint_needed}
+        _write_atomic(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
+        self._save_run(run)
+        if (Path(run.dir) / SDK_MARKER).exists():
+            _signal_group(run.pid, signal.SIGUSR1)
+        else:
+            self._terminate(run)
+
+    def _withdraw(self, job: str) -> None:
+        run = self.runs.get(job)
+        if run is None:
+            return
+        run.notified, run.withdrawn = False, True
+        try:
+            (Path(run.dir) / NOTICE_FILE).unlink()
+        except FileNotFoundError:
+            pass
+        self._save_run(run)
+
+    def _stop_run(self, job: str, why: str) -> None:
+        run = self.runs.get(job)
+        if run is None:
+            return
+        run.stopping = why
+        self._save_run(run)
+        self._terminate(run)
+
+    def _terminate(self, run: Run) -> None:
+        if not run.term_sent_t:
+            run.term_sent_t = time.time()
+            self._save_run(run)
+            _signal_group(run.pid, signal.SIGTERM)
+
+    async def _rejoin(self) -> None:
+        for run in list(self.runs.values()):
+            self._stop_run(run.job, "node_lost")
+        deadline = time.monotonic() + self.grace_s + 5
+        while self.runs and time.monotonic() < deadline:
+            await asyncio.sleep(MONITOR_S)
+        await self._report(T.NodeUp(node=self.node, gpu_model=self.inventory.model,
+                                    gpus=len(self.inventory.gpus)), f"up-{uuid.uuid4().hex}")
+
+    # ------------------------------------------------------------ processes
+
+    async def _monitor(self) -> None:
+        while True:
+            for run in list(self.runs.values()):
+                try:
+                    await self._check(run)
+                except Exception as err:  # noqa: BLE001 - one bad run must not stop the others
+                    log.warning("host %s: checking %s failed: %r", self.node, run.job, err)
+            await asyncio.sleep(MONITOR_S)
+
+    async def _check(self, run: Run) -> None:
+        if self._alive(run.pid):
+            if run.term_sent_t and not run.killed and time.time() - run.term_sent_t > self.grace_s:
+                run.killed = True
+                self._save_run(run)
+                _signal_group(run.pid, signal.SIGKILL)
+            return
+        await self._exited(run)
+
+    def _alive(self, pid: int) -> bool:
+        child = self._children.get(pid)
+        if child is not None:
+            if child.poll() is None:
+                return True
+            self._children.pop(pid, None)
+            return False
+        return pid_alive(pid)
+
+    async def _exited(self, run: Run) -> None:
+        rc = _read_rc(Path(run.dir) / EXIT_FILE)
+        marker = f"{self.node}/{run.job}/{run.n}"
+        released_by_sdk = (Path(run.dir) / RELEASED_MARKER).exists()
+        if run.stopping or not run.primary:
+            pass  # the scheduler already knows why it ended
+        elif released_by_sdk and not run.withdrawn:
+            pass  # the SDK reported safe_point, checkpoint and released
+        elif run.notified:
+            await self._report(T.Released(job=run.job), f"{marker}:released")
+        else:
+            await self._report(T.Finished(job=run.job, ok=rc == 0), f"{marker}:finished")
+        log.info("host %s: %s exited (status %s)%s", self.node, run.job, rc,
+                 f", {run.stopping}" if run.stopping else "")
+        self._drop_run(run)
+
+    async def _report(self, inp: T.Input, msg_id: str) -> None:
+        inp = msgspec.structs.replace(inp, id=msg_id)
+        for attempt in range(20):
+            try:
+                await bus.send_input(self.js, inp)
+                return
+            except Exception as err:  # noqa: BLE001 - keep the fact until NATS takes it
+                log.warning("host %s: report %s failed (%r), retrying", self.node, msg_id, err)
+                await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
+        raise RuntimeError(f"could not report {msg_id}")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _safe(job: str) -> str:
+    return bus.node_token(job)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _read_rc(path: Path) -> int | None:
+    try:
+        return int(json.loads(path.read_text())["rc"])
+    except (OSError, ValueError, KeyError):
+        return None  # killed with its wrapper: no exit status
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # the wrapper leads its own session and process group
+    except ProcessLookupError:
+        pass
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def find_marked_process(marker: str) -> int:
+    """The wrapper process started for this run before a crash, if it still lives."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if needle in env and b"agents.jobwrap" in cmdline and pid_alive(int(entry.name)):
+            return int(entry.name)
+    return 0
+
+
+async def run_host(url: str, **kwargs) -> None:
+    agent = HostAgent(url, **kwargs)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, agent.stop)
+    await agent.run()

@@ -1,0 +1,47 @@
+"""Runs one job command and records how it ended, so a host agent restarted after a crash
+(no longer the job's parent, so unable to wait for it) still learns the exit status.
+
+    python -m agents.jobwrap EXIT_FILE -- COMMAND...
+
+The wrapper shares the job's process group: the host agent signals the group. The wrapper
+itself survives the notices and SIGTERM (the job decides what they mean) and dies with
+the group on SIGKILL, leaving no exit file: the agent then knows the job was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+
+def _ignore(_signum, _frame) -> None:
+    return None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m agents.jobwrap EXIT_FILE -- COMMAND...", file=sys.stderr)
+        return 2
+    exit_file, command = argv[0], argv[2:]
+    # Handlers, not SIG_IGN: an ignored disposition would be inherited by the job.
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _ignore)
+    try:
+        proc = subprocess.Popen(command)
+    except OSError as err:
+        print(f"jobwrap: cannot start {command[0]!r}: {err}", file=sys.stderr)
+        rc = 127
+    else:
+        rc = proc.wait()
+    tmp = exit_file + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"rc": rc}, fh)
+    os.replace(tmp, exit_file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

