@@ -186,8 +186,9 @@ class Audit:
                     f" {ev.benefit:.0f} outweighed the cost {ev.cost:.0f} (net"
                     f" {ev.benefit - ev.cost:.0f}); {ev.reason}")
         if isinstance(ev, T.VictimNotified):
-            need = "save a checkpoint, " if ev.checkpoint_needed else "(its checkpoint is fresh) "
-            return f"told to reach a safe point, {need}and release by {fmt_t(ev.deadline_t)}"
+            need = "save a checkpoint and " if ev.checkpoint_needed else ""
+            fresh = "" if ev.checkpoint_needed else " (its last checkpoint is fresh enough)"
+            return f"told to reach a safe point, {need}release by {fmt_t(ev.deadline_t)}{fresh}"
         if isinstance(ev, T.SafePointReached):
             return "reached a safe point"
         if isinstance(ev, T.VictimReleased):

@@ -34,11 +34,12 @@ class Spec:
     jobs: int = 200
     nodes: int = 6
     gpus_per_node: int = 8
-    mean_gap_ms: int = 45 * SEC
+    mean_gap_ms: int = 4 * MIN  # about 90% of a 48-GPU pool busy
     duration_ms: tuple[int, int] = (10 * MIN, 90 * MIN)
     storm_t: int | None = None  # when a burst of urgent jobs arrives
     storm_jobs: int = 0
     storm_level: int = 1
+    storm_gpus: int = 2
     storm_team: str = "storm"
     policy: Policy | None = None
     extra_inputs: list[T.Input] = field(default_factory=list)  # e.g. set_policy at a time
@@ -111,7 +112,7 @@ class Driver:
         if spec.storm_t is not None:
             for i in range(spec.storm_jobs):
                 self._submit(spec.storm_t + i * SEC, f"{spec.storm_team}-{i:03d}", spec.storm_team,
-                             f"{spec.storm_team}-u1", spec.storm_level, gpus=spec.gpus_per_node)
+                             f"{spec.storm_team}-u{i % 3 + 1}", spec.storm_level, gpus=spec.storm_gpus)
         for inp in spec.extra_inputs:
             self.at(inp.t, inp)
 

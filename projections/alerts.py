@@ -1,0 +1,91 @@
+"""Alerts on the projection.
+
+- `preemption_rate`: a level's preemption count in the latest window departs from its
+  recent history: count >= max(min_count, mean + k * max(std, std_floor)) over the
+  preceding `history_windows` windows. Counted twice, by the preemptor's level (a storm
+  of urgent jobs) and by the victims' level (one level bearing the brunt). A level with no
+  history is judged against zero, so a sudden storm on a quiet level fires too.
+- `team_protected` / `team_downgraded`: a team hit its preemption limits (preempted too
+  often, so it is protected; or preempting too often, so its new urgent jobs are
+  downgraded) and the measure is still in force.
+
+Windows are in log time, ending at "now" (the newest record), so the same log always gives
+the same alerts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class RateRule:
+    window_ms: int = 15 * 60_000
+    history_windows: int = 12
+    k: float = 3.0
+    std_floor: float = 1.0
+    min_count: int = 4
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str
+    subject: str  # "level 6" or "team lm"
+    message: str
+    value: float
+    threshold: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def evaluate(con, now: int, rule: RateRule = RateRule()) -> list[Alert]:
+    return rate_alerts(con, now, rule) + team_limit_alerts(con, now)
+
+
+def rate_alerts(con, now: int, rule: RateRule = RateRule()) -> list[Alert]:
+    return (_rate_alerts(con, now, rule, "sagas", "preemptor_level", "preempting")
+            + _rate_alerts(con, now, rule, "preemptions", "victim_level", "preempted"))
+
+
+def _rate_alerts(con, now: int, rule: RateRule, table: str, column: str, role: str) -> list[Alert]:
+    start = now - rule.window_ms * (rule.history_windows + 1)
+    rows = con.execute(f"""
+        SELECT {column}, CAST(floor((? - planned_t) / ?) AS BIGINT) AS ago, count(*)
+        FROM {table} WHERE planned_t > ? AND planned_t <= ? GROUP BY ALL""",
+                       [now, rule.window_ms, start, now]).fetchall()
+    counts: dict[int, dict[int, int]] = {}
+    for level, ago, count in rows:
+        counts.setdefault(level, {})[ago] = count
+    out = []
+    for level in sorted(counts):
+        current = counts[level].get(0, 0)
+        history = [counts[level].get(i, 0) for i in range(1, rule.history_windows + 1)]
+        mean = sum(history) / len(history)
+        std = math.sqrt(sum((x - mean) ** 2 for x in history) / len(history))
+        threshold = max(rule.min_count, mean + rule.k * max(std, rule.std_floor))
+        if current >= threshold:
+            minutes = rule.window_ms // 60_000
+            out.append(Alert(
+                kind="preemption_rate", subject=f"level {level} ({role})", value=current,
+                threshold=threshold,
+                message=(f"level {level} {role}: {current} in the last {minutes} min, against"
+                         f" {mean:.1f} ± {std:.1f} per {minutes} min over the previous"
+                         f" {rule.history_windows} windows")))
+    return out
+
+
+def team_limit_alerts(con, now: int) -> list[Alert]:
+    rows = con.execute("""
+        SELECT team, kind, max(until_t), arg_max(count, t) FROM team_limits
+        WHERE until_t > ? GROUP BY ALL ORDER BY ALL""", [now]).fetchall()
+    out = []
+    for team, kind, until_t, count in rows:
+        if kind == "protected":
+            what = f"was preempted {count} times within the fairness window: protected from preemption"
+        else:
+            what = f"preempted others {count} times within the fairness window: its new urgent jobs are downgraded"
+        out.append(Alert(kind=f"team_{kind}", subject=f"team {team}", value=count, threshold=count,
+                         message=f"team {team} {what} for {(until_t - now) / 60_000:.0f} more min"))
+    return out
