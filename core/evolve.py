@@ -14,7 +14,7 @@ from .policy import with_params
 from .state import (
     FINISHED, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING,
     Checkpoint, Job, Ledger, LevelWait, Node, Saga, State, Window, Estimate,
-    hold_add, hold_remove, job_progress_ms, queue_add, queue_remove, set_holder,
+    hold_add, hold_remove, job_progress_ms, queue_add, queue_remove, set_holder, touch_job,
     _index_node_capacity, node_free_count,
 )
 
@@ -26,6 +26,16 @@ def evolve(state: State, ev: T.Event) -> None:
     handler = _HANDLERS.get(type(ev))
     if handler is not None:
         handler(state, ev)
+        for job_id in touched_jobs(ev):
+            touch_job(state, job_id)
+
+
+def touched_jobs(ev: T.Event) -> list[str]:
+    """The jobs an event's handler may change: the one it names, or a saga's preemptor and
+    victims. Handlers must not change any other job (a test compares the kept digest with
+    one computed from scratch)."""
+    names = [getattr(ev, "job", ""), getattr(ev, "preemptor", "")] + list(getattr(ev, "victims", []))
+    return [name for name in names if name]
 
 
 # ---------------------------------------------------------------- nodes

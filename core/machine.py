@@ -23,7 +23,7 @@ from .policy import PolicyError, assign_variant, with_params
 from .preemption import Decline, may_preempt, plan_preemption
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
-    job_progress_ms, last_checkpoint, queue_depth, state_digest, window_count,
+    job_progress_ms, last_checkpoint, live_digest, queue_depth, window_count,
 )
 from .types import LEVELS
 
@@ -65,7 +65,7 @@ class Ctx:
         c.last_input_seq = max(c.last_input_seq, self.inp.seq)
         self.records.append(T.Record(n=n, prev=prev, hash=digest, input_seq=self.inp.seq, event=ev))
         if n % c.policy.digest_every_events == 0 and not isinstance(ev, T.StateDigest):
-            self._seal(T.StateDigest(t=c.t, digest=state_digest(c), events=n))
+            self._seal(T.StateDigest(t=c.t, digest=live_digest(self.state), events=n))
 
 
 def new_state(policy=None) -> State:

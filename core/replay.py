@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 from . import types as T
 from .evolve import evolve
 from .machine import new_state, step
-from .state import State, state_digest
+from .state import State, live_digest
 
 
 class ChainError(ValueError):
@@ -41,7 +41,7 @@ def apply_record(state: State, record: T.Record) -> None:
     if actual != record.hash:
         raise ChainError(record.n, "content does not match its hash (modified)")
     if isinstance(record.event, T.StateDigest):
-        mine = state_digest(c)
+        mine = live_digest(state)
         if mine != record.event.digest:
             raise DigestMismatch(record.n, f"state digest {mine[:16]} != recorded {record.event.digest[:16]}")
     evolve(state, record.event)

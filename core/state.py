@@ -171,6 +171,8 @@ class Index:
         self.holding_by_level: list[dict[str, None]] = [{} for _ in range(LEVELS)]
         self.total_gpus = 0
         self.variant_policies: dict[str, Any] = {}
+        self.job_hashes: dict[str, int] = {}
+        self.jobs_sum = 0
 
 
 class State:
@@ -204,6 +206,8 @@ def rebuild_index(c: Canonical) -> Index:
         for slot in job.placement:
             if job.state in HOLDING:
                 ix.jobs_by_node.setdefault(slot.node, {})[job.id] = None
+        ix.job_hashes[job_id] = job_hash(job)
+    ix.jobs_sum = sum(ix.job_hashes.values()) % DIGEST_MODULUS
     return ix
 
 
@@ -287,12 +291,43 @@ def queue_depth(ix: Index, level: int) -> int:
 # ---------------------------------------------------------------- digest
 
 
-def state_digest(c: Canonical) -> str:
-    """SHA-256 of the canonical state with sorted keys; the terminal-job map is covered by
-    its rolling hash, so the digest's cost does not grow with history."""
-    view = msgspec.structs.replace(c, done={})
-    data = msgspec.json.encode(view, order="sorted")
+DIGEST_MODULUS = 1 << 256
+
+
+def job_hash(job: Job) -> int:
+    return int.from_bytes(hashlib.sha256(msgspec.json.encode(job, order="sorted")).digest(), "big")
+
+
+def jobs_hash_sum(c: Canonical) -> int:
+    return sum(job_hash(c.jobs[job_id]) for job_id in sorted(c.jobs)) % DIGEST_MODULUS
+
+
+def state_digest(c: Canonical, jobs_sum: int | None = None) -> str:
+    """SHA-256 of the canonical state with sorted keys. Jobs enter as the sum of their own
+    hashes (a multiset hash the index keeps up to date as events touch jobs), and terminal
+    jobs through their rolling hash, so the digest's cost follows what changed, not how
+    many jobs wait or ever ran. Tamper evidence comes from the hash chain; the digest's
+    job is to catch a replay that diverges."""
+    if jobs_sum is None:
+        jobs_sum = jobs_hash_sum(c)
+    view = msgspec.structs.replace(c, done={}, jobs={})
+    data = msgspec.json.encode(view, order="sorted") + b"|jobs:" + f"{jobs_sum:064x}".encode()
     return hashlib.sha256(data).hexdigest()
+
+
+def live_digest(state: "State") -> str:
+    return state_digest(state.c, state.ix.jobs_sum)
+
+
+def touch_job(state: "State", job_id: str) -> None:
+    """Keep the jobs' hash sum in step after an event changed (or removed) a job."""
+    ix = state.ix
+    old = ix.job_hashes.pop(job_id, 0)
+    job = state.c.jobs.get(job_id)
+    new = job_hash(job) if job is not None else 0
+    if new:
+        ix.job_hashes[job_id] = new
+    ix.jobs_sum = (ix.jobs_sum - old + new) % DIGEST_MODULUS
 
 
 def snapshot_bytes(c: Canonical) -> bytes:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from core import rebuild, snapshot_bytes, state_digest
 from core import types as T
-from core.state import rebuild_index
+from core.state import live_digest, rebuild_index
 
 from random_world import World, run_world
 from scenario import check_invariants
@@ -63,6 +63,7 @@ def test_invariants_hold_after_every_step_of_a_random_workload(seed):
     assert index_view(rebuild_index(world.state.c)) == index_view(world.state.ix)
     replayed = rebuild(world.records)
     assert state_digest(replayed.c) == state_digest(world.state.c)
+    assert live_digest(world.state) == state_digest(world.state.c), "kept job hashes went stale"
 
 
 def test_random_workloads_do_preempt_and_roll_back():
