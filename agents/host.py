@@ -52,6 +52,9 @@ RELEASED_MARKER = "released"
 NOTICE_FILE = "notice.json"
 EXIT_FILE = "exit.json"
 MARKER_ENV = "XR_RUN"
+# A job notified this soon after it started may still be loading the SDK: wait for its
+# marker this long before treating it as a job without the SDK.
+SDK_WAIT_S = 5.0
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -63,7 +66,9 @@ class Run(msgspec.Struct, kw_only=True):
     dir: str = ""
     primary: bool = True
     resume: bool = False
+    started_t: float = 0.0
     notified: bool = False
+    notice_pending: bool = False  # notified, waiting to learn whether it uses the SDK
     withdrawn: bool = False
     stopping: str = ""  # why the agent is stopping it: cancelled | finished_elsewhere | node_lost
     term_sent_t: float = 0.0
@@ -214,7 +219,8 @@ class HostAgent:
         resume = isinstance(ev, T.JobResumeRequested) and bool(ev.ckpt_digest)
         run_dir = self.runs_dir / f"{_safe(ev.job)}-{n}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume)
+        run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume,
+                  started_t=time.time())
         if adopted:
             run.pid = adopted
         else:
@@ -264,17 +270,24 @@ class HostAgent:
         run.notified, run.withdrawn = True, False
         notice = {"saga": ev.saga, "deadline_t": ev.deadline_t, "checkpoint_needed": ev.checkpoint_needed}
         _write_atomic(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
+        run.notice_pending = True
         self._save_run(run)
+        self._deliver_notice(run)
+
+    def _deliver_notice(self, run: Run) -> None:
         if (Path(run.dir) / SDK_MARKER).exists():
+            run.notice_pending = False
+            self._save_run(run)
             _signal_group(run.pid, signal.SIGUSR1)
-        else:
+        elif time.time() - run.started_t >= SDK_WAIT_S:
+            run.notice_pending = False
             self._terminate(run)
 
     def _withdraw(self, job: str) -> None:
         run = self.runs.get(job)
         if run is None:
             return
-        run.notified, run.withdrawn = False, True
+        run.notified, run.withdrawn, run.notice_pending = False, True, False
         try:
             (Path(run.dir) / NOTICE_FILE).unlink()
         except FileNotFoundError:
@@ -317,6 +330,8 @@ class HostAgent:
 
     async def _check(self, run: Run) -> None:
         if self._alive(run.pid):
+            if run.notice_pending:
+                self._deliver_notice(run)
             if run.term_sent_t and not run.killed and time.time() - run.term_sent_t > self.grace_s:
                 run.killed = True
                 self._save_run(run)

@@ -74,6 +74,7 @@ class Job:
         self.store = self._call(self.js.object_store(os.environ.get("XR_CKPT_BUCKET", bus.CKPT_BUCKET)))
         signal.signal(signal.SIGUSR1, self._on_notice)
         (self.dir / "sdk").write_text(str(os.getpid()))  # tells the agent to notify, not kill
+        self._notice = (self.dir / "notice.json").exists()  # notified while we were loading
 
     # ------------------------------------------------------------ plumbing
 

@@ -1,0 +1,213 @@
+"""A live cluster for integration tests and benchmarks: a real nats-server on a free port,
+the scheduler and host agents as real OS processes (started and stopped by pid), and
+small synchronous helpers to send inputs and read the log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from core import types as T
+
+from . import bus
+from .natsd import EmbeddedNats
+
+REPO = Path(__file__).resolve().parent.parent
+
+FAST_POLICY = """\
+safe_point_ms = 1000
+deadline_slack_ms = 2000
+deadline_min_ms = 5000
+"""
+
+
+class Cluster:
+    def __init__(self, root: Path, policy: str = FAST_POLICY, tick_ms: int = 200,
+                 lease_ms: int = 1000, node_timeout_ms: int = 10_000) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.policy_path = self.root / "policy.toml"
+        self.policy_path.write_text(policy)
+        self.tick_ms = tick_ms
+        self.lease_ms = lease_ms
+        self.node_timeout_ms = node_timeout_ms
+        self.nats = EmbeddedNats(self.root / "nats").start()
+        self.url = self.nats.url
+        self.procs: list[subprocess.Popen] = []
+        self.logs = self.root / "logs"
+        self.logs.mkdir(exist_ok=True)
+
+    # ------------------------------------------------------------ processes
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        out = open(self.logs / log_name, "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "xirang.cli", *args], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    def scheduler(self, instance: str = "s1") -> subprocess.Popen:
+        return self._spawn(["scheduler", "--nats", self.url, "--id", instance, "--data-dir", str(self.root),
+                            "--tick-ms", str(self.tick_ms), "--lease-ms", str(self.lease_ms),
+                            "--node-timeout-ms", str(self.node_timeout_ms),
+                            "--policy", str(self.policy_path)], f"{instance}.log")
+
+    def agent(self, node: str = "h1", spec: str = "8xH100", grace_s: float = 1.0) -> subprocess.Popen:
+        return self._spawn(["agent", "--nats", self.url, "--node", node, "--simulate", spec,
+                            "--data-dir", str(self.root), "--grace-s", str(grace_s)], f"{node}.log")
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def terminate(self, proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.kill(proc)
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            self.terminate(proc)
+        self._kill_job_processes()
+        self.nats.stop()
+
+    def _kill_job_processes(self) -> None:
+        """Job processes our agents started (found by the marker in their environment)."""
+        root = str(self.root).encode()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                    env = fh.read()
+            except OSError:
+                continue
+            if b"XR_RUN=" in env and b"XR_JOB_DIR=" + root in env:
+                try:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ bus helpers
+
+    def _run(self, coro_fn):
+        async def go():
+            nc, js = await bus.connect(self.url, reconnects=3)
+            try:
+                await bus.ensure_streams(js)
+                return await coro_fn(nc, js)
+            finally:
+                await nc.close()
+        return asyncio.run(go())
+
+    def send(self, *inputs: T.Input) -> list[tuple[str, int, bool]]:
+        async def go(nc, js):
+            return [await bus.send_input(js, inp) for inp in inputs]
+        return self._run(go)
+
+    def records(self) -> list[T.Record]:
+        async def go(nc, js):
+            return [r for _, r in await bus.all_records(js)]
+        return self._run(go)
+
+    def raw_log(self) -> list[tuple[str, bytes, dict]]:
+        """Every XR_EV message: (subject, data, headers)."""
+        async def go(nc, js):
+            end = await bus.stream_last_seq(js, bus.EV_STREAM)
+            out = []
+            for seq in range(1, end + 1):
+                msg = await js.get_msg(bus.EV_STREAM, seq)
+                out.append((msg.subject, msg.data, msg.headers or {}))
+            return out
+        return self._run(go)
+
+    def inputs(self) -> list[tuple[int, T.Input]]:
+        async def go(nc, js):
+            end = await bus.stream_last_seq(js, bus.IN_STREAM)
+            out = []
+            for seq in range(1, end + 1):
+                msg = await js.get_msg(bus.IN_STREAM, seq)
+                out.append((seq, T.parse_input(msg.data)))
+            return out
+        return self._run(go)
+
+    def wait(self, predicate, timeout_s: float = 20.0, what: str = "condition") -> list[T.Record]:
+        """Poll the log until predicate(records) holds; returns the records."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            records = self.records()
+            if predicate(records):
+                return records
+            if time.monotonic() > deadline:
+                tail = [f"{r.n} {T.type_name(r.event)} {getattr(r.event, 'job', '')}" for r in records[-15:]]
+                raise AssertionError(f"{what} not reached in {timeout_s} s; log tail: {tail}; "
+                                     f"logs in {self.logs}")
+            time.sleep(0.2)
+
+    def wait_for(self, kind, timeout_s: float = 20.0, count: int = 1, **fields) -> list[T.Record]:
+        return self.wait(lambda rs: len(matching(rs, kind, **fields)) >= count, timeout_s,
+                         f"{count} x {kind.__name__} {fields}")
+
+
+def matching(records, kind, **fields) -> list[T.Record]:
+    return [r for r in records if isinstance(r.event, kind)
+            and all(getattr(r.event, k) == v for k, v in fields.items())]
+
+
+def train_command(steps: int, step_ms: float = 10, ckpt_s: float | None = None, seed: int = 1,
+                  log_every: int = 10) -> list[str]:
+    cmd = [sys.executable, str(REPO / "examples" / "train_numpy.py"), "--steps", str(steps),
+           "--step-ms", str(step_ms), "--seed", str(seed), "--log-every", str(log_every)]
+    if ckpt_s:
+        cmd += ["--checkpoint-every-s", str(ckpt_s)]
+    return cmd
+
+
+def sleep_command(seconds: float, trace: Path | None = None) -> list[str]:
+    """A job without the SDK; appends its pid to `trace` each time it starts."""
+    code = "import os, sys, time\n"
+    if trace:
+        code += f"open({str(trace)!r}, 'a').write(str(os.getpid()) + '\\n')\n"
+    code += f"time.sleep({seconds})\n"
+    return [sys.executable, "-c", code]
+
+
+STUCK_CODE = """\
+import os, pathlib, signal, time
+# Claims to use the SDK, then never reaches a safe point (a hung collective, say).
+signal.signal(signal.SIGUSR1, lambda *a: None)
+pathlib.Path(os.environ["XR_JOB_DIR"], "sdk").write_text("stuck")
+time.sleep(120)
+"""
+
+
+def stuck_command() -> list[str]:
+    return [sys.executable, "-c", STUCK_CODE]
+
+
+def metrics(output_log: Path) -> list[dict]:
+    out = []
+    for line in output_log.read_text().splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out

@@ -1,0 +1,127 @@
+"""Preemption sagas on the live system: real training jobs (the example, with the SDK)
+checkpoint to the JetStream object store, release and resume; a stuck victim rolls the
+whole saga back; a corrupted checkpoint is detected and the job falls back."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from agents import bus
+from agents.testing import Cluster, matching, metrics, sleep_command, stuck_command, train_command
+from core import rebuild
+from core import types as T
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def urgent(job: str = "urgent", seconds: float = 1.0) -> T.Submit:
+    return T.Submit(job=job, team="ops", user="kim", level=0, gpus=8, gpu_models=["H100"],
+                    est_runtime_s=10, command=sleep_command(seconds))
+
+
+def low(job: str, gpus: int, command: list[str], level: int = 6) -> T.Submit:
+    return T.Submit(job=job, team=f"team-{job}", user=f"user-{job}", level=level, gpus=gpus,
+                    gpu_models=["H100"], est_runtime_s=600, ckpt_interval_s=5, ckpt_cost_s=1,
+                    restore_cost_s=1, command=command)
+
+
+UNTRAINED_LOSS = math.log(2)  # logistic loss of the zero model the example starts from
+
+
+def wait_metrics(path: Path, timeout_s: float = 15.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and metrics(path):
+            return metrics(path)
+        time.sleep(0.1)
+    raise AssertionError(f"no metrics in {path}")
+
+
+def run_dir(cluster: Cluster, job: str, n: int) -> Path:
+    return cluster.root / "hosts" / "h1" / "runs" / f"{job}-{n}"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with Cluster(tmp_path) as c:
+        c.scheduler()
+        c.agent("h1", "8xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        yield c
+
+
+def test_multi_victim_preemption_commits_and_victims_resume_from_their_checkpoints(cluster):
+    victims = ["v1", "v2", "v3"]
+    cluster.send(low("v1", 4, train_command(100_000, seed=1)), low("v2", 2, train_command(100_000, seed=2)),
+                 low("v3", 2, train_command(100_000, seed=3), level=7))
+    records = cluster.wait(lambda rs: all(matching(rs, T.JobRunning, job=v) for v in victims),
+                           what="victims running")
+    for v in victims:  # each has trained a little
+        first_run = run_dir(cluster, v, matching(records, T.JobStartRequested, job=v)[0].n)
+        wait_metrics(first_run / "output.log")
+    cluster.send(urgent(seconds=1.5))
+    records = cluster.wait_for(T.PreemptionCommitted, timeout_s=20)
+    planned = matching(records, T.PreemptionPlanned)[0].event
+    assert sorted(planned.victims) == victims and planned.benefit > planned.cost
+    records = cluster.wait(lambda rs: all(len(matching(rs, T.JobRunning, job=v)) == 2 for v in victims),
+                           timeout_s=30, what="victims resumed")
+    assert matching(records, T.JobFinished, job="urgent")
+    for v in victims:
+        saved = matching(records, T.CheckpointRecorded, job=v)[-1].event
+        resume = matching(records, T.JobResumeRequested, job=v)[0]
+        assert resume.event.ckpt_digest == saved.digest
+        # The loss carries on: the resumed run starts at the checkpoint's step, not at 0.
+        lines = wait_metrics(run_dir(cluster, v, resume.n) / "output.log")
+        assert saved.step > 0 and lines[0]["step"] == saved.step and lines[0].get("resumed") == 1
+        assert lines[0]["loss"] < UNTRAINED_LOSS
+    rebuild(records)
+
+
+def test_victim_that_never_releases_rolls_everything_back(cluster):
+    cluster.send(low("stuck", 2, stuck_command()), low("good", 6, train_command(100_000)))
+    cluster.wait(lambda rs: all(matching(rs, T.JobRunning, job=v) for v in ("stuck", "good")),
+                 what="victims running")
+    cluster.send(urgent())
+    records = cluster.wait_for(T.PreemptionRolledBack, timeout_s=25)
+    rolled = matching(records, T.PreemptionRolledBack)[0].event
+    assert rolled.reason == "deadline_passed"
+    assert matching(records, T.VictimReleased, job="good")
+    assert matching(records, T.NoticeWithdrawn, job="stuck")
+    back = matching(records, T.JobResumeRequested, job="good")
+    assert back and back[0].event.reason == "rolled_back"
+    assert not matching(records, T.JobStartRequested, job="urgent")
+    assert not matching(records, T.PreemptionCommitted)
+    records = cluster.wait(lambda rs: len(matching(rs, T.JobRunning, job="good")) == 2, what="good resumed")
+    state = rebuild(records)
+    assert state.c.jobs["stuck"].state == "running" and state.c.jobs["urgent"].state == "queued"
+    assert state.c.jobs["good"].state == "running"
+
+
+def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
+    cluster.send(low("c1", 8, train_command(100_000, ckpt_s=0.5, step_ms=20)))
+    cluster.wait_for(T.CheckpointRecorded, count=2, job="c1")
+    cluster.send(urgent(seconds=2))
+    records = cluster.wait_for(T.PreemptionCommitted)
+    ckpts = [r.event for r in matching(records, T.CheckpointRecorded, job="c1")]
+    newest, previous = ckpts[-1], ckpts[-2]
+
+    async def corrupt(nc, js):
+        store = await js.object_store(bus.CKPT_BUCKET)
+        name = f"c1/{newest.step:012d}"
+        data = bytearray((await store.get(name)).data)
+        data[len(data) // 2] ^= 0xFF
+        await store.put(name, bytes(data))
+    cluster._run(corrupt)
+
+    records = cluster.wait(lambda rs: len(matching(rs, T.JobRunning, job="c1")) == 2, timeout_s=30,
+                           what="c1 resumed")
+    fallback = matching(records, T.CheckpointFallback, job="c1")[0].event
+    assert fallback.bad_digest == newest.digest
+    assert (fallback.to_step, fallback.to_digest) == (previous.step, previous.digest)
+    resume = matching(records, T.JobResumeRequested, job="c1")[0]
+    lines = wait_metrics(run_dir(cluster, "c1", resume.n) / "output.log")
+    assert lines[0]["step"] == previous.step and lines[0]["resumed"] == 1
