@@ -121,16 +121,19 @@ class World:
         return T.CheckpointSaved(t=t, job=job_id, step=t // 1000, digest=f"sha256:{job_id}-{t}",
                                  bytes=1 << 20)
 
-    def settle(self) -> list[T.Input]:
-        """Inputs that end every open saga: victims release, then time passes the deadlines."""
-        inputs: list[T.Input] = []
+    def settle(self, check=None) -> None:
+        """End every open saga: victims release, then time passes the deadlines. A tick may
+        plan new sagas, so repeat, for a bounded number of rounds."""
         c = self.state.c
-        for job_id in sorted(c.jobs):
-            if c.jobs[job_id].state == "preempting":
-                inputs.append(T.Released(t=self.t, job=job_id))
-        deadline = max((s.deadline_t for s in c.sagas.values()), default=self.t)
-        inputs.append(T.Tick(t=max(self.t, deadline) + 1))
-        return inputs
+        for _ in range(20):
+            if not c.sagas:
+                return
+            for job_id in sorted(c.jobs):
+                if c.jobs[job_id].state == "preempting":
+                    self.feed(T.Released(t=self.t, job=job_id), check)
+            deadline = max((s.deadline_t for s in c.sagas.values()), default=self.t)
+            self.t = max(self.t, deadline) + 1
+            self.feed(T.Tick(t=self.t), check)
 
 
 def run_world(seed: int, steps: int, check=None) -> World:
