@@ -37,6 +37,8 @@ def register(sub) -> None:
     _register_sql(sub)
     _register_export(sub)
     _register_audit(sub)
+    _register_dashboard(sub)
+    _register_alerts(sub)
 
 
 def add_source(parser) -> None:
@@ -362,3 +364,85 @@ def _print_audit(args, audit, summary: dict) -> None:
             print(f"  {summary['job_problem']}")
         for line in audit.story:
             print(f"  {line}")
+
+
+# ---------------------------------------------------------------- dashboard and alerts
+
+
+def _register_dashboard(sub) -> None:
+    p = sub.add_parser("dashboard", help="live web dashboard and /metrics, projecting as it goes")
+    add_source(p)
+    add_db(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8321, help="port (0 picks a free one; default 8321)")
+    p.set_defaults(func=cmd_dashboard)
+
+
+def cmd_dashboard(args) -> int:
+    from projections import dashboard
+    from projections.logsource import jsonl_batches
+
+    resolve_source(args)
+    stream = f"file:{os.path.abspath(args.log)}" if args.log else "XR_EV"
+    proj = open_projector(args.db, stream=stream)
+    try:
+        server = dashboard.serve(proj.con, args.host, args.port)
+    except OSError as err:
+        raise _user_error(f"cannot listen on {args.host}:{args.port}: {err.strerror}"
+                          " (pick another --port, or 0 for a free one)") from err
+    host, port = server.server_address[:2]
+    print(f"dashboard on http://{host}:{port}/ (metrics at /metrics)", flush=True)
+    try:
+        if args.log:
+            for batch in jsonl_batches(args.log, proj.last_seq + 1):
+                proj.apply(batch)
+            print(f"projected {args.log} up to record {proj.last_n}; serving until Ctrl-C", flush=True)
+            threading_event().wait()
+        else:
+            asyncio.run(_follow(args.nats, proj))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+    return 0
+
+
+def threading_event():
+    import threading
+
+    return threading.Event()
+
+
+async def _follow(url: str, proj) -> None:
+    from projections.logsource import read_batches
+
+    nc, js = await connect_or_explain(url)
+    try:
+        async for batch in read_batches(js, proj.last_seq + 1, follow=True):
+            await asyncio.to_thread(proj.apply, batch)
+    finally:
+        await nc.close()
+
+
+def _register_alerts(sub) -> None:
+    p = sub.add_parser("alerts", help="alerts firing at the newest time of the projection")
+    add_db(p)
+    p.add_argument("--at", metavar="T", help="evaluate at this log time instead")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_alerts)
+
+
+def cmd_alerts(args) -> int:
+    from projections import alerts, metrics
+
+    con = open_readonly(args.db)
+    now = parse_time(args.at) if args.at else metrics.now_t(con)
+    fired = alerts.evaluate(con, now)
+    if args.json:
+        print(json.dumps([a.as_dict() for a in fired], indent=1))
+    else:
+        for alert in fired:
+            print(f"ALERT {alert.kind} {alert.subject}: {alert.message}")
+        if not fired:
+            print("no alerts")
+    return 0

@@ -1,0 +1,169 @@
+"""Monitoring: the live dashboard in headless Chromium, the Prometheus endpoint, and the
+alerts on an injected preemption storm."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import duckdb
+import pytest
+
+from core import rebuild
+from core import types as T
+from core.state import HOLDING, QUEUED
+from projections import alerts, metrics
+from projections.projector import Projector
+from projections.testing import REPO, publish, start_nats, workload_records
+from projections.workload import Spec, generate
+
+HOUR = 3_600_000
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1280,900"]
+
+
+def chromium() -> str:
+    """Debian's chromium, installed here when missing (the test set-up needs root for that)."""
+    found = shutil.which("chromium")
+    if not found and os.geteuid() == 0:
+        subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
+                       shell=True, check=False, timeout=600, capture_output=True)
+        found = shutil.which("chromium")
+    if not found:
+        pytest.fail("chromium is missing: run `apt-get update && apt-get install -y chromium` as root")
+    return found
+
+
+def run_chromium(url: str, tmp_path, *mode: str) -> str:
+    profile = tmp_path / f"chromium-{time.monotonic_ns()}"
+    result = subprocess.run([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *mode, url],
+                            capture_output=True, text=True, timeout=90)
+    return result.stdout
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read()
+
+
+def wait_for(predicate, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def expected_numbers(records) -> dict:
+    """What the dashboard must show, from the core's own state (not the projection)."""
+    c = rebuild(records).c
+    return {"events": len(records),
+            "queued": sum(j.state == QUEUED for j in c.jobs.values()),
+            "running-gpus": sum(j.gpus for j in c.jobs.values() if j.state in HOLDING),
+            "preemptions": sum(isinstance(r.event, T.PreemptionPlanned) for r in records)}
+
+
+def kpis(dom: str) -> dict:
+    return {key: int(value) for key, value in re.findall(r'id="kpi-([a-z-]+)">(\d+)<', dom)}
+
+
+@pytest.fixture
+def live_dashboard(tmp_path):
+    server = start_nats(tmp_path)
+    proc = None
+    try:
+        publish(server.url, workload_records()[:10])  # the stream exists before the dashboard
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "xirang.cli", "dashboard", "--nats", server.url, "--db",
+             str(tmp_path / "dash.duckdb"), "--port", "0"], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, cwd=REPO)
+        line = proc.stdout.readline()
+        port = int(re.search(r"127\.0\.0\.1:(\d+)/", line).group(1))
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        server.stop()
+
+
+def test_dashboard_renders_live_numbers_in_headless_chromium(live_dashboard, tmp_path):
+    server, url = live_dashboard
+    records = workload_records()
+    cut1 = max(i for i, r in enumerate(records) if r.event.t <= 3 * HOUR) + 1
+    cut2 = max(i for i, r in enumerate(records) if r.event.t <= 6 * HOUR) + 1
+    for cut in (cut1, cut2):
+        # given the scheduler has written the log up to this point
+        publish(server.url, records[10:cut] if cut == cut1 else records[cut1:cut])
+        want = expected_numbers(records[:cut])
+        wait_for(lambda: json.loads(get(url + "/api/snapshot"))["totals"]["events"] == cut)
+        # when a browser opens the dashboard
+        shown = kpis(run_chromium(url + "/", tmp_path, "--dump-dom"))
+        # then it shows the live numbers of the log so far
+        for key, value in want.items():
+            assert shown[key] == value, (key, shown, want)
+    assert want["queued"] + want["running-gpus"] > 0 and want["preemptions"] > 0
+    png = tmp_path / "dashboard.png"
+    run_chromium(url + "/", tmp_path, f"--screenshot={png}")
+    assert png.exists() and png.stat().st_size > 20_000
+    shutil.copy(png, os.environ.get("XIRANG_SCREENSHOT", tmp_path / "dashboard-copy.png"))
+
+
+def test_metrics_endpoint_speaks_prometheus_text(live_dashboard):
+    server, url = live_dashboard
+    records = workload_records()
+    cut = max(i for i, r in enumerate(records) if r.event.t <= 4 * HOUR) + 1
+    publish(server.url, records[10:cut])
+    wait_for(lambda: json.loads(get(url + "/api/snapshot"))["totals"]["events"] == cut)
+    text = get(url + "/metrics").decode()
+    sample = re.compile(r'^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? -?[0-9.e+-]+$')
+    for line in text.splitlines():
+        assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
+    c = rebuild(records[:cut]).c
+    for level in range(T.LEVELS):
+        queued = sum(j.state == QUEUED and j.eff_level == level for j in c.jobs.values())
+        assert f'xirang_queue_depth{{level="{level}"}} {queued}\n' in text or queued == 0
+    assert f"xirang_projected_events_total {cut}\n" in text
+    assert "# TYPE xirang_preemption_success_ratio gauge" in text
+
+
+def test_sql_over_http_answers_selects_and_refuses_writes(live_dashboard):
+    _, url = live_dashboard
+    query = url + "/api/sql?q=SELECT%20count(*)%20AS%20n%20FROM%20events"
+    assert wait_for(lambda: json.loads(get(query)) == [{"n": 10}])
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(url + "/api/sql?q=DROP%20TABLE%20jobs")
+    assert err.value.code == 400
+
+
+def _alerts_at(spec: Spec, at_t: int) -> list[alerts.Alert]:
+    records = [r for r in generate(spec).records if r.event.t <= at_t]
+    proj = Projector(duckdb.connect())
+    proj.apply([(i, T.encode(r)) for i, r in enumerate(records, 1)])
+    return alerts.evaluate(proj.con, metrics.now_t(proj.con))
+
+
+def test_alert_fires_on_an_injected_preemption_storm_and_not_without_it():
+    storm_t, at_t = 8 * HOUR, 8 * HOUR + 10 * 60_000
+    calm = _alerts_at(Spec(jobs=300, seed=5), at_t)
+    storm = _alerts_at(Spec(jobs=300, seed=5, storm_t=storm_t, storm_jobs=16, storm_level=1), at_t)
+    assert calm == []
+    rate = [a for a in storm if a.kind == "preemption_rate"]
+    assert any(a.subject == "level 1 (preempting)" for a in rate), storm
+    assert all(a.value >= a.threshold for a in rate)
+    limits = [a for a in storm if a.kind == "team_downgraded"]
+    assert [a.subject for a in limits] == ["team storm"]
