@@ -39,6 +39,8 @@ def register(sub) -> None:
     _register_audit(sub)
     _register_dashboard(sub)
     _register_alerts(sub)
+    _register_ab(sub)
+    _register_tune(sub)
 
 
 def add_source(parser) -> None:
@@ -446,3 +448,86 @@ def cmd_alerts(args) -> int:
         if not fired:
             print("no alerts")
     return 0
+
+
+# ---------------------------------------------------------------- A/B and tuning
+
+
+def _register_ab(sub) -> None:
+    p = sub.add_parser("ab", help="A/B experiments on policy variants")
+    asub = p.add_subparsers(dest="ab_command", metavar="ACTION")
+    asub.required = True
+    rep = asub.add_parser("report", help="per-variant metrics with bootstrap confidence intervals")
+    add_db(rep)
+    rep.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    rep.add_argument("--from", dest="from_t", metavar="T", help="jobs submitted at or after T")
+    rep.add_argument("--to", dest="to_t", metavar="T", help="jobs submitted at or before T")
+    rep.add_argument("--json", action="store_true")
+    rep.set_defaults(func=cmd_ab_report)
+
+
+def cmd_ab_report(args) -> int:
+    from projections import ab
+
+    con = open_readonly(args.db)
+    rep = ab.report(con, args.seed, parse_time(args.from_t), parse_time(args.to_t))
+    print(json.dumps(rep, indent=1) if args.json else ab.render(rep))
+    return 0
+
+
+def _register_tune(sub) -> None:
+    p = sub.add_parser("tune", help="propose policy changes from recent outcomes (set_policy inputs)")
+    add_db(p)
+    p.add_argument("--window-ms", type=int, default=None, help="recent outcomes to look at (default 6 h)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--out", metavar="FILE", help="append the proposals to FILE as set_policy inputs")
+    out.add_argument("--nats", metavar="URL", help="with --apply, publish them to XR_IN on this server")
+    p.add_argument("--apply", action="store_true", help="publish to XR_IN (needs --nats)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args) -> int:
+    from projections import metrics, tuner
+
+    if args.apply and not args.nats:
+        raise _user_error("--apply publishes to XR_IN: give --nats URL too (or --out FILE offline)")
+    if args.window_ms is not None and args.window_ms <= 0:
+        raise _user_error("--window-ms must be positive")
+    con = open_readonly(args.db)
+    now = metrics.now_t(con)
+    proposals = tuner.propose(con, now, args.window_ms or tuner.WINDOW_MS)
+    inputs = [p.as_input(t=now) for p in proposals]
+    sent = []
+    if args.out and inputs:
+        from core import types as T
+
+        with open(args.out, "ab") as fh:
+            for inp in inputs:
+                fh.write(T.encode(inp) + b"\n")
+    if args.apply and inputs:
+        sent = asyncio.run(_send_inputs(args.nats, inputs))
+    result = {"proposals": [{"params": p.params, "reason": p.reason} for p in proposals],
+              "written_to": args.out if inputs else None, "published_xr_in_seqs": sent}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        for p in proposals:
+            print(f"propose {json.dumps(p.params)}: {p.reason}")
+        if not proposals:
+            print("no change proposed: recent outcomes are within the tuner's targets")
+    return 0
+
+
+async def _send_inputs(url: str, inputs) -> list[int]:
+    from agents import bus
+
+    try:
+        nc, js = await bus.connect(url, reconnects=2)
+    except Exception as err:  # noqa: BLE001
+        raise _user_error(f"cannot connect to NATS at {url}: {err!r}") from err
+    try:
+        await bus.ensure_streams(js)
+        return [(await bus.send_input(js, inp))[1] for inp in inputs]
+    finally:
+        await nc.close()
