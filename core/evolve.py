@@ -369,6 +369,7 @@ def _compensation(s: State, ev: T.CompensationGranted) -> None:
 def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
     s.c.policy = with_params(s.c.policy, ev.params)
     s.ix.variant_policies.clear()
+    s.ix.placement_dirty = True
 
 
 _HANDLERS = {

@@ -15,10 +15,11 @@ import heapq
 import itertools
 import math
 import re
+from typing import Iterator
 
 from . import types as T
 from .evolve import evolve
-from .placement import acceptable_models, free_gpus, place, placement_nodes
+from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .policy import PolicyError, assign_variant, with_params
 from .preemption import Decline, may_preempt, plan_preemption
 from .state import (
@@ -475,67 +476,66 @@ def _age(ctx: Ctx) -> None:
 
 def queue_order(state: State, level: int, limit: int) -> list[str]:
     """Up to `limit` queued jobs of one level in the order its policy serves them."""
-    teams = state.ix.queues[level]
-    if not teams or limit <= 0:
-        return []
+    return list(itertools.islice(serving_order(state, level), max(0, limit)))
+
+
+def serving_order(state: State, level: int) -> Iterator[str]:
+    """The queued jobs of one level, lazily, in the order its policy serves them."""
+    live = state.ix.queues[level]
+    if not live:
+        return iter(())
+    # Placing a job removes it from these lists while we iterate: serve from copies of each
+    # team's head, which is all a pass can reach within its scan budget.
+    depth = state.c.policy.scan_jobs_max
+    names = sorted(live)
+    teams = {name: live[name][:depth] for name in names}
     policy = state.c.policy.queue_policy[level]
-    names = sorted(teams)
     if policy == "fcfs":
-        merged = heapq.merge(*(teams[name] for name in names))
-        return [job_id for _, job_id in itertools.islice(merged, limit)]
+        return (job_id for _, job_id in heapq.merge(*(teams[name] for name in names)))
     if policy == "fair_share":
-        return _fair_share_order(state, teams, names, limit)
-    return _round_robin_order(state, level, teams, names, limit)
+        return _fair_share_order(state, teams, names)
+    return _round_robin_order(state, level, teams, names)
 
 
-def _fair_share_order(state: State, teams, names: list[str], limit: int) -> list[str]:
+def _fair_share_order(state: State, teams, names: list[str]) -> Iterator[str]:
+    """Next from the team furthest below its quota (GPUs held / quota, counting the jobs
+    already offered in this pass), ties to the older head, then the team name."""
     c = state.c
-    usage = {}
+    usage: list[list] = []  # [used / quota, head key, name, cursor, used, quota]
     for name in names:
         bonus = c.ledger[name].quota_gpu_hours if name in c.ledger else 0.0
         quota = c.policy.team_quota.get(name, 1.0) * (1.0 + bonus / 100.0)
-        usage[name] = (state.ix.team_gpus.get(name, 0), quota)
-    cursor = dict.fromkeys(names, 0)
-    order: list[str] = []
-    while len(order) < limit:
-        best = None
-        for name in names:
-            queue = teams[name]
-            i = cursor[name]
-            if i >= len(queue):
-                continue
-            used, quota = usage[name]
-            key = (used / quota, queue[i][0], name)
-            if best is None or key < best[0]:
-                best = (key, name)
-        if best is None:
-            break
-        name = best[1]
-        job_id = teams[name][cursor[name]][1]
-        cursor[name] += 1
-        used, quota = usage[name]
-        usage[name] = (used + c.jobs[job_id].gpus, quota)
-        order.append(job_id)
-    return order
+        used = state.ix.team_gpus.get(name, 0)
+        usage.append([used / quota, teams[name][0][0], name, 0, used, quota])
+    heap = [tuple(entry[:3]) + (i,) for i, entry in enumerate(usage)]
+    heapq.heapify(heap)
+    while heap:
+        _, _, name, i = heapq.heappop(heap)
+        entry = usage[i]
+        queue = teams[name]
+        cursor = entry[3]
+        job_id = queue[cursor][1]
+        yield job_id
+        entry[3] = cursor + 1
+        entry[4] += c.jobs[job_id].gpus
+        if entry[3] < len(queue):
+            heapq.heappush(heap, (entry[4] / entry[5], queue[entry[3]][0], name, i))
 
 
-def _round_robin_order(state: State, level: int, teams, names: list[str], limit: int) -> list[str]:
+def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
+    """One job per team in turn, starting after the team served last at this level."""
     last = state.c.rr_last_team[level]
     start = next((i for i, name in enumerate(names) if name > last), 0)
     rotation = names[start:] + names[:start]
-    order: list[str] = []
     for rank in itertools.count():
         added = False
         for name in rotation:
             queue = teams[name]
             if rank < len(queue):
-                order.append(queue[rank][1])
                 added = True
-                if len(order) >= limit:
-                    return order
+                yield queue[rank][1]
         if not added:
-            return order
-    return order
+            return
 
 
 def _place_queued(ctx: Ctx, want_blocked: bool) -> list[str]:
@@ -544,31 +544,48 @@ def _place_queued(ctx: Ctx, want_blocked: bool) -> list[str]:
     c = state.c
     p = c.policy
     t = ctx.inp.t
-    if not any(state.ix.free_by_model.values()):
+    ix = state.ix
+    if not any(ix.free_by_model.values()):
         return _heads_that_may_preempt(state) if want_blocked else []
+    if not want_blocked and not ix.placement_dirty:
+        return []
     budget = p.scan_jobs_max
     blocked: list[str] = []
     guarded_models: dict[str, None] = {}
+    models_of: dict[tuple[str, ...], list[str]] = {}
+    # Placement is monotone within a pass (GPUs only get taken): once `g` GPUs of some models
+    # did not fit (on one node, or across nodes), no larger gang of the same kind will.
+    smallest_blocked: dict[tuple[tuple[str, ...], bool], int] = {}
+    free_open = sum(ix.free_by_model.values())  # free GPUs on models no starving job guards
     for level in range(LEVELS):
-        if budget <= 0:
-            break
-        order = queue_order(state, level, budget)
-        budget -= len(order)
-        for job_id in order:
+        for job_id in serving_order(state, level):
+            if budget <= 0 or (free_open == 0 and not want_blocked):
+                ix.placement_dirty = False
+                return blocked
+            budget -= 1
             job = c.jobs[job_id]
-            models = acceptable_models(job.gpu_models, state.ix)
-            if any(m in guarded_models for m in models):
-                continue
-            placement = None
-            if free_gpus(models, state.ix) >= job.gpus:
-                placement = place(job.gpus, models, c.nodes, state.ix)
-            if placement is not None:
-                _request_start(ctx, job, placement)
-                continue
-            if may_preempt(state, job) and len(blocked) < p.preemption_candidates_max:
+            key = tuple(job.gpu_models)
+            models = models_of.get(key)
+            if models is None:
+                models = models_of[key] = acceptable_models(job.gpu_models, ix)
+            if job.gpus <= free_open and not (guarded_models and any(m in guarded_models for m in models)):
+                shape = (key, job.gpus > node_size_max(models, ix))
+                placement = None
+                if job.gpus < smallest_blocked.get(shape, job.gpus + 1) and free_gpus(models, ix) >= job.gpus:
+                    placement = place(job.gpus, models, c.nodes, ix)
+                if placement is not None:
+                    _request_start(ctx, job, placement)
+                    free_open -= job.gpus
+                    continue
+                smallest_blocked[shape] = min(job.gpus, smallest_blocked.get(shape, job.gpus))
+            if len(blocked) < p.preemption_candidates_max and may_preempt(state, job):
                 blocked.append(job_id)
             if t - job.queued_since_t >= p.starvation_wait_ms and _could_ever_fit(state, job, models):
-                guarded_models.update(dict.fromkeys(models))
+                for model in models:
+                    if model not in guarded_models:
+                        guarded_models[model] = None
+                        free_open -= ix.free_by_model.get(model, 0)
+    ix.placement_dirty = False
     return blocked
 
 

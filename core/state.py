@@ -172,6 +172,9 @@ class Index:
         self.total_gpus = 0
         self.variant_policies: dict[str, Any] = {}
         self.job_hashes: dict[str, int] = {}
+        # Set by anything that could let a queued job start (a queue changed, a GPU freed,
+        # capacity or policy changed); a pass that finds it clear has nothing new to place.
+        self.placement_dirty = True
         self.jobs_sum = 0
 
 
@@ -212,6 +215,7 @@ def rebuild_index(c: Canonical) -> Index:
 
 
 def _index_node_capacity(ix: Index, node: Node) -> None:
+    ix.placement_dirty = True
     model = node.gpu_model
     ix.capacity_by_model[model] = ix.capacity_by_model.get(model, 0) + node.gpus
     ix.node_size_max_by_model[model] = max(ix.node_size_max_by_model.get(model, 0), node.gpus)
@@ -229,11 +233,13 @@ def node_free_count(node: Node) -> int:
 
 
 def queue_add(ix: Index, job: Job) -> None:
+    ix.placement_dirty = True
     bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), (job.submit_t, job.id))
     bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
 
 
 def queue_remove(ix: Index, job: Job) -> None:
+    ix.placement_dirty = True
     team_queue = ix.queues[job.eff_level].get(job.team, [])
     _remove_sorted(team_queue, (job.submit_t, job.id))
     if not team_queue:
@@ -274,6 +280,8 @@ def set_holder(c: Canonical, ix: Index, node_name: str, gpu: int, job_id: str) -
         return
     delta = (1 if job_id == "" else 0) - (1 if before == "" else 0)
     if delta:
+        if delta > 0:
+            ix.placement_dirty = True
         model = node.gpu_model
         ix.free_by_model[model] += delta
         buckets = ix.free_buckets[model]

@@ -140,7 +140,7 @@ def decision_cost(pending: int, samples: int) -> dict:
     planned = 0
     for s in range(samples):
         t += 1_000
-        urgent = T.Submit(t=t, job=f"urgent-{s}", team="oncall", user=f"sre-{s}", level=1, gpus=8,
+        urgent = T.Submit(t=t, job=f"urgent-{s}", team=f"oncall-{s}", user=f"sre-{s}", level=1, gpus=8,
                           gpu_models=["A100"], est_runtime_s=1800)
         begin = time.perf_counter()
         _, records = step(state, urgent)
