@@ -41,6 +41,8 @@ def register(sub) -> None:
     _register_alerts(sub)
     _register_ab(sub)
     _register_tune(sub)
+    _register_whatif(sub)
+    _register_report(sub)
 
 
 def add_source(parser) -> None:
@@ -531,3 +533,89 @@ async def _send_inputs(url: str, inputs) -> list[int]:
         return [(await bus.send_input(js, inp))[1] for inp in inputs]
     finally:
         await nc.close()
+
+
+# ---------------------------------------------------------------- what-if
+
+
+def _register_whatif(sub) -> None:
+    p = sub.add_parser("whatif", help="re-run a window's recorded inputs under another policy (simulator)")
+    p.add_argument("--policy", required=True, metavar="ALT.toml", help="the alternative policy")
+    add_source(p)
+    p.add_argument("--from", dest="from_t", metavar="T", help="window start (log ms or ISO time)")
+    p.add_argument("--to", dest="to_t", metavar="T", help="window end (log ms or ISO time)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_whatif)
+
+
+def cmd_whatif(args) -> int:
+    from core import PolicyError, load_policy_toml
+    from projections import whatif
+
+    try:
+        alt = load_policy_toml(args.policy)
+    except OSError as err:
+        raise _user_error(f"cannot read {args.policy}: {err.strerror}") from err
+    except PolicyError as err:
+        raise _user_error(str(err)) from err
+    from_t, to_t = parse_time(args.from_t), parse_time(args.to_t)
+    if from_t is not None and to_t is not None and to_t <= from_t:
+        raise _user_error("--to must be after --from")
+    records = load_records(args)
+    try:
+        result = whatif.run(records, alt, from_t, to_t, args.seed)
+    except ValueError as err:
+        raise _user_error(f"what-if: {err}") from err
+    print(json.dumps(result, indent=1, default=str) if args.json else whatif.render(result))
+    return 0
+
+
+def load_records(args) -> list:
+    """Every record of the log (file or JetStream), decoded."""
+    from core import types as T
+    from projections.logsource import jsonl_batches
+
+    resolve_source(args)
+    if args.log:
+        return [T.decode_record(data) for batch in jsonl_batches(args.log) for _, data in batch]
+
+    async def go():
+        from projections.logsource import read_batches
+
+        nc, js = await connect_or_explain(args.nats)
+        try:
+            return [T.decode_record(data) async for batch in read_batches(js, 1) for _, data in batch]
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+# ---------------------------------------------------------------- periodic review
+
+
+def _register_report(sub) -> None:
+    p = sub.add_parser("report", help="periodic review as HTML with charts")
+    p.add_argument("--from", dest="from_t", metavar="T", required=True, help="window start")
+    p.add_argument("--to", dest="to_t", metavar="T", required=True, help="window end")
+    add_db(p)
+    p.add_argument("--out", default="xirang-report.html", help="HTML file to write")
+    p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args) -> int:
+    from projections import report
+
+    from_t, to_t = parse_time(args.from_t), parse_time(args.to_t)
+    if to_t <= from_t:
+        raise _user_error("--to must be after --from")
+    con = open_readonly(args.db)
+    data = report.gather(con, from_t, to_t)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        fh.write(report.render(data))
+    summary = {k: v for k, v in data.items() if not isinstance(v, list)}
+    summary["out"] = args.out
+    print(json.dumps(summary, indent=1) if args.json else f"wrote {args.out}")
+    return 0
