@@ -8,7 +8,9 @@ From the log (every accepted input is in it, as `InputAccepted`):
 - the workload: every `submit` accepted in the window, with its submitted level, GPUs,
   models and checkpoint costs; a job's compute is its training time at `JobFinished`
   (`run_ms`), else its own estimate;
-- what really happened: per job, the first `JobRunning`, the `JobFinished`, preemptions
+- what really happened to those jobs, followed to the end of the log (the simulator also
+  runs them to completion; jobs submitted after the window, which competed with them in
+  reality, are not in the simulation): per job, the first `JobRunning`, the `JobFinished`, preemptions
   (`JobRequeued` for a preemption), lost progress (requeues and checkpoint fallbacks),
   and the preemption overhead (a checkpoint save and a restore per preemption, as the
   simulator counts it), scored with the simulator's own `policy_card`, so the columns
@@ -40,7 +42,8 @@ class Window:
     submits: dict[str, T.Submit] = field(default_factory=dict)
     outcomes: dict[str, JobOutcome] = field(default_factory=dict)
     run_ms: dict[str, int] = field(default_factory=dict)
-    last_t: int = 0
+    last_t: int = 0  # newest time inside the window
+    fate_end_t: int = 0  # newest event of the window's jobs, wherever it falls
 
 
 def scan(records: Iterable[T.Record], from_t: int | None, to_t: int | None) -> Window:
@@ -49,7 +52,8 @@ def scan(records: Iterable[T.Record], from_t: int | None, to_t: int | None) -> W
     for record in records:
         ev = record.event
         if ev.t > win.to_t:
-            break
+            _fate(win, ev)  # the window's jobs, after the window
+            continue
         win.last_t = ev.t
         if isinstance(ev, T.NodeJoined):
             win.nodes[ev.node] = (ev.gpu_model, ev.gpus)
@@ -74,6 +78,7 @@ def _fate(win: Window, ev: T.Event) -> None:
     if out is None:
         return
     rel = ev.t - win.from_t
+    win.fate_end_t = max(win.fate_end_t, ev.t)
     if isinstance(ev, T.JobRunning) and out.first_start_ms < 0:
         out.first_start_ms = rel
     elif isinstance(ev, T.JobFinished):
@@ -94,8 +99,6 @@ def _held_ms(records: Iterable[T.Record], win: Window) -> None:
     since: dict[str, int] = {}
     for record in records:
         ev = record.event
-        if ev.t > win.to_t:
-            break
         job = getattr(ev, "job", "")
         out = win.outcomes.get(job)
         if out is None:
@@ -106,7 +109,7 @@ def _held_ms(records: Iterable[T.Record], win: Window) -> None:
             if job in since:
                 out.held_ms += ev.t - since.pop(job)
     for job, t in since.items():
-        win.outcomes[job].held_ms += win.last_t - t
+        win.outcomes[job].held_ms += win.fate_end_t - t
 
 
 def workload(win: Window) -> Workload:
@@ -141,7 +144,8 @@ def run(records: list[T.Record], alt: Policy, from_t: int | None = None, to_t: i
     wl, cl = workload(win), cluster(win)
     recorded = SimResult(policy="recorded", workload=wl.name, seed=seed, total_gpus=cl.total_gpus,
                          jobs=[win.outcomes[j.id] for j in wl.jobs],
-                         end_ms=max(1, win.last_t - win.from_t), wall_s=0.0, steps=0, events=0)
+                         end_ms=max(1, win.last_t - win.from_t, win.fate_end_t - win.from_t),
+                         wall_s=0.0, steps=0, events=0)
     as_recorded = simulate(wl, cl, "xirang", {"policy": win.policy}, seed=seed)
     as_recorded.policy = "simulated_recorded_policy"
     alternative = simulate(wl, cl, "xirang", {"policy": alt}, seed=seed)
