@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import uuid
 from typing import AsyncIterator
@@ -79,7 +80,10 @@ async def connect(url: str, name: str = "xirang", **kwargs) -> tuple[nats.NATS, 
     return nc, nc.jetstream(timeout=10)
 
 
-async def ensure_streams(js, replicas: int = 1) -> None:
+async def ensure_streams(js, replicas: int | None = None) -> None:
+    """Streams and buckets, replicated `replicas` times (default $XIRANG_REPLICAS, else 1)."""
+    if replicas is None:
+        replicas = int(os.environ.get("XIRANG_REPLICAS", "1"))
     await _ensure_stream(js, api.StreamConfig(
         name=IN_STREAM, subjects=[f"{IN_PREFIX}.>"], storage=api.StorageType.FILE,
         retention=api.RetentionPolicy.LIMITS, duplicate_window=DEDUP_WINDOW_S,

@@ -4,6 +4,7 @@ simulated inventory (`--simulate 8xH100`) where no NVIDIA GPU exists."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import msgspec
 
@@ -46,7 +47,9 @@ def short_model(name: str) -> str:
 
 def discover() -> Inventory:
     try:
-        import pynvml
+        with warnings.catch_warnings():  # the pynvml shim warns that it is deprecated
+            warnings.simplefilter("ignore", FutureWarning)
+            import pynvml
     except ImportError as err:
         raise NoGpus("pynvml is not installed; pass --simulate 8xH100 for a simulated host") from err
     try:

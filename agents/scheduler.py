@@ -39,6 +39,8 @@ from . import bus
 log = logging.getLogger("xirang.scheduler")
 
 LEASE_KEY = "scheduler"
+# How long a streaming burst of inputs may wait to share one group commit.
+LINGER_MS = 5.0
 
 
 class LostLeadership(Exception):
@@ -66,7 +68,7 @@ class Scheduler:
     def __init__(self, url: str, instance: str | None = None, tick_ms: int = 1000,
                  group_max: int = 256, node_timeout_ms: int = 10_000, lease_ms: int = 3000,
                  snapshot_every_events: int = 5000, snapshot_every_ms: int = 30_000,
-                 policy: dict | None = None) -> None:
+                 policy: dict | None = None, linger_ms: float | None = None) -> None:
         self.url = url
         self.instance = instance or f"sched-{uuid.uuid4().hex[:8]}"
         self.tick_ms = tick_ms
@@ -76,6 +78,7 @@ class Scheduler:
         self.snapshot_every_events = snapshot_every_events
         self.snapshot_every_ms = snapshot_every_ms
         self.policy = policy or {}
+        self.linger_ms = LINGER_MS if linger_ms is None else linger_ms
         self.stop_event = asyncio.Event()
         self.leading = asyncio.Event()
         self.state = None
@@ -234,12 +237,20 @@ class Scheduler:
         except asyncio.TimeoutError:
             return []
         msgs = [first]
+        self._drain(queue, msgs)
+        if 1 < len(msgs) < self.group_max and self.linger_ms:
+            # Inputs are streaming in: a moment's wait makes the batch, and its one disk
+            # sync, cover more of them. A lone input is not delayed.
+            await asyncio.sleep(self.linger_ms / 1000)
+            self._drain(queue, msgs)
+        return msgs
+
+    def _drain(self, queue: asyncio.Queue, msgs: list) -> None:
         while len(msgs) < self.group_max:
             try:
                 msgs.append(queue.get_nowait())
             except asyncio.QueueEmpty:
-                break
-        return msgs
+                return
 
     async def _apply_input(self, msg, pending: list) -> list:
         seq = msg.metadata.sequence.stream

@@ -42,6 +42,8 @@ def register(sub) -> None:
     sched.add_argument("--policy", help="policy TOML, applied through a set_policy input")
     sched.add_argument("--tick-ms", type=int, default=1000)
     sched.add_argument("--group-max", type=int, default=256, help="inputs per group commit")
+    sched.add_argument("--linger-ms", type=float, default=5.0,
+                       help="a burst of inputs waits this long to share one group commit")
     sched.add_argument("--node-timeout-ms", type=int, default=10_000)
     sched.add_argument("--lease-ms", type=int, default=3000)
     sched.add_argument("--snapshot-every-events", type=int, default=5000)
@@ -162,7 +164,7 @@ def cmd_scheduler(args) -> int:
         asyncio.run(run_scheduler(
             url, instance=args.id, tick_ms=args.tick_ms, group_max=args.group_max,
             node_timeout_ms=args.node_timeout_ms, lease_ms=args.lease_ms,
-            snapshot_every_events=args.snapshot_every_events, policy=params))
+            snapshot_every_events=args.snapshot_every_events, policy=params, linger_ms=args.linger_ms))
     finally:
         if server:
             server.stop()
