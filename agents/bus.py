@@ -231,16 +231,21 @@ async def read_records(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[
         await sub.unsubscribe()
 
 
-async def load_state(js, snapshot: bool = True) -> tuple[State, int]:
+async def load_state(js, snapshot: bool = True, stats: dict | None = None) -> tuple[State, int]:
     """State folded from the newest snapshot plus the log tail; returns (state, the XR_EV
     sequence it covers). The policy comes from the log (set_policy inputs), never from a
-    local file, so a replay of the log rebuilds the same state."""
+    local file, so a replay of the log rebuilds the same state. `stats`, if given, gets
+    the snapshot's sequence and the number of tail records folded."""
     end_seq = await stream_last_seq(js, EV_STREAM)
     state, covered = (await load_snapshot_obj(js)) if snapshot else (None, 0)
     if state is None or covered > end_seq:
         state, covered = new_state(), 0
+    folded = 0
     async for _, record in read_records(js, covered + 1, end_seq):
         apply_record(state, record)
+        folded += 1
+    if stats is not None:
+        stats.update(snapshot_seq=covered, tail_records=folded)
     return state, end_seq
 
 

@@ -104,6 +104,9 @@ class Scheduler:
                     await self._lead()
                 except LostLeadership as why:
                     log.warning("%s: %s; re-reading the log", self.instance, why)
+                except Exception:  # noqa: BLE001 - NATS trouble: step down, re-read, try again
+                    log.exception("%s: leading failed; re-reading the log", self.instance)
+                    await self._sleep(1.0)
                 finally:
                     self.leading.clear()
         finally:
@@ -170,9 +173,12 @@ class Scheduler:
 
     async def _lead(self) -> None:
         started = time.monotonic()
-        self.state, self.ev_seq = await bus.load_state(self.js)
-        log.info("%s: state at record %d, XR_EV seq %d, XR_IN seq %d, %d open sagas", self.instance,
-                 self.state.c.events_n, self.ev_seq, self.state.c.last_input_seq, len(self.state.c.sagas))
+        stats: dict = {}
+        self.state, self.ev_seq = await bus.load_state(self.js, stats=stats)
+        log.info("%s: state at record %d (snapshot at XR_EV seq %d + %d tail records), XR_EV seq %d,"
+                 " XR_IN seq %d, %d open sagas", self.instance, self.state.c.events_n,
+                 stats["snapshot_seq"], stats["tail_records"], self.ev_seq,
+                 self.state.c.last_input_seq, len(self.state.c.sagas))
         for name in self.state.c.nodes:  # every host gets a full timeout after a takeover
             self._heard.setdefault(name, started)
         queue: asyncio.Queue = asyncio.Queue()

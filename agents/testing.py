@@ -53,8 +53,8 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def scheduler(self, instance: str = "s1") -> subprocess.Popen:
-        return self._spawn(["scheduler", "--nats", self.url, "--id", instance, "--data-dir", str(self.root),
+    def scheduler(self, instance: str = "s1", *extra: str) -> subprocess.Popen:
+        return self._spawn(["scheduler", *extra, "--nats", self.url, "--id", instance, "--data-dir", str(self.root),
                             "--tick-ms", str(self.tick_ms), "--lease-ms", str(self.lease_ms),
                             "--node-timeout-ms", str(self.node_timeout_ms),
                             "--policy", str(self.policy_path)], f"{instance}.log")

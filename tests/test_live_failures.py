@@ -11,6 +11,7 @@ import pytest
 from nats.js import api
 
 from agents import bus
+from agents.host import pid_alive
 from agents.testing import Cluster, matching, sleep_command, train_command
 from core import rebuild
 from core import types as T
@@ -134,3 +135,47 @@ def test_host_agent_killed_and_restarted_repeats_no_action(tmp_path):
         while not (other_dir / "exit.json").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert (other_dir / "exit.json").exists()
+
+
+def test_restarted_scheduler_starts_from_its_snapshot_and_the_tail(tmp_path):
+    with Cluster(tmp_path) as c:
+        s1 = c.scheduler("s1", "--snapshot-every-events", "20")
+        c.send(T.NodeUp(node="n1", gpu_model="H100", gpus=8))
+        c.send(*[T.Submit(job=f"j{i}", team="a", user="u", level=7, gpus=16) for i in range(30)])
+        c.wait_for(T.JobSubmitted, count=30)
+
+        async def snapshot(nc, js):
+            return await bus.load_snapshot_obj(js)
+        state, covered = c._run(snapshot)
+        assert state is not None and 0 < covered and state.c.events_n >= 20
+        c.kill(s1)
+        c.send(*[T.Submit(job=f"k{i}", team="a", user="u", level=7, gpus=16) for i in range(5)])
+        c.scheduler("s2")
+        records = c.wait_for(T.JobSubmitted, count=35)
+        full = rebuild(records)
+        assert sorted(j for j in full.c.jobs) == sorted([f"j{i}" for i in range(30)] + [f"k{i}" for i in range(5)])
+        assert f"(snapshot at XR_EV seq {covered} + " in (c.logs / "s2.log").read_text()
+
+
+def test_silent_host_is_lost_its_jobs_requeued_and_it_rejoins_when_back(tmp_path):
+    with Cluster(tmp_path, node_timeout_ms=2000) as c:
+        c.scheduler()
+        agent = c.agent("h1", "8xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        trace = tmp_path / "starts.txt"
+        c.send(T.Submit(job="j", team="a", user="u", level=5, gpus=4, command=sleep_command(60, trace)))
+        c.wait_for(T.JobRunning, job="j")
+        c.kill(agent)
+        records = c.wait_for(T.NodeLost, node="h1", timeout_s=15)
+        assert matching(records, T.NodeLost, node="h1")[0].event.jobs == ["j"]
+        assert matching(records, T.JobRequeued, job="j")
+        c.agent("h1", "8xH100")  # back: stops the orphaned run, rejoins, gets the job again
+        records = c.wait_for(T.NodeJoined, node="h1", count=2, timeout_s=20)
+        records = c.wait_for(T.JobRunning, job="j", count=2, timeout_s=20)
+        deadline = time.monotonic() + 10
+        while (len(trace.read_text().split()) < 2 or pid_alive(int(trace.read_text().split()[0]))) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first, second = (int(pid) for pid in trace.read_text().split())
+        assert not pid_alive(first) and pid_alive(second)  # the orphan was stopped, not doubled
+        rebuild(records)
