@@ -4,6 +4,8 @@ the workload driver through `core.step`, and the CLI run as a real subprocess.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from agents.natsd import EmbeddedNats
 from core import types as T
 from projections import logsource
 from projections.workload import Spec, generate
+from xirang import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 COMPARED_TABLES = ("events", "job_events", "jobs", "sagas", "preemptions", "queue_wait",
@@ -38,6 +41,18 @@ def write_jsonl(path: str, records) -> str:
 
 
 def xirang(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run the CLI in this process (the interpreter's start-up is most of a command's time);
+    tests that need a process of its own to kill start one with `xirang_process`."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code if isinstance(exc.code, int) else 2
+    return subprocess.CompletedProcess(["xirang", *args], code, out.getvalue(), err.getvalue())
+
+
+def xirang_process(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "xirang.cli", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO)
 

@@ -10,7 +10,7 @@ import pytest
 from core import types as T
 from core.policy import Policy, with_params
 from projections.projector import Projector
-from projections.testing import workload_records, write_jsonl, xirang
+from projections.testing import workload_records, write_jsonl, xirang, xirang_process
 from replay.scorecard import policy_card
 from replay.sim import Cluster, simulate
 from replay.workload import TraceJob, Workload
@@ -108,7 +108,7 @@ def test_report_writes_an_html_review_with_charts_and_the_logs_numbers(tmp_path)
 
 
 def test_bench_replay_measures_rebuild_against_raw_reads_in_one_run():
-    result = xirang("bench", "replay", "--json", "--quick", timeout=120)
+    result = xirang_process("bench", "replay", "--json", "--quick", timeout=120)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["records"] > 3000 and out["stream_messages"] > out["records"]
