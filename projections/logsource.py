@@ -74,12 +74,6 @@ def jsonl_batches(path: str, start_seq: int = 1, batch_max: int = 5000) -> Itera
         yield batch
 
 
-async def read_records(js, start_seq: int = 1) -> AsyncIterator[tuple[int, bytes]]:
-    async for batch in read_batches(js, start_seq):
-        for item in batch:
-            yield item
-
-
 async def publish_records(nc, js, records: list[T.Record], writer: str = "test") -> int:
     """Append sealed records to XR_EV the way the scheduler does (log copy plus host copies,
     atomic fenced batches, never splitting a record's copies). Returns the last sequence."""

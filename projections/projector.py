@@ -498,17 +498,3 @@ _HANDLERS = {
     T.CheckpointFailedRecorded: _ckpt_failed,
 }
 
-
-def project_jsonl(db: str, path: str, batch: int = 2000) -> Projector:
-    """Project an exported log (one `T.encode(record)` a line; seq = line number)."""
-    proj = Projector(db, stream=f"file:{path}")
-    with open(path, "rb") as fh:
-        chunk: list[tuple[int, bytes]] = []
-        for line_no, line in enumerate(fh, 1):
-            if line.strip():
-                chunk.append((line_no, line.rstrip(b"\n")))
-            if len(chunk) >= batch:
-                proj.apply(chunk)
-                chunk = []
-        proj.apply(chunk)
-    return proj

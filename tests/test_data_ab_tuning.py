@@ -15,7 +15,7 @@ from core import types as T
 from core.policy import Policy, assign_variant, with_params
 from projections import ab
 from projections.projector import Projector
-from projections.testing import start_nats, workload_records, write_jsonl, xirang
+from projections.testing import start_nats, workload_records, xirang
 from projections.workload import Spec, generate
 
 AB_POLICY = {"ab_variants": {"a": {}, "b": {"net_benefit_min": 1e12}}, "ab_split_by": "job"}

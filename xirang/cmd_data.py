@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import sys
+import threading
 
 DEFAULT_DB = os.path.join(".xirang", "projection.duckdb")
 
@@ -401,7 +402,7 @@ def cmd_dashboard(args) -> int:
             for batch in jsonl_batches(args.log, proj.last_seq + 1):
                 proj.apply(batch)
             print(f"projected {args.log} up to record {proj.last_n}; serving until Ctrl-C", flush=True)
-            threading_event().wait()
+            threading.Event().wait()
         else:
             asyncio.run(_follow(args.nats, proj))
     except KeyboardInterrupt:
@@ -409,12 +410,6 @@ def cmd_dashboard(args) -> int:
     finally:
         server.shutdown()
     return 0
-
-
-def threading_event():
-    import threading
-
-    return threading.Event()
 
 
 async def _follow(url: str, proj) -> None:
