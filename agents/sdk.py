@@ -113,7 +113,10 @@ class Job:
         return f"{self.job}/{step:012d}"
 
     def checkpoint(self, step: int, state: Any) -> tuple[str, int]:
-        """Save now; returns (digest, bytes). Reports checkpoint_started and _saved."""
+        """Save now; returns (digest, bytes). Reports checkpoint_started and _saved. Only
+        the primary host's process of a multi-node job saves (the others hold replicas)."""
+        if not self.primary:
+            return "", 0
         self._report(T.CheckpointStarted(job=self.job), f"ckpt-start-{step}-{time.time_ns()}")
         payload = {"step": step, "state": state,
                    "rng": {"python": random.getstate(), "numpy": _numpy_rng_state()}}

@@ -206,7 +206,8 @@ def cmd_up(args) -> int:
     url, server = server_url(args)
     children = start_cluster(url, args.data_dir, args.hosts, specs, policy=args.policy, tick_ms=args.tick_ms)
     info = {"nats": url, "data_dir": str(Path(args.data_dir).resolve()),
-            "pids": {name: proc.pid for name, proc in children}}
+            "pids": {name: proc.pid for name, proc in children},
+            "nats_pid": server.proc.pid if server else None}
     print(json.dumps(info) if args.json else
           f"xirang up: NATS {url}; scheduler and {args.hosts} host(s) running "
           f"(pids {', '.join(str(p.pid) for _, p in children)}). Ctrl-C stops them.", flush=True)
