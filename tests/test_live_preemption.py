@@ -5,6 +5,7 @@ whole saga back; a corrupted checkpoint is detected and the job falls back."""
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -125,3 +126,23 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
     resume = matching(records, T.JobResumeRequested, job="c1")[0]
     lines = wait_metrics(run_dir(cluster, "c1", resume.n) / "output.log")
     assert lines[0]["step"] == previous.step and lines[0]["resumed"] == 1
+
+
+STUBBORN = """\
+import signal, time
+signal.signal(signal.SIGTERM, lambda *a: None)  # no SDK, and deaf to SIGTERM
+time.sleep(120)
+"""
+
+
+def test_victim_without_the_sdk_gets_sigterm_then_sigkill_and_is_released(cluster):
+    cluster.send(T.Submit(job="plain", team="a", user="u", level=6, gpus=8, gpu_models=["H100"],
+                          est_runtime_s=600, ckpt_interval_s=0, command=[sys.executable, "-c", STUBBORN]))
+    records = cluster.wait_for(T.JobRunning, job="plain")
+    time.sleep(3)  # past most of the agent's wait for an SDK to show up
+    cluster.send(urgent())
+    records = cluster.wait_for(T.JobRunning, job="urgent", timeout_s=20)
+    assert matching(records, T.VictimReleased, job="plain") and matching(records, T.PreemptionCommitted)
+    run = run_dir(cluster, "plain", matching(records, T.JobStartRequested, job="plain")[0].n)
+    assert not (run / "exit.json").exists()  # killed with its wrapper: SIGKILL, not an exit
+    assert not (run / "sdk").exists()
