@@ -72,7 +72,7 @@ class Projector:
         return out
 
     def _reset_buffers(self) -> None:
-        self.buf = {t: {c: [] for c in self._cols[t]} for t in APPEND_TABLES}
+        self.buf: dict[str, list[tuple]] = {t: [] for t in APPEND_TABLES}
         self.dirty: dict[str, dict[Any, dict]] = {t: {} for t in schema.KEYS}
 
     # ------------------------------------------------------------ applying
@@ -108,7 +108,9 @@ class Projector:
         con.execute("BEGIN TRANSACTION")
         try:
             for table in APPEND_TABLES:
-                self._insert(table, self.buf[table])
+                rows = self.buf[table]
+                if rows:
+                    self._insert(table, dict(zip(self._cols[table], map(list, zip(*rows)))))
             for table, rows in self.dirty.items():
                 if rows:
                     self._replace(table, rows)
@@ -157,9 +159,7 @@ class Projector:
     _last_t = 0
 
     def _append(self, table: str, *values) -> None:
-        buf = self.buf[table]
-        for col, value in zip(self._cols[table], values):
-            buf[col].append(value)
+        self.buf[table].append(values)
 
     def _project(self, seq: int, record: T.Record, data: bytes) -> None:
         ev = record.event
