@@ -19,7 +19,7 @@ import pytest
 from core import rebuild
 from core import types as T
 from core.state import HOLDING, QUEUED
-from projections import alerts, metrics
+from projections import alerts, dashboard, metrics
 from projections.projector import Projector
 from projections.testing import REPO, publish, start_nats, workload_records
 from projections.workload import Spec, generate
@@ -150,20 +150,24 @@ def test_sql_over_http_answers_selects_and_refuses_writes(live_dashboard):
     assert err.value.code == 400
 
 
-def _alerts_at(spec: Spec, at_t: int) -> list[alerts.Alert]:
+def _alerts_at(spec: Spec, at_t: int) -> tuple[list[alerts.Alert], str, str]:
     records = [r for r in generate(spec).records if r.event.t <= at_t]
     proj = Projector(duckdb.connect())
     proj.apply([(i, T.encode(r)) for i, r in enumerate(records, 1)])
-    return alerts.evaluate(proj.con, metrics.now_t(proj.con))
+    page = dashboard.render_fragment(metrics.snapshot(proj.con))
+    return alerts.evaluate(proj.con, metrics.now_t(proj.con)), page, metrics.prometheus(proj.con)
 
 
 def test_alert_fires_on_an_injected_preemption_storm_and_not_without_it():
     storm_t, at_t = 8 * HOUR, 8 * HOUR + 10 * 60_000
-    calm = _alerts_at(Spec(jobs=300, seed=5), at_t)
-    storm = _alerts_at(Spec(jobs=300, seed=5, storm_t=storm_t, storm_jobs=16, storm_level=1), at_t)
-    assert calm == []
+    calm, calm_page, calm_metrics = _alerts_at(Spec(jobs=300, seed=5), at_t)
+    storm, page, text = _alerts_at(Spec(jobs=300, seed=5, storm_t=storm_t, storm_jobs=16, storm_level=1), at_t)
+    assert calm == [] and "No alerts" in calm_page and "xirang_alert_firing{" not in calm_metrics
     rate = [a for a in storm if a.kind == "preemption_rate"]
     assert any(a.subject == "level 1 (preempting)" for a in rate), storm
     assert all(a.value >= a.threshold for a in rate)
     limits = [a for a in storm if a.kind == "team_downgraded"]
     assert [a.subject for a in limits] == ["team storm"]
+    # and the dashboard and /metrics show them
+    assert 'data-kind="preemption_rate"' in page and 'data-kind="team_downgraded"' in page
+    assert 'xirang_alert_firing{kind="preemption_rate",subject="level 1 (preempting)"} 1' in text
