@@ -158,7 +158,7 @@ def _preemption_latency(root: Path, rounds: int) -> dict:
 
 def run(args) -> dict:
     quick = bool(getattr(args, "quick", False))
-    count, rounds = (500, 2) if quick else (3000, 3)
+    count, rounds = (300, 1) if quick else (3000, 3)
     with tempfile.TemporaryDirectory(prefix="xirang-bench-") as tmp:
         root = Path(tmp)
         with Cluster(root / "bus", tick_ms=1000) as c:
