@@ -36,7 +36,7 @@ th{color:#8fa1b3;font-weight:500} td:first-child,th:first-child{text-align:left}
 .alerts{background:#4c1d1d;border:1px solid #bf616a;padding:8px 12px;border-radius:4px}
 .ok{background:#1d3b2a;border:1px solid #a3be8c;padding:8px 12px;border-radius:4px}
 .reason{text-align:left;white-space:normal;color:#8fa1b3}
-.committed{color:#a3be8c} .rolled_back{color:#bf616a} .open{color:#ebcb8b}
+.note{color:#8fa1b3;font-size:12px;margin:0} .committed{color:#a3be8c} .rolled_back{color:#bf616a} .open{color:#ebcb8b}
 """
 
 _JS = f"""
@@ -140,6 +140,9 @@ def render_fragment(snap: dict) -> str:
         alerts = '<div class="ok" id="alerts">No alerts: preemption rates within their recent history, no team at its limits.</div>'
     return (f'<header><h1>xirang</h1>{header}</header><main>{alerts}'
             f'{_group_table(snap["levels"], "level", "By level")}'
+            '<p class="note">Queued jobs count at their queue level (after aging and boosts);'
+            ' everything else at the level they were submitted at (victims: their own level,'
+            ' preempting: the preemptor\'s).</p>'
             f'{_group_table(snap["teams"], "team", "By team")}'
             f'{_group_table(snap["users"], "user", "By user")}'
             f'<h2>Recent preemptions</h2>{_timeline_svg(snap["timeline"], snap["now_t"])}'
