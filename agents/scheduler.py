@@ -2,9 +2,10 @@
 
 It holds a lease (XR_LEASE key `scheduler`, compare-and-set on its revision, renewed well
 inside its term); a second instance waits for the lease as a standby and takes over when
-the leader stops renewing. The lease only decides who tries: safety comes from fencing,
-every append is an atomic batch with Nats-Expected-Last-Sequence, so a stale writer's batch
-is refused whole.
+the leader stops renewing. While it waits it folds the log as it grows (a hot standby), so
+a takeover costs only the last few records. The lease only decides who tries: safety
+comes from fencing, every append is an atomic batch with Nats-Expected-Last-Sequence, so
+a stale writer's batch is refused whole.
 
 As leader it folds the newest snapshot plus the log tail into state, then reads XR_IN in
 order from the input after the last applied one (the state remembers it, so an input that
@@ -30,7 +31,7 @@ import msgspec
 from nats.js import api
 from nats.js.errors import KeyNotFoundError, KeyValueError, BadRequestError
 
-from core import parse_input, step, with_params
+from core import apply_record, parse_input, step, with_params
 from core import types as T
 from core.policy import PolicyError
 
@@ -109,6 +110,7 @@ class Scheduler:
                     await self._sleep(1.0)
                 finally:
                     self.leading.clear()
+                    self.state = None  # may hold steps the log never took: re-read it
         finally:
             await hb.unsubscribe()
             await self._release_lease()
@@ -132,6 +134,7 @@ class Scheduler:
             if not announced:
                 log.info("%s: standby, waiting for the lease", self.instance)
                 announced = True
+            await self._follow()
             await self._sleep(self.lease_ms / 4000)
         return False
 
@@ -174,7 +177,10 @@ class Scheduler:
     async def _lead(self) -> None:
         started = time.monotonic()
         stats: dict = {}
-        self.state, self.ev_seq = await bus.load_state(self.js, stats=stats)
+        if self.state is not None:  # a hot standby: only the records appended since it last looked
+            stats.update(snapshot_seq=self.ev_seq, tail_records=await self._follow())
+        if self.state is None:
+            self.state, self.ev_seq = await bus.load_state(self.js, stats=stats)
         log.info("%s: state at record %d (snapshot at XR_EV seq %d + %d tail records), XR_EV seq %d,"
                  " XR_IN seq %d, %d open sagas", self.instance, self.state.c.events_n,
                  stats["snapshot_seq"], stats["tail_records"], self.ev_seq,
@@ -196,6 +202,25 @@ class Scheduler:
                 await sub.unsubscribe()
             except Exception:  # noqa: BLE001 - the connection may already be gone
                 pass
+
+    async def _follow(self) -> int:
+        """Keep a standby's state current with the log, so a takeover folds only the last
+        few records. Returns how many it folded."""
+        try:
+            if self.state is None:
+                self.state, self.ev_seq = await bus.load_state(self.js)
+                return 0
+            end = await bus.stream_last_seq(self.js, bus.EV_STREAM)
+            folded = 0
+            async for _, record in bus.read_records(self.js, self.ev_seq + 1, end):
+                apply_record(self.state, record)
+                folded += 1
+            self.ev_seq = end
+            return folded
+        except Exception:  # noqa: BLE001 - a standby that cannot follow re-reads on takeover
+            log.exception("%s: following the log failed", self.instance)
+            self.state = None
+            return 0
 
     @staticmethod
     def _enqueue(queue: asyncio.Queue):
