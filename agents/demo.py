@@ -27,6 +27,7 @@ from core import rebuild
 from core import types as T
 
 from . import bus
+from .host import stop_job_processes
 from .natsd import EmbeddedNats
 
 DEMO_TIMEOUT_S = 150.0
@@ -302,6 +303,7 @@ def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
             outcome = {"error": str(err)}
     finally:
         _stop_children([proc for _, proc in children])
+        stop_job_processes(out)  # none are left when the demo ran to its end
         server.stop()
     verify = _verify_and_export(timeline.records, out / "events.jsonl")
     summary = _summary(timeline, out, outcome, verify)

@@ -86,7 +86,7 @@ class HostAgent:
         self.node = node
         self.token = bus.node_token(node)
         self.inventory = inventory
-        self.dir = Path(state_dir) / self.token
+        self.dir = Path(state_dir).resolve() / self.token
         self.runs_dir = self.dir / "runs"
         self.grace_s = grace_s
         self.default_command = default_command or [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -427,6 +427,29 @@ def find_marked_process(marker: str) -> int:
         if needle in env and b"agents.jobwrap" in cmdline and pid_alive(int(entry.name)):
             return int(entry.name)
     return 0
+
+
+def stop_job_processes(root: str | os.PathLike) -> list[int]:
+    """SIGKILL the job processes (wrappers and jobs) that agents with state under `root`
+    started: they carry XR_JOB_DIR below it. For tearing down a whole local cluster; an
+    agent alone never does this, because its jobs must outlive its restarts."""
+    prefix = b"XR_JOB_DIR=" + str(Path(root).resolve()).encode()
+    killed = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if any(var.startswith(prefix) for var in env):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return killed
 
 
 async def run_host(url: str, **kwargs) -> None:

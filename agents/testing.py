@@ -16,6 +16,7 @@ from pathlib import Path
 from core import types as T
 
 from . import bus
+from .host import stop_job_processes
 from .natsd import EmbeddedNats
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,21 +84,7 @@ class Cluster:
         self.nats.stop()
 
     def _kill_job_processes(self) -> None:
-        """Job processes our agents started (found by the marker in their environment)."""
-        root = str(self.root).encode()
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                    env = fh.read()
-            except OSError:
-                continue
-            if b"XR_RUN=" in env and b"XR_JOB_DIR=" + root in env:
-                try:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        stop_job_processes(self.root)
 
     def __enter__(self) -> "Cluster":
         return self

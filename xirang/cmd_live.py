@@ -222,7 +222,10 @@ def cmd_up(args) -> int:
         while not stop["flag"]:
             time.sleep(0.2)
     finally:
+        from agents.host import stop_job_processes
+
         _stop_children([proc for _, proc in children])
+        stop_job_processes(args.data_dir)  # the simulated hosts' jobs go with them
         if server:
             server.stop()
     return 0
