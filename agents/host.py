@@ -329,7 +329,7 @@ class HostAgent:
             await asyncio.sleep(MONITOR_S)
 
     async def _check(self, run: Run) -> None:
-        if self._alive(run.pid):
+        if self._alive(run):
             if run.notice_pending:
                 self._deliver_notice(run)
             if run.term_sent_t and not run.killed and time.time() - run.term_sent_t > self.grace_s:
@@ -339,14 +339,15 @@ class HostAgent:
             return
         await self._exited(run)
 
-    def _alive(self, pid: int) -> bool:
-        child = self._children.get(pid)
+    def _alive(self, run: Run) -> bool:
+        child = self._children.get(run.pid)
         if child is not None:
             if child.poll() is None:
                 return True
-            self._children.pop(pid, None)
+            self._children.pop(run.pid, None)
             return False
-        return pid_alive(pid)
+        # Adopted after a restart: the pid must still be our wrapper, not a reused number.
+        return pid_alive(run.pid) and has_marker(run.pid, f"{self.node}/{run.job}/{run.n}")
 
     async def _exited(self, run: Run) -> None:
         rc = _read_rc(Path(run.dir) / EXIT_FILE)
@@ -408,6 +409,14 @@ def pid_alive(pid: int) -> bool:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
+        return False
+
+
+def has_marker(pid: int, marker: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return f"{MARKER_ENV}={marker}".encode() in fh.read().split(b"\0")
+    except OSError:
         return False
 
 
