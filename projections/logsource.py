@@ -22,7 +22,7 @@ LOG_SUBJECTS = f"{bus.LOG_PREFIX}.>"
 IDLE_S = 0.2  # a batch is handed over after this long without a new message
 
 
-async def read_batches(js, start_seq: int = 1, batch_max: int = 5000,
+async def read_batches(js, start_seq: int = 1, batch_max: int = 20000,
                        follow: bool = False) -> AsyncIterator[list[tuple[int, bytes]]]:
     """(stream seq, payload) batches of log records from start_seq on, in order.
 

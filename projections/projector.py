@@ -44,6 +44,7 @@ class Projector:
         self.stream = stream
         schema.create(self.con)
         self._cols = {t: schema.columns(self.con, t) for t in APPEND_TABLES + tuple(schema.KEYS)}
+        self._dtypes = {t: schema.numpy_dtypes(self.con, t) for t in self._cols}
         self._load()
 
     # ------------------------------------------------------------ state
@@ -128,8 +129,12 @@ class Projector:
         cols = self._cols[table]
         if not columns[cols[0]]:
             return
-        # Object arrays scan about three times faster than list parameters and keep NULLs.
-        frame = {c: np.array(columns[c], dtype=object) for c in cols}
+        # Typed arrays scan several times faster than object arrays, and object arrays
+        # than list parameters; a column holding a NULL stays an object array.
+        frame = {}
+        for col, dtype in zip(cols, self._dtypes[table]):
+            values = columns[col]
+            frame[col] = np.array(values, dtype=dtype if None not in values else object)
         self.con.register("_xr_batch", frame)
         try:
             self.con.execute(f"INSERT INTO {table} SELECT * FROM _xr_batch")

@@ -130,6 +130,17 @@ def columns(con, table: str) -> list[str]:
     return [r[0] for r in rows]
 
 
+_NUMPY = {"BIGINT": "int64", "INTEGER": "int64", "DOUBLE": "float64", "BOOLEAN": "bool"}
+
+
+def numpy_dtypes(con, table: str) -> list:
+    """The numpy dtype that carries each column into DuckDB fastest (object for text)."""
+    rows = con.execute(
+        "SELECT data_type FROM information_schema.columns WHERE table_name = ? "
+        "ORDER BY ordinal_position", [table]).fetchall()
+    return [_NUMPY.get(r[0], object) for r in rows]
+
+
 def create(con) -> None:
     con.execute(TABLES)
     con.execute(VIEWS)

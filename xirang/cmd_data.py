@@ -107,7 +107,7 @@ def _register_project(sub) -> None:
     add_db(p)
     p.add_argument("--follow", action="store_true", help="keep projecting new records (JetStream)")
     p.add_argument("--rebuild", action="store_true", help="drop the database and project from seq 1")
-    p.add_argument("--batch", type=int, default=5000, help="records per transaction at most")
+    p.add_argument("--batch", type=int, default=20000, help="records per transaction at most")
     p.add_argument("--progress", action="store_true", help="print each committed position")
     p.set_defaults(func=cmd_project)
 
