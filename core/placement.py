@@ -1,8 +1,8 @@
 """Gang placement on the GPU pool: all of a job's GPUs or none.
 
 A job that fits on one node goes on one node, best fit (the node left with the fewest free
-GPUs, then the smallest name). A job larger than any node of its models spans nodes,
-taking the emptiest nodes first so that it uses as few as possible. Pure functions over
+GPUs, then the smallest name). A job larger than any node of its models spans nodes of one
+GPU model, taking the emptiest nodes first so that it uses as few as possible. Pure functions over
 the node table and the free-count index.
 """
 
@@ -55,21 +55,24 @@ def _place_on_one_node(gpus: int, models: list[str], nodes: dict[str, Node],
 
 def _place_across_nodes(gpus: int, models: list[str], nodes: dict[str, Node],
                         ix: Index) -> list[Slot] | None:
-    candidates: list[tuple[int, str]] = []
+    """A gang is of one GPU model: try each model, keep the one that needs fewest nodes."""
+    best: tuple[int, str, list[Slot]] | None = None
     for model in models:
-        for free, bucket in ix.free_buckets.get(model, {}).items():
-            if free > 0:
-                candidates.extend((-free, name) for name in bucket)
-    candidates.sort()
-    placement: list[Slot] = []
-    needed = gpus
-    for neg_free, name in candidates:
-        take = min(-neg_free, needed)
-        placement.append(Slot(node=name, gpus=free_indices(nodes[name])[:take]))
-        needed -= take
-        if needed == 0:
-            return sorted(placement, key=lambda s: s.node)
-    return None
+        if ix.free_by_model.get(model, 0) < gpus:
+            continue
+        candidates = sorted((-free, name) for free, bucket in ix.free_buckets.get(model, {}).items()
+                            if free > 0 for name in bucket)
+        placement: list[Slot] = []
+        needed = gpus
+        for neg_free, name in candidates:
+            take = min(-neg_free, needed)
+            placement.append(Slot(node=name, gpus=free_indices(nodes[name])[:take]))
+            needed -= take
+            if needed == 0:
+                break
+        if needed == 0 and (best is None or (len(placement), model) < best[:2]):
+            best = (len(placement), model, sorted(placement, key=lambda s: s.node))
+    return None if best is None else best[2]
 
 
 def free_indices(node: Node) -> list[int]:

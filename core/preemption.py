@@ -189,7 +189,8 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
     if job.gpus <= node_size_max(models, ix):
         choice = _cheapest_single_node(state, job, candidate_nodes, costs, p.victims_per_preemption_max)
     else:
-        choice = _cheapest_across_nodes(state, job, nodes, costs, p.victims_per_preemption_max)
+        choice = _cheapest_across_nodes_of_one_model(state, job, nodes, costs,
+                                                     p.victims_per_preemption_max)
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")
     victims, placement = choice
@@ -241,6 +242,20 @@ def _cheapest_single_node(state: State, job: Job, nodes, costs, cap: int) -> tup
             freed = sorted(free + [g for v in chosen for g in _gpus_on(state.c.jobs[v], node.name)])
             best = (key, sorted(chosen), [Slot(node=node.name, gpus=freed[:job.gpus])])
     return None if best is None else (best[1], best[2])
+
+
+def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, costs,
+                                        cap: int) -> tuple[list[str], list[Slot]] | None:
+    """A gang is of one GPU model: the cheapest victim set over the models the job accepts."""
+    best = None
+    for model in sorted(dict.fromkeys(node.gpu_model for node in nodes)):
+        of_model = [node for node in nodes if node.gpu_model == model]
+        choice = _cheapest_across_nodes(state, job, of_model, costs, cap)
+        if choice is not None:
+            key = (sum(costs[v].cost for v in choice[0]), len(choice[0]), model)
+            if best is None or key < best[0]:
+                best = (key, choice)
+    return None if best is None else best[1]
 
 
 def _cheapest_across_nodes(state: State, job: Job, nodes, costs, cap: int) -> tuple[list[str], list[Slot]] | None:
@@ -310,8 +325,8 @@ def natural_wait_ms(state: State, job: Job, nodes) -> int:
         return remaining_cache[job_id]
 
     best: int | None = None
-    pooled: list[tuple[int, int]] = []
-    pooled_free = 0
+    pooled: dict[str, list[tuple[int, int]]] = {}
+    pooled_free: dict[str, int] = {}
     for node in nodes:
         free = len(free_indices(node))
         releases = sorted((remaining(j), len(_gpus_on(c.jobs[j], node.name)))
@@ -323,10 +338,12 @@ def natural_wait_ms(state: State, job: Job, nodes) -> int:
             if wait is not None and (best is None or wait < best):
                 best = wait
         else:
-            pooled_free += free
-            pooled.extend(releases)
-    if not single:
-        best = _first_fit_time(pooled_free, sorted(pooled), job.gpus)
+            pooled_free[node.gpu_model] = pooled_free.get(node.gpu_model, 0) + free
+            pooled.setdefault(node.gpu_model, []).extend(releases)
+    for model in sorted(pooled):  # a gang spanning nodes stays on one GPU model
+        wait = _first_fit_time(pooled_free[model], sorted(pooled[model]), job.gpus)
+        if wait is not None and (best is None or wait < best):
+            best = wait
     return best if best is not None else 10 * expected_runtime_ms(state, job)
 
 

@@ -87,6 +87,8 @@ def check_invariants(state: State) -> None:
         job = c.jobs[job_id]
         if job.state in HOLDING:
             assert sum(len(s.gpus) for s in job.placement) == job.gpus, f"{job_id} gang not whole"
+            models = {c.nodes[s.node].gpu_model for s in job.placement}
+            assert len(models) == 1, f"{job_id} gang mixes GPU models {sorted(models)}"
             for slot in job.placement:
                 node = c.nodes[slot.node]
                 assert node.up, f"{job_id} placed on lost node {slot.node}"

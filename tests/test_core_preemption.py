@@ -239,3 +239,14 @@ def test_lost_node_rolls_back_its_saga_and_requeues_its_jobs():
     assert of(events, T.NodeLost)[0].jobs == ["low-1", "low-2"]
     check_invariants(run.state)
     assert run.state.ix.free_by_model.get("A100", 0) == 0
+
+
+def test_a_gang_across_nodes_never_mixes_gpu_models():
+    run = Run()
+    run.at(0, node("a1", "A100"), node("h1", "H100"), node("h2", "H100"))
+    events = run.at(1000, submit("any-16", 5, 16, models=[]))
+    placed = of(events, T.JobStartRequested)
+    assert [sorted(s.node for s in p.placement) for p in placed] == [["h1", "h2"]]
+    run2 = Run()
+    run2.at(0, node("a1", "A100"), node("h1", "H100"))
+    assert not of(run2.at(1000, submit("any-16", 5, 16, models=[])), T.JobStartRequested)
