@@ -77,6 +77,7 @@ def new_state(policy=None) -> State:
 
 
 def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
+    inp = T.normalized(inp)
     ctx = Ctx(state, inp)
     reason = _check_common(state, inp)
     if reason:
@@ -428,12 +429,13 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
     queues (`preempt_for="head"`), for one just-submitted job (its id), or for none ("")."""
     _expire_sagas(ctx)
     _age(ctx)
-    blocked = _place_queued(ctx, want_blocked=preempt_for == "head")
+    _place_queued(ctx)
     if preempt_for == "head":
-        _preempt_for(ctx, blocked)
+        _preempt_for(ctx, preemption_candidates(ctx.state, ctx.inp.t))
     elif preempt_for:
         job = ctx.state.c.jobs.get(preempt_for)
-        if job is not None and job.state == QUEUED and may_preempt(ctx.state, job):
+        if job is not None and job.state == QUEUED and may_preempt(ctx.state, job) \
+                and job.preempt_retry_t <= ctx.inp.t:
             _preempt_for(ctx, [preempt_for])
 
 
@@ -538,19 +540,16 @@ def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Ite
             return
 
 
-def _place_queued(ctx: Ctx, want_blocked: bool) -> list[str]:
-    """Start every queued job that fits, in order; return the blocked ones that may preempt."""
+def _place_queued(ctx: Ctx) -> None:
+    """Start every queued job that fits, level by level in each level's serving order."""
     state = ctx.state
     c = state.c
     p = c.policy
     t = ctx.inp.t
     ix = state.ix
-    if not any(ix.free_by_model.values()):
-        return _heads_that_may_preempt(state) if want_blocked else []
-    if not want_blocked and not ix.placement_dirty:
-        return []
+    if not ix.placement_dirty or not any(ix.free_by_model.values()):
+        return
     budget = p.scan_jobs_max
-    blocked: list[str] = []
     guarded_models: dict[str, None] = {}
     models_of: dict[tuple[str, ...], list[str]] = {}
     # Placement is monotone within a pass (GPUs only get taken): once `g` GPUs of some models
@@ -559,9 +558,9 @@ def _place_queued(ctx: Ctx, want_blocked: bool) -> list[str]:
     free_open = sum(ix.free_by_model.values())  # free GPUs on models no starving job guards
     for level in range(LEVELS):
         for job_id in serving_order(state, level):
-            if budget <= 0 or (free_open == 0 and not want_blocked):
+            if budget <= 0 or free_open == 0:
                 ix.placement_dirty = False
-                return blocked
+                return
             budget -= 1
             job = c.jobs[job_id]
             key = tuple(job.gpu_models)
@@ -578,33 +577,30 @@ def _place_queued(ctx: Ctx, want_blocked: bool) -> list[str]:
                     free_open -= job.gpus
                     continue
                 smallest_blocked[shape] = min(job.gpus, smallest_blocked.get(shape, job.gpus))
-            if len(blocked) < p.preemption_candidates_max and may_preempt(state, job):
-                blocked.append(job_id)
             if t - job.queued_since_t >= p.starvation_wait_ms and _could_ever_fit(state, job, models):
                 for model in models:
                     if model not in guarded_models:
                         guarded_models[model] = None
                         free_open -= ix.free_by_model.get(model, 0)
     ix.placement_dirty = False
-    return blocked
 
 
-def _heads_that_may_preempt(state: State) -> list[str]:
-    """With no GPU free, only preemption can start anything: the first queued jobs, in
-    serving order, whose level may preempt."""
+def preemption_candidates(state: State, t: int) -> list[str]:
+    """The queued jobs with the strongest right to preempt: by base level (aging and boosts
+    change the serving order, never the right to preempt), then submit time; not those
+    waiting out a retry backoff. Bounded, so a tick's cost does not grow with the queue."""
     p = state.c.policy
     found: list[str] = []
-    budget = p.scan_jobs_max
+    scanned = 0
     for level in range(LEVELS):
-        if budget <= 0 or len(found) >= p.preemption_candidates_max:
-            break
-        order = queue_order(state, level, budget)
-        budget -= len(order)
-        for job_id in order:
-            if may_preempt(state, state.c.jobs[job_id]):
+        if p.preempts_from_level[level] >= LEVELS:
+            continue
+        for _, job_id in state.ix.waiting_by_level[level]:
+            scanned += 1
+            if scanned > p.scan_jobs_max or len(found) >= p.preemption_candidates_max:
+                return found
+            if state.c.jobs[job_id].preempt_retry_t <= t:
                 found.append(job_id)
-                if len(found) >= p.preemption_candidates_max:
-                    break
     return found
 
 
@@ -618,7 +614,7 @@ def _preempt_for(ctx: Ctx, blocked: list[str]) -> None:
     c = state.c
     for job_id in blocked:
         job = c.jobs.get(job_id)
-        if job is None or job.state != QUEUED or job.preempt_retry_t > ctx.inp.t:
+        if job is None or job.state != QUEUED:
             continue
         outcome = plan_preemption(state, job)
         if isinstance(outcome, Decline):

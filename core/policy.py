@@ -38,8 +38,8 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     level_weight: list[float] = msgspec.field(default_factory=lambda: [16.0, 8.0, 4.0, 2.0, 1.5, 1.0, 0.5, 0.25])
     # Jobs considered per scheduling pass; bounds the cost of one decision.
     scan_jobs_max: int = 256
-    # Blocked jobs considered for preemption per pass.
-    preemption_candidates_max: int = 4
+    # Queued jobs considered for preemption per tick, strongest base level first.
+    preemption_candidates_max: int = 8
     # A blocked head job that has waited this long stops backfill on its GPU models.
     starvation_wait_ms: int = 2 * 3600 * 1000
 

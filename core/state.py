@@ -159,6 +159,8 @@ class Index:
         self.queues: list[dict[str, list[tuple[int, str]]]] = [{} for _ in range(LEVELS)]
         # level -> sorted [(level_since_t, job id)], for aging
         self.aging: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
+        # base level -> sorted [(submit_t, job id)] of queued jobs: who may preempt first
+        self.waiting_by_level: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
         self.free_by_model: dict[str, int] = {}
         self.capacity_by_model: dict[str, int] = {}
         self.node_size_max_by_model: dict[str, int] = {}
@@ -236,6 +238,7 @@ def queue_add(ix: Index, job: Job) -> None:
     ix.placement_dirty = True
     bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), (job.submit_t, job.id))
     bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
+    bisect.insort(ix.waiting_by_level[job.level], (job.submit_t, job.id))
 
 
 def queue_remove(ix: Index, job: Job) -> None:
@@ -245,6 +248,7 @@ def queue_remove(ix: Index, job: Job) -> None:
     if not team_queue:
         ix.queues[job.eff_level].pop(job.team, None)
     _remove_sorted(ix.aging[job.eff_level], (job.level_since_t, job.id))
+    _remove_sorted(ix.waiting_by_level[job.level], (job.submit_t, job.id))
 
 
 def _remove_sorted(items: list, key: Any) -> None:

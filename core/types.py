@@ -412,6 +412,15 @@ def _best_effort_t(text: str) -> int:
     return t if isinstance(t, int) and not isinstance(t, bool) else 0
 
 
+def normalized(inp: Input) -> Input:
+    """The input as it will read back from the log: built in code, a float field may hold
+    an int (20 rather than 20.0), which would encode differently after a round trip and
+    break the hash chain on audit."""
+    if isinstance(inp, Malformed):
+        return inp
+    return _input_decoder.decode(_encoder.encode(inp))
+
+
 def input_job(inp: Input) -> str:
     return getattr(inp, "job", "")
 

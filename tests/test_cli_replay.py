@@ -70,3 +70,16 @@ def test_replay_run_with_a_missing_file_or_bad_policy_says_what_to_fix(tmp_path)
     scenario.write_text(HAND_WRITTEN)
     bad = xirang("replay", "run", str(scenario), "--policy", str(policy))
     assert bad.returncode == 2 and "level_weight must have 8 entries" in bad.stderr
+
+
+def test_a_policy_file_enters_the_log_so_the_log_audits(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text("victims_per_preemption_max = 1\n")
+    scenario = tmp_path / "s.jsonl"
+    scenario.write_text(HAND_WRITTEN)
+    events = tmp_path / "e.jsonl"
+    out = xirang("replay", "run", str(scenario), "--policy", str(policy), "--events-out", str(events))
+    assert out.returncode == 0, out.stderr
+    records = [decode_record(line) for line in events.read_bytes().splitlines()]
+    state = rebuild(records)
+    assert state.c.policy.victims_per_preemption_max == 1

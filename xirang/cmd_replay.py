@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
+import tomllib
 
-from core import load_policy_toml, new_state, parse_input, step, PolicyError
+from core import PolicyError, load_policy_toml, new_state, parse_input, step
 from core.state import state_digest
-from core.types import encode, type_name
+from core.types import SetPolicy, encode, type_name
 
 
 def register(sub) -> None:
@@ -24,10 +26,12 @@ def register(sub) -> None:
 def cmd_run(args) -> int:
     from xirang.errors import UserError
 
-    policy = None
+    policy_params = None
     if args.policy:
         try:
-            policy = load_policy_toml(args.policy)
+            load_policy_toml(args.policy)  # validates, naming the field to fix
+            with open(args.policy, "rb") as fh:
+                policy_params = tomllib.load(fh)
         except (OSError, PolicyError) as err:
             raise UserError(str(err)) from err
     try:
@@ -35,7 +39,7 @@ def cmd_run(args) -> int:
     except OSError as err:
         raise UserError(f"cannot read {args.inputs}: {err.strerror}") from err
     out = open(args.events_out, "wb") if args.events_out else None
-    summary = run_lines(source, policy, out)
+    summary = run_lines(source, policy_params, out)
     if out:
         out.close()
         summary["events_out"] = args.events_out
@@ -43,12 +47,19 @@ def cmd_run(args) -> int:
     return 0
 
 
-def run_lines(lines, policy=None, out=None) -> dict:
-    state = new_state(policy)
+def run_lines(lines, policy_params: dict | None = None, out=None) -> dict:
+    """Step every line; a policy enters the log as a first `set_policy` input, so that an
+    audit of the written log rebuilds the same state."""
+    state = new_state()
     by_type: dict[str, int] = {}
     rejected: list[dict] = []
     inputs = 0
-    for line_no, line in enumerate(lines, 1):
+    first_line = 1
+    if policy_params:
+        lines = itertools.chain([encode(SetPolicy(t=0, params=policy_params, by="replay --policy"))
+                                 .decode()], lines)
+        first_line = 0
+    for line_no, line in enumerate(lines, first_line):
         if not line.strip():
             continue
         inputs += 1
