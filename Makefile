@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv bench clean
+.PHONY: run test venv bench clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,7 +17,14 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/xirang demo
 
-test: $(STAMP)
+# The dashboard test renders the page in Debian's headless Chromium.
+system-deps:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	  { echo "installing chromium for the dashboard test"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 || \
+	    echo "could not install chromium: the dashboard test will say what to do"; }
+
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest tests -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
