@@ -78,15 +78,17 @@ class Pool:
         if self.free_total - self.reserved_total < gpus:
             return None
         nodes = self.nodes_for(models)
+        free, reserved = self.free, self.reserved
         if gpus <= self.node_gpus_max:
             best = None
+            best_avail = 1 << 30
             for n in nodes:
-                a = self.avail(n)
-                if a >= gpus and (best is None or a < best[0]):
-                    best = (a, n)
+                a = free[n] - reserved[n]
+                if gpus <= a < best_avail:
+                    best, best_avail = n, a
                     if a == gpus:
                         break
-            return None if best is None else [(best[1], gpus)]
+            return None if best is None else [(best, gpus)]
         order = sorted((-self.avail(n), n) for n in nodes if self.avail(n) > 0)
         placement, need = [], gpus
         for neg, n in order:
@@ -126,7 +128,12 @@ class PeerPolicy:
         self.cluster = cluster
         self.pool = Pool(cluster)
         self.jobs: dict[str, PeerJob] = {}
+        self.bound_jobs: dict[str, PeerJob] = {}  # holding GPUs (starting, running, leaving)
         self.steps = 0
+        # Bumped whenever a job takes or leaves GPUs, or stops being a possible victim:
+        # a preemption search that failed stays failed until it changes.
+        self.version = 0
+        self._no_victims: dict[tuple, int] = {}
         self.preemptions = 0
         self._seq = 0
         self.sim = None
@@ -150,15 +157,18 @@ class PeerPolicy:
         job = self.jobs.get(inp.job)
         if job is None:
             return
+        self.version += 1
         if isinstance(inp, T.Started):
             job.state = RUNNING if job.state == STARTING else job.state
         elif isinstance(inp, T.Finished):
             self.pool.vacate(job.id, job.placement)
+            self.bound_jobs.pop(job.id, None)
             del self.jobs[job.id]
             self.on_job_gone(job)
             self.sim.wake_at(inp.t)
         elif isinstance(inp, T.Released):  # a victim's process is gone: requeue it
             self.pool.vacate(job.id, job.placement)
+            self.bound_jobs.pop(job.id, None)
             job.placement = []
             job.state = QUEUED
             self._seq += 1
@@ -171,10 +181,18 @@ class PeerPolicy:
     def on_job_gone(self, job: PeerJob) -> None:
         """A job left its GPUs (finished or evicted)."""
 
+    def preemption_known_futile(self, job: PeerJob) -> bool:
+        return self._no_victims.get((job.level, job.gpus, tuple(job.spec.gpu_models))) == self.version
+
+    def note_preemption_futile(self, job: PeerJob) -> None:
+        self._no_victims[(job.level, job.gpus, tuple(job.spec.gpu_models))] = self.version
+
     # ------------------------------------------------------------ actions
 
     def start(self, job: PeerJob, placement: list[tuple[str, int]]) -> None:
+        self.version += 1
         self.pool.occupy(job.id, placement)
+        self.bound_jobs[job.id] = job
         job.placement = placement
         job.state = STARTING
         job.start_t = self.sim.now
@@ -182,6 +200,7 @@ class PeerPolicy:
 
     def evict(self, victim: PeerJob, grace_ms: int) -> None:
         victim.state = TERMINATING
+        self.version += 1
         self.preemptions += 1
         self.sim.kill(victim.id, grace_ms)
 
@@ -194,14 +213,19 @@ class PeerPolicy:
         raise NotImplementedError
 
 
-def victims_on_node(policy: PeerPolicy, node: str, preemptor: PeerJob) -> list[PeerJob]:
-    """Bound jobs of strictly lower priority (higher level) that are not already leaving."""
+def victims_on_node(policy: PeerPolicy, node: str, preemptor: PeerJob) -> tuple[list[PeerJob], int]:
+    """Bound jobs of strictly lower priority (higher level) that are not already leaving,
+    and the GPUs they hold on this node."""
     out = []
-    for job_id in policy.pool.bound[node]:
-        job = policy.jobs[job_id]
-        if job.state in (STARTING, RUNNING) and job.level > preemptor.level:
+    gpus = 0
+    jobs = policy.jobs
+    level = preemptor.level
+    for job_id, held in policy.pool.bound[node].items():
+        job = jobs[job_id]
+        if job.level > level and (job.state == RUNNING or job.state == STARTING):
             out.append(job)
-    return out
+            gpus += held
+    return out, gpus
 
 
 def gpus_on(job: PeerJob, node: str) -> int:

@@ -55,6 +55,8 @@ class K8sPolicy(NonePolicy):
 
     def try_preempt(self, job: PeerJob) -> bool:
         need = job.gpus
+        if self.preemption_known_futile(job):
+            return False
         lower = sum(self.level_gpus[job.level + 1:])
         if lower + self.pool.free_total - self.pool.reserved_total < need:
             return False
@@ -63,6 +65,7 @@ class K8sPolicy(NonePolicy):
         else:
             choice = self._across_nodes(job)
         if choice is None:
+            self.note_preemption_futile(job)
             return False
         victims, reservation = choice
         for victim in victims:
@@ -71,8 +74,8 @@ class K8sPolicy(NonePolicy):
         return True
 
     def _node_victims(self, node: str, job: PeerJob, need: int) -> list[PeerJob] | None:
-        candidates = victims_on_node(self, node, job)
-        capacity = self.pool.avail(node) + sum(gpus_on(v, node) for v in candidates)
+        candidates, lower = victims_on_node(self, node, job)
+        capacity = self.pool.avail(node) + lower
         if capacity < need:
             return None
         victims = []
@@ -102,8 +105,8 @@ class K8sPolicy(NonePolicy):
     def _across_nodes(self, job: PeerJob):
         ranked = []
         for node in self.pool.nodes_for(job.spec.gpu_models):
-            candidates = victims_on_node(self, node, job)
-            capacity = self.pool.avail(node) + sum(gpus_on(v, node) for v in candidates)
+            candidates, lower = victims_on_node(self, node, job)
+            capacity = self.pool.avail(node) + lower
             if capacity <= 0:
                 continue
             top = min((v.level for v in candidates), default=8)

@@ -11,8 +11,10 @@ Assumptions, with Slurm's names (defaults here in brackets; override in the conf
 - The main scheduler tests pending jobs in priority order (at most default_queue_depth
   [100] per pass) and stops at the first job it can neither start nor start by
   preemption, like a single partition.
-- Preemption (PreemptType=preempt/qos): a level may preempt jobs of any lower QOS
-  (higher level). Preemptable jobs on a node go lowest QOS first, then youngest; the
+- Preemption (PreemptType=preempt/qos; preempt/none turns it off): a level may preempt
+  jobs of any lower QOS
+  (higher level), even one that has just started (PreemptExemptTime unset). Preemptable
+  jobs on a node go lowest QOS first, then youngest; the
   node needing the fewest victims (then fewest victim GPUs, then name) wins. Victims get
   SIGTERM, GraceTime [60 s], then SIGKILL, and are requeued (PreemptMode=REQUEUE): the
   job restarts from its newest periodic checkpoint, losing the progress since, and its
@@ -40,6 +42,7 @@ DEFAULTS = {
     "PriorityWeightPartition": 1000.0,
     "PriorityCalcPeriod_s": 300.0,
     "GraceTime_s": 60.0,
+    "PreemptType": "preempt/qos",
     "default_queue_depth": 100,
     "bf_interval_s": 30.0,
     "bf_max_job_test": 500,
@@ -62,6 +65,9 @@ class SlurmPolicy(PeerPolicy):
         self.w_part = float(cfg["PriorityWeightPartition"])
         self.calc_ms = int(1000 * float(cfg["PriorityCalcPeriod_s"]))
         self.grace_ms = int(1000 * float(cfg["GraceTime_s"]))
+        if cfg["PreemptType"] not in ("preempt/qos", "preempt/none"):
+            raise ValueError("slurm policy: PreemptType must be preempt/qos or preempt/none")
+        self.preempts = cfg["PreemptType"] == "preempt/qos"
         self.queue_depth = int(cfg["default_queue_depth"])
         self.bf_ms = int(1000 * float(cfg["bf_interval_s"]))
         self.bf_max = int(cfg["bf_max_job_test"])
@@ -71,6 +77,8 @@ class SlurmPolicy(PeerPolicy):
         self.next_calc_t = 0
         self.last_bf_t = -10**18
         self.level_gpus = [0] * 8
+        self.arrivals = 0
+        self._bf_idle_key: tuple = ()
 
     # ------------------------------------------------------------ priority
 
@@ -83,6 +91,7 @@ class SlurmPolicy(PeerPolicy):
         return (-self.priority(job, t), job.eligible_t, job.seq, job.id)
 
     def enqueue(self, job: PeerJob) -> None:
+        self.arrivals += 1
         key = self._key(job, self.sim.now)
         self.keys[job.id] = key
         bisect.insort(self.queue, key)
@@ -119,9 +128,15 @@ class SlurmPolicy(PeerPolicy):
         self._start_nominated()
         blocked_at = self._main(t)
         if blocked_at is not None and self.pool.free_total - self.pool.reserved_total > 0:
+            # A backfill that started nothing starts nothing later either until jobs
+            # arrive or GPUs change hands (time only brings the shadow time closer).
+            if (self.version, self.arrivals) == self._bf_idle_key:
+                return
             if t - self.last_bf_t >= self.bf_ms:
                 self.last_bf_t = t
-                self._backfill(t, blocked_at)
+                if not self._backfill(t, blocked_at):
+                    self._bf_idle_key = (self.version, self.arrivals)
+                    return
             if self.pool.free_total - self.pool.reserved_total > 0:
                 self.sim.wake_at(self.last_bf_t + self.bf_ms)
 
@@ -142,18 +157,23 @@ class SlurmPolicy(PeerPolicy):
                 return i
         return None
 
-    def _backfill(self, t: int, head_i: int) -> None:
+    def _backfill(self, t: int, head_i: int) -> bool:
         head = self.jobs[self.queue[head_i][3]]
         shadow_t, extra = self._shadow(head, t)
         i = head_i + 1
         tested = 0
+        # Placing only takes GPUs away, so a size that did not fit once in this pass
+        # will not fit later in it (per set of acceptable models).
+        smallest_unplaceable: dict[tuple, int] = {}
+        started = False
         while i < len(self.queue) and tested < self.bf_max:
             avail = self.pool.free_total - self.pool.reserved_total
             if avail <= 0:
-                return
+                return started
             job = self.jobs[self.queue[i][3]]
             tested += 1
-            if job.gpus > avail:
+            models = tuple(job.spec.gpu_models)
+            if job.gpus > avail or job.gpus >= smallest_unplaceable.get(models, 1 << 30):
                 i += 1
                 continue
             ends_in_time = t + job.spec.est_runtime_ms <= shadow_t
@@ -162,21 +182,23 @@ class SlurmPolicy(PeerPolicy):
                 continue
             placement = self.pool.place(job.gpus, job.spec.gpu_models)
             if placement is None:
+                smallest_unplaceable[models] = min(job.gpus, smallest_unplaceable.get(models, 1 << 30))
                 i += 1
                 continue
             if not ends_in_time:
                 extra -= job.gpus
             self._dequeue_at(i)
             self.start(job, placement)
+            started = True
+        return started
 
     def _shadow(self, head: PeerJob, t: int) -> tuple[int, int]:
         """When the head job could start as running jobs reach their time limits, and how
         many GPUs it leaves spare then."""
         free = self.pool.free_total - self.pool.reserved_total
         ends = []
-        for job in self.jobs.values():
-            if job.placement and job.state in (STARTING, RUNNING, "terminating"):
-                ends.append((max(t, job.start_t + job.spec.est_runtime_ms), job.gpus))
+        for job in self.bound_jobs.values():
+            ends.append((max(t, job.start_t + job.spec.est_runtime_ms), job.gpus))
         ends.sort()
         for end_t, gpus in ends:
             if free >= head.gpus:
@@ -200,6 +222,8 @@ class SlurmPolicy(PeerPolicy):
 
     def _try_preempt(self, job: PeerJob) -> bool:
         need = job.gpus
+        if not self.preempts or self.preemption_known_futile(job):
+            return False
         if sum(self.level_gpus[job.level + 1:]) + self.pool.free_total - self.pool.reserved_total < need:
             return False
         if need <= self.pool.node_gpus_max:
@@ -207,6 +231,7 @@ class SlurmPolicy(PeerPolicy):
         else:
             choice = self._across_nodes(job)
         if choice is None:
+            self.note_preemption_futile(job)
             return False
         victims, reservation = choice
         for victim in victims:
@@ -219,8 +244,11 @@ class SlurmPolicy(PeerPolicy):
 
     def _node_victims(self, node: str, job: PeerJob, need: int) -> list[PeerJob] | None:
         have = self.pool.avail(node)
+        candidates, lower = victims_on_node(self, node, job)
+        if have + lower < need:
+            return None
         victims = []
-        for v in sorted(victims_on_node(self, node, job), key=lambda v: (-v.level, -v.start_t, v.seq)):
+        for v in sorted(candidates, key=lambda v: (-v.level, -v.start_t, v.seq)):
             if have >= need:
                 break
             victims.append(v)
@@ -243,8 +271,8 @@ class SlurmPolicy(PeerPolicy):
     def _across_nodes(self, job: PeerJob):
         ranked = []
         for node in self.pool.nodes_for(job.spec.gpu_models):
-            candidates = victims_on_node(self, node, job)
-            capacity = self.pool.avail(node) + sum(gpus_on(v, node) for v in candidates)
+            candidates, lower = victims_on_node(self, node, job)
+            capacity = self.pool.avail(node) + lower
             if capacity > 0:
                 ranked.append((len(candidates), -capacity, node))
         ranked.sort()

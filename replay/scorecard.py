@@ -1,0 +1,372 @@
+"""The scorecard: what each policy did to the same workload, side by side.
+
+    from replay.scorecard import scorecard, render_table, write_outputs
+    card = scorecard(results)            # results: list[replay.sim.SimResult], same workload
+    print(render_table(card))
+    write_outputs(card, results, "out/")  # scorecard.json, scorecard.duckdb, *.png
+
+Definitions (times in seconds unless named otherwise):
+- queueing delay: submit to the first `started` (a job never started has none: it is
+  counted in `unstarted` and its level's longest wait is reported as null/"never");
+- JCT: submit to finish;
+- per level: mean, p50, p99 (numpy's linear interpolation) and max of both; the level is
+  the job's submitted level, whatever aging did;
+- preemptions: times a running job was stopped for another (notices that were withdrawn
+  do not count); `jobs_preempted`: jobs stopped at least once;
+- lost GPU-hours: GPUs x (progress thrown away + checkpoints written because of a notice +
+  time frozen at a safe point + restores after a preemption); periodic checkpoints are
+  reported apart (`periodic_ckpt_gpu_h`), since every policy pays them alike;
+- utilisation: GPU-time held by job processes over GPUs x the run's end time;
+  `useful_util`: GPU-time of the work the trace asks for over the same;
+- Jain's fairness across teams: J = (sum x)^2 / (n sum x^2) over the teams' service
+  fractions x = sum(gpus x duration) / sum(gpus x JCT) of their finished jobs (the share
+  of a team's job-time spent being served; 1 = nobody waited). 1 is perfectly even,
+  1/n is one team getting everything.
+- acceptance (when xirang, k8s and none ran): the issue's targets for xirang's row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+
+import numpy as np
+
+from .sim import SimResult
+
+HOUR_MS = 3_600_000
+LEVELS = range(8)
+
+
+def _stats(values: np.ndarray) -> dict:
+    if values.size == 0:
+        return {"n": 0, "mean": None, "p50": None, "p99": None, "max": None}
+    return {"n": int(values.size), "mean": round(float(values.mean()), 3),
+            "p50": round(float(np.percentile(values, 50)), 3),
+            "p99": round(float(np.percentile(values, 99)), 3), "max": round(float(values.max()), 3)}
+
+
+def jain(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return round(total * total / (len(values) * squares), 4) if squares else None
+
+
+def policy_card(result: SimResult) -> dict:
+    jobs = result.jobs
+    level = np.array([j.level for j in jobs])
+    gpus = np.array([j.gpus for j in jobs], dtype=float)
+    submit = np.array([j.submit_ms for j in jobs], dtype=float)
+    start = np.array([j.first_start_ms for j in jobs], dtype=float)
+    finish = np.array([j.finish_ms for j in jobs], dtype=float)
+    duration = np.array([j.duration_ms for j in jobs], dtype=float)
+    started = start >= 0
+    done = finish >= 0
+    wait_s = (start - submit) / 1000
+    jct_s = (finish - submit) / 1000
+    levels = {}
+    for lv in LEVELS:
+        mask = level == lv
+        entry = {"jobs": int(mask.sum()), "unstarted": int((mask & ~started).sum()),
+                 "wait_s": _stats(wait_s[mask & started]), "jct_s": _stats(jct_s[mask & done])}
+        if entry["unstarted"]:
+            entry["wait_s"]["max"] = None  # never started: the longest wait is unbounded
+        levels[str(lv)] = entry
+    urgent = (level <= 1) & started
+    lost_ms = sum(j.gpus * j.lost_progress_ms for j in jobs)
+    overhead_ms = sum(j.gpus * j.overhead_ms for j in jobs)
+    end = max(result.end_ms, 1)
+    held = sum(j.gpus * j.held_ms for j in jobs)
+    teams = _teams(jobs)
+    longest = int(np.argmax(np.where(started, wait_s, -1))) if started.any() else None
+    return {
+        "policy": result.policy,
+        "jobs": len(jobs),
+        "unstarted": int((~started).sum()),
+        "unfinished": int((~done).sum()),
+        "wait_s": _stats(wait_s[started]),
+        "jct_s": _stats(jct_s[done]),
+        "wait_s_levels_0_1": _stats(wait_s[urgent]),
+        "levels": levels,
+        "preemptions": int(sum(j.preemptions for j in jobs)),
+        "jobs_preempted": int(sum(1 for j in jobs if j.preemptions)),
+        "lost_gpu_h": round((lost_ms + overhead_ms) / HOUR_MS, 3),
+        "lost_progress_gpu_h": round(lost_ms / HOUR_MS, 3),
+        "preemption_overhead_gpu_h": round(overhead_ms / HOUR_MS, 3),
+        "periodic_ckpt_gpu_h": round(sum(j.gpus * j.periodic_ckpt_ms for j in jobs) / HOUR_MS, 3),
+        "util": round(held / (result.total_gpus * end), 4),
+        "useful_util": round(float((gpus * duration)[done].sum()) / (result.total_gpus * end), 4),
+        "jain_teams": jain([t["service_fraction"] for t in teams.values()]),
+        "teams": teams,
+        "longest_wait": None if longest is None else {
+            "job": jobs[longest].id, "level": jobs[longest].level,
+            "wait_s": round(float(wait_s[longest]), 3)},
+        "end_s": round(result.end_ms / 1000, 3),
+        "sim_wall_s": round(result.wall_s, 3),
+        "steps": result.steps,
+        "sim_events": result.events,
+        "extra": result.extra,
+    }
+
+
+def _teams(jobs) -> dict:
+    served: dict[str, float] = {}
+    spent: dict[str, float] = {}
+    count: dict[str, int] = {}
+    waits: dict[str, float] = {}
+    for j in jobs:
+        count[j.team] = count.get(j.team, 0) + 1
+        if j.finish_ms < 0:
+            continue
+        served[j.team] = served.get(j.team, 0.0) + j.gpus * j.duration_ms
+        spent[j.team] = spent.get(j.team, 0.0) + j.gpus * max(1, j.finish_ms - j.submit_ms)
+        waits[j.team] = waits.get(j.team, 0.0) + (j.first_start_ms - j.submit_ms) / 1000
+    return {team: {"jobs": count[team],
+                   "service_fraction": round(served[team] / spent[team], 4) if team in spent else None,
+                   "wait_s_mean": round(waits[team] / count[team], 3) if team in waits else None}
+            for team in sorted(count)}
+
+
+def scorecard(results: list[SimResult]) -> dict:
+    if not results:
+        raise ValueError("no results to score")
+    cards = {r.policy: policy_card(r) for r in results}
+    first = results[0]
+    card = {"workload": first.workload, "jobs": len(first.jobs), "gpus": first.total_gpus,
+            "seed": first.seed, "policies": cards}
+    if all(name in cards for name in ("xirang", "k8s", "none")):
+        card["acceptance"] = acceptance(cards)
+    return card
+
+
+def acceptance(cards: dict) -> dict:
+    x, k, n = cards["xirang"], cards["k8s"], cards["none"]
+    xp = x["wait_s_levels_0_1"]["p99"]
+    kp = k["wait_s_levels_0_1"]["p99"]
+    np_ = n["wait_s_levels_0_1"]["p99"]
+
+    def ratio(a, b):
+        if a is None or b is None:
+            return None
+        return round(a / b, 4) if b > 0 else (0.0 if a == 0 else math.inf)
+
+    vs_k8s = ratio(xp, kp)
+    none_over_x = ratio(np_, xp)
+    lost_ratio = ratio(x["lost_gpu_h"], k["lost_gpu_h"])
+    longest = {lv: x["levels"][lv]["wait_s"]["max"] for lv in x["levels"]}
+    checks = {
+        "p99_wait_l01_vs_k8s": {"value": vs_k8s, "target": "<= 1.5",
+                                "ok": vs_k8s is not None and vs_k8s <= 1.5},
+        "p99_wait_l01_none_over_xirang": {"value": none_over_x, "target": ">= 10",
+                                          "ok": none_over_x is not None and none_over_x >= 10},
+        "lost_gpu_h_vs_k8s": {"value": lost_ratio, "target": "<= 0.333",
+                              "ok": lost_ratio is not None and lost_ratio <= 1 / 3},
+        "every_job_started": {"value": x["unstarted"] == 0, "target": "true",
+                              "ok": x["unstarted"] == 0, "longest_wait_s_by_level": longest},
+        "jain_teams": {"value": x["jain_teams"], "target": ">= 0.9",
+                       "ok": x["jain_teams"] is not None and x["jain_teams"] >= 0.9},
+    }
+    return {"xirang_p99_wait_l01_s": xp, "k8s_p99_wait_l01_s": kp, "none_p99_wait_l01_s": np_,
+            "checks": checks, "all_ok": all(c["ok"] for c in checks.values())}
+
+
+# ---------------------------------------------------------------- terminal table
+
+
+def _h(seconds) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def render_table(card: dict) -> str:
+    cards = card["policies"]
+    lines = [f"workload {card['workload']}: {card['jobs']} jobs on {card['gpus']} GPUs, seed {card['seed']}"]
+    head = ("policy", "wait mean", "p50", "p99", "max", "JCT mean", "JCT p99", "preempt",
+            "lost GPU-h", "util", "Jain", "unstarted", "sim s")
+    rows = [head]
+    for name, c in cards.items():
+        w, j = c["wait_s"], c["jct_s"]
+        rows.append((name, _h(w["mean"]), _h(w["p50"]), _h(w["p99"]), _h(w["max"]), _h(j["mean"]),
+                     _h(j["p99"]), str(c["preemptions"]), f"{c['lost_gpu_h']:.1f}",
+                     f"{c['util']:.3f}", "-" if c["jain_teams"] is None else f"{c['jain_teams']:.3f}",
+                     str(c["unstarted"]), f"{c['sim_wall_s']:.0f}"))
+    lines += _grid(rows)
+    for title, metric in (("queueing delay p99 by level", "p99"), ("mean queueing delay by level", "mean"),
+                          ("longest wait by level", "max")):
+        lines.append("")
+        lines.append(title + ":")
+        rows = [("policy",) + tuple(f"L{lv}" for lv in LEVELS)]
+        for name, c in cards.items():
+            rows.append((name,) + tuple(
+                "-" if c["levels"][str(lv)]["jobs"] == 0 else _h(c["levels"][str(lv)]["wait_s"][metric])
+                for lv in LEVELS))
+        lines += _grid(rows)
+    if "acceptance" in card:
+        lines.append("")
+        lines.append("acceptance (xirang):")
+        for name, check in card["acceptance"]["checks"].items():
+            lines.append(f"  {'PASS' if check['ok'] else 'MISS'}  {name}: {check['value']} (target {check['target']})")
+    return "\n".join(lines)
+
+
+def _grid(rows) -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(str(cell).rjust(widths[i]) if i else str(cell).ljust(widths[i])
+                      for i, cell in enumerate(row)) for row in rows]
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_outputs(card: dict, results: list[SimResult], out_dir: str) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [write_json(card, os.path.join(out_dir, "scorecard.json")),
+             write_duckdb(card, results, os.path.join(out_dir, "scorecard.duckdb"))]
+    paths += write_charts(card, results, out_dir)
+    return paths
+
+
+def write_json(card: dict, path: str) -> str:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(card, fh, indent=2, sort_keys=True, default=_json_default)
+        fh.write("\n")
+    return path
+
+
+def _json_default(value):
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    raise TypeError(f"not JSON: {value!r}")
+
+
+def write_duckdb(card: dict, results: list[SimResult], path: str) -> str:
+    """Tables: policies (one row each), levels, teams, jobs (every job under every policy)."""
+    import duckdb
+
+    if os.path.exists(path):
+        os.remove(path)
+    con = duckdb.connect(path)
+    try:
+        con.execute("""CREATE TABLE policies (policy VARCHAR, jobs INTEGER, unstarted INTEGER,
+            wait_mean_s DOUBLE, wait_p50_s DOUBLE, wait_p99_s DOUBLE, wait_max_s DOUBLE,
+            jct_mean_s DOUBLE, jct_p99_s DOUBLE, wait_p99_l01_s DOUBLE, preemptions INTEGER,
+            jobs_preempted INTEGER, lost_gpu_h DOUBLE, lost_progress_gpu_h DOUBLE,
+            preemption_overhead_gpu_h DOUBLE, periodic_ckpt_gpu_h DOUBLE, util DOUBLE,
+            useful_util DOUBLE, jain_teams DOUBLE, end_s DOUBLE, sim_wall_s DOUBLE, steps BIGINT,
+            workload VARCHAR, gpus INTEGER, seed BIGINT)""")
+        con.execute("""CREATE TABLE levels (policy VARCHAR, level INTEGER, jobs INTEGER,
+            unstarted INTEGER, wait_mean_s DOUBLE, wait_p50_s DOUBLE, wait_p99_s DOUBLE,
+            wait_max_s DOUBLE, jct_mean_s DOUBLE, jct_p50_s DOUBLE, jct_p99_s DOUBLE, jct_max_s DOUBLE)""")
+        con.execute("""CREATE TABLE teams (policy VARCHAR, team VARCHAR, jobs INTEGER,
+            service_fraction DOUBLE, wait_mean_s DOUBLE)""")
+        for name, c in card["policies"].items():
+            w, j = c["wait_s"], c["jct_s"]
+            con.execute("INSERT INTO policies VALUES (" + ",".join("?" * 25) + ")", [
+                name, c["jobs"], c["unstarted"], w["mean"], w["p50"], w["p99"], w["max"], j["mean"],
+                j["p99"], c["wait_s_levels_0_1"]["p99"], c["preemptions"], c["jobs_preempted"],
+                c["lost_gpu_h"], c["lost_progress_gpu_h"], c["preemption_overhead_gpu_h"],
+                c["periodic_ckpt_gpu_h"], c["util"], c["useful_util"], c["jain_teams"], c["end_s"],
+                c["sim_wall_s"], c["steps"], card["workload"], card["gpus"], card["seed"]])
+            con.executemany("INSERT INTO levels VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", [
+                [name, int(lv), e["jobs"], e["unstarted"], e["wait_s"]["mean"], e["wait_s"]["p50"],
+                 e["wait_s"]["p99"], e["wait_s"]["max"], e["jct_s"]["mean"], e["jct_s"]["p50"],
+                 e["jct_s"]["p99"], e["jct_s"]["max"]] for lv, e in c["levels"].items()])
+            con.executemany("INSERT INTO teams VALUES (?,?,?,?,?)", [
+                [name, team, t["jobs"], t["service_fraction"], t["wait_s_mean"]]
+                for team, t in c["teams"].items()])
+        _write_jobs_table(con, results)
+    finally:
+        con.close()
+    return path
+
+
+def _write_jobs_table(con, results: list[SimResult]) -> None:
+    # A CSV read by DuckDB is far faster than row inserts for 10^5 rows.
+    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False, encoding="utf-8") as fh:
+        fh.write("policy,job,team,user,level,gpus,submit_s,duration_s,wait_s,jct_s,preemptions,"
+                 "lost_progress_s,overhead_s,periodic_ckpt_s,held_s\n")
+        for r in results:
+            for j in r.jobs:
+                wait = "" if j.first_start_ms < 0 else (j.first_start_ms - j.submit_ms) / 1000
+                jct = "" if j.finish_ms < 0 else (j.finish_ms - j.submit_ms) / 1000
+                fh.write(f"{r.policy},{j.id},{j.team},{j.user},{j.level},{j.gpus},{j.submit_ms / 1000},"
+                         f"{j.duration_ms / 1000},{wait},{jct},{j.preemptions},{j.lost_progress_ms / 1000},"
+                         f"{j.overhead_ms / 1000},{j.periodic_ckpt_ms / 1000},{j.held_ms / 1000}\n")
+        tmp = fh.name
+    try:
+        con.execute(f"""CREATE TABLE jobs AS SELECT * FROM read_csv('{tmp}', header=true, columns={{
+            'policy':'VARCHAR','job':'VARCHAR','team':'VARCHAR','user':'VARCHAR','level':'INTEGER',
+            'gpus':'INTEGER','submit_s':'DOUBLE','duration_s':'DOUBLE','wait_s':'DOUBLE',
+            'jct_s':'DOUBLE','preemptions':'INTEGER','lost_progress_s':'DOUBLE',
+            'overhead_s':'DOUBLE','periodic_ckpt_s':'DOUBLE','held_s':'DOUBLE'}})""")
+    finally:
+        os.remove(tmp)
+
+
+def write_charts(card: dict, results: list[SimResult], out_dir: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cards = card["policies"]
+    names = list(cards)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        values = [(cards[name]["levels"][str(lv)]["wait_s"]["p99"] or 0) / 3600 for lv in LEVELS]
+        ax.bar([lv + (i - (len(names) - 1) / 2) * width for lv in LEVELS], values, width, label=name)
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_xlabel("level (0 = most urgent)")
+    ax.set_ylabel("p99 queueing delay (hours)")
+    ax.set_title(f"p99 queueing delay by level - {card['workload']}, {card['gpus']} GPUs")
+    ax.set_xticks(list(LEVELS))
+    ax.legend()
+    paths.append(_save(fig, out_dir, "wait_p99_by_level.png"))
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for r in results:
+        waits = np.sort(np.array([(j.first_start_ms - j.submit_ms) / 1000 for j in r.jobs
+                                  if j.first_start_ms >= 0 and j.level <= 1]))
+        if waits.size:
+            ax.plot(np.maximum(waits, 1), np.arange(1, waits.size + 1) / waits.size, label=r.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("queueing delay (s, log; under 1 s drawn at 1 s)")
+    ax.set_ylabel("fraction of level 0-1 jobs")
+    ax.set_title("queueing delay CDF, levels 0-1")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    paths.append(_save(fig, out_dir, "wait_cdf_levels_0_1.png"))
+
+    fig, axes = plt.subplots(1, 4, figsize=(14, 4))
+    panels = (("lost GPU-hours", "lost_gpu_h"), ("preemptions", "preemptions"),
+              ("utilisation", "util"), ("Jain's fairness (teams)", "jain_teams"))
+    for ax, (title, key) in zip(axes, panels):
+        ax.bar(names, [cards[n][key] or 0 for n in names], color=[f"C{i}" for i in range(len(names))])
+        ax.set_title(title)
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"{card['workload']}: {card['jobs']} jobs, {card['gpus']} GPUs, seed {card['seed']}")
+    paths.append(_save(fig, out_dir, "overview.png"))
+    return paths
+
+
+def _save(fig, out_dir: str, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    path = os.path.join(out_dir, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

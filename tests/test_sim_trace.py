@@ -1,0 +1,76 @@
+"""Trace loading: the Philly file, the canonical CSV, seeded defaults and clear errors."""
+
+import os
+
+import pytest
+
+from replay.workload import TraceError, default_philly_path, load_canonical, load_philly
+
+PHILLY = "/work/shared/traces/philly/philly.csv"
+needs_philly = pytest.mark.skipif(not os.path.exists(PHILLY), reason="Philly trace not present")
+
+
+@needs_philly
+def test_philly_loads_every_job_sorted_from_zero_with_the_cluster_as_team():
+    wl = load_philly(default_philly_path(), seed=0)
+    assert len(wl.jobs) == 82_247
+    submits = [j.submit_ms for j in wl.jobs]
+    assert submits[0] == 0 and submits == sorted(submits)
+    assert len({j.team for j in wl.jobs}) == 15
+    assert sum(1 for j in wl.jobs if j.team == "6214e9") == 41_226
+    assert {j.gpus for j in wl.jobs} == {1, 2, 4, 8, 12, 16, 24, 32, 64, 128}
+    # 2017-09-04 10:30:41 to 2017-12-22 08:02:11
+    assert submits[-1] == ((108 * 24 + 21) * 3600 + 31 * 60 + 30) * 1000
+    assert "level" in wl.defaulted and "team" not in wl.defaulted
+
+
+@needs_philly
+def test_philly_defaults_follow_the_seed():
+    a = load_philly(PHILLY, seed=7, limit=2000)
+    b = load_philly(PHILLY, seed=7, limit=2000)
+    c = load_philly(PHILLY, seed=8, limit=2000)
+    assert a.jobs == b.jobs
+    assert [j.level for j in a.jobs] != [j.level for j in c.jobs]
+    assert [j.duration_ms for j in a.jobs] == [j.duration_ms for j in c.jobs]
+    levels = [j.level for j in a.jobs]
+    assert set(levels) == set(range(8))
+    assert 0.15 < levels.count(4) / len(levels) < 0.35  # 25% by the documented weights
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    return str(path)
+
+
+def test_canonical_csv_keeps_given_columns_and_fills_the_rest(tmp_path):
+    path = _write(tmp_path, "job,submit_s,duration_s,gpus,level,team,gpu_model\n"
+                            "b,20,100,2,1,red,A100\n"
+                            "a,10,50,1,,blue,\n")
+    wl = load_canonical(path, seed=3)
+    assert [j.id for j in wl.jobs] == ["a", "b"]
+    a, b = wl.jobs
+    assert a.submit_ms == 0 and b.submit_ms == 10_000
+    assert b.level == 1 and b.team == "red" and b.gpu_models == ["A100"]
+    assert 0 <= a.level <= 7 and a.gpu_models == []
+    assert b.est_runtime_ms >= b.duration_ms
+    assert load_canonical(path, seed=3).jobs == wl.jobs
+
+
+@pytest.mark.parametrize("text,words", [
+    ("job,submit_s,gpus\na,0,1\n", "missing required columns duration_s"),
+    ("job,submit_s,duration_s,gpus\na,0,-5,1\n", "duration must be positive"),
+    ("job,submit_s,duration_s,gpus\na,0,5,0\n", "gpus must be positive"),
+    ("job,submit_s,duration_s,gpus\na,zero,5,1\n", "trace.csv:2"),
+    ("job,submit_s,duration_s,gpus,level\na,0,5,1,9\n", "level must be 0..7"),
+    ("job,submit_s,duration_s,gpus\na,0,5,1\na,1,5,1\n", "appears twice"),
+    ("", "empty file"),
+])
+def test_bad_canonical_csv_says_what_to_fix(tmp_path, text, words):
+    with pytest.raises(TraceError, match=words):
+        load_canonical(_write(tmp_path, text))
+
+
+def test_missing_file_is_a_trace_error(tmp_path):
+    with pytest.raises(TraceError, match="cannot read"):
+        load_canonical(str(tmp_path / "nope.csv"))
