@@ -68,7 +68,7 @@ def _plan(args) -> list[dict]:
     from core import PolicyError, load_policy_toml
     from replay.sim import Cluster
     from replay.workload import TraceError, load_trace
-    from xirang.cli import UserError
+    from xirang.errors import UserError
 
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
