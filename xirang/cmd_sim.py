@@ -54,8 +54,10 @@ def cmd_sim(args) -> int:
     from replay.scorecard import render_table, scorecard, write_outputs
 
     jobs = _plan(args)
+    shown = [p.strip() for p in args.policies.split(",") if p.strip()]
     began = time.perf_counter()
     results = run_policies(jobs, args.procs, quiet=args.quiet)
+    results.sort(key=lambda r: shown.index(r.policy))  # as the user listed them
     card = scorecard(results)
     card["wall_s"] = round(time.perf_counter() - began, 1)
     paths = write_outputs(card, results, args.out)
