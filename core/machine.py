@@ -21,10 +21,10 @@ from . import types as T
 from .evolve import evolve
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .policy import PolicyError, assign_variant, with_params
-from .preemption import Decline, may_preempt, plan_preemption
+from .preemption import Decline, earliest_fit, may_preempt, plan_preemption
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
-    job_progress_ms, last_checkpoint, live_digest, queue_depth, window_count,
+    job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, window_count,
 )
 from .types import LEVELS
 
@@ -550,15 +550,16 @@ def _place_queued(ctx: Ctx) -> None:
     if not ix.placement_dirty or not any(ix.free_by_model.values()):
         return
     budget = p.scan_jobs_max
-    guarded_models: dict[str, None] = {}
+    reserved: dict[str, None] = {}  # nodes held for starving jobs, as in EASY backfill
+    reservations = 0
     models_of: dict[tuple[str, ...], list[str]] = {}
     # Placement is monotone within a pass (GPUs only get taken): once `g` GPUs of some models
     # did not fit (on one node, or across nodes), no larger gang of the same kind will.
     smallest_blocked: dict[tuple[tuple[str, ...], bool], int] = {}
-    free_open = sum(ix.free_by_model.values())  # free GPUs on models no starving job guards
+    free_open = sum(ix.free_by_model.values())  # free GPUs outside reserved nodes
     for level in range(LEVELS):
         for job_id in serving_order(state, level):
-            if budget <= 0 or free_open == 0:
+            if budget <= 0 or free_open <= 0:
                 ix.placement_dirty = False
                 return
             budget -= 1
@@ -567,21 +568,24 @@ def _place_queued(ctx: Ctx) -> None:
             models = models_of.get(key)
             if models is None:
                 models = models_of[key] = acceptable_models(job.gpu_models, ix)
-            if job.gpus <= free_open and not (guarded_models and any(m in guarded_models for m in models)):
+            if job.gpus <= free_open:
                 shape = (key, job.gpus > node_size_max(models, ix))
                 placement = None
                 if job.gpus < smallest_blocked.get(shape, job.gpus + 1) and free_gpus(models, ix) >= job.gpus:
-                    placement = place(job.gpus, models, c.nodes, ix)
+                    placement = place(job.gpus, models, c.nodes, ix, reserved)
                 if placement is not None:
                     _request_start(ctx, job, placement)
                     free_open -= job.gpus
                     continue
                 smallest_blocked[shape] = min(job.gpus, smallest_blocked.get(shape, job.gpus))
-            if t - job.queued_since_t >= p.starvation_wait_ms and _could_ever_fit(state, job, models):
-                for model in models:
-                    if model not in guarded_models:
-                        guarded_models[model] = None
-                        free_open -= ix.free_by_model.get(model, 0)
+            if (reservations < p.starvation_reservations_max
+                    and t - job.queued_since_t >= p.starvation_wait_ms):
+                held = _reserve_for_starving(state, job, models, reserved)
+                if held:  # more reserved nodes only confirm the blocked verdicts above
+                    reservations += 1
+                    for name in held:
+                        reserved[name] = None
+                        free_open -= node_free_count(c.nodes[name])
     ix.placement_dirty = False
 
 
@@ -604,9 +608,15 @@ def preemption_candidates(state: State, t: int) -> list[str]:
     return found
 
 
-def _could_ever_fit(state: State, job: Job, models: list[str]) -> bool:
-    """A job bigger than the pool of its models must not hold everyone else back."""
-    return job.gpus <= sum(state.ix.capacity_by_model.get(m, 0) for m in models)
+def _reserve_for_starving(state: State, job: Job, models: list[str],
+                          reserved: dict[str, None]) -> list[str]:
+    """The nodes where a job that has waited too long will fit soonest as running jobs end:
+    nothing else may start there, so they drain for it. Other nodes keep backfilling."""
+    c = state.c
+    nodes = [c.nodes[name] for name in sorted(c.nodes)
+             if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved]
+    fit = earliest_fit(state, job, nodes)
+    return fit[1] if fit is not None else []
 
 
 def _preempt_for(ctx: Ctx, blocked: list[str]) -> None:

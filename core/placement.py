@@ -27,41 +27,46 @@ def node_size_max(models: list[str], ix: Index) -> int:
     return max((ix.node_size_max_by_model.get(m, 0) for m in models), default=0)
 
 
-def place(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index) -> list[Slot] | None:
+NO_NODES: dict[str, None] = {}
+
+
+def place(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
+          reserved: dict[str, None] = NO_NODES) -> list[Slot] | None:
+    """A gang placement, or None; nodes in `reserved` are held for a starving job."""
     if free_gpus(models, ix) < gpus:
         return None
     if gpus <= node_size_max(models, ix):
-        return _place_on_one_node(gpus, models, nodes, ix)
-    return _place_across_nodes(gpus, models, nodes, ix)
+        return _place_on_one_node(gpus, models, nodes, ix, reserved)
+    return _place_across_nodes(gpus, models, nodes, ix, reserved)
 
 
-def _place_on_one_node(gpus: int, models: list[str], nodes: dict[str, Node],
-                       ix: Index) -> list[Slot] | None:
+def _place_on_one_node(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
+                       reserved: dict[str, None]) -> list[Slot] | None:
     best: tuple[int, str] | None = None
     for model in models:
         buckets = ix.free_buckets.get(model, {})
-        fitting = [free for free in buckets if free >= gpus and buckets[free]]
-        if not fitting:
-            continue
-        free = min(fitting)
-        name = min(buckets[free])
-        if best is None or (free, name) < best:
-            best = (free, name)
+        for free in sorted(f for f in buckets if f >= gpus):
+            names = [name for name in buckets[free] if name not in reserved] if reserved else buckets[free]
+            if names:
+                name = min(names)
+                if best is None or (free, name) < best:
+                    best = (free, name)
+                break
     if best is None:
         return None
     node = nodes[best[1]]
     return [Slot(node=node.name, gpus=free_indices(node)[:gpus])]
 
 
-def _place_across_nodes(gpus: int, models: list[str], nodes: dict[str, Node],
-                        ix: Index) -> list[Slot] | None:
+def _place_across_nodes(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
+                        reserved: dict[str, None]) -> list[Slot] | None:
     """A gang is of one GPU model: try each model, keep the one that needs fewest nodes."""
     best: tuple[int, str, list[Slot]] | None = None
     for model in models:
         if ix.free_by_model.get(model, 0) < gpus:
             continue
         candidates = sorted((-free, name) for free, bucket in ix.free_buckets.get(model, {}).items()
-                            if free > 0 for name in bucket)
+                            if free > 0 for name in bucket if name not in reserved)
         placement: list[Slot] = []
         needed = gpus
         for neg_free, name in candidates:

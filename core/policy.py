@@ -40,8 +40,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scan_jobs_max: int = 256
     # Queued jobs considered for preemption per tick, strongest base level first.
     preemption_candidates_max: int = 8
-    # A blocked head job that has waited this long stops backfill on its GPU models.
+    # A queued job that has waited this long gets a reservation: the nodes where it will fit
+    # soonest (by remaining-time estimates) start nothing else until it starts there.
     starvation_wait_ms: int = 2 * 3600 * 1000
+    starvation_reservations_max: int = 4  # per scheduling pass, in serving order
 
     # --- aging: a job waiting longer than its level's threshold rises one level; the
     # threshold shrinks as the queue deepens and as the level's historical wait grows.

@@ -312,6 +312,13 @@ def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int
 
 def natural_wait_ms(state: State, job: Job, nodes) -> int:
     """When would the job fit without preempting, as running jobs finish as estimated."""
+    fit = earliest_fit(state, job, nodes)
+    return fit[0] if fit is not None else 10 * expected_runtime_ms(state, job)
+
+
+def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
+    """The earliest time the job's gang would fit without preempting, and on which nodes,
+    as running jobs finish as estimated; None if it never would on these nodes."""
     c = state.c
     ix = state.ix
     single = job.gpus <= max((n.gpus for n in nodes), default=0)
@@ -324,9 +331,8 @@ def natural_wait_ms(state: State, job: Job, nodes) -> int:
                                        if other.state == RUNNING else expected_runtime_ms(state, other))
         return remaining_cache[job_id]
 
-    best: int | None = None
-    pooled: dict[str, list[tuple[int, int]]] = {}
-    pooled_free: dict[str, int] = {}
+    best: tuple[int, list[str]] | None = None
+    by_model: dict[str, list[tuple[str, int, list[tuple[int, int]]]]] = {}
     for node in nodes:
         free = len(free_indices(node))
         releases = sorted((remaining(j), len(_gpus_on(c.jobs[j], node.name)))
@@ -335,16 +341,34 @@ def natural_wait_ms(state: State, job: Job, nodes) -> int:
             if node.gpus < job.gpus:
                 continue
             wait = _first_fit_time(free, releases, job.gpus)
-            if wait is not None and (best is None or wait < best):
-                best = wait
+            if wait is not None and (best is None or (wait, node.name) < (best[0], best[1][0])):
+                best = (wait, [node.name])
         else:
-            pooled_free[node.gpu_model] = pooled_free.get(node.gpu_model, 0) + free
-            pooled.setdefault(node.gpu_model, []).extend(releases)
-    for model in sorted(pooled):  # a gang spanning nodes stays on one GPU model
-        wait = _first_fit_time(pooled_free[model], sorted(pooled[model]), job.gpus)
-        if wait is not None and (best is None or wait < best):
-            best = wait
-    return best if best is not None else 10 * expected_runtime_ms(state, job)
+            by_model.setdefault(node.gpu_model, []).append((node.name, free, releases))
+    for model in sorted(by_model):  # a gang spanning nodes stays on one GPU model
+        fit = _earliest_fit_across(by_model[model], job.gpus)
+        if fit is not None and (best is None or fit[0] < best[0]):
+            best = fit
+    return best
+
+
+def _earliest_fit_across(nodes: list[tuple[str, int, list[tuple[int, int]]]],
+                         need: int) -> tuple[int, list[str]] | None:
+    pooled = sorted(release for _, _, releases in nodes for release in releases)
+    wait = _first_fit_time(sum(free for _, free, _ in nodes), pooled, need)
+    if wait is None:
+        return None
+    # The fewest nodes that hold enough GPUs by then, the fullest first.
+    ready = sorted((-(free + sum(g for at, g in releases if at <= wait)), name)
+                   for name, free, releases in nodes)
+    chosen: list[str] = []
+    total = 0
+    for neg_available, name in ready:
+        if total >= need:
+            break
+        chosen.append(name)
+        total -= neg_available
+    return wait, sorted(chosen)
 
 
 def _first_fit_time(free: int, releases: list[tuple[int, int]], need: int) -> int | None:

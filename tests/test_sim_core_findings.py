@@ -1,8 +1,6 @@
-"""Core behaviours the simulator exposed that look wrong, each as a minimal reproduction
-marked xfail(strict=True): when the lead changes core so that it passes, the mark must go.
-"""
-
-import pytest
+"""Core behaviours the simulator exposed, each as a minimal reproduction. Found wrong at
+first (marked xfail), they now pass: a starving job reserves only the nodes where it will
+fit soonest, as EASY backfill does, instead of idling every node of its GPU models."""
 
 from core import new_state, step
 from core import types as T
@@ -14,11 +12,6 @@ def _started(records) -> set[str]:
     return {r.event.job for r in records if isinstance(r.event, T.JobStartRequested)}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "starvation guard: a job blocked for starvation_wait_ms stops every placement on its GPU "
-    "models, including on nodes it cannot use for a long time; on Philly (512 GPUs, seed 0) "
-    "this keeps 20-60 GPUs idle for hours behind an 8-32 GPU head job while thousands of "
-    "1-GPU jobs wait (xirang mean wait 244 h vs 15 h for no preemption)"))
 def test_a_starving_gang_does_not_idle_nodes_it_is_not_waiting_for():
     state = new_state()
     inputs = [
