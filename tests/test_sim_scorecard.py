@@ -1,0 +1,54 @@
+"""Scorecard arithmetic on hand-made outcomes."""
+
+import pytest
+
+from replay.scorecard import jain, policy_card, render_table, scorecard
+from replay.sim import JobOutcome, SimResult
+
+
+def _result(policy, jobs, end_ms=10_000_000):
+    return SimResult(policy=policy, workload="hand", seed=0, total_gpus=8, jobs=jobs,
+                     end_ms=end_ms, wall_s=0.1, steps=1, events=1)
+
+
+def _job(job_id, level, team, gpus, submit, start, finish, duration, **kw):
+    return JobOutcome(id=job_id, team=team, user="u", level=level, gpus=gpus, submit_ms=submit,
+                      duration_ms=duration, first_start_ms=start, finish_ms=finish, **kw)
+
+
+def test_jain_is_one_when_even_and_one_over_n_when_one_takes_all():
+    assert jain([0.5, 0.5, 0.5]) == 1.0
+    assert jain([1.0, 0.0, 0.0, 0.0]) == 0.25
+    assert jain([]) is None
+
+
+def test_card_counts_waits_lost_gpu_hours_and_team_service():
+    jobs = [
+        _job("a", 0, "x", 2, 0, 10_000, 3_610_000, 3_600_000, preemptions=1,
+             lost_progress_ms=1_800_000, overhead_ms=60_000, held_ms=3_600_000),
+        _job("b", 0, "y", 4, 0, 0, 3_600_000, 3_600_000, held_ms=3_600_000),
+        _job("c", 5, "y", 1, 1000, -1, -1, 60_000),
+    ]
+    card = policy_card(_result("p", jobs))
+    assert card["levels"]["0"]["wait_s"]["max"] == 10.0
+    assert card["levels"]["5"]["unstarted"] == 1 and card["levels"]["5"]["wait_s"]["max"] is None
+    assert card["unstarted"] == 1 and card["unfinished"] == 1
+    assert card["lost_gpu_h"] == pytest.approx(2 * (1_800_000 + 60_000) / 3_600_000, abs=1e-3)
+    assert card["preemptions"] == 1 and card["jobs_preempted"] == 1
+    assert card["util"] == pytest.approx(6 * 3_600_000 / (8 * 10_000_000), abs=1e-4)
+    assert card["teams"]["y"]["service_fraction"] == 1.0
+    assert card["teams"]["x"]["service_fraction"] == pytest.approx(3_600_000 / 3_610_000, abs=1e-4)
+
+
+def test_acceptance_compares_xirang_with_k8s_and_none():
+    def run(policy, wait_ms, lost_ms):
+        return _result(policy, [_job(f"{policy}{i}", i % 2, f"t{i % 3}", 1, 0, wait_ms,
+                                     wait_ms + 1000, 1000, lost_progress_ms=lost_ms)
+                                for i in range(30)])
+
+    card = scorecard([run("none", 100_000, 0), run("k8s", 5_000, 9000), run("xirang", 6_000, 1000)])
+    checks = card["acceptance"]["checks"]
+    assert checks["p99_wait_l01_vs_k8s"]["value"] == 1.2 and checks["p99_wait_l01_vs_k8s"]["ok"]
+    assert checks["p99_wait_l01_none_over_xirang"]["ok"]
+    assert checks["lost_gpu_h_vs_k8s"]["ok"] and checks["every_job_started"]["ok"]
+    assert "PASS  lost_gpu_h_vs_k8s" in render_table(card)
