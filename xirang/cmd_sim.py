@@ -17,6 +17,17 @@ from replay.peers import POLICIES
 from replay.workload import DEFAULTS_HELP
 
 PROGRESS_BAR_WIDTH = 20
+POLICIES_HELP = """\
+policies (details in replay/peers/*.py):
+  none    strict priority then first come first served; greedy fill, no reservation; never preempts
+  k8s     kube-scheduler PriorityClass preemption: lowest-priority victims on one node, killed
+          after a 30 s grace period whatever their checkpoints
+  slurm   multifactor priority (age + QOS), PreemptMode=REQUEUE with GraceTime 60 s, EASY backfill
+  xirang  core.step: checkpoint-aware preemption sagas, aging, fairness
+hosts: launch 5 s (+ restore when resuming), facts reach the scheduler in 0.2 s, a notice
+reaches a safe point in 10 s; lost GPU-hours = progress lost + notice checkpoints + frozen
+time + restores, times GPUs.
+"""
 
 
 def register(sub) -> None:
@@ -25,7 +36,7 @@ def register(sub) -> None:
         description="Run a GPU job trace through several scheduling policies on a simulated "
                     "cluster (virtual clock; xirang's policy is core.step itself) and compare "
                     "queueing delay, JCT, preemptions, lost GPU-hours, utilisation and fairness.",
-        epilog=DEFAULTS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=POLICIES_HELP + "\n" + DEFAULTS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sim.add_argument("--trace", default="philly",
                      help="'philly' (../shared/traces/philly/philly.csv) or a canonical CSV: "
                           "job,submit_s,duration_s,gpus[,gpu_model,team,user,level,ckpt_interval_s,"
