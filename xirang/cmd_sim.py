@@ -55,6 +55,9 @@ def register(sub) -> None:
                      help="whether simulated hosts report every periodic checkpoint to xirang's "
                           "core, as live agents do (default off: two core steps per checkpoint "
                           "are too slow for a full trace; see replay/peers/xirang.py)")
+    sim.add_argument("--xirang-tick-s", type=float, default=60.0,
+                     help="simulated seconds between xirang's re-evaluation ticks while jobs wait "
+                          "(default 60); aging is rate-limited to the same period")
     sim.add_argument("--procs", type=int, default=2, help="policies run in parallel (default 2)")
     sim.add_argument("--out", required=True, help="folder for scorecard.json, .duckdb and PNGs")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -92,6 +95,8 @@ def _plan(args) -> list[dict]:
         raise UserError("--policies: a policy is listed twice")
     if args.limit is not None and args.limit <= 0:
         raise UserError("--limit must be positive")
+    if not args.xirang_tick_s > 0:
+        raise UserError("--xirang-tick-s must be positive")
     if args.procs < 1:
         raise UserError("--procs must be at least 1")
     models = tuple(m.strip() for m in args.gpu_models.split(",") if m.strip())
@@ -122,7 +127,8 @@ def _plan(args) -> list[dict]:
     names.sort(key=lambda p: p != "xirang")
     return [dict(policy=name, trace=args.trace, philly_path=args.philly_path, seed=args.seed,
                  limit=args.limit, cluster=cluster, policy_file=args.policy if name == "xirang" else None,
-                 periodic=args.xirang_periodic_ckpt_reports == "on") for name in names]
+                 periodic=args.xirang_periodic_ckpt_reports == "on", tick_s=args.xirang_tick_s)
+            for name in names]
 
 
 def run_policies(jobs: list[dict], procs: int, quiet: bool = False) -> list:
@@ -168,6 +174,7 @@ def _run_one(job: dict, report):
         if job["policy_file"]:
             config["policy"] = load_policy_toml(job["policy_file"])
         config["report_periodic_checkpoints"] = job["periodic"]
+        config["tick_s"] = job["tick_s"]
     name = job["policy"]
     return simulate(workload, job["cluster"], name, config, job["seed"],
                     progress=lambda done, total, t: report(name, done, total))
