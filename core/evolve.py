@@ -15,7 +15,7 @@ from .state import (
     FINISHED, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING,
     Checkpoint, Job, Ledger, LevelWait, Node, Saga, State, Window, Estimate,
     hold_add, hold_remove, job_progress_ms, queue_add, queue_remove, set_holder, touch_job,
-    _index_node_capacity, node_free_count,
+    _index_node_capacity, node_free_count, rebuild_index,
 )
 
 LEVEL_WAIT_HORIZON = 100  # samples in the running mean of a level's wait
@@ -81,7 +81,7 @@ def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
         level_since_t=ev.t,
     )
     s.c.jobs[job.id] = job
-    queue_add(s.ix, job)
+    queue_add(s.ix, job, s.c.policy.aging_levels_max)
 
 
 def _occupy(s: State, job: Job, placement: list[T.Slot]) -> None:
@@ -175,7 +175,7 @@ def _job_requeued(s: State, ev: T.JobRequeued) -> None:
     job.level_since_t = ev.t
     job.resume_pending = bool(job.checkpoints)
     job.placement = []
-    queue_add(s.ix, job)
+    queue_add(s.ix, job, s.c.policy.aging_levels_max)
 
 
 def _priority_aged(s: State, ev: T.PriorityAged) -> None:
@@ -183,7 +183,7 @@ def _priority_aged(s: State, ev: T.PriorityAged) -> None:
     queue_remove(s.ix, job)
     job.eff_level = ev.to_level
     job.level_since_t = ev.t
-    queue_add(s.ix, job)
+    queue_add(s.ix, job, s.c.policy.aging_levels_max)
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -323,7 +323,7 @@ def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
         preemptor.saga = ""
         preemptor.placement = []
         preemptor.preempt_retry_t = retry_t
-        queue_add(s.ix, preemptor)
+        queue_add(s.ix, preemptor, s.c.policy.aging_levels_max)
     for victim_id in saga.victims:
         victim = c.jobs.get(victim_id)
         if victim is None:
@@ -367,9 +367,12 @@ def _compensation(s: State, ev: T.CompensationGranted) -> None:
 
 
 def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
-    s.c.policy = with_params(s.c.policy, ev.params)
+    before = s.c.policy
+    s.c.policy = with_params(before, ev.params)
     s.ix.variant_policies.clear()
     s.ix.placement_dirty = True
+    if s.c.policy.aging_levels_max != before.aging_levels_max:
+        s.ix = rebuild_index(s.c)  # which jobs may still age changed
 
 
 _HANDLERS = {

@@ -21,7 +21,7 @@ from . import types as T
 from .evolve import evolve
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .policy import PolicyError, assign_variant, with_params
-from .preemption import Decline, earliest_fit, may_preempt, plan_preemption
+from .preemption import Decline, earliest_fit, may_preempt, plan_preemption, scaled_limit
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
     job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, window_count,
@@ -469,7 +469,9 @@ def _age(ctx: Ctx) -> None:
         for since, job_id in aging:
             if since + threshold > t:
                 break
-            due.append(job_id)
+            job = state.c.jobs[job_id]
+            if job.level - level < state.c.policy.aging_levels_max:
+                due.append(job_id)
         for job_id in due:
             job = state.c.jobs[job_id]
             ctx.emit(T.PriorityAged(t=t, job=job_id, from_level=level, to_level=level - 1,
@@ -549,14 +551,13 @@ def _place_queued(ctx: Ctx) -> None:
     ix = state.ix
     if not ix.placement_dirty or not any(ix.free_by_model.values()):
         return
+    reserved = _serve_the_starving(ctx)  # nodes held for them, as in EASY backfill
     budget = p.scan_jobs_max
-    reserved: dict[str, None] = {}  # nodes held for starving jobs, as in EASY backfill
-    reservations = 0
     models_of: dict[tuple[str, ...], list[str]] = {}
     # Placement is monotone within a pass (GPUs only get taken): once `g` GPUs of some models
     # did not fit (on one node, or across nodes), no larger gang of the same kind will.
     smallest_blocked: dict[tuple[tuple[str, ...], bool], int] = {}
-    free_open = sum(ix.free_by_model.values())  # free GPUs outside reserved nodes
+    free_open = sum(ix.free_by_model.values()) - sum(node_free_count(c.nodes[n]) for n in reserved)
     for level in range(LEVELS):
         for job_id in serving_order(state, level):
             if budget <= 0 or free_open <= 0:
@@ -564,28 +565,21 @@ def _place_queued(ctx: Ctx) -> None:
                 return
             budget -= 1
             job = c.jobs[job_id]
+            if job.gpus > free_open:
+                continue
             key = tuple(job.gpu_models)
             models = models_of.get(key)
             if models is None:
                 models = models_of[key] = acceptable_models(job.gpu_models, ix)
-            if job.gpus <= free_open:
-                shape = (key, job.gpus > node_size_max(models, ix))
-                placement = None
-                if job.gpus < smallest_blocked.get(shape, job.gpus + 1) and free_gpus(models, ix) >= job.gpus:
-                    placement = place(job.gpus, models, c.nodes, ix, reserved)
-                if placement is not None:
-                    _request_start(ctx, job, placement)
-                    free_open -= job.gpus
-                    continue
-                smallest_blocked[shape] = min(job.gpus, smallest_blocked.get(shape, job.gpus))
-            if (reservations < p.starvation_reservations_max
-                    and t - job.queued_since_t >= p.starvation_wait_ms):
-                held = _reserve_for_starving(state, job, models, reserved)
-                if held:  # more reserved nodes only confirm the blocked verdicts above
-                    reservations += 1
-                    for name in held:
-                        reserved[name] = None
-                        free_open -= node_free_count(c.nodes[name])
+            shape = (key, job.gpus > node_size_max(models, ix))
+            placement = None
+            if job.gpus < smallest_blocked.get(shape, job.gpus + 1) and free_gpus(models, ix) >= job.gpus:
+                placement = place(job.gpus, models, c.nodes, ix, reserved)
+            if placement is not None:
+                _request_start(ctx, job, placement)
+                free_open -= job.gpus
+                continue
+            smallest_blocked[shape] = min(job.gpus, smallest_blocked.get(shape, job.gpus))
     ix.placement_dirty = False
 
 
@@ -608,15 +602,44 @@ def preemption_candidates(state: State, t: int) -> list[str]:
     return found
 
 
-def _reserve_for_starving(state: State, job: Job, models: list[str],
-                          reserved: dict[str, None]) -> list[str]:
-    """The nodes where a job that has waited too long will fit soonest as running jobs end:
-    nothing else may start there, so they drain for it. Other nodes keep backfilling."""
+def _serve_the_starving(ctx: Ctx) -> dict[str, None]:
+    """The longest-waiting jobs (oldest submit first, any level) that have waited past
+    `starvation_wait_ms`: start each that fits now, else reserve the nodes where it will fit
+    soonest as running jobs end. Returns the reserved nodes, where nothing else may start.
+    New jobs are always younger, so every job in time becomes one of the oldest: a finite
+    wait for all, while the rest of the pool keeps serving by priority."""
+    state = ctx.state
     c = state.c
-    nodes = [c.nodes[name] for name in sorted(c.nodes)
-             if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved]
-    fit = earliest_fit(state, job, nodes)
-    return fit[1] if fit is not None else []
+    p = c.policy
+    t = ctx.inp.t
+    reserved: dict[str, None] = {}
+    served = scanned = 0
+    for _, job_id in heapq.merge(*state.ix.waiting_by_level):
+        scanned += 1
+        if served >= p.starvation_reservations_max or scanned > p.scan_jobs_max:
+            break
+        job = c.jobs[job_id]
+        if job.state != QUEUED or t - job.queued_since_t < p.starvation_wait_ms:
+            continue
+        models = acceptable_models(job.gpu_models, state.ix)
+        if not _could_ever_fit(state, job, models):
+            continue
+        served += 1
+        placement = place(job.gpus, models, c.nodes, state.ix, reserved)
+        if placement is not None:
+            _request_start(ctx, job, placement)
+            continue
+        nodes = [c.nodes[name] for name in sorted(c.nodes)
+                 if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved]
+        fit = earliest_fit(state, job, nodes)
+        for name in (fit[1] if fit is not None else []):
+            reserved[name] = None
+    return reserved
+
+
+def _could_ever_fit(state: State, job: Job, models: list[str]) -> bool:
+    """A job bigger than the pool of its models must not hold everyone else back."""
+    return job.gpus <= sum(state.ix.capacity_by_model.get(m, 0) for m in models)
 
 
 def _preempt_for(ctx: Ctx, blocked: list[str]) -> None:
@@ -662,12 +685,12 @@ def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
     for team in teams:
         win = c.team_windows.get(team)
         count = window_count(win.preempted, t, p.fairness_window_ms) if win else 0
-        if count >= p.team_preempted_max and c.team_protected_until.get(team, 0) <= t:
+        if count >= scaled_limit(ctx.state, p.team_preempted_max) and c.team_protected_until.get(team, 0) <= t:
             ctx.emit(T.TeamProtected(t=t, team=team, until_t=t + p.team_protect_ms,
                                      preempted_in_window=count))
     win = c.team_windows.get(preemptor.team)
     count = window_count(win.preempting, t, p.fairness_window_ms) if win else 0
-    if count >= p.team_preempting_max and c.team_downgraded_until.get(preemptor.team, 0) <= t:
+    if count >= scaled_limit(ctx.state, p.team_preempting_max) and c.team_downgraded_until.get(preemptor.team, 0) <= t:
         ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=t + p.team_downgrade_ms,
                                   preempting_in_window=count))
 

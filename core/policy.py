@@ -40,10 +40,12 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scan_jobs_max: int = 256
     # Queued jobs considered for preemption per tick, strongest base level first.
     preemption_candidates_max: int = 8
-    # A queued job that has waited this long gets a reservation: the nodes where it will fit
-    # soonest (by remaining-time estimates) start nothing else until it starts there.
+    # The longest-waiting jobs (by submit time, whatever their level) that have waited this
+    # long get reservations: the nodes where each will fit soonest (by remaining-time
+    # estimates) start nothing else until it starts there. Every job eventually becomes one
+    # of the oldest, so every job has a finite wait.
     starvation_wait_ms: int = 2 * 3600 * 1000
-    starvation_reservations_max: int = 4  # per scheduling pass, in serving order
+    starvation_reservations_max: int = 4
 
     # --- aging: a job waiting longer than its level's threshold rises one level; the
     # threshold shrinks as the queue deepens and as the level's historical wait grows.
@@ -52,6 +54,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     aging_depth_factor: float = 0.25  # per doubling of queue depth
     aging_history_factor: float = 0.5  # per threshold of historical mean wait
     aging_threshold_min_ms: int = 60_000
+    # Aging lifts a job at most this many levels above its base, so levels stay meaningful
+    # under sustained overload; the finite wait bound comes from reservations (below).
+    aging_levels_max: int = 2
 
     # --- preemption decision
     victims_per_preemption_max: int = 8
@@ -75,6 +80,8 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     # --- fairness, over a sliding window
     fairness_window_ms: int = 3600 * 1000
+    # Counts below are for a 100-GPU pool; a pool of G GPUs allows G/100 times as many
+    # (never fewer than the count itself), so a limit means the same share at any size.
     team_preempted_max: int = 6  # then the team is protected
     team_protect_ms: int = 1800 * 1000
     team_preempting_max: int = 6  # then the team's new high-level jobs are downgraded

@@ -142,7 +142,7 @@ def victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
     if c.team_protected_until.get(victim.team, 0) > t:
         return False
     win = c.user_windows.get(victim.user)
-    if win is not None and window_count(win.preempted, t, p.fairness_window_ms) >= p.user_preempted_max:
+    if win is not None and window_count(win.preempted, t, p.fairness_window_ms) >= scaled_limit(state, p.user_preempted_max):
         return False
     return True
 
@@ -152,7 +152,13 @@ def user_preempting_exhausted(state: State, job: Job) -> bool:
     win = c.user_windows.get(job.user)
     if win is None:
         return False
-    return window_count(win.preempting, c.t, c.policy.fairness_window_ms) >= c.policy.user_preempting_max
+    return window_count(win.preempting, c.t, c.policy.fairness_window_ms) >= scaled_limit(
+        state, c.policy.user_preempting_max)
+
+
+def scaled_limit(state: State, per_100_gpus: int) -> int:
+    """A fairness count for a 100-GPU pool, scaled to this pool (never below the count)."""
+    return max(per_100_gpus, per_100_gpus * state.ix.total_gpus // 100)
 
 
 # ---------------------------------------------------------------- the plan

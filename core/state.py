@@ -157,7 +157,8 @@ class Index:
     def __init__(self) -> None:
         # level -> team -> sorted [(submit_t, job id)] of queued jobs at that eff level
         self.queues: list[dict[str, list[tuple[int, str]]]] = [{} for _ in range(LEVELS)]
-        # level -> sorted [(level_since_t, job id)], for aging
+        self.queued_count: list[int] = [0] * LEVELS
+        # level -> sorted [(level_since_t, job id)] of jobs that may still age, for aging
         self.aging: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
         # base level -> sorted [(submit_t, job id)] of queued jobs: who may preempt first
         self.waiting_by_level: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
@@ -205,7 +206,7 @@ def rebuild_index(c: Canonical) -> Index:
     for job_id in sorted(c.jobs):
         job = c.jobs[job_id]
         if job.state == QUEUED:
-            queue_add(ix, job)
+            queue_add(ix, job, c.policy.aging_levels_max)
         if job.state in HOLDING:
             hold_add(ix, job)
         for slot in job.placement:
@@ -234,15 +235,18 @@ def node_free_count(node: Node) -> int:
 # ---------------------------------------------------------------- index upkeep
 
 
-def queue_add(ix: Index, job: Job) -> None:
+def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     ix.placement_dirty = True
+    ix.queued_count[job.eff_level] += 1
     bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), (job.submit_t, job.id))
-    bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
+    if job.eff_level > 0 and job.level - job.eff_level < aging_levels_max:
+        bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
     bisect.insort(ix.waiting_by_level[job.level], (job.submit_t, job.id))
 
 
 def queue_remove(ix: Index, job: Job) -> None:
     ix.placement_dirty = True
+    ix.queued_count[job.eff_level] -= 1
     team_queue = ix.queues[job.eff_level].get(job.team, [])
     _remove_sorted(team_queue, (job.submit_t, job.id))
     if not team_queue:
@@ -297,7 +301,7 @@ def set_holder(c: Canonical, ix: Index, node_name: str, gpu: int, job_id: str) -
 
 
 def queue_depth(ix: Index, level: int) -> int:
-    return len(ix.aging[level])
+    return ix.queued_count[level]
 
 
 # ---------------------------------------------------------------- digest

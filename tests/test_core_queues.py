@@ -69,8 +69,16 @@ def test_aging_threshold_shrinks_as_the_queue_deepens():
     assert aging_threshold_ms(deep.state, 6) < aging_threshold_ms(shallow.state, 6)
 
 
+def test_aging_lifts_a_job_at_most_aging_levels_max_above_its_level():
+    run = one_busy_node()
+    run.at(10, submit("waiter", 7, 1, team="a"))
+    for hour in range(1, 12):
+        run.at(hour * HOUR, tick(hour * HOUR))
+    assert run.job("waiter").eff_level == 7 - run.state.c.policy.aging_levels_max
+
+
 def test_aged_jobs_do_not_gain_the_right_to_preempt():
-    run = Run()
+    run = Run(aging_levels_max=7)
     run.at(0, node("a1"))
     run.at(1, submit("holder", 6, 8, team="ops", est_runtime_s=100 * 3600))
     start_all(run, 2)
