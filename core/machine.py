@@ -21,7 +21,8 @@ from . import types as T
 from .evolve import evolve
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .policy import PolicyError, assign_variant, with_params
-from .preemption import Decline, earliest_fit, may_preempt, plan_preemption, scaled_limit
+from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt, plan_preemption,
+                         scaled_limit)
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
     job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, window_count,
@@ -552,12 +553,13 @@ def _place_queued(ctx: Ctx) -> None:
     if not ix.placement_dirty or not any(ix.free_by_model.values()):
         return
     reserved = _serve_the_starving(ctx)  # nodes held for them, as in EASY backfill
+    ix.reserved_nodes = reserved
     budget = p.scan_jobs_max
     models_of: dict[tuple[str, ...], list[str]] = {}
     # Placement is monotone within a pass (GPUs only get taken): once `g` GPUs of some models
     # did not fit (on one node, or across nodes), no larger gang of the same kind will.
     smallest_blocked: dict[tuple[tuple[str, ...], bool], int] = {}
-    free_open = sum(ix.free_by_model.values()) - sum(node_free_count(c.nodes[n]) for n in reserved)
+    free_open = sum(ix.free_by_model.values())
     for level in range(LEVELS):
         for job_id in serving_order(state, level):
             if budget <= 0 or free_open <= 0:
@@ -574,7 +576,8 @@ def _place_queued(ctx: Ctx) -> None:
             shape = (key, job.gpus > node_size_max(models, ix))
             placement = None
             if job.gpus < smallest_blocked.get(shape, job.gpus + 1) and free_gpus(models, ix) >= job.gpus:
-                placement = place(job.gpus, models, c.nodes, ix, reserved)
+                ends_t = t + expected_runtime_ms(state, job)
+                placement = place(job.gpus, models, c.nodes, ix, reserved, ends_t)
             if placement is not None:
                 _request_start(ctx, job, placement)
                 free_open -= job.gpus
@@ -612,7 +615,7 @@ def _serve_the_starving(ctx: Ctx) -> dict[str, None]:
     c = state.c
     p = c.policy
     t = ctx.inp.t
-    reserved: dict[str, None] = {}
+    reserved: dict[str, int] = {}
     served = scanned = 0
     for _, job_id in heapq.merge(*state.ix.waiting_by_level):
         scanned += 1
@@ -625,7 +628,8 @@ def _serve_the_starving(ctx: Ctx) -> dict[str, None]:
         if not _could_ever_fit(state, job, models):
             continue
         served += 1
-        placement = place(job.gpus, models, c.nodes, state.ix, reserved)
+        placement = place(job.gpus, models, c.nodes, state.ix, reserved,
+                          t + expected_runtime_ms(state, job))
         if placement is not None:
             _request_start(ctx, job, placement)
             continue
@@ -633,7 +637,7 @@ def _serve_the_starving(ctx: Ctx) -> dict[str, None]:
                  if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved]
         fit = earliest_fit(state, job, nodes)
         for name in (fit[1] if fit is not None else []):
-            reserved[name] = None
+            reserved[name] = t + fit[0]
     return reserved
 
 

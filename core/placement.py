@@ -27,21 +27,24 @@ def node_size_max(models: list[str], ix: Index) -> int:
     return max((ix.node_size_max_by_model.get(m, 0) for m in models), default=0)
 
 
-NO_NODES: dict[str, None] = {}
+NO_NODES: dict[str, int] = {}
 
 
 def place(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
-          reserved: dict[str, None] = NO_NODES) -> list[Slot] | None:
-    """A gang placement, or None; nodes in `reserved` are held for a starving job."""
+          reserved: dict[str, int] = NO_NODES, ends_t: int = 0) -> list[Slot] | None:
+    """A gang placement, or None. `reserved` maps nodes held for starving jobs to the time
+    those jobs are expected to start there: a job expected to end by then (`ends_t`) may
+    still use them (backfill), others may not."""
     if free_gpus(models, ix) < gpus:
         return None
+    blocked = {name: None for name, start_t in reserved.items() if ends_t > start_t} if reserved else NO_NODES
     if gpus <= node_size_max(models, ix):
-        return _place_on_one_node(gpus, models, nodes, ix, reserved)
-    return _place_across_nodes(gpus, models, nodes, ix, reserved)
+        return _place_on_one_node(gpus, models, nodes, ix, blocked)
+    return _place_across_nodes(gpus, models, nodes, ix, blocked)
 
 
 def _place_on_one_node(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
-                       reserved: dict[str, None]) -> list[Slot] | None:
+                       reserved: dict) -> list[Slot] | None:
     best: tuple[int, str] | None = None
     for model in models:
         buckets = ix.free_buckets.get(model, {})
@@ -59,7 +62,7 @@ def _place_on_one_node(gpus: int, models: list[str], nodes: dict[str, Node], ix:
 
 
 def _place_across_nodes(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
-                        reserved: dict[str, None]) -> list[Slot] | None:
+                        reserved: dict) -> list[Slot] | None:
     """A gang is of one GPU model: try each model, keep the one that needs fewest nodes."""
     best: tuple[int, str, list[Slot]] | None = None
     for model in models:

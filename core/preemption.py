@@ -175,7 +175,7 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
              if c.nodes[name].up and c.nodes[name].gpu_model in models]
     if not nodes:
         return Decline(reason="no_node_of_model")
-    if place(job.gpus, models, c.nodes, ix) is not None:
+    if place(job.gpus, models, c.nodes, ix, ix.reserved_nodes, c.t + expected_runtime_ms(state, job)) is not None:
         # Held back only by the scan budget or the starvation guard: no one needs to go.
         return Decline(reason="fits_without_preemption")
     runtime = expected_runtime_ms(state, job)
@@ -200,6 +200,8 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")
     victims, placement = choice
+    if not victims:  # it fits on GPUs held for a starving job: it waits like everyone else
+        return Decline(reason="held_back_by_reservation")
     cost = sum(costs[v].cost for v in victims)
     ready = max(costs[v].ready_ms for v in victims)
     natural_wait = natural_wait_ms(state, job, nodes)
