@@ -496,7 +496,7 @@ def serving_order(state: State, level: int) -> Iterator[str]:
     teams = {name: live[name][:depth] for name in names}
     policy = state.c.policy.queue_policy[level]
     if policy == "fcfs":
-        return (job_id for _, job_id in heapq.merge(*(teams[name] for name in names)))
+        return (key[-1] for key in heapq.merge(*(teams[name] for name in names)))
     if policy == "fair_share":
         return _fair_share_order(state, teams, names)
     return _round_robin_order(state, level, teams, names)
@@ -504,14 +504,15 @@ def serving_order(state: State, level: int) -> Iterator[str]:
 
 def _fair_share_order(state: State, teams, names: list[str]) -> Iterator[str]:
     """Next from the team furthest below its quota (GPUs held / quota, counting the jobs
-    already offered in this pass), ties to the older head, then the team name."""
+    already offered in this pass), ties to the head of the higher own level and older
+    submit, then the team name."""
     c = state.c
     usage: list[list] = []  # [used / quota, head key, name, cursor, used, quota]
     for name in names:
         bonus = c.ledger[name].quota_gpu_hours if name in c.ledger else 0.0
         quota = c.policy.team_quota.get(name, 1.0) * (1.0 + bonus / 100.0)
         used = state.ix.team_gpus.get(name, 0)
-        usage.append([used / quota, teams[name][0][0], name, 0, used, quota])
+        usage.append([used / quota, teams[name][0][:2], name, 0, used, quota])
     heap = [tuple(entry[:3]) + (i,) for i, entry in enumerate(usage)]
     heapq.heapify(heap)
     while heap:
@@ -519,12 +520,12 @@ def _fair_share_order(state: State, teams, names: list[str]) -> Iterator[str]:
         entry = usage[i]
         queue = teams[name]
         cursor = entry[3]
-        job_id = queue[cursor][1]
+        job_id = queue[cursor][-1]
         yield job_id
         entry[3] = cursor + 1
         entry[4] += c.jobs[job_id].gpus
         if entry[3] < len(queue):
-            heapq.heappush(heap, (entry[4] / entry[5], queue[entry[3]][0], name, i))
+            heapq.heappush(heap, (entry[4] / entry[5], queue[entry[3]][:2], name, i))
 
 
 def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
@@ -538,7 +539,7 @@ def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Ite
             queue = teams[name]
             if rank < len(queue):
                 added = True
-                yield queue[rank][1]
+                yield queue[rank][-1]
         if not added:
             return
 

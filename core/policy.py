@@ -45,7 +45,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # estimates) start nothing else until it starts there. Every job eventually becomes one
     # of the oldest, so every job has a finite wait.
     starvation_wait_ms: int = 2 * 3600 * 1000
-    starvation_reservations_max: int = 4
+    starvation_reservations_max: int = 1  # EASY backfill: one reservation, the oldest
 
     # --- aging: a job waiting longer than its level's threshold rises one level; the
     # threshold shrinks as the queue deepens and as the level's historical wait grows.

@@ -155,7 +155,7 @@ class Index:
     """Derived lookups, rebuilt from the canonical entities."""
 
     def __init__(self) -> None:
-        # level -> team -> sorted [(submit_t, job id)] of queued jobs at that eff level
+        # level -> team -> sorted [(base level, submit_t, job id)] of queued jobs at that eff level
         self.queues: list[dict[str, list[tuple[int, str]]]] = [{} for _ in range(LEVELS)]
         self.queued_count: list[int] = [0] * LEVELS
         # level -> sorted [(level_since_t, job id)] of jobs that may still age, for aging
@@ -240,17 +240,23 @@ def node_free_count(node: Node) -> int:
 def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] += 1
-    bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), (job.submit_t, job.id))
+    bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), _queue_key(job))
     if job.eff_level > 0 and job.level - job.eff_level < aging_levels_max:
         bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
     bisect.insort(ix.waiting_by_level[job.level], (job.submit_t, job.id))
+
+
+def _queue_key(job: Job) -> tuple[int, int, str]:
+    """Order within a level's team queue: a job's own level first, so that jobs aged into a
+    level queue behind the jobs that belong there, then submit time, then the id."""
+    return (job.level, job.submit_t, job.id)
 
 
 def queue_remove(ix: Index, job: Job) -> None:
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] -= 1
     team_queue = ix.queues[job.eff_level].get(job.team, [])
-    _remove_sorted(team_queue, (job.submit_t, job.id))
+    _remove_sorted(team_queue, _queue_key(job))
     if not team_queue:
         ix.queues[job.eff_level].pop(job.team, None)
     _remove_sorted(ix.aging[job.eff_level], (job.level_since_t, job.id))
