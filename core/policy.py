@@ -39,7 +39,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Jobs considered per scheduling pass; bounds the cost of one decision.
     scan_jobs_max: int = 256
     # Queued jobs considered for preemption per tick, strongest base level first.
-    preemption_candidates_max: int = 8
+    preemption_candidates_max: int = 4
     # The longest-waiting jobs (by submit time, whatever their level) that have waited this
     # long get reservations: the nodes where each will fit soonest (by remaining-time
     # estimates) start nothing else until it starts there. Every job eventually becomes one

@@ -319,9 +319,27 @@ def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int
 
 
 def natural_wait_ms(state: State, job: Job, nodes) -> int:
-    """When would the job fit without preempting, as running jobs finish as estimated."""
+    """When would the job fit without preempting, as running jobs finish as estimated: on
+    its own (the earliest gang fit), and after the GPUs that jobs served before it ask for
+    (queued at more urgent levels) have been taken from the pool of its models."""
     fit = earliest_fit(state, job, nodes)
-    return fit[0] if fit is not None else 10 * expected_runtime_ms(state, job)
+    if fit is None:
+        return 10 * expected_runtime_ms(state, job)
+    ahead = sum(state.ix.queued_gpus[:job.eff_level])
+    if ahead == 0:
+        return fit[0]
+    releases = sorted((_remaining_or_runtime(state, j), len(_gpus_on(state.c.jobs[j], node.name)))
+                      for node in nodes for j in state.ix.jobs_by_node.get(node.name, {}))
+    free = sum(len(free_indices(node)) for node in nodes)
+    behind_queue = _first_fit_time(free, releases, ahead + job.gpus)
+    if behind_queue is None:
+        behind_queue = (releases[-1][0] if releases else 0) + expected_runtime_ms(state, job)
+    return max(fit[0], behind_queue)
+
+
+def _remaining_or_runtime(state: State, job_id: str) -> int:
+    other = state.c.jobs[job_id]
+    return remaining_ms(state, other) if other.state == RUNNING else expected_runtime_ms(state, other)
 
 
 def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:

@@ -158,6 +158,7 @@ class Index:
         # level -> team -> sorted [(base level, submit_t, job id)] of queued jobs at that eff level
         self.queues: list[dict[str, list[tuple[int, str]]]] = [{} for _ in range(LEVELS)]
         self.queued_count: list[int] = [0] * LEVELS
+        self.queued_gpus: list[int] = [0] * LEVELS  # GPUs asked for by queued jobs, per eff level
         # level -> sorted [(level_since_t, job id)] of jobs that may still age, for aging
         self.aging: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
         # base level -> sorted [(submit_t, job id)] of queued jobs: who may preempt first
@@ -240,6 +241,7 @@ def node_free_count(node: Node) -> int:
 def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] += 1
+    ix.queued_gpus[job.eff_level] += job.gpus
     bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), _queue_key(job))
     if job.eff_level > 0 and job.level - job.eff_level < aging_levels_max:
         bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
@@ -255,6 +257,7 @@ def _queue_key(job: Job) -> tuple[int, int, str]:
 def queue_remove(ix: Index, job: Job) -> None:
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] -= 1
+    ix.queued_gpus[job.eff_level] -= job.gpus
     team_queue = ix.queues[job.eff_level].get(job.team, [])
     _remove_sorted(team_queue, _queue_key(job))
     if not team_queue:
