@@ -91,12 +91,18 @@ def _occupy(s: State, job: Job, placement: list[T.Slot]) -> None:
         s.ix.jobs_by_node.setdefault(slot.node, {})[job.id] = None
 
 
-def _vacate(s: State, job: Job) -> None:
-    for slot in job.placement:
+def _free_slots(s: State, slots: list[T.Slot], holder: str) -> None:
+    """Free the GPUs of these slots that `holder` still holds."""
+    for slot in slots:
         node = s.c.nodes[slot.node]
         for gpu in slot.gpus:
-            if node.holder[gpu] == job.id:
+            if node.holder[gpu] == holder:
                 set_holder(s.c, s.ix, slot.node, gpu, "")
+
+
+def _vacate(s: State, job: Job) -> None:
+    _free_slots(s, job.placement, job.id)
+    for slot in job.placement:
         on_node = s.ix.jobs_by_node.get(slot.node)
         if on_node is not None:
             on_node.pop(job.id, None)
@@ -299,11 +305,7 @@ def _victim_released(s: State, ev: T.VictimReleased) -> None:
 
 
 def _free_held_extra(s: State, saga: Saga) -> None:
-    for slot in saga.held_extra:
-        node = s.c.nodes[slot.node]
-        for gpu in slot.gpus:
-            if node.holder[gpu] == saga.preemptor:
-                set_holder(s.c, s.ix, slot.node, gpu, "")
+    _free_slots(s, saga.held_extra, saga.preemptor)
 
 
 def _preemption_committed(s: State, ev: T.PreemptionCommitted) -> None:

@@ -233,3 +233,22 @@ def gpus_on(job: PeerJob, node: str) -> int:
         if n == node:
             return g
     return 0
+
+
+def take_across_nodes(job: PeerJob, ranked: list[tuple], node_victims) -> tuple[list[PeerJob], list] | None:
+    """Fill a gang larger than a node from `ranked` (key, -capacity, node) entries in order,
+    collecting each node's victims; None if the gang cannot be filled or needs no victim."""
+    victims: dict[str, PeerJob] = {}
+    reservation = []
+    need = job.gpus
+    for _, neg_capacity, node in ranked:
+        take = min(-neg_capacity, need)
+        for v in node_victims(node, job, take) or []:
+            victims[v.id] = v
+        reservation.append((node, take))
+        need -= take
+        if need == 0:
+            break
+    if need > 0 or not victims:
+        return None
+    return list(victims.values()), sorted(reservation)

@@ -23,7 +23,7 @@
 
 from __future__ import annotations
 
-from .base import PeerJob, gpus_on, victims_on_node
+from .base import PeerJob, gpus_on, take_across_nodes, victims_on_node
 from .none import NonePolicy
 
 DEFAULT_GRACE_S = 30.0
@@ -112,17 +112,4 @@ class K8sPolicy(NonePolicy):
             top = min((v.level for v in candidates), default=8)
             ranked.append((-top, -capacity, node))
         ranked.sort()
-        victims: dict[str, PeerJob] = {}
-        reservation = []
-        need = job.gpus
-        for _, neg_capacity, node in ranked:
-            take = min(-neg_capacity, need)
-            for v in self._node_victims(node, job, take) or []:
-                victims[v.id] = v
-            reservation.append((node, take))
-            need -= take
-            if need == 0:
-                break
-        if need > 0 or not victims:
-            return None
-        return list(victims.values()), sorted(reservation)
+        return take_across_nodes(job, ranked, self._node_victims)

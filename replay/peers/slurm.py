@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 
-from .base import RUNNING, STARTING, PeerJob, PeerPolicy, gpus_on, victims_on_node
+from .base import RUNNING, STARTING, PeerJob, PeerPolicy, gpus_on, take_across_nodes, victims_on_node
 
 DAY_MS = 86_400_000
 DEFAULTS = {
@@ -276,17 +276,4 @@ class SlurmPolicy(PeerPolicy):
             if capacity > 0:
                 ranked.append((len(candidates), -capacity, node))
         ranked.sort()
-        victims: dict[str, PeerJob] = {}
-        reservation = []
-        need = job.gpus
-        for _, neg_capacity, node in ranked:
-            take = min(-neg_capacity, need)
-            for v in self._node_victims(node, job, take) or []:
-                victims[v.id] = v
-            reservation.append((node, take))
-            need -= take
-            if need == 0:
-                break
-        if need > 0 or not victims:
-            return None
-        return list(victims.values()), sorted(reservation)
+        return take_across_nodes(job, ranked, self._node_victims)
