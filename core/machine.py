@@ -25,7 +25,7 @@ from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt
                          scaled_limit)
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
-    job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, window_count,
+    job_progress_ms, last_checkpoint, live_digest, queue_depth, window_count,
 )
 from .types import LEVELS
 
