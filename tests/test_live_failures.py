@@ -90,10 +90,9 @@ def test_scheduler_killed_mid_saga_loses_nothing_and_the_saga_ends(tmp_path):
 def test_second_scheduler_beside_the_first_never_appends(tmp_path):
     with Cluster(tmp_path) as c:
         s1 = c.scheduler("s1")
-        c.wait(lambda rs: True)
-        c.scheduler("s2")
         c.agent("h1", "8xH100")
-        c.wait_for(T.NodeJoined, node="h1")
+        c.wait_for(T.NodeJoined, node="h1")  # s1 leads: it has appended
+        c.scheduler("s2")
         c.send(*[T.Submit(job=f"j{i}", team="a", user="u", level=7, gpus=16) for i in range(30)])
         c.wait_for(T.JobSubmitted, count=30)
         time.sleep(1.0)  # several lease renewals and ticks of both
