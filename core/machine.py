@@ -555,6 +555,9 @@ def _place_queued(ctx: Ctx) -> None:
         return
     reserved = _serve_the_starving(ctx)  # nodes held for them, as in EASY backfill
     ix.reserved_nodes = reserved
+    # The budget bounds placement attempts, not jobs looked at: jobs that cannot fit are
+    # skipped by cheap checks, so a deep layer of blocked gangs at the urgent levels does
+    # not hide the small jobs behind them while GPUs stand idle.
     budget = p.scan_jobs_max
     models_of: dict[tuple[str, ...], list[str]] = {}
     # Placement is monotone within a pass (GPUs only get taken): once `g` GPUs of some models
@@ -563,10 +566,11 @@ def _place_queued(ctx: Ctx) -> None:
     free_open = sum(ix.free_by_model.values())
     for level in range(LEVELS):
         for job_id in serving_order(state, level):
-            if budget <= 0 or free_open <= 0:
+            if budget <= 0:
+                return  # more may fit: the next step goes on (the flag stays set)
+            if free_open <= 0 or smallest_blocked.get(ANY_MODEL_ONE_NODE) == 1:
                 ix.placement_dirty = False
                 return
-            budget -= 1
             job = c.jobs[job_id]
             if job.gpus > free_open:
                 continue
@@ -575,16 +579,20 @@ def _place_queued(ctx: Ctx) -> None:
             if models is None:
                 models = models_of[key] = acceptable_models(job.gpu_models, ix)
             shape = (key, job.gpus > node_size_max(models, ix))
-            placement = None
-            if job.gpus < smallest_blocked.get(shape, job.gpus + 1) and free_gpus(models, ix) >= job.gpus:
-                ends_t = t + expected_runtime_ms(state, job)
-                placement = place(job.gpus, models, c.nodes, ix, reserved, ends_t)
+            if job.gpus >= smallest_blocked.get(shape, job.gpus + 1) or free_gpus(models, ix) < job.gpus:
+                continue
+            budget -= 1
+            placement = place(job.gpus, models, c.nodes, ix, reserved, t + expected_runtime_ms(state, job))
             if placement is not None:
                 _request_start(ctx, job, placement)
                 free_open -= job.gpus
                 continue
-            smallest_blocked[shape] = min(job.gpus, smallest_blocked.get(shape, job.gpus))
+            smallest_blocked[shape] = job.gpus
     ix.placement_dirty = False
+
+
+# A one-GPU job that accepts any model and still does not fit: nothing else will either.
+ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool] = ((), False)
 
 
 def preemption_candidates(state: State, t: int) -> list[str]:
