@@ -545,7 +545,9 @@ def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Ite
 
 
 def _place_queued(ctx: Ctx) -> None:
-    """Start every queued job that fits, level by level in each level's serving order."""
+    """Start every queued job that fits, level by level in each level's serving order; the
+    oldest starving job and the first jobs that do not fit get reservations (EASY backfill:
+    later jobs may use reserved nodes only if expected to end before the holder starts)."""
     state = ctx.state
     c = state.c
     p = c.policy
@@ -553,46 +555,58 @@ def _place_queued(ctx: Ctx) -> None:
     ix = state.ix
     if not ix.placement_dirty or not any(ix.free_by_model.values()):
         return
-    reserved = _serve_the_starving(ctx)  # nodes held for them, as in EASY backfill
+    reserved = _serve_the_starving(ctx)
     ix.reserved_nodes = reserved
+    starts_by_node = {name: start_t for name, (start_t, _) in reserved.items()}
+    heads_left = p.head_reservations_max
     # The budget bounds placement attempts, not jobs looked at: jobs that cannot fit are
     # skipped by cheap checks, so a deep layer of blocked gangs at the urgent levels does
     # not hide the small jobs behind them while GPUs stand idle.
     budget = p.scan_jobs_max
     models_of: dict[tuple[str, ...], list[str]] = {}
-    # Placement is monotone within a pass (GPUs only get taken): once `g` GPUs of some models
-    # did not fit (on one node, or across nodes), no larger gang of the same kind will.
-    smallest_blocked: dict[tuple[tuple[str, ...], bool], int] = {}
+    # Placement is monotone within a pass (GPUs only get taken, nodes only get reserved):
+    # once a gang of `g` GPUs of some models expected to end at `e` did not fit, no gang of
+    # the same kind with at least `g` GPUs ending at `e` or later will. Blocks that no
+    # reservation caused hold whatever the end (`ANY_END`).
+    blocked: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
     free_open = sum(ix.free_by_model.values())
     for level in range(LEVELS):
         for job_id in serving_order(state, level):
             if budget <= 0:
                 return  # more may fit: the next step goes on (the flag stays set)
-            if free_open <= 0 or smallest_blocked.get(ANY_MODEL_ONE_NODE) == 1:
+            if free_open <= 0 or (1, ANY_END) in blocked.get(ANY_MODEL_ONE_NODE, ()):
                 ix.placement_dirty = False
                 return
             job = c.jobs[job_id]
-            if job.gpus > free_open:
-                continue
-            key = tuple(job.gpu_models)
-            models = models_of.get(key)
-            if models is None:
-                models = models_of[key] = acceptable_models(job.gpu_models, ix)
-            shape = (key, job.gpus > node_size_max(models, ix))
-            if job.gpus >= smallest_blocked.get(shape, job.gpus + 1) or free_gpus(models, ix) < job.gpus:
-                continue
-            budget -= 1
-            placement = place(job.gpus, models, c.nodes, ix, reserved, t + expected_runtime_ms(state, job))
+            placement = None
+            if job.gpus <= free_open:
+                key = tuple(job.gpu_models)
+                models = models_of.get(key)
+                if models is None:
+                    models = models_of[key] = acceptable_models(job.gpu_models, ix)
+                shape = (key, job.gpus > node_size_max(models, ix))
+                ends_t = t + expected_runtime_ms(state, job)
+                known = blocked.get(shape, ())
+                if free_gpus(models, ix) >= job.gpus and not any(
+                        g <= job.gpus and e <= ends_t for g, e in known):
+                    budget -= 1
+                    placement = place(job.gpus, models, c.nodes, ix, starts_by_node, ends_t)
+                    if placement is None:
+                        held = any(ends_t > start_t for start_t in starts_by_node.values())
+                        blocked.setdefault(shape, []).append((job.gpus, ends_t if held else ANY_END))
             if placement is not None:
                 _request_start(ctx, job, placement)
                 free_open -= job.gpus
-                continue
-            smallest_blocked[shape] = job.gpus
+            elif heads_left > 0 and _reserve(state, job, reserved):
+                heads_left -= 1
+                starts_by_node = {name: start_t for name, (start_t, _) in reserved.items()}
     ix.placement_dirty = False
 
 
-# A one-GPU job that accepts any model and still does not fit: nothing else will either.
+# A one-GPU job that accepts any model and does not fit even ignoring reservations:
+# nothing else will either.
 ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool] = ((), False)
+ANY_END = -1
 
 
 def preemption_candidates(state: State, t: int) -> list[str]:
@@ -614,17 +628,17 @@ def preemption_candidates(state: State, t: int) -> list[str]:
     return found
 
 
-def _serve_the_starving(ctx: Ctx) -> dict[str, None]:
+def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:
     """The longest-waiting jobs (oldest submit first, any level) that have waited past
     `starvation_wait_ms`: start each that fits now, else reserve the nodes where it will fit
-    soonest as running jobs end. Returns the reserved nodes, where nothing else may start.
+    soonest as running jobs end. Returns the reservations (node -> (start, job)).
     New jobs are always younger, so every job in time becomes one of the oldest: a finite
     wait for all, while the rest of the pool keeps serving by priority."""
     state = ctx.state
     c = state.c
     p = c.policy
     t = ctx.inp.t
-    reserved: dict[str, int] = {}
+    reserved: dict[str, tuple[int, str]] = {}
     served = scanned = 0
     for _, job_id in heapq.merge(*state.ix.waiting_by_level):
         scanned += 1
@@ -637,17 +651,30 @@ def _serve_the_starving(ctx: Ctx) -> dict[str, None]:
         if not _could_ever_fit(state, job, models):
             continue
         served += 1
-        placement = place(job.gpus, models, c.nodes, state.ix, reserved,
+        starts_by_node = {name: start_t for name, (start_t, _) in reserved.items()}
+        placement = place(job.gpus, models, c.nodes, state.ix, starts_by_node,
                           t + expected_runtime_ms(state, job))
         if placement is not None:
             _request_start(ctx, job, placement)
             continue
-        nodes = [c.nodes[name] for name in sorted(c.nodes)
-                 if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved]
-        fit = earliest_fit(state, job, nodes)
-        for name in (fit[1] if fit is not None else []):
-            reserved[name] = t + fit[0]
+        _reserve(state, job, reserved)
     return reserved
+
+
+def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bool:
+    """Hold the nodes where the job will fit soonest (not already held) for it."""
+    c = state.c
+    models = acceptable_models(job.gpu_models, state.ix)
+    if not _could_ever_fit(state, job, models):
+        return False
+    nodes = [c.nodes[name] for name in sorted(c.nodes)
+             if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved]
+    fit = earliest_fit(state, job, nodes)
+    if fit is None:
+        return False
+    for name in fit[1]:
+        reserved[name] = (c.t + fit[0], job.id)
+    return True
 
 
 def _could_ever_fit(state: State, job: Job, models: list[str]) -> bool:

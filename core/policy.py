@@ -46,6 +46,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # of the oldest, so every job has a finite wait.
     starvation_wait_ms: int = 2 * 3600 * 1000
     starvation_reservations_max: int = 1  # EASY backfill: one reservation, the oldest
+    # The first jobs of the serving order that do not fit get the same kind of reservation,
+    # so a large gang at an urgent level is not starved by small jobs of less urgent
+    # levels taking every GPU that frees (they may still backfill if expected to end first).
+    head_reservations_max: int = 1
 
     # --- aging: a job waiting longer than its level's threshold rises one level; the
     # threshold shrinks as the queue deepens and as the level's historical wait grows.

@@ -16,6 +16,9 @@ Preempt only when benefit - cost > policy.net_benefit_min. Pure functions of the
 
 from __future__ import annotations
 
+import bisect
+import itertools
+
 import msgspec
 
 from .placement import acceptable_models, free_indices, node_size_max, place
@@ -80,7 +83,7 @@ def can_checkpoint(job: Job) -> bool:
     return job.ckpt_interval_ms > 0
 
 
-def victim_cost(state: State, victim: Job, preemptor_runtime_ms: int, p: Policy) -> VictimCost:
+def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy) -> VictimCost:
     c = state.c
     t = c.t
     progress = job_progress_ms(victim, t)
@@ -100,13 +103,18 @@ def victim_cost(state: State, victim: Job, preemptor_runtime_ms: int, p: Policy)
         lost, save, ready = 0, victim.ckpt_cost_ms, p.safe_point_ms + victim.ckpt_cost_ms
         checkpoint_needed = True
     restore = victim.restore_cost_ms if (last is not None or checkpoint_needed) else 0
-    history_wait = int(c.level_wait[victim.level].mean_ms)
-    requeue_wait = min(history_wait, preemptor_runtime_ms)
-    seconds = (lost + save + restore + requeue_wait) / 1000.0
+    seconds = (lost + save + restore + requeue_wait_ms) / 1000.0
     return VictimCost(
         job=victim.id, gpus=victim.gpus, lost_ms=lost, save_ms=save, restore_ms=restore,
-        requeue_wait_ms=requeue_wait, ready_ms=ready, checkpoint_needed=checkpoint_needed,
+        requeue_wait_ms=requeue_wait_ms, ready_ms=ready, checkpoint_needed=checkpoint_needed,
         cost=p.level_weight[victim.level] * victim.gpus * seconds)
+
+
+def requeue_level(state: State, victim: Job) -> int:
+    """The queue level a victim returns to: its base level raised by the recovery boost."""
+    p = state.c.policy
+    boost = min(p.requeue_boost_max, p.requeue_boost_per_preemption * (victim.preempt_count + 1))
+    return max(0, victim.level - boost)
 
 
 # ---------------------------------------------------------------- eligibility
@@ -175,19 +183,35 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
              if c.nodes[name].up and c.nodes[name].gpu_model in models]
     if not nodes:
         return Decline(reason="no_node_of_model")
-    if place(job.gpus, models, c.nodes, ix, ix.reserved_nodes, c.t + expected_runtime_ms(state, job)) is not None:
-        # Held back only by the scan budget or the starvation guard: no one needs to go.
-        return Decline(reason="fits_without_preemption")
     runtime = expected_runtime_ms(state, job)
+    # Nodes held for other blocked jobs are promised: they neither end this job's wait nor
+    # can be freed for it, unless it would be done before the holder is expected to start.
+    held = {name: start_t for name, (start_t, holder) in ix.reserved_nodes.items()
+            if holder != job.id and c.t + runtime > start_t}
+    if place(job.gpus, models, c.nodes, ix, held, c.t + runtime) is not None:
+        # Held back only by the scan budget: no one needs to go.
+        return Decline(reason="fits_without_preemption")
+    if held:
+        nodes = [node for node in nodes if node.name not in held]
+        if not nodes:
+            return Decline(reason="held_back_by_reservation")
     model_ok = dict.fromkeys(models)
+    curve = ReleaseCurve(state, nodes, runtime)
+    requeue_waits: dict[tuple[int, int], int] = {}
     costs: dict[str, VictimCost] = {}
     for level in range(max(p.preempts_from_level[job.level], job.level + 1), LEVELS):
         for victim_id in sorted(ix.holding_by_level[level]):
             victim = c.jobs[victim_id]
             if not victim_eligible(state, job, victim):
                 continue
-            if any(c.nodes[slot.node].gpu_model in model_ok for slot in victim.placement):
-                costs[victim_id] = victim_cost(state, victim, runtime, p)
+            if any(c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
+                   for slot in victim.placement):
+                key = (requeue_level(state, victim), victim.gpus)
+                if key not in requeue_waits:
+                    requeue_waits[key] = min(runtime, curve.wait_for(
+                        _queued_ahead(state, job, key[0]) + victim.gpus))
+                wait = requeue_waits[key]
+                costs[victim_id] = victim_cost(state, victim, wait, p)
     if not costs:
         return Decline(reason="no_eligible_victims")
     victim_nodes = dict.fromkeys(slot.node for v in costs for slot in c.jobs[v].placement)
@@ -204,7 +228,7 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
         return Decline(reason="held_back_by_reservation")
     cost = sum(costs[v].cost for v in victims)
     ready = max(costs[v].ready_ms for v in victims)
-    natural_wait = natural_wait_ms(state, job, nodes)
+    natural_wait = natural_wait_ms(state, job, nodes, curve)
     level_weight = p.level_weight[job.level]
     benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
     if benefit - cost <= p.net_benefit_min:
@@ -318,7 +342,7 @@ def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int
     return [unit[1] for unit in chosen]
 
 
-def natural_wait_ms(state: State, job: Job, nodes) -> int:
+def natural_wait_ms(state: State, job: Job, nodes, curve: "ReleaseCurve | None" = None) -> int:
     """When would the job fit without preempting, as running jobs finish as estimated: on
     its own (the earliest gang fit), and after the GPUs that jobs served before it ask for
     (queued at more urgent levels) have been taken from the pool of its models."""
@@ -328,13 +352,37 @@ def natural_wait_ms(state: State, job: Job, nodes) -> int:
     ahead = sum(state.ix.queued_gpus[:job.eff_level])
     if ahead == 0:
         return fit[0]
-    releases = sorted((_remaining_or_runtime(state, j), len(_gpus_on(state.c.jobs[j], node.name)))
-                      for node in nodes for j in state.ix.jobs_by_node.get(node.name, {}))
-    free = sum(len(free_indices(node)) for node in nodes)
-    behind_queue = _first_fit_time(free, releases, ahead + job.gpus)
-    if behind_queue is None:
-        behind_queue = (releases[-1][0] if releases else 0) + expected_runtime_ms(state, job)
-    return max(fit[0], behind_queue)
+    curve = curve or ReleaseCurve(state, nodes, expected_runtime_ms(state, job))
+    return max(fit[0], curve.wait_for(ahead + job.gpus))
+
+
+def _queued_ahead(state: State, preemptor: Job, level: int) -> int:
+    """GPUs asked for by jobs queued at `level` or more urgent, less the preemptor's own
+    (it takes the victims' GPUs, not released ones)."""
+    ahead = sum(state.ix.queued_gpus[:level + 1])
+    return ahead - (preemptor.gpus if preemptor.eff_level <= level else 0)
+
+
+class ReleaseCurve:
+    """GPUs of some nodes that become free over time as running jobs end as estimated:
+    `wait_for(g)` is when `g` of them will have been free at once, pooled over the nodes
+    (a queue's view: whoever is first in line takes the next GPU that frees)."""
+
+    def __init__(self, state: State, nodes, beyond_ms: int) -> None:
+        releases = sorted((_remaining_or_runtime(state, j), len(_gpus_on(state.c.jobs[j], node.name)))
+                          for node in nodes for j in state.ix.jobs_by_node.get(node.name, {}))
+        self.free = sum(len(free_indices(node)) for node in nodes)
+        self.times = [at for at, _ in releases]
+        self.freed: list[int] = list(itertools.accumulate(g for _, g in releases))
+        # Past every known release the queue drains at an unknown pace: one more runtime.
+        self.beyond_ms = (self.times[-1] if self.times else 0) + beyond_ms
+
+    def wait_for(self, gpus: int) -> int:
+        need = gpus - self.free
+        if need <= 0:
+            return 0
+        i = bisect.bisect_left(self.freed, need)
+        return self.times[i] if i < len(self.times) else self.beyond_ms
 
 
 def _remaining_or_runtime(state: State, job_id: str) -> int:

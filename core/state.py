@@ -179,8 +179,9 @@ class Index:
         # Set by anything that could let a queued job start (a queue changed, a GPU freed,
         # capacity or policy changed); a pass that finds it clear has nothing new to place.
         self.placement_dirty = True
-        # Nodes the last pass held for starving jobs -> when each is expected to start there.
-        self.reserved_nodes: dict[str, int] = {}
+        # Nodes the last pass held for blocked jobs -> (when the job is expected to start
+        # there, the job's id).
+        self.reserved_nodes: dict[str, tuple[int, str]] = {}
         self.jobs_sum = 0
 
 

@@ -250,3 +250,39 @@ def test_a_gang_across_nodes_never_mixes_gpu_models():
     run2 = Run()
     run2.at(0, node("a1", "A100"), node("h1", "H100"))
     assert not of(run2.at(1000, submit("any-16", 5, 16, models=[])), T.JobStartRequested)
+
+
+def test_gpus_held_for_a_blocked_gang_do_not_count_as_free_for_an_urgent_job():
+    """a2's free GPUs are held for the level-0 gang (which, here, may not preempt level 3):
+    the level-1 job cannot use them, so its natural wait is the 10-hour job on a1, and it
+    preempts there instead of waiting for GPUs that are promised."""
+    run = Run(preempts_from_level=[4, 3, 4, 6, 7, 8, 8, 8])
+    run.at(0, node("a1"), node("a2"))
+    run.at(1, submit("long", 3, 8, team="ops", user="o", est_runtime_s=10 * 3600,
+                     ckpt_cost_s=20, restore_cost_s=20),
+           submit("level3", 3, 6, team="ops", user="o", est_runtime_s=600))
+    start_all(run, 2)
+    run.at(10, submit("gang", 0, 8, team="g", user="g", est_runtime_s=3600))
+    assert run.state.ix.reserved_nodes["a2"][1] == "gang"
+    events = run.at(20, submit("urgent", 1, 2, team="u", user="u", est_runtime_s=3600))
+    plan = of(events, T.PreemptionPlanned)
+    assert [(p.preemptor, p.victims) for p in plan] == [("urgent", ["long"])]
+    assert plan[0].placement[0].node == "a1"
+
+
+def test_a_victim_that_would_requeue_behind_a_deep_queue_costs_more():
+    """The requeued victim's wait is estimated from the GPUs queued ahead of it: with a deep
+    queue at more urgent levels the same preemption is declined."""
+    def attempt(queued_ahead: int) -> list:
+        run = Run(preempts_from_level=[2, 3, 8, 8, 8, 8, 8, 8])  # the queue ahead may not preempt
+        run.at(0, node("a1"), node("a2"))
+        run.at(1, submit("victim", 6, 8, team="ops", user="o", est_runtime_s=10 * 3600,
+                         ckpt_cost_s=20, restore_cost_s=20),
+               submit("level2", 2, 8, team="ops", user="o", est_runtime_s=3 * 3600))
+        start_all(run, 2)
+        run.at(5, *[submit(f"ahead-{i}", 2, 8, team="q", user=f"q{i}", est_runtime_s=4 * 3600)
+                    for i in range(queued_ahead)])
+        return run.at(10, submit("urgent", 1, 1, team="u", user="u", est_runtime_s=10 * 3600))
+    assert of(attempt(0), T.PreemptionPlanned)
+    declined = of(attempt(6), T.PreemptionDeclined)
+    assert [d.reason for d in declined if d.job == "urgent"] == ["benefit_below_cost"]

@@ -137,3 +137,53 @@ def test_recovery_boost_puts_a_preempted_job_ahead_of_its_level():
     events = run.at(HOUR + 20 * MIN, T.Finished(job="urgent", ok=True))
     assert started_order(events) == ["victim"]
     assert run.job_state("peer") == "queued"
+
+
+def test_small_jobs_start_on_idle_gpus_behind_more_blocked_gangs_than_the_scan_budget():
+    """Blocked 8-GPU jobs at urgent levels are skipped cheaply: they must not use up the
+    pass's budget while a less urgent 1-GPU job could run on an idle GPU."""
+    run = Run(scan_jobs_max=4, head_reservations_max=0)
+    run.at(0, node("a1"), node("a2"))
+    # Level 2: the level-1 gangs may not preempt them.
+    run.at(1, submit("half", 2, 4, team="ops", est_runtime_s=3600),
+           submit("other-half", 2, 4, team="ops", est_runtime_s=3600),
+           submit("third", 2, 7, team="ops", est_runtime_s=3600))
+    start_all(run, 2)
+    run.at(10, *[submit(f"gang-{i}", 1, 8, team="g") for i in range(10)])
+    events = run.at(20, submit("small", 5, 1, team="s"))
+    assert started_order(events) == ["small"]
+
+
+def _gang_behind_small_jobs(**params) -> Run:
+    run = Run(**params)
+    run.at(0, node("a1"), node("a2"))
+    # Level 3: not preemptible by the level-2 gang, so it can only wait for a node to drain.
+    run.at(1, submit("long-a", 3, 7, team="ops", est_runtime_s=10 * 3600),
+           submit("short-b", 3, 6, team="ops", est_runtime_s=600))  # best fit: a2, 2 left
+    start_all(run, 2)
+    run.at(10, submit("gang", 2, 8, team="g", est_runtime_s=3600))
+    run.at(20, submit("filler", 5, 2, team="f", est_runtime_s=5 * 3600))
+    return run
+
+
+def test_the_first_blocked_gang_gets_a_node_held_for_it_against_less_urgent_jobs():
+    """EASY backfill at the head of the queue: the level-2 gang waits for a2 to drain;
+    a level-5 job that would outlast the drain may not take the GPUs that are free there,
+    one that ends before may."""
+    run = _gang_behind_small_jobs()
+    assert run.job_state("filler") == "queued"
+    assert run.state.ix.reserved_nodes["a2"][1] == "gang"
+    backfill = run.at(30, submit("tiny", 5, 2, team="f", est_runtime_s=60))
+    assert started_order(backfill) == ["tiny"]
+    start_all(run, 31)
+    run.at(100, T.Finished(job="tiny", ok=True))
+    events = run.at(600, T.Finished(job="short-b", ok=True))
+    assert started_order(events) == ["gang"]
+    assert run.job("gang").placement[0].node == "a2"
+
+
+def test_without_head_reservations_small_jobs_keep_the_gang_waiting():
+    run = _gang_behind_small_jobs(head_reservations_max=0)
+    assert run.job_state("filler") == "starting"
+    events = run.at(600, T.Finished(job="short-b", ok=True))
+    assert "gang" not in started_order(events)
