@@ -160,6 +160,7 @@ def _learn_runtime(s: State, job: Job, run_ms: int) -> None:
     est = s.c.estimates.get(key) or Estimate()
     samples = est.samples + 1
     s.c.estimates[key] = Estimate(samples=samples, mean_ms=est.mean_ms + (run_ms - est.mean_ms) / samples)
+    s.ix.remaining_memo.clear()
 
 
 def _job_requeued(s: State, ev: T.JobRequeued) -> None:
@@ -372,6 +373,7 @@ def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
     before = s.c.policy
     s.c.policy = with_params(before, ev.params)
     s.ix.variant_policies.clear()
+    s.ix.remaining_memo.clear()
     s.ix.placement_dirty = True
     if s.c.policy.aging_levels_max != before.aging_levels_max:
         s.ix = rebuild_index(s.c)  # which jobs may still age changed

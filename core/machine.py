@@ -25,7 +25,7 @@ from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt
                          scaled_limit)
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
-    job_progress_ms, last_checkpoint, live_digest, queue_depth, window_count,
+    job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, window_count,
 )
 from .types import LEVELS
 
@@ -84,16 +84,22 @@ def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
     if reason:
         _reject(ctx, reason[0], reason[1])
         return state, ctx.records
+    # Decisions read the clock from the state: let them see the input's time. Only events
+    # move the recorded clock (replay sees nothing else), so an input that led to no event
+    # leaves it where it was.
+    recorded_t = state.c.t
+    state.c.t = inp.t
     handler = _HANDLERS[type(inp)]
     handler(ctx, inp)
-    if ctx.records and isinstance(ctx.records[-1].event, T.InputRejected) and not ctx.accepted:
-        return state, ctx.records
-    if isinstance(inp, PREEMPTION_TRIGGERS):
-        schedule(ctx, preempt_for="head")
-    elif isinstance(inp, T.Submit):
-        schedule(ctx, preempt_for=inp.job)
-    else:
-        schedule(ctx, preempt_for="")
+    if not (ctx.records and isinstance(ctx.records[-1].event, T.InputRejected) and not ctx.accepted):
+        if isinstance(inp, PREEMPTION_TRIGGERS):
+            schedule(ctx, preempt_for="head")
+        elif isinstance(inp, T.Submit):
+            schedule(ctx, preempt_for=inp.job)
+        else:
+            schedule(ctx, preempt_for="")
+    if not ctx.records:
+        state.c.t = recorded_t
     return state, ctx.records
 
 
@@ -561,8 +567,9 @@ def _place_queued(ctx: Ctx) -> None:
     heads_left = p.head_reservations_max
     # The budget bounds placement attempts, not jobs looked at: jobs that cannot fit are
     # skipped by cheap checks, so a deep layer of blocked gangs at the urgent levels does
-    # not hide the small jobs behind them while GPUs stand idle.
-    budget = p.scan_jobs_max
+    # not hide the small jobs behind them while GPUs stand idle. Once only held GPUs are
+    # free, a pass looks for short jobs to backfill among at most as many jobs.
+    budget = backfill_budget = p.scan_jobs_max
     models_of: dict[tuple[str, ...], list[str]] = {}
     # Placement is monotone within a pass (GPUs only get taken, nodes only get reserved):
     # once a gang of `g` GPUs of some models expected to end at `e` did not fit, no gang of
@@ -570,11 +577,14 @@ def _place_queued(ctx: Ctx) -> None:
     # reservation caused hold whatever the end (`ANY_END`).
     blocked: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
     free_open = sum(ix.free_by_model.values())
+    free_unheld = free_open - _free_on(c, reserved)
     for level in range(LEVELS):
         for job_id in serving_order(state, level):
             if budget <= 0:
                 return  # more may fit: the next step goes on (the flag stays set)
-            if free_open <= 0 or (1, ANY_END) in blocked.get(ANY_MODEL_ONE_NODE, ()):
+            if free_unheld <= 0:
+                backfill_budget -= 1
+            if free_open <= 0 or backfill_budget < 0 or (1, ANY_END) in blocked.get(ANY_MODEL_ONE_NODE, ()):
                 ix.placement_dirty = False
                 return
             job = c.jobs[job_id]
@@ -597,10 +607,16 @@ def _place_queued(ctx: Ctx) -> None:
             if placement is not None:
                 _request_start(ctx, job, placement)
                 free_open -= job.gpus
+                free_unheld -= sum(len(slot.gpus) for slot in placement if slot.node not in reserved)
             elif heads_left > 0 and _reserve(state, job, reserved):
                 heads_left -= 1
                 starts_by_node = {name: start_t for name, (start_t, _) in reserved.items()}
+                free_unheld = free_open - _free_on(c, reserved)
     ix.placement_dirty = False
+
+
+def _free_on(c, nodes) -> int:
+    return sum(node_free_count(c.nodes[name]) for name in nodes if c.nodes[name].up)
 
 
 # A one-GPU job that accepts any model and does not fit even ignoring reservations:

@@ -26,7 +26,7 @@ from .policy import Policy, with_params
 from .state import RUNNING, Job, State, job_progress_ms, last_checkpoint, window_count
 from .types import LEVELS, Slot
 
-LINDY_FLOOR_FRACTION = 10  # a job past its estimate is expected to run 1/10 of it more
+LINDY_FLOOR_FRACTION = 10  # a job just past its estimate is expected to run 1/10 of it more
 
 
 class VictimCost(msgspec.Struct, kw_only=True):
@@ -70,13 +70,14 @@ def expected_runtime_ms(state: State, job: Job) -> int:
 
 
 def remaining_ms(state: State, job: Job) -> int:
-    """Expected runtime minus progress; a job already past its estimate is expected to need
-    a tenth of the estimate more (it has shown it runs long), not zero."""
+    """Expected runtime minus progress. A job already past its estimate has shown it runs
+    long: runtimes are heavy-tailed, so it is expected to run about as long again as it has
+    overrun (the Lindy effect), and at least a tenth of the estimate, never zero."""
     total = expected_runtime_ms(state, job)
     done = job_progress_ms(job, state.c.t)
     if done < total:
         return total - done
-    return max(total // LINDY_FLOOR_FRACTION, 1)
+    return max(done - total, total // LINDY_FLOOR_FRACTION, 1)
 
 
 def can_checkpoint(job: Job) -> bool:
@@ -386,8 +387,18 @@ class ReleaseCurve:
 
 
 def _remaining_or_runtime(state: State, job_id: str) -> int:
-    other = state.c.jobs[job_id]
-    return remaining_ms(state, other) if other.state == RUNNING else expected_runtime_ms(state, other)
+    """Until a holding job releases its GPUs: its remaining time when running, else its
+    whole expected runtime. Memoised in the index for the current time (see Index)."""
+    ix = state.ix
+    if ix.remaining_memo_t != state.c.t:
+        ix.remaining_memo.clear()
+        ix.remaining_memo_t = state.c.t
+    value = ix.remaining_memo.get(job_id)
+    if value is None:
+        other = state.c.jobs[job_id]
+        value = remaining_ms(state, other) if other.state == RUNNING else expected_runtime_ms(state, other)
+        ix.remaining_memo[job_id] = value
+    return value
 
 
 def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
@@ -396,20 +407,11 @@ def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     c = state.c
     ix = state.ix
     single = job.gpus <= max((n.gpus for n in nodes), default=0)
-    remaining_cache: dict[str, int] = {}
-
-    def remaining(job_id: str) -> int:
-        if job_id not in remaining_cache:
-            other = c.jobs[job_id]
-            remaining_cache[job_id] = (remaining_ms(state, other)
-                                       if other.state == RUNNING else expected_runtime_ms(state, other))
-        return remaining_cache[job_id]
-
     best: tuple[int, list[str]] | None = None
     by_model: dict[str, list[tuple[str, int, list[tuple[int, int]]]]] = {}
     for node in nodes:
         free = len(free_indices(node))
-        releases = sorted((remaining(j), len(_gpus_on(c.jobs[j], node.name)))
+        releases = sorted((_remaining_or_runtime(state, j), len(_gpus_on(c.jobs[j], node.name)))
                           for j in ix.jobs_by_node.get(node.name, {}))
         if single:
             if node.gpus < job.gpus:

@@ -183,6 +183,11 @@ class Index:
         # there, the job's id).
         self.reserved_nodes: dict[str, tuple[int, str]] = {}
         self.jobs_sum = 0
+        # Expected time until each holding job releases its GPUs, at time `remaining_memo_t`:
+        # a job's entry is dropped whenever an event touches it, all of them when the time,
+        # the learned estimates or the policy change.
+        self.remaining_memo: dict[str, int] = {}
+        self.remaining_memo_t = -1
 
 
 class State:
@@ -350,6 +355,7 @@ def live_digest(state: "State") -> str:
 def touch_job(state: "State", job_id: str) -> None:
     """Keep the jobs' hash sum in step after an event changed (or removed) a job."""
     ix = state.ix
+    ix.remaining_memo.pop(job_id, None)
     old = ix.job_hashes.pop(job_id, 0)
     job = state.c.jobs.get(job_id)
     new = job_hash(job) if job is not None else 0

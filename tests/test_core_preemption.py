@@ -286,3 +286,21 @@ def test_a_victim_that_would_requeue_behind_a_deep_queue_costs_more():
     assert of(attempt(0), T.PreemptionPlanned)
     declined = of(attempt(6), T.PreemptionDeclined)
     assert [d.reason for d in declined if d.job == "urgent"] == ["benefit_below_cost"]
+
+
+def test_a_job_past_its_estimate_is_expected_to_run_as_long_again_as_it_has_overrun():
+    """Runtimes are heavy-tailed: a job that outlived its estimate is not about to end, so
+    waiting for it does not look cheap (the Lindy effect), and never looks free."""
+    from core.preemption import remaining_ms
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1, submit("long", 6, 8, est_runtime_s=3600))
+    run.at(2, started("long"))  # runs from t=2 ms
+
+    def remaining_at(t: int) -> int:
+        run.state.c.t = t  # the clock decisions read (step sets it to the input's time)
+        return remaining_ms(run.state, run.job("long"))
+    assert remaining_at(2) == HOUR
+    assert remaining_at(2 + HOUR // 2) == HOUR // 2
+    assert remaining_at(2 + HOUR + MIN) == HOUR // 10  # just past: a tenth of the estimate
+    assert remaining_at(2 + 3 * HOUR) == 2 * HOUR
