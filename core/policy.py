@@ -36,6 +36,11 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     preempts_from_level: list[int] = msgspec.field(default_factory=lambda: [2, 3, 4, 6, 7, 8, 8, 8])
     # Weight of one GPU-second of wait (benefit) or loss (cost) at each level.
     level_weight: list[float] = msgspec.field(default_factory=lambda: [16.0, 8.0, 4.0, 2.0, 1.5, 1.0, 0.5, 0.25])
+    # Weight of one GPU-second of wasted work (progress thrown away, checkpoint writes and
+    # restores a preemption causes), at least: the GPUs that redo it are lost to every job
+    # in the queue, not only to the victim, so a victim's low level does not make its
+    # wasted work cheap. 1.0 is the weight of level 5.
+    wasted_work_weight_min: float = 1.0
     # Jobs considered per scheduling pass; bounds the cost of one decision.
     scan_jobs_max: int = 256
     # Queued jobs considered for preemption per tick, strongest base level first.
@@ -154,6 +159,8 @@ def validate(policy: Policy) -> Policy:
             raise PolicyError(f"ab_variants[{name!r}]: {err}") from err
     if any(w <= 0 for w in policy.level_weight):
         raise PolicyError("level_weight entries must be positive")
+    if policy.wasted_work_weight_min < 0:
+        raise PolicyError("wasted_work_weight_min must be >= 0")
     return policy
 
 

@@ -6,8 +6,9 @@ whether it is worth it.
 2. benefit: the preemptor's wait saved (its expected wait for a natural release, from
    remaining-time estimates, minus the time the preemption takes), in GPU-seconds
    weighted by its level;
-3. cost: per victim, lost progress, checkpoint save and restore time and its expected
-   requeue wait, in GPU-seconds weighted by its level;
+3. cost: per victim, its expected requeue wait in GPU-seconds weighted by its level, and
+   the work the preemption wastes (lost progress, checkpoint save, restore) weighted by its
+   level but never below `wasted_work_weight_min`;
 4. fairness: protected teams and users, a victim cap, guaranteed shares, and the
    preemptor's user limit.
 
@@ -104,11 +105,13 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy) -> V
         lost, save, ready = 0, victim.ckpt_cost_ms, p.safe_point_ms + victim.ckpt_cost_ms
         checkpoint_needed = True
     restore = victim.restore_cost_ms if (last is not None or checkpoint_needed) else 0
-    seconds = (lost + save + restore + requeue_wait_ms) / 1000.0
+    weight = p.level_weight[victim.level]
+    wasted_weight = max(weight, p.wasted_work_weight_min)
+    cost = victim.gpus * (wasted_weight * (lost + save + restore) + weight * requeue_wait_ms) / 1000.0
     return VictimCost(
         job=victim.id, gpus=victim.gpus, lost_ms=lost, save_ms=save, restore_ms=restore,
         requeue_wait_ms=requeue_wait_ms, ready_ms=ready, checkpoint_needed=checkpoint_needed,
-        cost=p.level_weight[victim.level] * victim.gpus * seconds)
+        cost=cost)
 
 
 def requeue_level(state: State, victim: Job) -> int:

@@ -304,3 +304,22 @@ def test_a_job_past_its_estimate_is_expected_to_run_as_long_again_as_it_has_over
     assert remaining_at(2 + HOUR // 2) == HOUR // 2
     assert remaining_at(2 + HOUR + MIN) == HOUR // 10  # just past: a tenth of the estimate
     assert remaining_at(2 + 3 * HOUR) == 2 * HOUR
+
+
+def test_wasted_work_of_a_low_level_victim_is_not_cheap():
+    """A level-7 job that cannot checkpoint has run 10 hours: killing it throws 10 GPU-hours
+    away. A level-1 job that would otherwise wait 40 minutes does not outweigh that at the
+    wasted-work weight floor; with the floor at 0 the level-7 weight makes it look cheap."""
+    def attempt(**params) -> list:
+        run = Run(**params)
+        run.at(0, node("a1", gpus=2))
+        run.at(1, submit("no-ckpt", 7, 1, team="x", user="x", est_runtime_s=20 * 3600,
+                         ckpt_interval_s=0))
+        run.at(1, submit("other", 3, 1, team="y", user="y", est_runtime_s=10 * 3600 + 40 * 60))
+        start_all(run, 2)
+        return run.at(10 * HOUR, submit("urgent", 1, 1, team="u", user="u", est_runtime_s=600))
+    kept = attempt()
+    assert not of(kept, T.PreemptionPlanned)
+    assert [d.reason for d in of(kept, T.PreemptionDeclined)] == ["benefit_below_cost"]
+    killed = of(attempt(wasted_work_weight_min=0.0), T.PreemptionPlanned)
+    assert [p.victims for p in killed] == [["no-ckpt"]]
