@@ -15,7 +15,7 @@ import heapq
 import itertools
 import math
 import re
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from . import types as T
 from .evolve import evolve
@@ -625,23 +625,21 @@ ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool] = ((), False)
 ANY_END = -1
 
 
-def preemption_candidates(state: State, t: int) -> list[str]:
+def preemption_candidates(state: State, t: int) -> Iterator[str]:
     """The queued jobs with the strongest right to preempt: by base level (aging and boosts
     change the serving order, never the right to preempt), then submit time; not those
-    waiting out a retry backoff. Bounded, so a tick's cost does not grow with the queue."""
+    waiting out a retry backoff. At most `scan_jobs_max` looked at."""
     p = state.c.policy
-    found: list[str] = []
     scanned = 0
     for level in range(LEVELS):
         if p.preempts_from_level[level] >= LEVELS:
             continue
         for _, job_id in state.ix.waiting_by_level[level]:
             scanned += 1
-            if scanned > p.scan_jobs_max or len(found) >= p.preemption_candidates_max:
-                return found
+            if scanned > p.scan_jobs_max:
+                return
             if state.c.jobs[job_id].preempt_retry_t <= t:
-                found.append(job_id)
-    return found
+                yield job_id
 
 
 def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:
@@ -698,15 +696,28 @@ def _could_ever_fit(state: State, job: Job, models: list[str]) -> bool:
     return job.gpus <= sum(state.ix.capacity_by_model.get(m, 0) for m in models)
 
 
-def _preempt_for(ctx: Ctx, blocked: list[str]) -> None:
+def _preempt_for(ctx: Ctx, blocked: Iterable[str]) -> None:
+    """Plan preemptions for up to `preemption_candidates_max` of the blocked jobs. Once a
+    job finds no eligible victim, no other job of its level will in this step (eligibility
+    depends on the preemptor's level only, and sagas only take victims away), so the rest
+    of that level and models is skipped without spending an attempt: the attempts go to
+    jobs that could preempt, not to the same futile heads every tick. (Nodes held for other
+    jobs can make this a little pessimistic for a shorter job; it only orders attempts.)"""
     state = ctx.state
     c = state.c
+    attempts_left = c.policy.preemption_candidates_max
+    futile: dict[tuple[int, tuple[str, ...]], None] = {}
     for job_id in blocked:
         job = c.jobs.get(job_id)
-        if job is None or job.state != QUEUED:
+        if job is None or job.state != QUEUED or (job.level, tuple(job.gpu_models)) in futile:
             continue
+        if attempts_left <= 0:
+            return
+        attempts_left -= 1
         outcome = plan_preemption(state, job)
         if isinstance(outcome, Decline):
+            if outcome.reason == "no_eligible_victims":
+                futile[(job.level, tuple(job.gpu_models))] = None
             if outcome.reason != job.last_decline:
                 ctx.emit(T.PreemptionDeclined(t=ctx.inp.t, job=job_id, reason=outcome.reason,
                                               benefit=outcome.benefit, cost=outcome.cost))

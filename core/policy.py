@@ -33,7 +33,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # level holds no more than this share.
     guaranteed_share: list[float] = msgspec.field(default_factory=lambda: [0.0, 0.0, 0.0, 0.05, 0.05, 0.05, 0.0, 0.0])
     # Level L may preempt jobs of level >= preempts_from_level[L]; 8 means it may not preempt.
-    preempts_from_level: list[int] = msgspec.field(default_factory=lambda: [2, 3, 4, 6, 7, 8, 8, 8])
+    # The urgent levels 0-1 may preempt any less urgent level (as Kubernetes priority
+    # classes do) and leave it to the decision model when it is worth it; from level 2 on a
+    # gap of two levels keeps neighbours from churning each other.
+    preempts_from_level: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 6, 7, 8, 8, 8])
     # Weight of one GPU-second of wait (benefit) or loss (cost) at each level.
     level_weight: list[float] = msgspec.field(default_factory=lambda: [16.0, 8.0, 4.0, 2.0, 1.5, 1.0, 0.5, 0.25])
     # Weight of one GPU-second of wasted work (progress thrown away, checkpoint writes and

@@ -323,3 +323,23 @@ def test_wasted_work_of_a_low_level_victim_is_not_cheap():
     assert [d.reason for d in of(kept, T.PreemptionDeclined)] == ["benefit_below_cost"]
     killed = of(attempt(wasted_work_weight_min=0.0), T.PreemptionPlanned)
     assert [p.victims for p in killed] == [["no-ckpt"]]
+
+
+def test_a_level_with_no_eligible_victims_does_not_use_up_the_attempts_of_a_tick():
+    """Two planning attempts per tick: the level-1 heads need H100s, held by level-1 jobs
+    they may not preempt; after the first finds no victim its level-mates are skipped, so
+    the level-2 job, which has a level-6 victim on the A100, gets the second attempt."""
+    run = Run(preemption_candidates_max=2)
+    run.at(0, node("h1", "H100", gpus=2), node("a1", "A100", gpus=1))
+    run.at(1, submit("h-busy-1", 1, 1, team="x", user="x", models=["H100"], est_runtime_s=36000),
+           submit("h-busy-2", 1, 1, team="x", user="x", models=["H100"], est_runtime_s=36000),
+           submit("a-busy", 6, 1, team="y", user="y", models=["A100"], est_runtime_s=36000,
+                  ckpt_cost_s=10, restore_cost_s=10))
+    run.at(2, started("h-busy-1"), started("h-busy-2"))
+    # a-busy is still starting: no one can preempt it yet.
+    run.at(10, submit("h-wait-1", 1, 1, team="h", user="h1", models=["H100"]),
+           submit("h-wait-2", 1, 1, team="h", user="h2", models=["H100"]),
+           submit("a-wait", 2, 1, team="a", user="a", models=["A100"], est_runtime_s=600))
+    run.at(20, started("a-busy"))
+    events = run.at(5 * MIN, tick(5 * MIN))
+    assert [(p.preemptor, p.victims) for p in of(events, T.PreemptionPlanned)] == [("a-wait", ["a-busy"])]

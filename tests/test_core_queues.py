@@ -144,10 +144,10 @@ def test_small_jobs_start_on_idle_gpus_behind_more_blocked_gangs_than_the_scan_b
     pass's budget while a less urgent 1-GPU job could run on an idle GPU."""
     run = Run(scan_jobs_max=4, head_reservations_max=0)
     run.at(0, node("a1"), node("a2"))
-    # Level 2: the level-1 gangs may not preempt them.
-    run.at(1, submit("half", 2, 4, team="ops", est_runtime_s=3600),
-           submit("other-half", 2, 4, team="ops", est_runtime_s=3600),
-           submit("third", 2, 7, team="ops", est_runtime_s=3600))
+    # Level 1: the level-1 gangs may not preempt them.
+    run.at(1, submit("half", 1, 4, team="ops", est_runtime_s=3600),
+           submit("other-half", 1, 4, team="ops", est_runtime_s=3600),
+           submit("third", 1, 7, team="ops", est_runtime_s=3600))
     start_all(run, 2)
     run.at(10, *[submit(f"gang-{i}", 1, 8, team="g") for i in range(10)])
     events = run.at(20, submit("small", 5, 1, team="s"))
