@@ -220,10 +220,14 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
         return Decline(reason="no_eligible_victims")
     victim_nodes = dict.fromkeys(slot.node for v in costs for slot in c.jobs[v].placement)
     candidate_nodes = [node for node in nodes if node.name in victim_nodes]
+    # Victims are chosen by their cost plus the preemptor's weighted wait while they reach a
+    # safe point and save: an urgent job prefers victims that can let go quickly.
+    waiting_weight = p.level_weight[job.level] * job.gpus / 1000.0
+    rank = {v: vc.cost + waiting_weight * vc.ready_ms for v, vc in costs.items()}
     if job.gpus <= node_size_max(models, ix):
-        choice = _cheapest_single_node(state, job, candidate_nodes, costs, p.victims_per_preemption_max)
+        choice = _cheapest_single_node(state, job, candidate_nodes, rank, p.victims_per_preemption_max)
     else:
-        choice = _cheapest_across_nodes_of_one_model(state, job, nodes, costs,
+        choice = _cheapest_across_nodes_of_one_model(state, job, nodes, rank,
                                                      p.victims_per_preemption_max)
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")
@@ -259,20 +263,21 @@ def _share_allows(state: State, taken: dict[int, int], victim: Job) -> bool:
     return held_after >= floor or floor == 0
 
 
-def _cheapest_single_node(state: State, job: Job, nodes, costs, cap: int) -> tuple[list[str], list[Slot]] | None:
+def _cheapest_single_node(state: State, job: Job, nodes, rank: dict[str, float],
+                          cap: int) -> tuple[list[str], list[Slot]] | None:
     best = None
     for node in nodes:
         free = free_indices(node)
         need = job.gpus - len(free)
         if need <= 0 or node.gpus < job.gpus:
             continue
-        on_node = sorted((costs[v].cost, v) for v in state.ix.jobs_by_node.get(node.name, {})
-                         if v in costs)
+        on_node = sorted((rank[v], v) for v in state.ix.jobs_by_node.get(node.name, {})
+                         if v in rank)
         chosen = _greedy_minimal(state, [(cost, v, len(_gpus_on(state.c.jobs[v], node.name)))
                                          for cost, v in on_node], need)
         if chosen is None or len(chosen) > cap:
             continue
-        total = sum(costs[v].cost for v in chosen)
+        total = sum(rank[v] for v in chosen)
         key = (total, len(chosen), node.name)
         if best is None or key < best[0]:
             freed = sorted(free + [g for v in chosen for g in _gpus_on(state.c.jobs[v], node.name)])
@@ -280,29 +285,30 @@ def _cheapest_single_node(state: State, job: Job, nodes, costs, cap: int) -> tup
     return None if best is None else (best[1], best[2])
 
 
-def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, costs,
+def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, rank: dict[str, float],
                                         cap: int) -> tuple[list[str], list[Slot]] | None:
     """A gang is of one GPU model: the cheapest victim set over the models the job accepts."""
     best = None
     for model in sorted(dict.fromkeys(node.gpu_model for node in nodes)):
         of_model = [node for node in nodes if node.gpu_model == model]
-        choice = _cheapest_across_nodes(state, job, of_model, costs, cap)
+        choice = _cheapest_across_nodes(state, job, of_model, rank, cap)
         if choice is not None:
-            key = (sum(costs[v].cost for v in choice[0]), len(choice[0]), model)
+            key = (sum(rank[v] for v in choice[0]), len(choice[0]), model)
             if best is None or key < best[0]:
                 best = (key, choice)
     return None if best is None else best[1]
 
 
-def _cheapest_across_nodes(state: State, job: Job, nodes, costs, cap: int) -> tuple[list[str], list[Slot]] | None:
+def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float],
+                           cap: int) -> tuple[list[str], list[Slot]] | None:
     free_total = sum(len(free_indices(node)) for node in nodes)
     need = job.gpus - free_total
     node_names = {node.name: None for node in nodes}
     units = []
-    for v in sorted(costs):
+    for v in sorted(rank):
         victim = state.c.jobs[v]
         usable = sum(len(s.gpus) for s in victim.placement if s.node in node_names)
-        units.append((costs[v].cost / max(usable, 1), v, usable))
+        units.append((rank[v] / max(usable, 1), v, usable))
     units.sort()
     chosen = _greedy_minimal(state, units, need)
     if chosen is None or len(chosen) > cap:

@@ -343,3 +343,18 @@ def test_a_level_with_no_eligible_victims_does_not_use_up_the_attempts_of_a_tick
     run.at(20, started("a-busy"))
     events = run.at(5 * MIN, tick(5 * MIN))
     assert [(p.preemptor, p.victims) for p in of(events, T.PreemptionPlanned)] == [("a-wait", ["a-busy"])]
+
+
+def test_an_urgent_job_prefers_the_victim_that_lets_go_sooner():
+    """`slow` is a little cheaper to preempt (less restore), but takes 55 s to save; `quick`
+    saves in 10 s. The level-0 job's own wait while the victim saves decides it."""
+    run = Run()
+    run.at(0, node("a1", gpus=1), node("a2", gpus=1))
+    run.at(1, submit("quick", 6, 1, team="x", user="x", est_runtime_s=36000, ckpt_cost_s=10,
+                     restore_cost_s=60),
+           submit("slow", 6, 1, team="y", user="y", est_runtime_s=36000, ckpt_cost_s=55,
+                  restore_cost_s=10))
+    start_all(run, 2)
+    plan = of(run.at(HOUR, submit("urgent", 0, 1, team="u", user="u", est_runtime_s=600)),
+              T.PreemptionPlanned)
+    assert [p.victims for p in plan] == [["quick"]]
