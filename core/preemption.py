@@ -8,7 +8,8 @@ whether it is worth it.
    weighted by its level;
 3. cost: per victim, its expected requeue wait in GPU-seconds weighted by its level, and
    the work the preemption wastes (lost progress, checkpoint save, restore) weighted by its
-   level but never below `wasted_work_weight_min`;
+   level, but never below `wasted_work_weight_min` nor below the queue's pressure (the
+   queued GPUs' summed level weights per GPU of the pool: wasted capacity delays them all);
 4. fairness: protected teams and users, a victim cap, guaranteed shares, and the
    preemptor's user limit.
 
@@ -85,7 +86,8 @@ def can_checkpoint(job: Job) -> bool:
     return job.ckpt_interval_ms > 0
 
 
-def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy) -> VictimCost:
+def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
+                wasted_weight_min: float = 0.0) -> VictimCost:
     c = state.c
     t = c.t
     progress = job_progress_ms(victim, t)
@@ -106,12 +108,21 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy) -> V
         checkpoint_needed = True
     restore = victim.restore_cost_ms if (last is not None or checkpoint_needed) else 0
     weight = p.level_weight[victim.level]
-    wasted_weight = max(weight, p.wasted_work_weight_min)
+    wasted_weight = max(weight, p.wasted_work_weight_min, wasted_weight_min)
     cost = victim.gpus * (wasted_weight * (lost + save + restore) + weight * requeue_wait_ms) / 1000.0
     return VictimCost(
         job=victim.id, gpus=victim.gpus, lost_ms=lost, save_ms=save, restore_ms=restore,
         requeue_wait_ms=requeue_wait_ms, ready_ms=ready, checkpoint_needed=checkpoint_needed,
         cost=cost)
+
+
+def queue_pressure(state: State, p: Policy) -> float:
+    """What one GPU-second of wasted work costs the queue: redoing it delays every queued
+    job by its share of the pool, so it weighs the queued GPUs' level weights summed, per
+    GPU of the pool (0 when nothing waits)."""
+    ix = state.ix
+    weighted = sum(gpus * p.level_weight[level] for level, gpus in enumerate(ix.queued_gpus))
+    return weighted / max(ix.total_gpus, 1)
 
 
 def requeue_level(state: State, victim: Job) -> int:
@@ -201,6 +212,7 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
             return Decline(reason="held_back_by_reservation")
     model_ok = dict.fromkeys(models)
     curve = ReleaseCurve(state, nodes, runtime)
+    pressure = queue_pressure(state, p)
     requeue_waits: dict[tuple[int, int], int] = {}
     costs: dict[str, VictimCost] = {}
     for level in range(max(p.preempts_from_level[job.level], job.level + 1), LEVELS):
@@ -215,7 +227,7 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
                     requeue_waits[key] = min(runtime, curve.wait_for(
                         _queued_ahead(state, job, key[0]) + victim.gpus))
                 wait = requeue_waits[key]
-                costs[victim_id] = victim_cost(state, victim, wait, p)
+                costs[victim_id] = victim_cost(state, victim, wait, p, pressure)
     if not costs:
         return Decline(reason="no_eligible_victims")
     victim_nodes = dict.fromkeys(slot.node for v in costs for slot in c.jobs[v].placement)

@@ -306,23 +306,36 @@ def test_a_job_past_its_estimate_is_expected_to_run_as_long_again_as_it_has_over
     assert remaining_at(2 + 3 * HOUR) == 2 * HOUR
 
 
+def _kill_for_urgent(queued_behind: int = 0, **params) -> list:
+    """A level-7 job that cannot checkpoint has run 10 hours on a 32-GPU pool where a
+    level-0 job holds the rest; a level-1 job would otherwise wait 40 minutes."""
+    run = Run(**params)
+    run.at(0, node("a1", gpus=2), node("big", gpus=30))
+    run.at(1, submit("no-ckpt", 7, 1, team="x", user="x", est_runtime_s=20 * 3600,
+                     ckpt_interval_s=0),
+           submit("other", 3, 1, team="y", user="y", est_runtime_s=10 * 3600 + 40 * 60),
+           submit("holder", 0, 30, team="z", user="z", est_runtime_s=20 * 3600, preemptible=False))
+    start_all(run, 2)
+    run.at(3, *[submit(f"behind-{i}", 6, 30, team="w", user=f"w{i}") for i in range(queued_behind)])
+    return run.at(10 * HOUR, submit("urgent", 1, 1, team="u", user="u", est_runtime_s=600))
+
+
 def test_wasted_work_of_a_low_level_victim_is_not_cheap():
-    """A level-7 job that cannot checkpoint has run 10 hours: killing it throws 10 GPU-hours
-    away. A level-1 job that would otherwise wait 40 minutes does not outweigh that at the
-    wasted-work weight floor; with the floor at 0 the level-7 weight makes it look cheap."""
-    def attempt(**params) -> list:
-        run = Run(**params)
-        run.at(0, node("a1", gpus=2))
-        run.at(1, submit("no-ckpt", 7, 1, team="x", user="x", est_runtime_s=20 * 3600,
-                         ckpt_interval_s=0))
-        run.at(1, submit("other", 3, 1, team="y", user="y", est_runtime_s=10 * 3600 + 40 * 60))
-        start_all(run, 2)
-        return run.at(10 * HOUR, submit("urgent", 1, 1, team="u", user="u", est_runtime_s=600))
-    kept = attempt()
+    """Killing the level-7 job throws 10 GPU-hours away. Saving the level-1 job 40 minutes
+    does not outweigh that at the wasted-work weight floor (1.0); with the floor at 0 the
+    level-7 weight (0.25) makes it look cheap."""
+    kept = _kill_for_urgent()
     assert not of(kept, T.PreemptionPlanned)
-    assert [d.reason for d in of(kept, T.PreemptionDeclined)] == ["benefit_below_cost"]
-    killed = of(attempt(wasted_work_weight_min=0.0), T.PreemptionPlanned)
+    assert [d.reason for d in of(kept, T.PreemptionDeclined) if d.job == "urgent"] == ["benefit_below_cost"]
+    killed = of(_kill_for_urgent(wasted_work_weight_min=0.0), T.PreemptionPlanned)
     assert [p.victims for p in killed] == [["no-ckpt"]]
+
+
+def test_wasted_work_weighs_more_when_a_deep_queue_waits_for_the_pool():
+    """Redoing wasted work delays every queued job: with 8 level-6 jobs of 30 GPUs queued
+    (pressure 8 x 30 x 0.5 / 32 = 3.75), the same kill is declined even with no floor."""
+    declined = _kill_for_urgent(queued_behind=8, wasted_work_weight_min=0.0)
+    assert not of(declined, T.PreemptionPlanned)
 
 
 def test_a_level_with_no_eligible_victims_does_not_use_up_the_attempts_of_a_tick():
