@@ -22,7 +22,7 @@ from .evolve import evolve
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .policy import PolicyError, assign_variant, with_params
 from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt, plan_preemption,
-                         scaled_limit)
+                         team_limit)
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
     job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, window_count,
@@ -752,12 +752,13 @@ def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
     for team in teams:
         win = c.team_windows.get(team)
         count = window_count(win.preempted, t, p.fairness_window_ms) if win else 0
-        if count >= scaled_limit(ctx.state, p.team_preempted_max) and c.team_protected_until.get(team, 0) <= t:
+        if count >= team_limit(ctx.state, team, p.team_preempted_max) and c.team_protected_until.get(team, 0) <= t:
             ctx.emit(T.TeamProtected(t=t, team=team, until_t=t + p.team_protect_ms,
                                      preempted_in_window=count))
     win = c.team_windows.get(preemptor.team)
     count = window_count(win.preempting, t, p.fairness_window_ms) if win else 0
-    if count >= scaled_limit(ctx.state, p.team_preempting_max) and c.team_downgraded_until.get(preemptor.team, 0) <= t:
+    if count >= team_limit(ctx.state, preemptor.team, p.team_preempting_max) \
+            and c.team_downgraded_until.get(preemptor.team, 0) <= t:
         ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=t + p.team_downgrade_ms,
                                   preempting_in_window=count))
 

@@ -94,6 +94,8 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     fairness_window_ms: int = 3600 * 1000
     # Counts below are for a 100-GPU pool; a pool of G GPUs allows G/100 times as many
     # (never fewer than the count itself), so a limit means the same share at any size.
+    # Team counts are for a team with an even share of the demand (GPUs held and asked
+    # for); a team with k times the mean share gets k times the count.
     team_preempted_max: int = 6  # then the team is protected
     team_protect_ms: int = 1800 * 1000
     team_preempting_max: int = 6  # then the team's new high-level jobs are downgraded

@@ -179,6 +179,22 @@ def user_preempting_exhausted(state: State, job: Job) -> bool:
         state, c.policy.user_preempting_max)
 
 
+def team_limit(state: State, team: str, per_100_gpus: int) -> int:
+    """A team's fairness count: the pool-scaled limit for a team with an even share of the
+    demand, times its own share (GPUs it holds and asks for, against the mean per team
+    with demand). A team bringing half the work may preempt, and be preempted, as often
+    as its size warrants; a small team is held to the base limit."""
+    ix = state.ix
+    base = scaled_limit(state, per_100_gpus)
+    teams = dict.fromkeys(ix.team_gpus)
+    teams.update(dict.fromkeys(ix.team_queued_gpus))
+    total = sum(ix.team_gpus.values()) + sum(ix.team_queued_gpus.values())
+    own = ix.team_gpus.get(team, 0) + ix.team_queued_gpus.get(team, 0)
+    if not total or not own:
+        return base
+    return max(base, base * own * len(teams) // total)
+
+
 def scaled_limit(state: State, per_100_gpus: int) -> int:
     """A fairness count for a 100-GPU pool, scaled to this pool (never below the count)."""
     return max(per_100_gpus, per_100_gpus * state.ix.total_gpus // 100)

@@ -170,6 +170,7 @@ class Index:
         self.free_buckets: dict[str, dict[int, dict[str, None]]] = {}
         self.jobs_by_node: dict[str, dict[str, None]] = {}
         self.team_gpus: dict[str, int] = {}
+        self.team_queued_gpus: dict[str, int] = {}  # GPUs asked for by each team's queued jobs
         self.level_gpus: list[int] = [0] * LEVELS
         # level -> {job id: None} of jobs holding GPUs, to find preemption victims by level
         self.holding_by_level: list[dict[str, None]] = [{} for _ in range(LEVELS)]
@@ -248,6 +249,7 @@ def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] += 1
     ix.queued_gpus[job.eff_level] += job.gpus
+    ix.team_queued_gpus[job.team] = ix.team_queued_gpus.get(job.team, 0) + job.gpus
     bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), _queue_key(job))
     if job.eff_level > 0 and job.level - job.eff_level < aging_levels_max:
         bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
@@ -264,6 +266,9 @@ def queue_remove(ix: Index, job: Job) -> None:
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] -= 1
     ix.queued_gpus[job.eff_level] -= job.gpus
+    ix.team_queued_gpus[job.team] -= job.gpus
+    if ix.team_queued_gpus[job.team] == 0:
+        del ix.team_queued_gpus[job.team]
     team_queue = ix.queues[job.eff_level].get(job.team, [])
     _remove_sorted(team_queue, _queue_key(job))
     if not team_queue:

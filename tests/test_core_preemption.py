@@ -371,3 +371,21 @@ def test_an_urgent_job_prefers_the_victim_that_lets_go_sooner():
     plan = of(run.at(HOUR, submit("urgent", 0, 1, team="u", user="u", est_runtime_s=600)),
               T.PreemptionPlanned)
     assert [p.victims for p in plan] == [["quick"]]
+
+
+def test_a_team_with_most_of_the_demand_may_preempt_in_proportion_before_it_is_downgraded():
+    """Two preemptions an hour per team with an even share of the demand. Besides the
+    victims' team, three teams queue one GPU each and `big` queues 48: the same two
+    preemptions downgrade `small` (its share is about the mean) but not `big` (3.5x it)."""
+    def downgraded_after_two(team: str, queued_by_big: int) -> list[str]:
+        run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
+                  user_preempted_max=100)
+        fill_nodes(run, 3)
+        run.at(10 * MIN, *[submit(f"big-q{i}", 7, 8, team="big", user=f"q{i}")
+                           for i in range(queued_by_big)],
+               *[submit(f"tiny-{i}", 7, 1, team=f"tiny{i}", user=f"t{i}") for i in range(3)])
+        preempt_cycle(run, 20 * MIN, "p1", team, "a")
+        preempt_cycle(run, 21 * MIN, "p2", team, "b")
+        return [d.team for d in run.events(T.TeamDowngraded)]
+    assert downgraded_after_two("small", queued_by_big=6) == ["small"]
+    assert downgraded_after_two("big", queued_by_big=6) == []
