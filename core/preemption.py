@@ -404,7 +404,11 @@ def _queued_ahead(state: State, preemptor: Job, level: int) -> int:
 class ReleaseCurve:
     """GPUs of some nodes that become free over time as running jobs end as estimated:
     `wait_for(g)` is when `g` of them will have been free at once, pooled over the nodes
-    (a queue's view: whoever is first in line takes the next GPU that frees)."""
+    (a queue's view: whoever is first in line takes the next GPU that frees).
+
+    The tail of the curve is its least certain part (a few long overrunning jobs), and past
+    it the queue drains at a pace no running job tells: so a wait is also bounded by the
+    pool's typical pace, the GPUs freed by the median release over its time."""
 
     def __init__(self, state: State, nodes, beyond_ms: int) -> None:
         releases = sorted((_remaining_or_runtime(state, j), len(_gpus_on(state.c.jobs[j], node.name)))
@@ -412,15 +416,18 @@ class ReleaseCurve:
         self.free = sum(len(free_indices(node)) for node in nodes)
         self.times = [at for at, _ in releases]
         self.freed: list[int] = list(itertools.accumulate(g for _, g in releases))
-        # Past every known release the queue drains at an unknown pace: one more runtime.
         self.beyond_ms = (self.times[-1] if self.times else 0) + beyond_ms
+        median = len(self.times) // 2
+        # GPUs per ms at the median release; None when nothing runs.
+        self.pace = (self.freed[median] / max(self.times[median], 1)) if self.times else None
 
     def wait_for(self, gpus: int) -> int:
         need = gpus - self.free
         if need <= 0:
             return 0
         i = bisect.bisect_left(self.freed, need)
-        return self.times[i] if i < len(self.times) else self.beyond_ms
+        on_curve = self.times[i] if i < len(self.times) else self.beyond_ms
+        return on_curve if self.pace is None else min(on_curve, int(need / self.pace))
 
 
 def _remaining_or_runtime(state: State, job_id: str) -> int:
