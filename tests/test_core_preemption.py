@@ -389,3 +389,17 @@ def test_a_team_with_most_of_the_demand_may_preempt_in_proportion_before_it_is_d
         return [d.team for d in run.events(T.TeamDowngraded)]
     assert downgraded_after_two("small", queued_by_big=6) == ["small"]
     assert downgraded_after_two("big", queued_by_big=6) == []
+
+
+def test_a_queue_wait_is_bounded_by_the_pools_pace_not_its_longest_job():
+    """Four one-GPU jobs end in 10, 20 and 30 minutes and 100 hours. Five GPUs more than
+    are free will not take 100 hours: the pool frees 3 GPUs per 30 minutes at its median."""
+    from core.preemption import ReleaseCurve
+    run = Run()
+    run.at(0, node("a1", gpus=4))
+    run.at(1, *[submit(f"j{m}", 6, 1, team="x", user=f"u{m}", est_runtime_s=m * 60)
+                for m in (10, 20, 30, 6000)])
+    run.at(1, *[started(f"j{m}") for m in (10, 20, 30, 6000)])
+    curve = ReleaseCurve(run.state, [run.state.c.nodes["a1"]], HOUR)
+    assert curve.wait_for(2) == 20 * MIN
+    assert curve.wait_for(5) == 50 * MIN
