@@ -25,7 +25,7 @@ import msgspec
 
 from .placement import acceptable_models, free_indices, node_size_max, place
 from .policy import Policy, with_params
-from .state import RUNNING, Job, State, job_progress_ms, last_checkpoint, window_count
+from .state import QUEUED, RUNNING, Job, State, job_progress_ms, last_checkpoint, window_count
 from .types import LEVELS, Slot
 
 LINDY_FLOOR_FRACTION = 10  # a job just past its estimate is expected to run 1/10 of it more
@@ -114,6 +114,11 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
         job=victim.id, gpus=victim.gpus, lost_ms=lost, save_ms=save, restore_ms=restore,
         requeue_wait_ms=requeue_wait_ms, ready_ms=ready, checkpoint_needed=checkpoint_needed,
         cost=cost)
+
+
+def _still_queued(c, job_id: str) -> bool:
+    job = c.jobs.get(job_id)
+    return job is not None and job.state == QUEUED
 
 
 def queue_pressure(state: State, p: Policy) -> float:
@@ -217,8 +222,10 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
     runtime = expected_runtime_ms(state, job)
     # Nodes held for other blocked jobs are promised: they neither end this job's wait nor
     # can be freed for it, unless it would be done before the holder is expected to start.
+    # (The reservations are from the last placement pass: skip those whose job has left
+    # the queue since.)
     held = {name: start_t for name, (start_t, holder) in ix.reserved_nodes.items()
-            if holder != job.id and c.t + runtime > start_t}
+            if holder != job.id and c.t + runtime > start_t and _still_queued(c, holder)}
     if place(job.gpus, models, c.nodes, ix, held, c.t + runtime) is not None:
         # Held back only by the scan budget: no one needs to go.
         return Decline(reason="fits_without_preemption")
