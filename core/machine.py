@@ -554,65 +554,95 @@ def _place_queued(ctx: Ctx) -> None:
     """Start every queued job that fits, level by level in each level's serving order; the
     oldest starving job and the first jobs that do not fit get reservations (EASY backfill:
     later jobs may use reserved nodes only if expected to end before the holder starts)."""
-    state = ctx.state
-    c = state.c
-    p = c.policy
-    t = ctx.inp.t
-    ix = state.ix
+    ix = ctx.state.ix
     if not ix.placement_dirty or not any(ix.free_by_model.values()):
         return
     reserved = _serve_the_starving(ctx)
     ix.reserved_nodes = reserved
-    starts_by_node = {name: start_t for name, (start_t, _) in reserved.items()}
-    heads_left = p.head_reservations_max
-    # The budget bounds placement attempts, not jobs looked at: jobs that cannot fit are
-    # skipped by cheap checks, so a deep layer of blocked gangs at the urgent levels does
-    # not hide the small jobs behind them while GPUs stand idle. Once only held GPUs are
-    # free, a pass looks for short jobs to backfill among at most as many jobs.
-    budget = backfill_budget = p.scan_jobs_max
-    models_of: dict[tuple[str, ...], list[str]] = {}
-    # Placement is monotone within a pass (GPUs only get taken, nodes only get reserved):
-    # once a gang of `g` GPUs of some models expected to end at `e` did not fit, no gang of
-    # the same kind with at least `g` GPUs ending at `e` or later will. Blocks that no
-    # reservation caused hold whatever the end (`ANY_END`).
-    blocked: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
-    free_open = sum(ix.free_by_model.values())
-    free_unheld = free_open - _free_on(c, reserved)
+    placing = _PlacementPass(ctx, reserved)
     for level in range(LEVELS):
-        for job_id in serving_order(state, level):
-            if budget <= 0:
+        for job_id in serving_order(ctx.state, level):
+            if placing.attempts_left <= 0:
                 return  # more may fit: the next step goes on (the flag stays set)
-            if free_unheld <= 0:
-                backfill_budget -= 1
-            if free_open <= 0 or backfill_budget < 0 or (1, ANY_END) in blocked.get(ANY_MODEL_ONE_NODE, ()):
+            if placing.nothing_more_fits():
                 ix.placement_dirty = False
                 return
-            job = c.jobs[job_id]
-            placement = None
-            if job.gpus <= free_open:
-                key = tuple(job.gpu_models)
-                models = models_of.get(key)
-                if models is None:
-                    models = models_of[key] = acceptable_models(job.gpu_models, ix)
-                shape = (key, job.gpus > node_size_max(models, ix))
-                ends_t = t + expected_runtime_ms(state, job)
-                known = blocked.get(shape, ())
-                if free_gpus(models, ix) >= job.gpus and not any(
-                        g <= job.gpus and e <= ends_t for g, e in known):
-                    budget -= 1
-                    placement = place(job.gpus, models, c.nodes, ix, starts_by_node, ends_t)
-                    if placement is None:
-                        held = any(ends_t > start_t for start_t in starts_by_node.values())
-                        blocked.setdefault(shape, []).append((job.gpus, ends_t if held else ANY_END))
+            job = ctx.state.c.jobs[job_id]
+            placement = placing.try_place(job)
             if placement is not None:
                 _request_start(ctx, job, placement)
-                free_open -= job.gpus
-                free_unheld -= sum(len(slot.gpus) for slot in placement if slot.node not in reserved)
-            elif heads_left > 0 and _reserve(state, job, reserved):
-                heads_left -= 1
-                starts_by_node = {name: start_t for name, (start_t, _) in reserved.items()}
-                free_unheld = free_open - _free_on(c, reserved)
+                placing.took(placement)
+            else:
+                placing.maybe_reserve(job)
     ix.placement_dirty = False
+
+
+class _PlacementPass:
+    """The bookkeeping of one placement pass.
+
+    `attempts_left` bounds placement attempts, not jobs looked at: jobs that cannot fit are
+    skipped by cheap checks, so a deep layer of blocked gangs at the urgent levels does not
+    hide the small jobs behind them while GPUs stand idle. Once only held GPUs are free, the
+    pass looks for short jobs to backfill among at most as many jobs (`backfill_left`).
+
+    Placement is monotone within a pass (GPUs only get taken, nodes only get reserved): once
+    a gang of `g` GPUs of some models expected to end at `e` did not fit, no gang of the same
+    kind with at least `g` GPUs ending at `e` or later will (`blocked`). Blocks that no
+    reservation caused hold whatever the end (`ANY_END`)."""
+
+    def __init__(self, ctx: Ctx, reserved: dict[str, tuple[int, str]]) -> None:
+        self.state = ctx.state
+        self.t = ctx.inp.t
+        self.reserved = reserved
+        self.starts_by_node = _starts_by_node(reserved)
+        self.heads_left = self.state.c.policy.head_reservations_max
+        self.attempts_left = self.backfill_left = self.state.c.policy.scan_jobs_max
+        self.models_of: dict[tuple[str, ...], list[str]] = {}
+        self.blocked: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
+        self.free_open = sum(self.state.ix.free_by_model.values())
+        self.free_unheld = self.free_open - _free_on(self.state.c, reserved)
+
+    def nothing_more_fits(self) -> bool:
+        if self.free_unheld <= 0:
+            self.backfill_left -= 1
+        return (self.free_open <= 0 or self.backfill_left < 0
+                or (1, ANY_END) in self.blocked.get(ANY_MODEL_ONE_NODE, ()))
+
+    def try_place(self, job: Job) -> list[T.Slot] | None:
+        state = self.state
+        ix = state.ix
+        if job.gpus > self.free_open:
+            return None
+        key = tuple(job.gpu_models)
+        models = self.models_of.get(key)
+        if models is None:
+            models = self.models_of[key] = acceptable_models(job.gpu_models, ix)
+        shape = (key, job.gpus > node_size_max(models, ix))
+        ends_t = self.t + expected_runtime_ms(state, job)
+        if free_gpus(models, ix) < job.gpus or any(
+                g <= job.gpus and e <= ends_t for g, e in self.blocked.get(shape, ())):
+            return None
+        self.attempts_left -= 1
+        placement = place(job.gpus, models, state.c.nodes, ix, self.starts_by_node, ends_t)
+        if placement is None:
+            held = any(ends_t > start_t for start_t in self.starts_by_node.values())
+            self.blocked.setdefault(shape, []).append((job.gpus, ends_t if held else ANY_END))
+        return placement
+
+    def took(self, placement: list[T.Slot]) -> None:
+        self.free_open -= sum(len(slot.gpus) for slot in placement)
+        self.free_unheld -= sum(len(slot.gpus) for slot in placement if slot.node not in self.reserved)
+
+    def maybe_reserve(self, job: Job) -> None:
+        """The first jobs of the serving order that do not fit get reservations."""
+        if self.heads_left > 0 and _reserve(self.state, job, self.reserved):
+            self.heads_left -= 1
+            self.starts_by_node = _starts_by_node(self.reserved)
+            self.free_unheld = self.free_open - _free_on(self.state.c, self.reserved)
+
+
+def _starts_by_node(reserved: dict[str, tuple[int, str]]) -> dict[str, int]:
+    return {name: start_t for name, (start_t, _) in reserved.items()}
 
 
 def _free_on(c, nodes) -> int:
@@ -665,8 +695,7 @@ def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:
         if not _could_ever_fit(state, job, models):
             continue
         served += 1
-        starts_by_node = {name: start_t for name, (start_t, _) in reserved.items()}
-        placement = place(job.gpus, models, c.nodes, state.ix, starts_by_node,
+        placement = place(job.gpus, models, c.nodes, state.ix, _starts_by_node(reserved),
                           t + expected_runtime_ms(state, job))
         if placement is not None:
             _request_start(ctx, job, placement)
