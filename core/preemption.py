@@ -308,8 +308,8 @@ def _cheapest_single_node(state: State, job: Job, nodes, rank: dict[str, float],
             continue
         on_node = sorted((rank[v], v) for v in state.ix.jobs_by_node.get(node.name, {})
                          if v in rank)
-        chosen = _greedy_minimal(state, [(cost, v, len(_gpus_on(state.c.jobs[v], node.name)))
-                                         for cost, v in on_node], need)
+        chosen = _greedy_minimal(state, [(score, v, len(_gpus_on(state.c.jobs[v], node.name)))
+                                         for score, v in on_node], need)
         if chosen is None or len(chosen) > cap:
             continue
         total = sum(rank[v] for v in chosen)
