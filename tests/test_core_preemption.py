@@ -403,3 +403,23 @@ def test_a_queue_wait_is_bounded_by_the_pools_pace_not_its_longest_job():
     curve = ReleaseCurve(run.state, [run.state.c.nodes["a1"]], HOUR)
     assert curve.wait_for(2) == 20 * MIN
     assert curve.wait_for(5) == 50 * MIN
+
+
+def test_a_tick_decides_with_its_own_time_not_the_last_recorded_event():
+    """Nothing was recorded between the victim's start and the tick two hours later: the
+    plan must count two hours of lost progress, not the none the last event's time shows,
+    and the state's clock must stay where the events left it when a tick records nothing."""
+    run = Run()
+    run.at(0, node("a1", gpus=1))
+    run.at(1, submit("no-ckpt", 7, 1, team="x", user="x", est_runtime_s=20 * 3600,
+                     ckpt_interval_s=0))
+    run.at(5, submit("urgent", 0, 1, team="u", user="u", est_runtime_s=600))  # victim not running yet
+    run.at(20_000, started("no-ckpt"))
+    plans = of(run.at(2 * HOUR, tick(2 * HOUR)), T.PreemptionPlanned)
+    assert [p.victims for p in plans] == [["no-ckpt"]]
+    assert f"victims lose {2 * HOUR - 20_000} ms of progress" in plans[0].reason
+
+    idle = Run()
+    idle.at(0, node("a1", gpus=1))
+    assert idle.at(HOUR, tick(HOUR)) == []
+    assert idle.state.c.t == 0
