@@ -5,6 +5,7 @@ small synchronous helpers to send inputs and read the log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -151,6 +152,20 @@ class Cluster:
     def wait_for(self, kind, timeout_s: float = 20.0, count: int = 1, **fields) -> list[T.Record]:
         return self.wait(lambda rs: len(matching(rs, kind, **fields)) >= count, timeout_s,
                          f"{count} x {kind.__name__} {fields}")
+
+
+@contextlib.contextmanager
+def xirang_up(data_dir: str, hosts: int, simulate: str, tick_ms: int = 200):
+    """`xirang up --json` as a real process: yields its first line (the NATS URL and the
+    pids it started); stopped by its pid with SIGTERM, as Ctrl-C would, on the way out."""
+    up = subprocess.Popen([sys.executable, "-m", "xirang.cli", "up", "--json", "--data-dir", data_dir,
+                           "--hosts", str(hosts), "--simulate", simulate, "--tick-ms", str(tick_ms)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        yield json.loads(up.stdout.readline())
+    finally:
+        os.kill(up.pid, signal.SIGTERM)
+        up.wait(30)
 
 
 def matching(records, kind, **fields) -> list[T.Record]:

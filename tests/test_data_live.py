@@ -5,16 +5,13 @@ read what the scheduler wrote."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import duckdb
 import pytest
 
-from projections.testing import REPO, xirang
+from agents.testing import xirang_up
+from projections.testing import xirang
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,11 +27,8 @@ def _committed_sagas(url: str, db: str) -> list[tuple]:
 
 def test_projection_and_audit_read_what_the_live_scheduler_wrote(tmp_path):
     data = str(tmp_path / "xr")
-    up = subprocess.Popen([sys.executable, "-m", "xirang.cli", "up", "--json", "--data-dir", data,
-                           "--hosts", "1", "--simulate", "8xA100", "--tick-ms", "200"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        url = json.loads(up.stdout.readline())["nats"]
+    with xirang_up(data, hosts=1, simulate="8xA100") as info:
+        url = info["nats"]
         for job in ("low-1", "low-2"):
             done = xirang("submit", job, "--team", "batch", "--level", "6", "--gpus", "4",
                           "--gpu-model", "A100", "--command", "sleep 60", "--nats", url)
@@ -49,9 +43,6 @@ def test_projection_and_audit_read_what_the_live_scheduler_wrote(tmp_path):
             time.sleep(0.5)
         sagas = _committed_sagas(url, db)
         audit = xirang("audit", "--nats", url, "--job", "low-1", "--json")
-    finally:
-        os.kill(up.pid, signal.SIGTERM)
-        up.wait(30)
     assert [s[1] for s in sagas] == ["urgent"] and sagas[0][2] > sagas[0][3]
     summary = json.loads(audit.stdout)
     assert audit.returncode == 0 and summary["ok"], summary

@@ -3,9 +3,6 @@ clients find it through the data folder; Ctrl-C (SIGTERM) stops every process it
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,18 +10,14 @@ import time
 import pytest
 
 from agents.host import pid_alive
-from agents.testing import REPO
+from agents.testing import REPO, xirang_up
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_up_runs_a_cluster_that_clients_find_and_stops_it_all(tmp_path):
     data = str(tmp_path / "xr")
-    up = subprocess.Popen([sys.executable, "-m", "xirang.cli", "up", "--json", "--data-dir", data,
-                           "--hosts", "2", "--simulate", "8xH100,4xA100", "--tick-ms", "200"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        info = json.loads(up.stdout.readline())
+    with xirang_up(data, hosts=2, simulate="8xH100,4xA100") as info:
         pids = list(info["pids"].values()) + [info["nats_pid"]]
         assert len(pids) == 4 and all(pid_alive(p) for p in pids)
         cli = [sys.executable, "-m", "xirang.cli"]
@@ -36,9 +29,6 @@ def test_up_runs_a_cluster_that_clients_find_and_stops_it_all(tmp_path):
                                      "--gpu-model", "A100", "--data-dir", data],
                               capture_output=True, text=True, timeout=30, cwd=REPO)
         assert done.stdout.startswith("accepted"), done.stdout + done.stderr
-    finally:
-        os.kill(up.pid, signal.SIGTERM)
-        up.wait(30)
     assert all(not pid_alive(p) for p in pids)
 
 
