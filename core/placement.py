@@ -32,9 +32,10 @@ NO_NODES: dict[str, int] = {}
 
 def place(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
           reserved: dict[str, int] = NO_NODES, ends_t: int = 0) -> list[Slot] | None:
-    """A gang placement, or None. `reserved` maps nodes held for starving jobs to the time
-    those jobs are expected to start there: a job expected to end by then (`ends_t`) may
-    still use them (backfill), others may not."""
+    """A gang placement, or None. `reserved` maps nodes held for blocked jobs (the oldest
+    starving one, the head of the serving order) to the time each is expected to start
+    there: a job expected to end by then (`ends_t`) may still use them (backfill), others
+    may not."""
     if free_gpus(models, ix) < gpus:
         return None
     blocked = {name: None for name, start_t in reserved.items() if ends_t > start_t} if reserved else NO_NODES
