@@ -256,7 +256,10 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
         victim.saga = ev.saga
         _window(c.team_windows, victim.team).preempted.append(ev.t)
         _window(c.user_windows, victim.user).preempted.append(ev.t)
-    _window(c.team_windows, preemptor.team).preempting.append(ev.t)
+    if preemptor.level < c.policy.downgrade_applies_below_level:
+        # The team limit guards the levels its penalty (a downgrade) applies to: a team's
+        # mid-level jobs preempting on their own merits do not cost its urgent jobs a level.
+        _window(c.team_windows, preemptor.team).preempting.append(ev.t)
     _window(c.user_windows, preemptor.user).preempting.append(ev.t)
     _prune_windows(c, ev.t)
     c.sagas[ev.saga] = Saga(

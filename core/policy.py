@@ -98,7 +98,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # for); a team with k times the mean share gets k times the count.
     team_preempted_max: int = 6  # then the team is protected
     team_protect_ms: int = 1800 * 1000
-    team_preempting_max: int = 6  # then the team's new high-level jobs are downgraded
+    # Preemptions by a team's jobs of levels below `downgrade_applies_below_level`: past
+    # this count the team's new jobs of those levels are downgraded.
+    team_preempting_max: int = 6
     team_downgrade_ms: int = 1800 * 1000
     downgrade_levels: int = 2
     downgrade_applies_below_level: int = 3  # jobs submitted at levels < this are downgraded

@@ -25,7 +25,8 @@ import msgspec
 
 from .placement import acceptable_models, free_indices, node_size_max, place
 from .policy import Policy, with_params
-from .state import QUEUED, RUNNING, Job, State, job_progress_ms, last_checkpoint, window_count
+from .state import (QUEUED, RUNNING, Job, State, job_progress_ms, last_checkpoint, queue_key,
+                    window_count)
 from .types import LEVELS, Slot
 
 LINDY_FLOOR_FRACTION = 10  # a job just past its estimate is expected to run 1/10 of it more
@@ -86,30 +87,52 @@ def can_checkpoint(job: Job) -> bool:
     return job.ckpt_interval_ms > 0
 
 
+class Pricing(msgspec.Struct, frozen=True):
+    """What one plan's victims are priced against."""
+
+    wasted_weight_min: float  # the queue's pressure: weight of a wasted GPU-second
+    waiting_weight: float  # the preemptor's weighted GPUs, per ms of its wait
+    preemptor_gpus: int
+    # A victim's extra wait, on the GPUs the preemptor takes from it, is at most what the
+    # preemptor saves: its GPU-time moves earlier, it does not grow, so whatever a requeued
+    # victim waits beyond that, the jobs it lets ahead (as urgent as it or more) gain.
+    displaced_max_ms: int
+
+
 def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
-                wasted_weight_min: float = 0.0) -> VictimCost:
-    c = state.c
-    t = c.t
-    progress = job_progress_ms(victim, t)
+                pricing: Pricing) -> VictimCost:
+    """What preempting `victim` costs: its displacement (its weighted requeue wait, bounded
+    by the preemptor's saved wait on the GPUs the preemptor takes) and the work wasted,
+    releasing it the cheaper way: at its next safe point from its last checkpoint (losing
+    the progress since), or after saving a fresh one (the preemptor waits for the save).
+    An urgent preemptor makes a victim with little unsaved work release without saving."""
+    t = state.c.t
     last = last_checkpoint(victim)
-    since_ckpt = progress - (last.progress_ms if last else 0)
-    checkpoint_needed = False
-    if not can_checkpoint(victim):
-        lost, save, ready = since_ckpt, 0, p.safe_point_ms
-    elif victim.ckpt_started_t:
+    since_ckpt = job_progress_ms(victim, t) - (last.progress_ms if last else 0)
+    weight = p.level_weight[victim.level]
+    wasted_weight = victim.gpus * max(weight, p.wasted_work_weight_min, pricing.wasted_weight_min)
+    if victim.ckpt_started_t:
         # A checkpoint is being written: wait for it rather than lose it.
         save = max(0, victim.ckpt_started_t + victim.ckpt_cost_ms - t)
-        lost, ready = 0, save + p.safe_point_ms
-    elif last is not None and since_ckpt < victim.ckpt_cost_ms:
-        # Fresh: releasing now loses less than saving again would cost.
-        lost, save, ready = since_ckpt, 0, p.safe_point_ms
+        options = [(0, save, False)]
     else:
-        lost, save, ready = 0, victim.ckpt_cost_ms, p.safe_point_ms + victim.ckpt_cost_ms
-        checkpoint_needed = True
-    restore = victim.restore_cost_ms if (last is not None or checkpoint_needed) else 0
-    weight = p.level_weight[victim.level]
-    wasted_weight = max(weight, p.wasted_work_weight_min, wasted_weight_min)
-    cost = victim.gpus * (wasted_weight * (lost + save + restore) + weight * requeue_wait_ms) / 1000.0
+        options = [(since_ckpt, 0, False)]  # release from the last checkpoint (or scratch)
+        if can_checkpoint(victim):
+            options.append((0, victim.ckpt_cost_ms, True))
+    best = None
+    for lost, save, checkpoint_needed in options:
+        has_checkpoint = last is not None or checkpoint_needed or save > 0
+        restore = victim.restore_cost_ms if has_checkpoint else 0
+        ready = p.safe_point_ms + save
+        wasted = wasted_weight * (lost + save + restore) / 1000.0
+        key = wasted + pricing.waiting_weight * ready
+        if best is None or key < best[0]:
+            best = (key, wasted, lost, save, restore, ready, checkpoint_needed)
+    _, wasted, lost, save, restore, ready, checkpoint_needed = best
+    shared = min(victim.gpus, pricing.preemptor_gpus)
+    displaced_gpu_ms = (shared * min(requeue_wait_ms, pricing.displaced_max_ms)
+                        + (victim.gpus - shared) * requeue_wait_ms)
+    cost = wasted + weight * displaced_gpu_ms / 1000.0
     return VictimCost(
         job=victim.id, gpus=victim.gpus, lost_ms=lost, save_ms=save, restore_ms=restore,
         requeue_wait_ms=requeue_wait_ms, ready_ms=ready, checkpoint_needed=checkpoint_needed,
@@ -121,13 +144,16 @@ def _still_queued(c, job_id: str) -> bool:
     return job is not None and job.state == QUEUED
 
 
-def queue_pressure(state: State, p: Policy) -> float:
+def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> float:
     """What one GPU-second of wasted work costs the queue: redoing it delays every queued
     job by its share of the pool, so it weighs the queued GPUs' level weights summed, per
-    GPU of the pool (0 when nothing waits)."""
+    GPU of the pool (0 when nothing waits). The preemptor is not delayed by it: it starts
+    on the victims' GPUs, and its own wait is the benefit side."""
     ix = state.ix
     weighted = sum(gpus * p.level_weight[level] for level, gpus in enumerate(ix.queued_gpus))
-    return weighted / max(ix.total_gpus, 1)
+    if preemptor is not None and preemptor.state == QUEUED:
+        weighted -= preemptor.gpus * p.level_weight[preemptor.eff_level]
+    return max(0.0, weighted) / max(ix.total_gpus, 1)
 
 
 def requeue_level(state: State, victim: Job) -> int:
@@ -234,31 +260,32 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
         if not nodes:
             return Decline(reason="held_back_by_reservation")
     model_ok = dict.fromkeys(models)
+    eligible = [c.jobs[victim_id]
+                for level in range(max(p.preempts_from_level[job.level], job.level + 1), LEVELS)
+                for victim_id in sorted(ix.holding_by_level[level])
+                if victim_eligible(state, job, c.jobs[victim_id])
+                and any(c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
+                        for slot in c.jobs[victim_id].placement)]
+    if not eligible:
+        return Decline(reason="no_eligible_victims")
     curve = ReleaseCurve(state, nodes, runtime)
-    pressure = queue_pressure(state, p)
+    natural_wait = natural_wait_ms(state, job, nodes, curve)
+    pricing = Pricing(
+        wasted_weight_min=queue_pressure(state, p, job),
+        waiting_weight=p.level_weight[job.level] * job.gpus / 1000.0, preemptor_gpus=job.gpus,
+        displaced_max_ms=min(runtime, max(0, natural_wait - p.safe_point_ms)))
     requeue_waits: dict[tuple[int, int], int] = {}
     costs: dict[str, VictimCost] = {}
-    for level in range(max(p.preempts_from_level[job.level], job.level + 1), LEVELS):
-        for victim_id in sorted(ix.holding_by_level[level]):
-            victim = c.jobs[victim_id]
-            if not victim_eligible(state, job, victim):
-                continue
-            if any(c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
-                   for slot in victim.placement):
-                key = (requeue_level(state, victim), victim.gpus)
-                if key not in requeue_waits:
-                    requeue_waits[key] = min(runtime, curve.wait_for(
-                        _queued_ahead(state, job, key[0]) + victim.gpus))
-                wait = requeue_waits[key]
-                costs[victim_id] = victim_cost(state, victim, wait, p, pressure)
-    if not costs:
-        return Decline(reason="no_eligible_victims")
+    for victim in eligible:
+        key = (requeue_level(state, victim), victim.gpus)
+        if key not in requeue_waits:
+            requeue_waits[key] = curve.wait_for(_queued_ahead(state, job, key[0]) + victim.gpus)
+        costs[victim.id] = victim_cost(state, victim, requeue_waits[key], p, pricing)
     victim_nodes = dict.fromkeys(slot.node for v in costs for slot in c.jobs[v].placement)
     candidate_nodes = [node for node in nodes if node.name in victim_nodes]
     # Victims are chosen by their cost plus the preemptor's weighted wait while they reach a
-    # safe point and save: an urgent job prefers victims that can let go quickly.
-    waiting_weight = p.level_weight[job.level] * job.gpus / 1000.0
-    rank = {v: vc.cost + waiting_weight * vc.ready_ms for v, vc in costs.items()}
+    # safe point (and save): an urgent job prefers victims that can let go quickly.
+    rank = {v: vc.cost + pricing.waiting_weight * vc.ready_ms for v, vc in costs.items()}
     if job.gpus <= node_size_max(models, ix):
         choice = _cheapest_single_node(state, job, candidate_nodes, rank, p.victims_per_preemption_max)
     else:
@@ -271,7 +298,6 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
         return Decline(reason="held_back_by_reservation")
     cost = sum(costs[v].cost for v in victims)
     ready = max(costs[v].ready_ms for v in victims)
-    natural_wait = natural_wait_ms(state, job, nodes, curve)
     level_weight = p.level_weight[job.level]
     benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
     if benefit - cost <= p.net_benefit_min:
@@ -390,15 +416,34 @@ def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int
 def natural_wait_ms(state: State, job: Job, nodes, curve: "ReleaseCurve | None" = None) -> int:
     """When would the job fit without preempting, as running jobs finish as estimated: on
     its own (the earliest gang fit), and after the GPUs that jobs served before it ask for
-    (queued at more urgent levels) have been taken from the pool of its models."""
+    (queued at more urgent levels, or earlier at its own) have been taken from the pool of
+    its models."""
     fit = earliest_fit(state, job, nodes)
     if fit is None:
         return 10 * expected_runtime_ms(state, job)
-    ahead = sum(state.ix.queued_gpus[:job.eff_level])
+    ahead = sum(state.ix.queued_gpus[:job.eff_level]) + _same_level_ahead(state, job)
     if ahead == 0:
         return fit[0]
     curve = curve or ReleaseCurve(state, nodes, expected_runtime_ms(state, job))
     return max(fit[0], curve.wait_for(ahead + job.gpus))
+
+
+def _same_level_ahead(state: State, job: Job) -> int:
+    """GPUs asked for by the jobs queued at the job's level before it in queue order (their
+    own level, then submit time), whatever their team: in a burst of urgent jobs, the last
+    one waits for the releases the first ones take. Counted up to the pool's size, beyond
+    which no running job's end tells the wait anyway."""
+    c = state.c
+    key = queue_key(job)
+    cap = state.ix.total_gpus
+    total = 0
+    for team in sorted(state.ix.queues[job.eff_level]):
+        team_queue = state.ix.queues[job.eff_level][team]
+        for _, _, other in team_queue[:bisect.bisect_left(team_queue, key)]:
+            total += c.jobs[other].gpus
+            if total >= cap:
+                return total
+    return total
 
 
 def _queued_ahead(state: State, preemptor: Job, level: int) -> int:

@@ -250,13 +250,13 @@ def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     ix.queued_count[job.eff_level] += 1
     ix.queued_gpus[job.eff_level] += job.gpus
     ix.team_queued_gpus[job.team] = ix.team_queued_gpus.get(job.team, 0) + job.gpus
-    bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), _queue_key(job))
+    bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), queue_key(job))
     if job.eff_level > 0 and job.level - job.eff_level < aging_levels_max:
         bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
     bisect.insort(ix.waiting_by_level[job.level], (job.submit_t, job.id))
 
 
-def _queue_key(job: Job) -> tuple[int, int, str]:
+def queue_key(job: Job) -> tuple[int, int, str]:
     """Order within a level's team queue: a job's own level first, so that jobs aged into a
     level queue behind the jobs that belong there, then submit time, then the id."""
     return (job.level, job.submit_t, job.id)
@@ -270,7 +270,7 @@ def queue_remove(ix: Index, job: Job) -> None:
     if ix.team_queued_gpus[job.team] == 0:
         del ix.team_queued_gpus[job.team]
     team_queue = ix.queues[job.eff_level].get(job.team, [])
-    _remove_sorted(team_queue, _queue_key(job))
+    _remove_sorted(team_queue, queue_key(job))
     if not team_queue:
         ix.queues[job.eff_level].pop(job.team, None)
     _remove_sorted(ix.aging[job.eff_level], (job.level_since_t, job.id))

@@ -423,3 +423,69 @@ def test_a_tick_decides_with_its_own_time_not_the_last_recorded_event():
     idle.at(0, node("a1", gpus=1))
     assert idle.at(HOUR, tick(HOUR)) == []
     assert idle.state.c.t == 0
+
+
+def test_an_urgent_preemptor_lets_a_victim_with_little_unsaved_work_go_without_saving():
+    """Three minutes of unsaved work on a victim whose save takes a minute: a level-0 gang on all eight GPUs would rather the
+    victim let go at once (its wait weighs more than the lost minutes), a level-4 one would
+    rather wait for the save."""
+    def notices_for(level: int, gpus: int) -> list[T.VictimNotified]:
+        run = Run(preempts_from_level=[1, 2, 4, 6, 7, 7, 7, 8])
+        run.at(0, node("a1"))
+        run.at(1, submit("victim", 7, 8, team="research", user="r", est_runtime_s=10 * 3600,
+                         ckpt_cost_s=60, restore_cost_s=60))
+        start_all(run, 2)
+        run.at(HOUR - 3 * MIN, T.CheckpointSaved(job="victim", step=1, digest="sha256:v1", bytes=1))
+        return of(run.at(HOUR, submit("urgent", level, gpus, team="ops", user="o",
+                                      est_runtime_s=10 * 3600)), T.VictimNotified)
+    assert [n.checkpoint_needed for n in notices_for(0, 8)] == [False]
+    assert [n.checkpoint_needed for n in notices_for(4, 8)] == [True]
+
+
+def test_a_victim_is_charged_at_most_the_wait_the_preemptor_saves_on_the_gpus_it_takes():
+    """The 1-GPU victim would requeue behind a deep level-2 queue, but the urgent job only
+    saves 30 minutes: the GPU-time it takes moves earlier, it does not grow, so the
+    victim's displacement is priced at those 30 minutes, not at the queue's depth (which
+    would cost more than the urgent job's wait is worth)."""
+    run = Run(preempts_from_level=[2, 3, 8, 8, 8, 8, 8, 8])  # the queue ahead may not preempt
+    run.at(0, node("a1"))
+    run.at(1, submit("victim", 6, 1, team="ops", user="o", est_runtime_s=10 * 3600,
+                     ckpt_cost_s=20, restore_cost_s=20),
+           submit("level2", 2, 7, team="ops", user="o", est_runtime_s=30 * 60))
+    start_all(run, 2)
+    run.at(5, *[submit(f"ahead-{i}", 2, 8, team="q", user=f"q{i}", est_runtime_s=4 * 3600)
+                for i in range(6)])
+    events = run.at(10, submit("urgent", 1, 1, team="u", user="u", est_runtime_s=10 * 3600))
+    plan = of(events, T.PreemptionPlanned)
+    assert [p.victims for p in plan] == [["victim"]]
+    weight = run.state.c.policy.level_weight
+    assert plan[0].cost <= weight[6] * 30 * 60  # it has no work to lose yet
+    assert plan[0].benefit < weight[6] * 10 * 3600  # what the queue's depth would have cost
+
+
+def test_a_burst_of_urgent_jobs_expects_the_later_ones_to_wait_for_the_earlier():
+    from core.preemption import natural_wait_ms
+    run = Run(preempts_from_level=[8] * 8)  # nobody preempts: only the estimate is looked at
+    run.at(0, node("a1"))
+    run.at(1, submit("short", 6, 1, est_runtime_s=120),
+           *[submit(f"long-{i}", 6, 1, user=f"u{i}", est_runtime_s=10 * 3600) for i in range(7)])
+    start_all(run, 2)
+    run.at(10, submit("first", 1, 1, team="ops", user="o"), submit("second", 1, 1, team="ops", user="o"))
+    nodes = [run.state.c.nodes["a1"]]
+    first = natural_wait_ms(run.state, run.job("first"), nodes)
+    second = natural_wait_ms(run.state, run.job("second"), nodes)
+    assert first <= 2 * MIN
+    assert second > HOUR  # the short job's GPU goes to the first; the second waits for a long one
+
+
+def test_preemptions_by_a_teams_mid_level_jobs_do_not_downgrade_its_urgent_jobs():
+    run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
+              user_preempted_max=100, preempts_from_level=[1, 2, 4, 5, 7, 8, 8, 8])
+    fill_nodes(run, 3)  # level-6 jobs
+    for i, t in enumerate((20 * MIN, 21 * MIN, 22 * MIN)):
+        plans = of(run.at(t, submit(f"mid-{i}", 3, 8, team="prod", user=f"m{i}", est_runtime_s=600)),
+                   T.PreemptionPlanned)
+        assert plans, f"mid-{i} should preempt"
+    assert not run.events(T.TeamDowngraded)
+    urgent = of(run.at(23 * MIN, submit("urgent", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
+    assert urgent.level == 1

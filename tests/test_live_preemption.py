@@ -19,15 +19,15 @@ from core import types as T
 pytestmark = pytest.mark.timeout(120)
 
 
-def urgent(job: str = "urgent", seconds: float = 1.0) -> T.Submit:
-    return T.Submit(job=job, team="ops", user="kim", level=0, gpus=8, gpu_models=["H100"],
+def urgent(job: str = "urgent", seconds: float = 1.0, level: int = 0) -> T.Submit:
+    return T.Submit(job=job, team="ops", user="kim", level=level, gpus=8, gpu_models=["H100"],
                     est_runtime_s=10, command=sleep_command(seconds))
 
 
-def low(job: str, gpus: int, command: list[str], level: int = 6) -> T.Submit:
+def low(job: str, gpus: int, command: list[str], level: int = 6, ckpt_cost_s: float = 1) -> T.Submit:
     return T.Submit(job=job, team=f"team-{job}", user=f"user-{job}", level=level, gpus=gpus,
-                    gpu_models=["H100"], est_runtime_s=600, ckpt_interval_s=5, ckpt_cost_s=1,
-                    restore_cost_s=1, command=command)
+                    gpu_models=["H100"], est_runtime_s=600, ckpt_interval_s=5, ckpt_cost_s=ckpt_cost_s,
+                    restore_cost_s=ckpt_cost_s, command=command)
 
 
 UNTRAINED_LOSS = math.log(2)  # logistic loss of the zero model the example starts from
@@ -57,17 +57,24 @@ def cluster(tmp_path):
 
 def test_multi_victim_preemption_commits_and_victims_resume_from_their_checkpoints(cluster):
     victims = ["v1", "v2", "v3"]
-    cluster.send(low("v1", 4, train_command(100_000, seed=1)), low("v2", 2, train_command(100_000, seed=2)),
-                 low("v3", 2, train_command(100_000, seed=3), level=7))
+    # Saving takes a tenth of a second: past a couple of seconds of training, a save is
+    # cheaper than the progress it keeps.
+    cluster.send(low("v1", 4, train_command(100_000, seed=1), ckpt_cost_s=0.1),
+                 low("v2", 2, train_command(100_000, seed=2), ckpt_cost_s=0.1),
+                 low("v3", 2, train_command(100_000, seed=3), level=7, ckpt_cost_s=0.1))
     records = cluster.wait(lambda rs: all(matching(rs, T.JobRunning, job=v) for v in victims),
                            what="victims running")
     for v in victims:  # each has trained a little
         first_run = run_dir(cluster, v, matching(records, T.JobStartRequested, job=v)[0].n)
         wait_metrics(first_run / "output.log")
-    cluster.send(urgent(seconds=1.5))
+    time.sleep(3)
+    # A level-3 job: its wait is cheap next to the victims' unsaved progress, so each victim
+    # is told to save a checkpoint before it lets go (a level-0 job would not wait for that).
+    cluster.send(urgent(seconds=1.5, level=3))
     records = cluster.wait_for(T.PreemptionCommitted, timeout_s=20)
     planned = matching(records, T.PreemptionPlanned)[0].event
     assert sorted(planned.victims) == victims and planned.benefit > planned.cost
+    assert all(n.event.checkpoint_needed for n in matching(records, T.VictimNotified))
     records = cluster.wait(lambda rs: all(len(matching(rs, T.JobRunning, job=v)) == 2 for v in victims),
                            timeout_s=30, what="victims resumed")
     assert matching(records, T.JobFinished, job="urgent")
@@ -107,6 +114,8 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
     cluster.wait_for(T.CheckpointRecorded, count=2, job="c1")
     cluster.send(urgent(seconds=2))
     records = cluster.wait_for(T.PreemptionCommitted)
+    # Its last periodic checkpoint is under a second old: it lets go without saving again.
+    assert [n.event.checkpoint_needed for n in matching(records, T.VictimNotified)] == [False]
     ckpts = [r.event for r in matching(records, T.CheckpointRecorded, job="c1")]
     newest, previous = ckpts[-1], ckpts[-2]
 

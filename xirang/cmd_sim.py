@@ -51,10 +51,10 @@ def register(sub) -> None:
     sim.add_argument("--limit", type=int, help="only the first N jobs (by submit time)")
     sim.add_argument("--seed", type=int, default=0, help="seed for missing trace columns (default 0)")
     sim.add_argument("--policy", help="xirang policy TOML (keys of core.Policy)")
-    sim.add_argument("--xirang-periodic-ckpt-reports", choices=("on", "off"), default="off",
+    sim.add_argument("--xirang-periodic-ckpt-reports", choices=("on", "off"), default="on",
                      help="whether simulated hosts report every periodic checkpoint to xirang's "
-                          "core, as live agents do (default off: two core steps per checkpoint "
-                          "are too slow for a full trace; see replay/peers/xirang.py)")
+                          "core, as live agents do (default on; off saves two core steps per "
+                          "checkpoint, but the core then sees no victim's checkpoint as fresh)")
     sim.add_argument("--xirang-tick-s", type=float, default=60.0,
                      help="simulated seconds between xirang's re-evaluation ticks while jobs wait "
                           "(default 60); aging is rate-limited to the same period")
