@@ -157,10 +157,13 @@ def _job_ended(s: State, ev: T.JobFinished | T.JobFailed | T.JobCancelled) -> No
 
 def _learn_runtime(s: State, job: Job, run_ms: int) -> None:
     key = f"{job.team}/{job.kind}"
-    est = s.c.estimates.get(key) or Estimate()
-    samples = est.samples + 1
-    s.c.estimates[key] = Estimate(samples=samples, mean_ms=est.mean_ms + (run_ms - est.mean_ms) / samples)
+    s.c.estimates[key] = _with_sample(s.c.estimates.get(key) or Estimate(), run_ms)
     s.ix.remaining_memo.clear()
+
+
+def _with_sample(est: Estimate, value_ms: int) -> Estimate:
+    samples = est.samples + 1
+    return Estimate(samples=samples, mean_ms=est.mean_ms + (value_ms - est.mean_ms) / samples)
 
 
 def _job_requeued(s: State, ev: T.JobRequeued) -> None:
@@ -232,6 +235,9 @@ def _safe_point(s: State, ev: T.SafePointReached) -> None:
     job = s.c.jobs[ev.job]
     if job.frozen_t == 0:
         job.frozen_t = ev.t
+        saga = s.c.sagas.get(job.saga)
+        if saga is not None:
+            s.c.safe_point_latency = _with_sample(s.c.safe_point_latency, ev.t - saga.planned_t)
 
 
 # ---------------------------------------------------------------- sagas

@@ -72,7 +72,8 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     # --- preemption decision
     victims_per_preemption_max: int = 8
-    # Time for a victim to reach a safe point after the notice.
+    # Time for a victim to reach a safe point after the notice, until enough victims
+    # (`estimate_samples_min`) have shown how long they take (then their mean).
     safe_point_ms: int = 30_000
     # Extra time on top of the expected safe point + checkpoint before a saga rolls back.
     deadline_slack_ms: int = 120_000

@@ -83,6 +83,15 @@ def remaining_ms(state: State, job: Job) -> int:
     return max(done - total, total // LINDY_FLOOR_FRACTION, 1)
 
 
+def safe_point_ms(state: State, p: Policy) -> int:
+    """How long a victim takes from the notice to its safe point: the victims' mean once
+    enough have shown it, else the policy's figure."""
+    learned = state.c.safe_point_latency
+    if learned.samples >= p.estimate_samples_min:
+        return int(learned.mean_ms)
+    return p.safe_point_ms
+
+
 def can_checkpoint(job: Job) -> bool:
     return job.ckpt_interval_ms > 0
 
@@ -109,6 +118,7 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     t = state.c.t
     last = last_checkpoint(victim)
     since_ckpt = job_progress_ms(victim, t) - (last.progress_ms if last else 0)
+    safe_point = safe_point_ms(state, p)
     weight = p.level_weight[victim.level]
     wasted_weight = victim.gpus * max(weight, p.wasted_work_weight_min, pricing.wasted_weight_min)
     if victim.ckpt_started_t:
@@ -123,7 +133,7 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     for lost, save, checkpoint_needed in options:
         has_checkpoint = last is not None or checkpoint_needed or save > 0
         restore = victim.restore_cost_ms if has_checkpoint else 0
-        ready = p.safe_point_ms + save
+        ready = safe_point + save
         wasted = wasted_weight * (lost + save + restore) / 1000.0
         key = wasted + pricing.waiting_weight * ready
         if best is None or key < best[0]:
@@ -273,7 +283,7 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
     pricing = Pricing(
         wasted_weight_min=queue_pressure(state, p, job),
         waiting_weight=p.level_weight[job.level] * job.gpus / 1000.0, preemptor_gpus=job.gpus,
-        displaced_max_ms=min(runtime, max(0, natural_wait - p.safe_point_ms)))
+        displaced_max_ms=min(runtime, max(0, natural_wait - safe_point_ms(state, p))))
     requeue_waits: dict[tuple[int, int], int] = {}
     costs: dict[str, VictimCost] = {}
     for victim in eligible:

@@ -145,6 +145,8 @@ class Canonical(msgspec.Struct, kw_only=True):
     team_protected_until: dict[str, int] = {}
     team_downgraded_until: dict[str, int] = {}
     estimates: dict[str, Estimate] = {}
+    # Notice -> safe point, as victims have shown it (their mean).
+    safe_point_latency: Estimate = msgspec.field(default_factory=Estimate)
     level_wait: list[LevelWait] = msgspec.field(
         default_factory=lambda: [LevelWait() for _ in range(LEVELS)])
     rr_last_team: list[str] = msgspec.field(default_factory=lambda: [""] * LEVELS)

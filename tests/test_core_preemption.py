@@ -489,3 +489,17 @@ def test_preemptions_by_a_teams_mid_level_jobs_do_not_downgrade_its_urgent_jobs(
     assert not run.events(T.TeamDowngraded)
     urgent = of(run.at(23 * MIN, submit("urgent", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
     assert urgent.level == 1
+
+
+def test_the_time_victims_take_to_reach_a_safe_point_is_learned():
+    from core.preemption import safe_point_ms
+    run = Run(team_preempting_max=100, team_preempted_max=100, user_preempting_max=100,
+              user_preempted_max=100)
+    fill_nodes(run, 4)
+    policy = run.state.c.policy
+    for i in range(3):
+        t = (20 + i) * MIN
+        assert safe_point_ms(run.state, policy) == policy.safe_point_ms  # not yet enough victims
+        plan = preempt_cycle(run, t, f"p{i}", "prod", f"a{i}")
+        run.at(t + 2000 + 1000 * i, T.SafePoint(job=plan.victims[0]))
+    assert safe_point_ms(run.state, policy) == 3000  # the mean of 2, 3 and 4 seconds
