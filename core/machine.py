@@ -515,8 +515,7 @@ def _fair_share_order(state: State, teams, names: list[str]) -> Iterator[str]:
     c = state.c
     usage: list[list] = []  # [used / quota, head key, name, cursor, used, quota]
     for name in names:
-        bonus = c.ledger[name].quota_gpu_hours if name in c.ledger else 0.0
-        quota = c.policy.team_quota.get(name, 1.0) * (1.0 + bonus / 100.0)
+        quota = team_quota(state, name)
         used = state.ix.team_gpus.get(name, 0)
         usage.append([used / quota, teams[name][0][:2], name, 0, used, quota])
     heap = [tuple(entry[:3]) + (i,) for i, entry in enumerate(usage)]
@@ -532,6 +531,13 @@ def _fair_share_order(state: State, teams, names: list[str]) -> Iterator[str]:
         entry[4] += c.jobs[job_id].gpus
         if entry[3] < len(queue):
             heapq.heappush(heap, (entry[4] / entry[5], queue[entry[3]][:2], name, i))
+
+
+def team_quota(state: State, team: str) -> float:
+    """A team's fair-share weight: its quota, raised by compensation grants."""
+    c = state.c
+    bonus = c.ledger[team].quota_gpu_hours if team in c.ledger else 0.0
+    return c.policy.team_quota.get(team, 1.0) * (1.0 + bonus / 100.0)
 
 
 def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
@@ -673,35 +679,54 @@ def preemption_candidates(state: State, t: int) -> Iterator[str]:
 
 
 def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:
-    """The longest-waiting jobs (oldest submit first, any level) that have waited past
-    `starvation_wait_ms`: start each that fits now, else reserve the nodes where it will fit
-    soonest as running jobs end. Returns the reservations (node -> (start, job)).
-    New jobs are always younger, so every job in time becomes one of the oldest: a finite
-    wait for all, while the rest of the pool keeps serving by priority."""
+    """The longest-waiting jobs that have waited past `starvation_wait_ms`: start each that
+    fits now, else reserve the nodes where it will fit soonest as running jobs end. First
+    the oldest of all (any level, any team): new jobs are always younger, so every job in
+    time becomes one of the oldest, a finite wait for all. Then the oldest of the teams
+    furthest below their quota, so a small team does not wait out a big team's backlog.
+    The rest of the pool keeps serving by priority. Returns the reservations
+    (node -> (start, job))."""
+    state = ctx.state
+    p = state.c.policy
+    reserved: dict[str, tuple[int, str]] = {}
+    served: dict[str, None] = {}
+    oldest = (job_id for _, job_id in heapq.merge(*state.ix.waiting_by_level))
+    _serve_first_starving(ctx, oldest, p.starvation_reservations_max, reserved, served)
+    if p.starvation_team_reservations_max > 0:
+        teams = sorted(state.ix.waiting_by_team,
+                       key=lambda team: (state.ix.team_gpus.get(team, 0) / team_quota(state, team), team))
+        heads = (job_id for team in teams for _, job_id in state.ix.waiting_by_team[team][:4])
+        _serve_first_starving(ctx, heads, p.starvation_team_reservations_max, reserved, served)
+    return reserved
+
+
+def _serve_first_starving(ctx: Ctx, candidates: Iterable[str], count: int,
+                          reserved: dict[str, tuple[int, str]], served: dict[str, None]) -> None:
+    """Serve the first `count` starving jobs of `candidates` (at most `scan_jobs_max` looked
+    at) not served yet: start each that fits, else reserve for it."""
     state = ctx.state
     c = state.c
     p = c.policy
     t = ctx.inp.t
-    reserved: dict[str, tuple[int, str]] = {}
-    served = scanned = 0
-    for _, job_id in heapq.merge(*state.ix.waiting_by_level):
+    scanned = 0
+    for job_id in candidates:
         scanned += 1
-        if served >= p.starvation_reservations_max or scanned > p.scan_jobs_max:
-            break
+        if count <= 0 or scanned > p.scan_jobs_max:
+            return
         job = c.jobs[job_id]
-        if job.state != QUEUED or t - job.queued_since_t < p.starvation_wait_ms:
+        if job_id in served or job.state != QUEUED or t - job.queued_since_t < p.starvation_wait_ms:
             continue
         models = acceptable_models(job.gpu_models, state.ix)
         if not _could_ever_fit(state, job, models):
             continue
-        served += 1
+        count -= 1
+        served[job_id] = None
         placement = place(job.gpus, models, c.nodes, state.ix, _starts_by_node(reserved),
                           t + expected_runtime_ms(state, job))
         if placement is not None:
             _request_start(ctx, job, placement)
             continue
         _reserve(state, job, reserved)
-    return reserved
 
 
 def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bool:

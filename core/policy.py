@@ -54,6 +54,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # of the oldest, so every job has a finite wait.
     starvation_wait_ms: int = 2 * 3600 * 1000
     starvation_reservations_max: int = 1  # EASY backfill: one reservation, the oldest
+    # Besides, the oldest starving jobs of this many teams, those furthest below their quota
+    # (GPUs held / quota) first: a small team's job does not wait behind a big team's
+    # backlog for its turn to be the oldest of all.
+    starvation_team_reservations_max: int = 1
     # The first jobs of the serving order that do not fit get the same kind of reservation,
     # so a large gang at an urgent level is not starved by small jobs of less urgent
     # levels taking every GPU that frees (they may still backfill if expected to end first).

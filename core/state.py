@@ -165,6 +165,8 @@ class Index:
         self.aging: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
         # base level -> sorted [(submit_t, job id)] of queued jobs: who may preempt first
         self.waiting_by_level: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
+        # team -> sorted [(submit_t, job id)] of its queued jobs: each team's oldest
+        self.waiting_by_team: dict[str, list[tuple[int, str]]] = {}
         self.free_by_model: dict[str, int] = {}
         self.capacity_by_model: dict[str, int] = {}
         self.node_size_max_by_model: dict[str, int] = {}
@@ -256,6 +258,7 @@ def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     if job.eff_level > 0 and job.level - job.eff_level < aging_levels_max:
         bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
     bisect.insort(ix.waiting_by_level[job.level], (job.submit_t, job.id))
+    bisect.insort(ix.waiting_by_team.setdefault(job.team, []), (job.submit_t, job.id))
 
 
 def queue_key(job: Job) -> tuple[int, int, str]:
@@ -277,6 +280,10 @@ def queue_remove(ix: Index, job: Job) -> None:
         ix.queues[job.eff_level].pop(job.team, None)
     _remove_sorted(ix.aging[job.eff_level], (job.level_since_t, job.id))
     _remove_sorted(ix.waiting_by_level[job.level], (job.submit_t, job.id))
+    team_waiting = ix.waiting_by_team.get(job.team, [])
+    _remove_sorted(team_waiting, (job.submit_t, job.id))
+    if not team_waiting:
+        ix.waiting_by_team.pop(job.team, None)
 
 
 def _remove_sorted(items: list, key: Any) -> None:

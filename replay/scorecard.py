@@ -18,10 +18,16 @@ Definitions (times in seconds unless named otherwise):
   reported apart (`periodic_ckpt_gpu_h`), since every policy pays them alike;
 - utilisation: GPU-time held by job processes over GPUs x the run's end time;
   `useful_util`: GPU-time of the work the trace asks for over the same;
-- Jain's fairness across teams: J = (sum x)^2 / (n sum x^2) over the teams' service
-  fractions x = sum(gpus x duration) / sum(gpus x JCT) of their finished jobs (the share
-  of a team's job-time spent being served; 1 = nobody waited). 1 is perfectly even,
-  1/n is one team getting everything.
+- Jain's fairness across teams, J = (sum x)^2 / (n sum x^2) (1 is perfectly even, 1/n is
+  one team getting everything), over two yardsticks x:
+  - `jain_teams`: the teams' service fractions x = sum(gpus x duration) / sum(gpus x JCT)
+    of their finished jobs (the share of a team's job-time spent being served; 1 = nobody
+    waited). Short jobs weigh heavily: a 10-second job that waited a day is a team's 0.
+  - `jain_teams_share`: the GPU-time a team held over the GPU-time its max-min fair share
+    entitled it to, integrated over the run. At each moment a team's demand is the GPUs
+    of its jobs submitted and not finished; the pool is water-filled over the demands
+    (no team gets more than it asks for, the rest is split evenly); x = held / entitled.
+    1 for every team means each got its fair share whenever it wanted GPUs.
 - acceptance (when xirang, k8s and none ran): the issue's targets for xirang's row.
 """
 
@@ -82,7 +88,7 @@ def policy_card(result: SimResult) -> dict:
     overhead_ms = sum(j.gpus * j.overhead_ms for j in jobs)
     end = max(result.end_ms, 1)
     held = sum(j.gpus * j.held_ms for j in jobs)
-    teams = _teams(jobs)
+    teams = _teams(jobs, result.total_gpus)
     longest = int(np.argmax(np.where(started, wait_s, -1))) if started.any() else None
     return {
         "policy": result.policy,
@@ -102,6 +108,7 @@ def policy_card(result: SimResult) -> dict:
         "util": round(held / (result.total_gpus * end), 4),
         "useful_util": round(float((gpus * duration)[done].sum()) / (result.total_gpus * end), 4),
         "jain_teams": jain([t["service_fraction"] for t in teams.values()]),
+        "jain_teams_share": jain([t["share_of_fair"] for t in teams.values()]),
         "teams": teams,
         "longest_wait": None if longest is None else {
             "job": jobs[longest].id, "level": jobs[longest].level,
@@ -114,7 +121,57 @@ def policy_card(result: SimResult) -> dict:
     }
 
 
-def _teams(jobs) -> dict:
+def _fair_share_of_time(jobs, total_gpus: int) -> dict[str, float]:
+    """Per team: GPU-ms held / GPU-ms its max-min fair share entitled it to (see the module
+    docstring); teams that never asked for GPUs are left out."""
+    changes: list[tuple[int, str, int, int]] = []  # (t, team, demand change, held change)
+    for j in jobs:
+        changes.append((j.submit_ms, j.team, j.gpus, 0))
+        if j.finish_ms >= 0:
+            changes.append((j.finish_ms, j.team, -j.gpus, 0))
+        for start, end in j.held_spans:
+            changes.append((start, j.team, 0, j.gpus))
+            changes.append((end, j.team, 0, -j.gpus))
+    changes.sort(key=lambda c: c[0])
+    demand: dict[str, int] = {}
+    held: dict[str, int] = {}
+    entitled: dict[str, float] = {}
+    got: dict[str, float] = {}
+    shares: dict[str, float] = {}
+    last_t = changes[0][0] if changes else 0
+    demand_changed = False
+    for t, team, d_demand, d_held in changes:
+        if t > last_t:
+            if demand_changed:
+                shares = _max_min(demand, total_gpus)
+                demand_changed = False
+            span = t - last_t
+            for name, share in shares.items():
+                entitled[name] = entitled.get(name, 0.0) + share * span
+                got[name] = got.get(name, 0.0) + held.get(name, 0) * span
+            last_t = t
+        if d_demand:
+            demand[team] = demand.get(team, 0) + d_demand
+            demand_changed = True
+        held[team] = held.get(team, 0) + d_held
+    return {name: got[name] / entitled[name] for name in sorted(entitled) if entitled[name] > 0}
+
+
+def _max_min(demand: dict[str, int], capacity: float) -> dict[str, float]:
+    """Water-filling: teams asking for less than an even split get what they ask for; the
+    rest split what is left evenly."""
+    asking = sorted((gpus, name) for name, gpus in demand.items() if gpus > 0)
+    shares: dict[str, float] = {}
+    left = float(capacity)
+    for i, (gpus, name) in enumerate(asking):
+        even = left / (len(asking) - i)
+        shares[name] = min(float(gpus), even)
+        left -= shares[name]
+    return shares
+
+
+def _teams(jobs, total_gpus: int) -> dict:
+    share = _fair_share_of_time(jobs, total_gpus)
     served: dict[str, float] = {}
     spent: dict[str, float] = {}
     count: dict[str, int] = {}
@@ -128,6 +185,7 @@ def _teams(jobs) -> dict:
         waits[j.team] = waits.get(j.team, 0.0) + (j.first_start_ms - j.submit_ms) / 1000
     return {team: {"jobs": count[team],
                    "service_fraction": round(served[team] / spent[team], 4) if team in spent else None,
+                   "share_of_fair": round(share[team], 4) if team in share else None,
                    "wait_s_mean": round(waits[team] / count[team], 3) if team in waits else None}
             for team in sorted(count)}
 
@@ -170,6 +228,8 @@ def acceptance(cards: dict) -> dict:
                               "ok": x["unstarted"] == 0, "longest_wait_s_by_level": longest},
         "jain_teams": {"value": x["jain_teams"], "target": ">= 0.9",
                        "ok": x["jain_teams"] is not None and x["jain_teams"] >= 0.9},
+        "jain_teams_share": {"value": x["jain_teams_share"], "target": ">= 0.9",
+                             "ok": x["jain_teams_share"] is not None and x["jain_teams_share"] >= 0.9},
     }
     return {"xirang_p99_wait_l01_s": xp, "k8s_p99_wait_l01_s": kp, "none_p99_wait_l01_s": np_,
             "checks": checks, "all_ok": all(c["ok"] for c in checks.values())}
@@ -188,17 +248,21 @@ def _h(seconds) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _ratio(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def render_table(card: dict) -> str:
     cards = card["policies"]
     lines = [f"workload {card['workload']}: {card['jobs']} jobs on {card['gpus']} GPUs, seed {card['seed']}"]
     head = ("policy", "wait mean", "p50", "p99", "max", "JCT mean", "JCT p99", "preempt",
-            "lost GPU-h", "util", "Jain", "unstarted", "sim s")
+            "lost GPU-h", "util", "Jain", "Jain share", "unstarted", "sim s")
     rows = [head]
     for name, c in cards.items():
         w, j = c["wait_s"], c["jct_s"]
         rows.append((name, _h(w["mean"]), _h(w["p50"]), _h(w["p99"]), _h(w["max"]), _h(j["mean"]),
                      _h(j["p99"]), str(c["preemptions"]), f"{c['lost_gpu_h']:.1f}",
-                     f"{c['util']:.3f}", "-" if c["jain_teams"] is None else f"{c['jain_teams']:.3f}",
+                     f"{c['util']:.3f}", _ratio(c["jain_teams"]), _ratio(c["jain_teams_share"]),
                      str(c["unstarted"]), f"{c['sim_wall_s']:.0f}"))
     lines += _grid(rows)
     for title, metric in (("queueing delay p99 by level", "p99"), ("mean queueing delay by level", "mean"),
@@ -262,27 +326,27 @@ def write_duckdb(card: dict, results: list[SimResult], path: str) -> str:
             jct_mean_s DOUBLE, jct_p99_s DOUBLE, wait_p99_l01_s DOUBLE, preemptions INTEGER,
             jobs_preempted INTEGER, lost_gpu_h DOUBLE, lost_progress_gpu_h DOUBLE,
             preemption_overhead_gpu_h DOUBLE, periodic_ckpt_gpu_h DOUBLE, util DOUBLE,
-            useful_util DOUBLE, jain_teams DOUBLE, end_s DOUBLE, sim_wall_s DOUBLE, steps BIGINT,
-            workload VARCHAR, gpus INTEGER, seed BIGINT)""")
+            useful_util DOUBLE, jain_teams DOUBLE, jain_teams_share DOUBLE, end_s DOUBLE,
+            sim_wall_s DOUBLE, steps BIGINT, workload VARCHAR, gpus INTEGER, seed BIGINT)""")
         con.execute("""CREATE TABLE levels (policy VARCHAR, level INTEGER, jobs INTEGER,
             unstarted INTEGER, wait_mean_s DOUBLE, wait_p50_s DOUBLE, wait_p99_s DOUBLE,
             wait_max_s DOUBLE, jct_mean_s DOUBLE, jct_p50_s DOUBLE, jct_p99_s DOUBLE, jct_max_s DOUBLE)""")
         con.execute("""CREATE TABLE teams (policy VARCHAR, team VARCHAR, jobs INTEGER,
-            service_fraction DOUBLE, wait_mean_s DOUBLE)""")
+            service_fraction DOUBLE, share_of_fair DOUBLE, wait_mean_s DOUBLE)""")
         for name, c in card["policies"].items():
             w, j = c["wait_s"], c["jct_s"]
-            con.execute("INSERT INTO policies VALUES (" + ",".join("?" * 25) + ")", [
+            con.execute("INSERT INTO policies VALUES (" + ",".join("?" * 26) + ")", [
                 name, c["jobs"], c["unstarted"], w["mean"], w["p50"], w["p99"], w["max"], j["mean"],
                 j["p99"], c["wait_s_levels_0_1"]["p99"], c["preemptions"], c["jobs_preempted"],
                 c["lost_gpu_h"], c["lost_progress_gpu_h"], c["preemption_overhead_gpu_h"],
-                c["periodic_ckpt_gpu_h"], c["util"], c["useful_util"], c["jain_teams"], c["end_s"],
-                c["sim_wall_s"], c["steps"], card["workload"], card["gpus"], card["seed"]])
+                c["periodic_ckpt_gpu_h"], c["util"], c["useful_util"], c["jain_teams"],
+                c["jain_teams_share"], c["end_s"], c["sim_wall_s"], c["steps"], card["workload"], card["gpus"], card["seed"]])
             con.executemany("INSERT INTO levels VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", [
                 [name, int(lv), e["jobs"], e["unstarted"], e["wait_s"]["mean"], e["wait_s"]["p50"],
                  e["wait_s"]["p99"], e["wait_s"]["max"], e["jct_s"]["mean"], e["jct_s"]["p50"],
                  e["jct_s"]["p99"], e["jct_s"]["max"]] for lv, e in c["levels"].items()])
-            con.executemany("INSERT INTO teams VALUES (?,?,?,?,?)", [
-                [name, team, t["jobs"], t["service_fraction"], t["wait_s_mean"]]
+            con.executemany("INSERT INTO teams VALUES (?,?,?,?,?,?)", [
+                [name, team, t["jobs"], t["service_fraction"], t["share_of_fair"], t["wait_s_mean"]]
                 for team, t in c["teams"].items()])
         _write_jobs_table(con, results)
     finally:
@@ -350,9 +414,10 @@ def write_charts(card: dict, results: list[SimResult], out_dir: str) -> list[str
     ax.grid(alpha=0.3)
     paths.append(_save(fig, out_dir, "wait_cdf_levels_0_1.png"))
 
-    fig, axes = plt.subplots(1, 4, figsize=(14, 4))
+    fig, axes = plt.subplots(1, 5, figsize=(17, 4))
     panels = (("lost GPU-hours", "lost_gpu_h"), ("preemptions", "preemptions"),
-              ("utilisation", "util"), ("Jain's fairness (teams)", "jain_teams"))
+              ("utilisation", "util"), ("Jain (team service fractions)", "jain_teams"),
+              ("Jain (team fair-share use)", "jain_teams_share"))
     for ax, (title, key) in zip(axes, panels):
         ax.bar(names, [cards[n][key] or 0 for n in names], color=[f"C{i}" for i in range(len(names))])
         ax.set_title(title)

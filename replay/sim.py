@@ -105,6 +105,7 @@ class JobOutcome:
     overhead_ms: int = 0  # preemption checkpoints, frozen time, restores
     periodic_ckpt_ms: int = 0
     held_ms: int = 0  # GPUs allocated to a process (launching, running, stopping)
+    held_spans: list = field(default_factory=list)  # [(from_ms, to_ms)] of those allocations
 
 
 @dataclass
@@ -362,6 +363,7 @@ class Simulator:
     def _free(self, job: HostJob) -> None:
         if job.held_since >= 0:
             job.out.held_ms += self.now - job.held_since
+            job.out.held_spans.append((job.held_since, self.now))
             job.held_since = -1
 
     # --- notices (xirang)

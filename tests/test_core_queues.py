@@ -187,3 +187,23 @@ def test_without_head_reservations_small_jobs_keep_the_gang_waiting():
     assert run.job_state("filler") == "starting"
     events = run.at(600, T.Finished(job="short-b", ok=True))
     assert "gang" not in started_order(events)
+
+
+def test_a_small_teams_starving_job_does_not_wait_out_a_big_teams_backlog():
+    """Two busy nodes, a backlog of older level-5 gangs from a big team, and one level-6
+    gang from a team that holds nothing: once all are starving, the oldest of all holds one
+    node and the small team's job the other, rather than the big team's second oldest."""
+    def reserved_for(team_reservations: int) -> list[str]:
+        run = Run(starvation_team_reservations_max=team_reservations, head_reservations_max=0,
+                  preempts_from_level=[8] * 8)
+        run.at(0, node("a1"), node("a2"), node("small-node", gpus=4))  # free, too small
+        run.at(1, submit("long-1", 5, 8, team="big", user="b", est_runtime_s=10 * 3600),
+               submit("long-2", 5, 8, team="big", user="b", est_runtime_s=11 * 3600))
+        start_all(run, 2)
+        run.at(10, *[submit(f"backlog-{i}", 5, 8, team="big", user="b", est_runtime_s=3600)
+                     for i in range(5)])
+        run.at(10 * MIN, submit("small", 6, 8, team="small", user="s", est_runtime_s=3600))
+        run.at(3 * HOUR, tick(3 * HOUR))
+        return sorted(holder for _, holder in run.state.ix.reserved_nodes.values())
+    assert reserved_for(1) == ["backlog-0", "small"]
+    assert reserved_for(0) == ["backlog-0"]

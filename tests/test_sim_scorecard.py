@@ -52,3 +52,21 @@ def test_acceptance_compares_xirang_with_k8s_and_none():
     assert checks["p99_wait_l01_none_over_xirang"]["ok"]
     assert checks["lost_gpu_h_vs_k8s"]["ok"] and checks["every_job_started"]["ok"]
     assert "PASS  lost_gpu_h_vs_k8s" in render_table(card)
+
+
+def test_fair_share_fairness_compares_what_teams_held_with_their_max_min_share():
+    """8 GPUs; team y wants 2 for the whole run. When x wants and holds 6 next to y's 2,
+    both got their max-min share; when x wants and holds all 8 while y waits, max-min
+    entitled x to 6 and y to 2: x got 8/6 of its share and y none."""
+    def card(x_gpus: int, y_started: bool):
+        jobs = [_job("x", 3, "x", x_gpus, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
+                _job("y", 3, "y", 2, 0, 0 if y_started else -1, 100_000 if y_started else -1,
+                     100_000, held_spans=[(0, 100_000)] if y_started else [])]
+        return policy_card(_result("p", jobs, end_ms=100_000))
+    even = card(6, True)
+    assert even["teams"]["x"]["share_of_fair"] == 1.0 and even["teams"]["y"]["share_of_fair"] == 1.0
+    assert even["jain_teams_share"] == 1.0
+    hogged = card(8, False)
+    assert hogged["teams"]["y"]["share_of_fair"] == 0.0
+    assert hogged["teams"]["x"]["share_of_fair"] == pytest.approx(8 / 6, abs=1e-3)
+    assert hogged["jain_teams_share"] == pytest.approx(0.5, abs=1e-3)
