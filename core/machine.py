@@ -695,9 +695,15 @@ def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:
     if p.starvation_team_reservations_max > 0:
         teams = sorted(state.ix.waiting_by_team,
                        key=lambda team: (state.ix.team_gpus.get(team, 0) / team_quota(state, team), team))
-        heads = (job_id for team in teams for _, job_id in state.ix.waiting_by_team[team][:4])
+        heads = (job_id for team in teams
+                 for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT])
         _serve_first_starving(ctx, heads, p.starvation_team_reservations_max, reserved, served)
     return reserved
+
+
+# Per team, its oldest few queued jobs are looked at: the very oldest may have been requeued
+# lately (not starving) or be too big for the pool.
+TEAM_OLDEST_LOOKED_AT = 4
 
 
 def _serve_first_starving(ctx: Ctx, candidates: Iterable[str], count: int,

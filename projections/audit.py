@@ -187,7 +187,9 @@ class Audit:
                     f" {ev.benefit - ev.cost:.0f}); {ev.reason}")
         if isinstance(ev, T.VictimNotified):
             need = "save a checkpoint and " if ev.checkpoint_needed else ""
-            fresh = "" if ev.checkpoint_needed else " (its last checkpoint is fresh enough)"
+            fresh = "" if ev.checkpoint_needed else (
+                " from its last checkpoint (losing the progress since costs less than a save"
+                " would make the preemptor wait)")
             return f"told to reach a safe point, {need}release by {fmt_t(ev.deadline_t)}{fresh}"
         if isinstance(ev, T.SafePointReached):
             return "reached a safe point"
