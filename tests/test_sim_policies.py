@@ -81,3 +81,21 @@ def test_xirang_preempts_through_a_checkpoint_so_the_victim_loses_nothing():
     assert out["batch"].lost_progress_ms == 0
     assert out["urgent"].first_start_ms - out["urgent"].submit_ms < 120_000
     assert out["batch"].finish_ms > 0 and result.extra["rejected"] == {}
+
+
+def test_xirang_takes_the_victim_that_just_checkpointed_and_does_not_wait_for_a_save():
+    """Two 4-GPU batch jobs; "fresh" wrote a periodic checkpoint a minute before the urgent
+    job arrives, "stale" has ten minutes unsaved. The hosts report every checkpoint, so the
+    core preempts "fresh" and lets it go from that checkpoint at its next safe point: the
+    urgent job starts in seconds, and "fresh" loses about a minute, with no save written."""
+    wl = workload(job("fresh", 0, 36_000, gpus=4, level=7, ckpt_interval_s=600, ckpt_cost_s=20,
+                      restore_cost_s=30),
+                  job("stale", 0, 36_000, gpus=4, level=7, ckpt_interval_s=3600, ckpt_cost_s=20,
+                      restore_cost_s=30),
+                  job("urgent", 690, 600, gpus=4, level=0))
+    out = outcomes(simulate(wl, one_node(), "xirang"))
+    assert out["stale"].preemptions == 0
+    assert out["fresh"].preemptions == 1
+    assert out["fresh"].lost_progress_ms < 90_000  # since its checkpoint at 600 s of progress
+    assert out["fresh"].overhead_ms < 30_000 + 5_000  # its restore; no save at the notice
+    assert out["urgent"].first_start_ms - out["urgent"].submit_ms < 30_000
