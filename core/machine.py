@@ -171,7 +171,8 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
     if problem:
         return _reject(ctx, *problem)
     level = inp.level
-    if c.team_downgraded_until.get(inp.team, 0) > inp.t and level < p.downgrade_applies_below_level:
+    if c.team_downgraded_until.get(inp.team, 0) > inp.t and level < p.downgrade_applies_below_level \
+            and _over_quota(ctx.state, inp.team):
         level = min(LEVELS - 1, level + p.downgrade_levels)
     ctx.emit(T.JobSubmitted(
         t=inp.t, job=inp.job, team=inp.team, user=inp.user, level=level,
@@ -183,6 +184,18 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
         restore_cost_s=_or(inp.restore_cost_s, p.default_restore_cost_s),
         preemptible=inp.preemptible, command=list(inp.command),
         variant=assign_variant(p, inp.team, inp.job)))
+
+
+def _over_quota(state: State, team: str) -> bool:
+    """Whether the team holds more than its quota's share of the pool, shared among the
+    teams that hold or ask for GPUs: a downgrade lasts until the team's quota recovers, so
+    a team that preempted often but is back within its share is not held down."""
+    ix = state.ix
+    teams = dict.fromkeys(sorted(ix.team_gpus))
+    teams.update(dict.fromkeys(sorted(ix.team_queued_gpus)))
+    teams[team] = None
+    quotas = sum(team_quota(state, name) for name in teams)
+    return ix.team_gpus.get(team, 0) > ix.total_gpus * team_quota(state, team) / quotas
 
 
 def _or(value: float | None, default: float) -> float:

@@ -109,7 +109,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Preemptions by a team's jobs of levels below `downgrade_applies_below_level`: past
     # this count the team's new jobs of those levels are downgraded.
     team_preempting_max: int = 6
-    team_downgrade_ms: int = 1800 * 1000
+    team_downgrade_ms: int = 1800 * 1000  # or until the team is back within its quota
     downgrade_levels: int = 2
     downgrade_applies_below_level: int = 3  # jobs submitted at levels < this are downgraded
     user_preempted_max: int = 4

@@ -503,3 +503,20 @@ def test_the_time_victims_take_to_reach_a_safe_point_is_learned():
         plan = preempt_cycle(run, t, f"p{i}", "prod", f"a{i}")
         run.at(t + 2000 + 1000 * i, T.SafePoint(job=plan.victims[0]))
     assert safe_point_ms(run.state, policy) == 3000  # the mean of 2, 3 and 4 seconds
+
+
+def test_a_downgrade_lasts_only_until_the_teams_quota_recovers():
+    run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
+              user_preempted_max=100)
+    fill_nodes(run, 3)
+    preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
+    preempt_cycle(run, 21 * MIN, "p2", "prod", "b")
+    assert [d.team for d in run.events(T.TeamDowngraded)] == ["prod"]
+    # prod holds 16 of 24 GPUs, more than its half: its new urgent jobs are downgraded ...
+    held = of(run.at(22 * MIN, submit("p3", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
+    assert held.level == 3
+    # ... until it is back within its share, though the downgrade's half hour is not over.
+    run.at(23 * MIN, T.Cancel(job="p1"), T.Cancel(job="p2"), T.Cancel(job="p3"))
+    assert run.state.c.team_downgraded_until["prod"] > 24 * MIN
+    later = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d")), T.JobSubmitted)[0]
+    assert later.level == 1
