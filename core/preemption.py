@@ -4,12 +4,16 @@ whether it is worth it.
 1. match: victims on nodes of a GPU model the job accepts, that together with free GPUs
    give it a gang placement; the cheapest minimal set (ties broken by job id, node name);
 2. benefit: the preemptor's wait saved (its expected wait for a natural release, from
-   remaining-time estimates, minus the time the preemption takes), in GPU-seconds
+   remaining-time estimates and the jobs served before it, minus the time the preemption
+   takes, with the time to a safe point learned from past victims), in GPU-seconds
    weighted by its level;
-3. cost: per victim, its expected requeue wait in GPU-seconds weighted by its level, and
-   the work the preemption wastes (lost progress, checkpoint save, restore) weighted by its
-   level, but never below `wasted_work_weight_min` nor below the queue's pressure (the
-   queued GPUs' summed level weights per GPU of the pool: wasted capacity delays them all);
+3. cost: per victim, its displacement (its expected requeue wait in GPU-seconds weighted
+   by its level; on the GPUs the preemptor takes, no more than the wait the preemptor
+   saves) and the work the preemption wastes (lost progress, checkpoint save, restore)
+   weighted by its level, but never below `wasted_work_weight_min` nor below the queue's
+   pressure (the other queued GPUs' summed level weights per GPU of the pool: wasted
+   capacity delays them all). Each victim lets go the cheaper way, the preemptor's
+   weighted wait included: from its last checkpoint at its next safe point, or after a save;
 4. fairness: protected teams and users, a victim cap, guaranteed shares, and the
    preemptor's user limit.
 
