@@ -1,4 +1,6 @@
-"""What the peer policies share: their own view of the GPU pool, job records, and the
+"""What the peer policies share: their own view of the GPU pool, job records, the
+preemption skeleton (how many GPUs each level could give up, evicting the victims a
+policy chooses, holding their GPUs for the preemptor until it can start), and the
 simulator-facing interface every policy (xirang's adapter too) implements:
 
     name: str; steps: int; wants_periodic_checkpoints: bool
@@ -118,10 +120,14 @@ class Pool:
 
 
 class PeerPolicy:
-    """Common bookkeeping: job records, the pool, facts, and starting jobs."""
+    """Common bookkeeping: job records, the pool, facts, starting jobs, and the preemption
+    skeleton. A policy that preempts sets `preempts` and `grace_ms` and chooses its
+    victims in `_single_node` and `_across_nodes`; the skeleton does the rest."""
 
     name = "peer"
     wants_periodic_checkpoints = False
+    preempts = False
+    grace_ms = 0
 
     def __init__(self, config: dict, cluster, seed: int) -> None:
         self.config = dict(config)
@@ -134,6 +140,8 @@ class PeerPolicy:
         # a preemption search that failed stays failed until it changes.
         self.version = 0
         self._no_victims: dict[tuple, int] = {}
+        self.level_gpus = [0] * 8  # GPUs bound to evictable (starting/running) jobs per level
+        self.nominated: dict[str, PeerJob] = {}
         self.preemptions = 0
         self._seq = 0
         self.sim = None
@@ -180,6 +188,10 @@ class PeerPolicy:
 
     def on_job_gone(self, job: PeerJob) -> None:
         """A job left its GPUs (finished or evicted)."""
+        # An evicted job left level_gpus when it was evicted; only a job that finished
+        # while still evictable is counted out here.
+        if job.state in (STARTING, RUNNING):
+            self.level_gpus[job.level] -= job.gpus
 
     def preemption_known_futile(self, job: PeerJob) -> bool:
         return self._no_victims.get((job.level, job.gpus, tuple(job.spec.gpu_models))) == self.version
@@ -197,12 +209,59 @@ class PeerPolicy:
         job.state = STARTING
         job.start_t = self.sim.now
         self.sim.start(job.id, placement, None)
+        self.level_gpus[job.level] += job.gpus
 
     def evict(self, victim: PeerJob, grace_ms: int) -> None:
+        self.level_gpus[victim.level] -= victim.gpus
         victim.state = TERMINATING
         self.version += 1
         self.preemptions += 1
         self.sim.kill(victim.id, grace_ms)
+
+    def nominate(self, job: PeerJob, reservation: list[tuple[str, int]]) -> None:
+        """Hold `reservation` for `job` until its victims are gone."""
+        job.state = NOMINATED
+        job.reservation = reservation
+        self.pool.reserve(reservation)
+        self.nominated[job.id] = job
+
+    def start_nominated(self, order_key) -> None:
+        """Start each nominated job whose reserved GPUs have all been freed, in
+        `order_key(job)` order."""
+        if not self.nominated:
+            return
+        for job in sorted(self.nominated.values(), key=order_key):
+            if all(self.pool.free[n] >= g for n, g in job.reservation):
+                self.pool.reserve(job.reservation, -1)
+                del self.nominated[job.id]
+                reservation, job.reservation = job.reservation, []
+                self.start(job, reservation)
+
+    # ------------------------------------------------------------ preemption
+
+    def evict_to_place(self, job: PeerJob) -> bool:
+        """Evict the victims the policy chooses for `job` and nominate it to their GPUs;
+        False, evicting nothing, when no choice of victims makes room."""
+        if self.preemption_known_futile(job) or not self._room_below(job):
+            return False
+        if job.gpus <= self.pool.node_gpus_max:
+            choice = self._single_node(job)
+        else:
+            choice = self._across_nodes(job)
+        if choice is None:
+            self.note_preemption_futile(job)
+            return False
+        victims, reservation = choice
+        for victim in victims:
+            self.evict(victim, self.grace_ms)
+        self.nominate(job, reservation)
+        return True
+
+    def _room_below(self, job: PeerJob) -> bool:
+        # A pool-wide bound, cheap next to the per-node search: if evicting every
+        # lower-priority job would not free enough GPUs, no victim set will.
+        lower = sum(self.level_gpus[job.level + 1:])
+        return lower + self.pool.free_total - self.pool.reserved_total >= job.gpus
 
     # ------------------------------------------------------------ to implement
 
@@ -210,6 +269,14 @@ class PeerPolicy:
         raise NotImplementedError
 
     def on_wake(self, t: int) -> None:
+        raise NotImplementedError
+
+    def _single_node(self, job: PeerJob) -> tuple[list[PeerJob], list] | None:
+        """Victims and a one-node reservation for a job that fits a node, or None."""
+        raise NotImplementedError
+
+    def _across_nodes(self, job: PeerJob) -> tuple[list[PeerJob], list] | None:
+        """Victims and a reservation over several nodes for a larger gang, or None."""
         raise NotImplementedError
 
 
@@ -233,6 +300,37 @@ def gpus_on(job: PeerJob, node: str) -> int:
         if n == node:
             return g
     return 0
+
+
+def best_single_node(policy: PeerPolicy, job: PeerJob, node_victims,
+                     node_key) -> tuple[list[PeerJob], list] | None:
+    """Among the nodes large enough for `job` where `node_victims(node, job, gpus)` makes
+    room by evicting someone, the one with the smallest `node_key(victims, node)`: its
+    victims and reservation, or None."""
+    best = None
+    for node in policy.pool.nodes_for(job.spec.gpu_models):
+        if policy.pool.size[node] < job.gpus:
+            continue
+        victims = node_victims(node, job, job.gpus)
+        if not victims:
+            continue
+        key = node_key(victims, node)
+        if best is None or key < best[0]:
+            best = (key, victims, [(node, job.gpus)])
+    return None if best is None else (best[1], best[2])
+
+
+def rank_nodes(policy: PeerPolicy, job: PeerJob, node_rank) -> list[tuple]:
+    """The nodes that could give `job` GPUs, free or held by its possible victims, as
+    (node_rank(those victims), -capacity, node), best first: the input of take_across_nodes."""
+    ranked = []
+    for node in policy.pool.nodes_for(job.spec.gpu_models):
+        candidates, lower = victims_on_node(policy, node, job)
+        capacity = policy.pool.avail(node) + lower
+        if capacity > 0:
+            ranked.append((node_rank(candidates), -capacity, node))
+    ranked.sort()
+    return ranked
 
 
 def take_across_nodes(job: PeerJob, ranked: list[tuple], node_victims) -> tuple[list[PeerJob], list] | None:

@@ -23,7 +23,14 @@
 
 from __future__ import annotations
 
-from .base import PeerJob, gpus_on, take_across_nodes, victims_on_node
+from .base import (
+    PeerJob,
+    best_single_node,
+    gpus_on,
+    rank_nodes,
+    take_across_nodes,
+    victims_on_node,
+)
 from .none import NonePolicy
 
 DEFAULT_GRACE_S = 30.0
@@ -39,39 +46,6 @@ class K8sPolicy(NonePolicy):
             raise ValueError(f"k8s policy: unknown setting(s) {', '.join(unknown)}; known: grace_s")
         super().__init__(config, cluster, seed)
         self.grace_ms = int(1000 * float(config.get("grace_s", DEFAULT_GRACE_S)))
-        self.level_gpus = [0] * 8  # GPUs bound to evictable (starting/running) jobs per level
-
-    def start(self, job, placement) -> None:
-        super().start(job, placement)
-        self.level_gpus[job.level] += job.gpus
-
-    def evict(self, victim, grace_ms) -> None:
-        self.level_gpus[victim.level] -= victim.gpus
-        super().evict(victim, grace_ms)
-
-    def on_job_gone(self, job) -> None:
-        if job.state in ("starting", "running"):  # finished while still evictable
-            self.level_gpus[job.level] -= job.gpus
-
-    def try_preempt(self, job: PeerJob) -> bool:
-        need = job.gpus
-        if self.preemption_known_futile(job):
-            return False
-        lower = sum(self.level_gpus[job.level + 1:])
-        if lower + self.pool.free_total - self.pool.reserved_total < need:
-            return False
-        if need <= self.pool.node_gpus_max:
-            choice = self._single_node(job)
-        else:
-            choice = self._across_nodes(job)
-        if choice is None:
-            self.note_preemption_futile(job)
-            return False
-        victims, reservation = choice
-        for victim in victims:
-            self.evict(victim, self.grace_ms)
-        self.nominate(job, reservation)
-        return True
 
     def _node_victims(self, node: str, job: PeerJob, need: int) -> list[PeerJob] | None:
         candidates, lower = victims_on_node(self, node, job)
@@ -88,28 +62,19 @@ class K8sPolicy(NonePolicy):
         return victims
 
     def _single_node(self, job: PeerJob):
-        best = None
-        for node in self.pool.nodes_for(job.spec.gpu_models):
-            if self.pool.size[node] < job.gpus:
-                continue
-            victims = self._node_victims(node, job, job.gpus)
-            if not victims:
-                continue
-            top = min(v.level for v in victims)
-            key = (-top, sum(7 - v.level for v in victims), len(victims),
-                   -min(v.start_t for v in victims if v.level == top), node)
-            if best is None or key < best[0]:
-                best = (key, victims, [(node, job.gpus)])
-        return None if best is None else (best[1], best[2])
+        return best_single_node(self, job, self._node_victims, _node_key)
 
     def _across_nodes(self, job: PeerJob):
-        ranked = []
-        for node in self.pool.nodes_for(job.spec.gpu_models):
-            candidates, lower = victims_on_node(self, node, job)
-            capacity = self.pool.avail(node) + lower
-            if capacity <= 0:
-                continue
-            top = min((v.level for v in candidates), default=8)
-            ranked.append((-top, -capacity, node))
-        ranked.sort()
-        return take_across_nodes(job, ranked, self._node_victims)
+        return take_across_nodes(job, rank_nodes(self, job, _top_victim_rank), self._node_victims)
+
+
+def _node_key(victims: list[PeerJob], node: str) -> tuple:
+    """pickOneNodeForPreemption's order, smallest best."""
+    top = min(v.level for v in victims)
+    return (-top, sum(7 - v.level for v in victims), len(victims),
+            -min(v.start_t for v in victims if v.level == top), node)
+
+
+def _top_victim_rank(candidates: list[PeerJob]) -> int:
+    """Smallest for the node whose most important possible victim matters least."""
+    return -min((v.level for v in candidates), default=8)

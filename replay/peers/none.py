@@ -16,7 +16,12 @@ from __future__ import annotations
 
 import heapq
 
-from .base import NOMINATED, PeerJob, PeerPolicy
+from .base import PeerJob, PeerPolicy
+
+
+def rank(job: PeerJob) -> tuple:
+    """Priority, then first come first served."""
+    return (job.level, job.eligible_t, job.seq)
 
 
 class NonePolicy(PeerPolicy):
@@ -25,7 +30,6 @@ class NonePolicy(PeerPolicy):
     def __init__(self, config: dict, cluster, seed: int) -> None:
         super().__init__(config, cluster, seed)
         self.classes: dict[tuple, dict[str, PeerJob]] = {}
-        self.nominated: dict[str, PeerJob] = {}
 
     def enqueue(self, job: PeerJob) -> None:
         job.cls = (job.level, job.gpus, tuple(job.spec.gpu_models))
@@ -39,11 +43,10 @@ class NonePolicy(PeerPolicy):
 
     def on_wake(self, t: int) -> None:
         self.steps += 1
-        self.start_nominated()
+        self.start_nominated(rank)
         heap = []
         for cls, members in self.classes.items():
-            head = next(iter(members.values()))
-            heap.append(((head.level, head.eligible_t, head.seq), cls))
+            heap.append((rank(next(iter(members.values()))), cls))
         heapq.heapify(heap)
         while heap:
             if self.pool.free_total - self.pool.reserved_total <= 0 and not self.preempts:
@@ -55,33 +58,9 @@ class NonePolicy(PeerPolicy):
             if placement is not None:
                 self.dequeue(job)
                 self.start(job, placement)
-            elif self.preempts and self.try_preempt(job):
+            elif self.preempts and self.evict_to_place(job):
                 self.dequeue(job)
             else:
                 continue  # the class is blocked for this pass
             if cls in self.classes:
-                head = next(iter(self.classes[cls].values()))
-                heapq.heappush(heap, ((head.level, head.eligible_t, head.seq), cls))
-
-    preempts = False
-
-    def try_preempt(self, job: PeerJob) -> bool:
-        return False
-
-    def nominate(self, job: PeerJob, reservation: list[tuple[str, int]]) -> None:
-        job.state = NOMINATED
-        job.reservation = reservation
-        self.pool.reserve(reservation)
-        self.nominated[job.id] = job
-
-    def start_nominated(self) -> None:
-        """Start each nominated job whose reserved GPUs have all been freed."""
-        if not self.nominated:
-            return
-        order = sorted(self.nominated.values(), key=lambda j: (j.level, j.eligible_t, j.seq))
-        for job in order:
-            if all(self.pool.free[n] >= g for n, g in job.reservation):
-                self.pool.reserve(job.reservation, -1)
-                del self.nominated[job.id]
-                reservation, job.reservation = job.reservation, []
-                self.start(job, reservation)
+                heapq.heappush(heap, (rank(next(iter(self.classes[cls].values()))), cls))

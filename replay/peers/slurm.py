@@ -32,7 +32,15 @@ from __future__ import annotations
 
 import bisect
 
-from .base import RUNNING, STARTING, PeerJob, PeerPolicy, gpus_on, take_across_nodes, victims_on_node
+from .base import (
+    PeerJob,
+    PeerPolicy,
+    best_single_node,
+    gpus_on,
+    rank_nodes,
+    take_across_nodes,
+    victims_on_node,
+)
 
 DAY_MS = 86_400_000
 DEFAULTS = {
@@ -73,10 +81,8 @@ class SlurmPolicy(PeerPolicy):
         self.bf_max = int(cfg["bf_max_job_test"])
         self.queue: list[tuple[float, int, int, str]] = []  # (-priority, eligible_t, seq, id)
         self.keys: dict[str, tuple] = {}
-        self.nominated: dict[str, PeerJob] = {}
         self.next_calc_t = 0
         self.last_bf_t = -10**18
-        self.level_gpus = [0] * 8
         self.arrivals = 0
         self._bf_idle_key: tuple = ()
 
@@ -105,27 +111,13 @@ class SlurmPolicy(PeerPolicy):
         self.keys = {k[3]: k for k in self.queue}
         self.next_calc_t = t + self.calc_ms
 
-    # ------------------------------------------------------------ bookkeeping
-
-    def start(self, job, placement) -> None:
-        super().start(job, placement)
-        self.level_gpus[job.level] += job.gpus
-
-    def evict(self, victim, grace_ms) -> None:
-        self.level_gpus[victim.level] -= victim.gpus
-        super().evict(victim, grace_ms)
-
-    def on_job_gone(self, job) -> None:
-        if job.state in (STARTING, RUNNING):
-            self.level_gpus[job.level] -= job.gpus
-
     # ------------------------------------------------------------ the passes
 
     def on_wake(self, t: int) -> None:
         self.steps += 1
         if t >= self.next_calc_t:
             self._recalc(t)
-        self._start_nominated()
+        self.start_nominated(self._nominated_key)
         blocked_at = self._main(t)
         if blocked_at is not None and self.pool.free_total - self.pool.reserved_total > 0:
             # A backfill that started nothing starts nothing later either until jobs
@@ -151,7 +143,7 @@ class SlurmPolicy(PeerPolicy):
             if placement is not None:
                 self._dequeue_at(i)
                 self.start(job, placement)
-            elif self._try_preempt(job):
+            elif self.preempts and self.evict_to_place(job):
                 self._dequeue_at(i)
             else:
                 return i
@@ -207,40 +199,12 @@ class SlurmPolicy(PeerPolicy):
             t = end_t
         return t, max(0, free - head.gpus)
 
-    def _start_nominated(self) -> None:
-        if not self.nominated:
-            return
-        order = sorted(self.nominated.values(), key=lambda j: self.keys.get(j.id, (0,)) + (j.seq,))
-        for job in order:
-            if all(self.pool.free[n] >= g for n, g in job.reservation):
-                self.pool.reserve(job.reservation, -1)
-                del self.nominated[job.id]
-                reservation, job.reservation = job.reservation, []
-                self.start(job, reservation)
+    def _nominated_key(self, job: PeerJob) -> tuple:
+        # A nominated job has left the queue and with it its key, so in practice this
+        # orders nominated jobs by seq (submit or requeue order).
+        return self.keys.get(job.id, (0,)) + (job.seq,)
 
     # ------------------------------------------------------------ preemption
-
-    def _try_preempt(self, job: PeerJob) -> bool:
-        need = job.gpus
-        if not self.preempts or self.preemption_known_futile(job):
-            return False
-        if sum(self.level_gpus[job.level + 1:]) + self.pool.free_total - self.pool.reserved_total < need:
-            return False
-        if need <= self.pool.node_gpus_max:
-            choice = self._single_node(job)
-        else:
-            choice = self._across_nodes(job)
-        if choice is None:
-            self.note_preemption_futile(job)
-            return False
-        victims, reservation = choice
-        for victim in victims:
-            self.evict(victim, self.grace_ms)
-        job.state = "nominated"
-        job.reservation = reservation
-        self.pool.reserve(reservation)
-        self.nominated[job.id] = job
-        return True
 
     def _node_victims(self, node: str, job: PeerJob, need: int) -> list[PeerJob] | None:
         have = self.pool.avail(node)
@@ -256,24 +220,8 @@ class SlurmPolicy(PeerPolicy):
         return victims if have >= need else None
 
     def _single_node(self, job: PeerJob):
-        best = None
-        for node in self.pool.nodes_for(job.spec.gpu_models):
-            if self.pool.size[node] < job.gpus:
-                continue
-            victims = self._node_victims(node, job, job.gpus)
-            if not victims:
-                continue
-            key = (len(victims), sum(v.gpus for v in victims), node)
-            if best is None or key < best[0]:
-                best = (key, victims, [(node, job.gpus)])
-        return None if best is None else (best[1], best[2])
+        return best_single_node(self, job, self._node_victims,
+                                lambda victims, node: (len(victims), sum(v.gpus for v in victims), node))
 
     def _across_nodes(self, job: PeerJob):
-        ranked = []
-        for node in self.pool.nodes_for(job.spec.gpu_models):
-            candidates, lower = victims_on_node(self, node, job)
-            capacity = self.pool.avail(node) + lower
-            if capacity > 0:
-                ranked.append((len(candidates), -capacity, node))
-        ranked.sort()
-        return take_across_nodes(job, ranked, self._node_victims)
+        return take_across_nodes(job, rank_nodes(self, job, len), self._node_victims)
