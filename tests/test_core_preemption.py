@@ -143,12 +143,18 @@ def test_team_preempted_too_often_is_protected():
     assert run.job_state("bg-2") == "running"
 
 
-def test_team_preempting_too_often_is_downgraded():
+def prod_preempted_twice() -> Run:
+    """Team prod passes an allowance of two preemptions an hour."""
     run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
               user_preempted_max=100)
     fill_nodes(run, 3)
     preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
     preempt_cycle(run, 21 * MIN, "p2", "prod", "b")
+    return run
+
+
+def test_team_preempting_too_often_is_downgraded():
+    run = prod_preempted_twice()
     downgraded = run.events(T.TeamDowngraded)
     assert [d.team for d in downgraded] == ["prod"]
     later = of(run.at(22 * MIN, submit("p3", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
@@ -506,11 +512,7 @@ def test_the_time_victims_take_to_reach_a_safe_point_is_learned():
 
 
 def test_a_downgrade_lasts_only_until_the_teams_quota_recovers():
-    run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
-              user_preempted_max=100)
-    fill_nodes(run, 3)
-    preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
-    preempt_cycle(run, 21 * MIN, "p2", "prod", "b")
+    run = prod_preempted_twice()
     assert [d.team for d in run.events(T.TeamDowngraded)] == ["prod"]
     # prod holds 16 of 24 GPUs, more than its half: its new urgent jobs are downgraded ...
     held = of(run.at(22 * MIN, submit("p3", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
