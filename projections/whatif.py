@@ -94,8 +94,9 @@ def _fate(win: Window, ev: T.Event) -> None:
         out.lost_progress_ms += ev.lost_progress_ms
 
 
-def _held_ms(records: Iterable[T.Record], win: Window) -> None:
-    """GPU time held per job: from a start request to its end, release or requeue."""
+def _held_spans(records: Iterable[T.Record], win: Window) -> None:
+    """When each job held GPUs, relative to the window: from a start request to its end,
+    release or requeue."""
     since: dict[str, int] = {}
     for record in records:
         ev = record.event
@@ -107,9 +108,9 @@ def _held_ms(records: Iterable[T.Record], win: Window) -> None:
             since[job] = ev.t
         elif isinstance(ev, (T.JobFinished, T.JobFailed, T.JobCancelled, T.VictimReleased, T.JobRequeued)):
             if job in since:
-                out.held_ms += ev.t - since.pop(job)
+                out.held_spans.append((since.pop(job) - win.from_t, ev.t - win.from_t))
     for job, t in since.items():
-        win.outcomes[job].held_ms += win.fate_end_t - t
+        win.outcomes[job].held_spans.append((t - win.from_t, win.fate_end_t - win.from_t))
 
 
 def workload(win: Window) -> Workload:
@@ -140,7 +141,7 @@ def run(records: list[T.Record], alt: Policy, from_t: int | None = None, to_t: i
         raise ValueError("no job was submitted in this window")
     if not win.nodes:
         raise ValueError("no node joined before the window's end: nothing to run jobs on")
-    _held_ms(records, win)
+    _held_spans(records, win)
     wl, cl = workload(win), cluster(win)
     recorded = SimResult(policy="recorded", workload=wl.name, seed=seed, total_gpus=cl.total_gpus,
                          jobs=[win.outcomes[j.id] for j in wl.jobs],

@@ -104,8 +104,13 @@ class JobOutcome:
     lost_progress_ms: int = 0
     overhead_ms: int = 0  # preemption checkpoints, frozen time, restores
     periodic_ckpt_ms: int = 0
-    held_ms: int = 0  # GPUs allocated to a process (launching, running, stopping)
-    held_spans: list = field(default_factory=list)  # [(from_ms, to_ms)] of those allocations
+    # [(from_ms, to_ms)] of the job's GPU allocations to a process (launching, running,
+    # stopping)
+    held_spans: list = field(default_factory=list)
+
+    @property
+    def held_ms(self) -> int:
+        return sum(end - start for start, end in self.held_spans)
 
 
 @dataclass
@@ -362,7 +367,6 @@ class Simulator:
 
     def _free(self, job: HostJob) -> None:
         if job.held_since >= 0:
-            job.out.held_ms += self.now - job.held_since
             job.out.held_spans.append((job.held_since, self.now))
             job.held_since = -1
 

@@ -63,6 +63,8 @@ def test_whatif_on_a_recorded_window_gives_the_simulators_scorecard(tmp_path):
                     and r.event.reason == "preempted" and r.event.job in ids)
     recorded = cards["recorded"]
     assert recorded["jobs"] == len(ids) and recorded["preemptions"] == preempted > 0
+    # GPU time held is read from the log as spans, so the fair-share index has a value too
+    assert recorded["util"] > 0 and 0 < recorded["jain_teams_share"] <= 1
     table = xirang("whatif", "--policy", str(alt), "--log", path, "--from", str(from_t), "--to", str(to_t))
     assert "simulated_alternative" in table.stdout and "wait L0-1 p99 s" in table.stdout
 

@@ -25,8 +25,8 @@ def test_jain_is_one_when_even_and_one_over_n_when_one_takes_all():
 def test_card_counts_waits_lost_gpu_hours_and_team_service():
     jobs = [
         _job("a", 0, "x", 2, 0, 10_000, 3_610_000, 3_600_000, preemptions=1,
-             lost_progress_ms=1_800_000, overhead_ms=60_000, held_ms=3_600_000),
-        _job("b", 0, "y", 4, 0, 0, 3_600_000, 3_600_000, held_ms=3_600_000),
+             lost_progress_ms=1_800_000, overhead_ms=60_000, held_spans=[(10_000, 3_610_000)]),
+        _job("b", 0, "y", 4, 0, 0, 3_600_000, 3_600_000, held_spans=[(0, 3_600_000)]),
         _job("c", 5, "y", 1, 1000, -1, -1, 60_000),
     ]
     card = policy_card(_result("p", jobs))
