@@ -25,7 +25,8 @@ from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt
                          team_limit)
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
-    job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, window_count,
+    job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, teams_with_demand,
+    window_count,
 )
 from .types import LEVELS
 
@@ -191,10 +192,10 @@ def _over_quota(state: State, team: str) -> bool:
     teams that hold or ask for GPUs: a downgrade lasts until the team's quota recovers, so
     a team that preempted often but is back within its share is not held down."""
     ix = state.ix
-    teams = dict.fromkeys(sorted(ix.team_gpus))
-    teams.update(dict.fromkeys(sorted(ix.team_queued_gpus)))
-    teams[team] = None
+    teams = teams_with_demand(ix)
     quotas = sum(team_quota(state, name) for name in teams)
+    if team not in teams:
+        quotas += team_quota(state, team)
     return ix.team_gpus.get(team, 0) > ix.total_gpus * team_quota(state, team) / quotas
 
 

@@ -30,7 +30,7 @@ import msgspec
 from .placement import acceptable_models, free_indices, node_size_max, place
 from .policy import Policy, with_params
 from .state import (QUEUED, RUNNING, Job, State, job_progress_ms, last_checkpoint, queue_key,
-                    window_count)
+                    teams_with_demand, window_count)
 from .types import LEVELS, Slot
 
 LINDY_FLOOR_FRACTION = 10  # a job just past its estimate is expected to run 1/10 of it more
@@ -106,6 +106,7 @@ class Pricing(msgspec.Struct, frozen=True):
     wasted_weight_min: float  # the queue's pressure: weight of a wasted GPU-second
     waiting_weight: float  # the preemptor's weighted GPUs, per ms of its wait
     preemptor_gpus: int
+    safe_point_ms: int  # notice -> safe point (see `safe_point_ms`)
     # A victim's extra wait, on the GPUs the preemptor takes from it, is at most what the
     # preemptor saves: its GPU-time moves earlier, it does not grow, so whatever a requeued
     # victim waits beyond that, the jobs it lets ahead (as urgent as it or more) gain.
@@ -122,7 +123,6 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     t = state.c.t
     last = last_checkpoint(victim)
     since_ckpt = job_progress_ms(victim, t) - (last.progress_ms if last else 0)
-    safe_point = safe_point_ms(state, p)
     weight = p.level_weight[victim.level]
     wasted_weight = victim.gpus * max(weight, p.wasted_work_weight_min, pricing.wasted_weight_min)
     if victim.ckpt_started_t:
@@ -137,7 +137,7 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     for lost, save, checkpoint_needed in options:
         has_checkpoint = last is not None or checkpoint_needed or save > 0
         restore = victim.restore_cost_ms if has_checkpoint else 0
-        ready = safe_point + save
+        ready = pricing.safe_point_ms + save
         wasted = wasted_weight * (lost + save + restore) / 1000.0
         key = wasted + pricing.waiting_weight * ready
         if best is None or key < best[0]:
@@ -231,13 +231,11 @@ def team_limit(state: State, team: str, per_100_gpus: int) -> int:
     as its size warrants; a small team is held to the base limit."""
     ix = state.ix
     base = scaled_limit(state, per_100_gpus)
-    teams = dict.fromkeys(ix.team_gpus)
-    teams.update(dict.fromkeys(ix.team_queued_gpus))
     total = sum(ix.team_gpus.values()) + sum(ix.team_queued_gpus.values())
     own = ix.team_gpus.get(team, 0) + ix.team_queued_gpus.get(team, 0)
     if not total or not own:
         return base
-    return max(base, base * own * len(teams) // total)
+    return max(base, base * own * len(teams_with_demand(ix)) // total)
 
 
 def scaled_limit(state: State, per_100_gpus: int) -> int:
@@ -284,10 +282,11 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
         return Decline(reason="no_eligible_victims")
     curve = ReleaseCurve(state, nodes, runtime)
     natural_wait = natural_wait_ms(state, job, nodes, curve)
+    safe_point = safe_point_ms(state, p)
     pricing = Pricing(
         wasted_weight_min=queue_pressure(state, p, job),
         waiting_weight=p.level_weight[job.level] * job.gpus / 1000.0, preemptor_gpus=job.gpus,
-        displaced_max_ms=min(runtime, max(0, natural_wait - safe_point_ms(state, p))))
+        safe_point_ms=safe_point, displaced_max_ms=min(runtime, max(0, natural_wait - safe_point)))
     requeue_waits: dict[tuple[int, int], int] = {}
     costs: dict[str, VictimCost] = {}
     for victim in eligible:

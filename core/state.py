@@ -242,6 +242,11 @@ def _index_node_capacity(ix: Index, node: Node) -> None:
     ix.free_buckets.setdefault(model, {}).setdefault(free, {})[node.name] = None
 
 
+def teams_with_demand(ix: Index) -> list[str]:
+    """The teams that hold GPUs or have queued jobs, sorted."""
+    return sorted(dict.fromkeys([*ix.team_gpus, *ix.team_queued_gpus]))
+
+
 def node_free_count(node: Node) -> int:
     return sum(1 for holder in node.holder if holder == "")
 
