@@ -260,9 +260,10 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
         victim = c.jobs[victim_id]
         victim.state = PREEMPTING
         victim.saga = ev.saga
-        _window(c.team_windows, victim.team).preempted.append(ev.t)
+        if not ev.reclaim:
+            _window(c.team_windows, victim.team).preempted.append(ev.t)
         _window(c.user_windows, victim.user).preempted.append(ev.t)
-    if preemptor.level < c.policy.downgrade_applies_below_level:
+    if preemptor.level < c.policy.downgrade_applies_below_level and not ev.reclaim:
         # The team limit guards the levels its penalty (a downgrade) applies to: a team's
         # mid-level jobs preempting on their own merits do not cost its urgent jobs a level.
         _window(c.team_windows, preemptor.team).preempting.append(ev.t)
@@ -271,7 +272,7 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
     c.sagas[ev.saga] = Saga(
         id=ev.saga, preemptor=ev.preemptor, victims=list(ev.victims), released=[],
         placement=list(ev.placement), deadline_t=ev.deadline_t, planned_t=ev.t,
-        benefit=ev.benefit, cost=ev.cost)
+        benefit=ev.benefit, cost=ev.cost, reclaim=ev.reclaim)
     c.saga_count += 1
 
 

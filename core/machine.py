@@ -23,6 +23,7 @@ from .placement import acceptable_models, free_gpus, node_size_max, place, place
 from .policy import PolicyError, assign_variant, with_params
 from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt, plan_preemption,
                          team_limit)
+from .shares import fair_shares, holding, team_quota
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
     job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, teams_with_demand,
@@ -453,11 +454,15 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
     _place_queued(ctx)
     if preempt_for == "head":
         _preempt_for(ctx, preemption_candidates(ctx.state, ctx.inp.t))
+        _reclaim_for(ctx, reclaim_candidates(ctx.state, ctx.inp.t))
     elif preempt_for:
         job = ctx.state.c.jobs.get(preempt_for)
-        if job is not None and job.state == QUEUED and may_preempt(ctx.state, job) \
-                and job.preempt_retry_t <= ctx.inp.t:
+        if job is None or job.state != QUEUED or job.preempt_retry_t > ctx.inp.t:
+            return
+        if may_preempt(ctx.state, job):
             _preempt_for(ctx, [preempt_for])
+        if job.state == QUEUED:
+            _reclaim_for(ctx, reclaim_candidates(ctx.state, ctx.inp.t, job.team))
 
 
 def _expire_sagas(ctx: Ctx) -> None:
@@ -545,13 +550,6 @@ def _fair_share_order(state: State, teams, names: list[str]) -> Iterator[str]:
         entry[4] += c.jobs[job_id].gpus
         if entry[3] < len(queue):
             heapq.heappush(heap, (entry[4] / entry[5], queue[entry[3]][:2], name, i))
-
-
-def team_quota(state: State, team: str) -> float:
-    """A team's fair-share weight: its quota, raised by compensation grants."""
-    c = state.c
-    bonus = c.ledger[team].quota_gpu_hours if team in c.ledger else 0.0
-    return c.policy.team_quota.get(team, 1.0) * (1.0 + bonus / 100.0)
 
 
 def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
@@ -799,6 +797,52 @@ def _preempt_for(ctx: Ctx, blocked: Iterable[str]) -> None:
         _start_saga(ctx, job, outcome)
 
 
+def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[str]:
+    """Per team below its fair share (furthest below first), the oldest of its first few
+    queued jobs that fits within its share; none while no team holds GPUs above its share."""
+    p = state.c.policy
+    if not p.fair_share_guarantee or p.fair_share_from_level >= LEVELS:
+        return
+    shares = fair_shares(state)
+    held = holding(state)
+    lent = sum(max(0.0, held.get(team, 0) - share) for team, share in shares.items())
+    if lent < 1:
+        return
+    below = [team for team in sorted(state.ix.waiting_by_team)
+             if (not team_only or team == team_only) and held.get(team, 0) < shares.get(team, 0.0) - 1]
+    below.sort(key=lambda team: (held.get(team, 0) / shares[team], team))
+    for team in below:
+        room = shares[team] - held.get(team, 0)
+        for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
+            job = state.c.jobs[job_id]
+            if job.gpus <= room and job.gpus <= lent and job.preempt_retry_t <= t:
+                yield job_id
+                break
+
+
+def _reclaim_for(ctx: Ctx, candidates: Iterable[str]) -> None:
+    """Plan reclaims for up to `preemption_candidates_max` jobs. A declined reclaim is
+    recorded only for a job with no right to preempt by priority, so a job tried both ways
+    every tick does not record two alternating reasons."""
+    state = ctx.state
+    c = state.c
+    attempts_left = c.policy.preemption_candidates_max
+    for job_id in candidates:
+        job = c.jobs[job_id]
+        if job.state != QUEUED:
+            continue
+        if attempts_left <= 0:
+            return
+        attempts_left -= 1
+        outcome = plan_preemption(state, job, reclaim=True)
+        if isinstance(outcome, Decline):
+            if not may_preempt(state, job) and outcome.reason != job.last_decline:
+                ctx.emit(T.PreemptionDeclined(t=ctx.inp.t, job=job_id, reason=outcome.reason,
+                                              benefit=outcome.benefit, cost=outcome.cost))
+            continue
+        _start_saga(ctx, job, outcome)
+
+
 def _start_saga(ctx: Ctx, job: Job, plan) -> None:
     c = ctx.state.c
     p = c.policy
@@ -809,13 +853,14 @@ def _start_saga(ctx: Ctx, job: Job, plan) -> None:
     ctx.emit(T.PreemptionPlanned(
         t=t, saga=saga_id, preemptor=job.id, victims=plan.victims, placement=plan.placement,
         deadline_t=deadline, benefit=plan.benefit, cost=plan.cost, reason=plan.reason,
-        victim_nodes=victim_nodes))
+        victim_nodes=victim_nodes, reclaim=plan.reclaim))
     for victim_id in plan.victims:
         victim = c.jobs[victim_id]
         ctx.emit(T.VictimNotified(t=t, saga=saga_id, job=victim_id,
                                   nodes=placement_nodes(victim.placement), deadline_t=deadline,
                                   checkpoint_needed=plan.checkpoint_needed[victim_id]))
-    _fairness_after_plan(ctx, job, plan.victims)
+    if not plan.reclaim:  # giving back GPUs above a team's share is no unfairness to count
+        _fairness_after_plan(ctx, job, plan.victims)
 
 
 def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:

@@ -61,6 +61,18 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # such reservation raised Jain's index over teams' fair-share use from 0.67 to 0.72 and
     # the level 0-1 p99 wait by 13-40%).
     starvation_team_reservations_max: int = 0
+    # Teams keep their fair share: a team's max-min share of the pool, weighted by quota,
+    # over the teams holding or asking for GPUs (see core/shares.py). While a team holds
+    # no more than its share, other teams' jobs of levels `fair_share_from_level` and on do
+    # not preempt it; and a team below its share reclaims: its blocked jobs may preempt
+    # other teams' jobs of those levels held while those teams are above their shares, when
+    # the wait saved is worth the work wasted, as long as it stays within its share (so GPUs
+    # do not move back and forth). This is a cohort's nominal quota with reclaim in Kueue,
+    # or a queue's guaranteed capacity in YARN: priority decides within a team and over the
+    # GPUs teams hold beyond their shares. The urgent levels below `fair_share_from_level`
+    # stay outside it: they preempt by priority whatever the shares, and are never reclaimed.
+    fair_share_guarantee: bool = True
+    fair_share_from_level: int = 2
     # The first jobs of the serving order that do not fit get the same kind of reservation,
     # so a large gang at an urgent level is not starved by small jobs of less urgent
     # levels taking every GPU that frees (they may still backfill if expected to end first).
@@ -157,6 +169,8 @@ def validate(policy: Policy) -> Policy:
             raise PolicyError(
                 f"preempts_from_level[{level}]={first}: a level may only preempt lower"
                 f" levels, so it must be > {level}")
+    if not 0 <= policy.fair_share_from_level <= LEVELS:
+        raise PolicyError(f"fair_share_from_level must be 0..{LEVELS} ({LEVELS}: no level is covered)")
     if policy.victims_per_preemption_max < 1:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:

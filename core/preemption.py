@@ -29,6 +29,7 @@ import msgspec
 
 from .placement import acceptable_models, free_indices, node_size_max, place
 from .policy import Policy, with_params
+from .shares import fair_shares, holding
 from .state import (QUEUED, RUNNING, Job, State, job_progress_ms, last_checkpoint, queue_key,
                     teams_with_demand, window_count)
 from .types import LEVELS, Slot
@@ -57,6 +58,7 @@ class Plan(msgspec.Struct, kw_only=True):
     natural_wait_ms: int
     checkpoint_needed: dict[str, bool]
     reason: str
+    reclaim: bool = False
 
 
 class Decline(msgspec.Struct, kw_only=True):
@@ -198,12 +200,28 @@ def may_preempt(state: State, job: Job) -> bool:
 
 
 def victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
+    """A victim by priority: of a level the preemptor's level may preempt."""
+    p = state.c.policy
+    if victim.level < p.preempts_from_level[preemptor.level] or victim.level <= preemptor.level:
+        return False
+    return victim_preemptible_now(state, victim)
+
+
+def reclaim_victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
+    """A victim of a reclaim: another team's job of a level reclaim may take (never the
+    urgent levels), whatever the preemptor's level."""
+    if victim.level < state.c.policy.fair_share_from_level or victim.team == preemptor.team:
+        return False
+    return victim_preemptible_now(state, victim)
+
+
+def victim_preemptible_now(state: State, victim: Job) -> bool:
+    """Running, preemptible, in no saga, past its restart protection, its team and user
+    not protected."""
     c = state.c
     p = c.policy
     t = c.t
     if victim.state != RUNNING or not victim.preemptible or victim.saga:
-        return False
-    if victim.level < p.preempts_from_level[preemptor.level] or victim.level <= preemptor.level:
         return False
     if victim.protected_until_t > t:
         return False
@@ -246,12 +264,19 @@ def scaled_limit(state: State, per_100_gpus: int) -> int:
 # ---------------------------------------------------------------- the plan
 
 
-def plan_preemption(state: State, job: Job) -> Plan | Decline:
+def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Decline:
+    """Victims for a blocked job by priority or, with `reclaim`, by its team's fair share:
+    then the victims are other teams' jobs above their shares, of any level from
+    `fair_share_from_level` on, and they are charged the work wasted but no displacement (the
+    GPUs they give back were the reclaiming team's share, lent while it did not ask)."""
     if user_preempting_exhausted(state, job):
         return Decline(reason="user_preempting_limit")
     c = state.c
     p = variant_policy(state, job)
     ix = state.ix
+    guard = Guard(state, job, p)
+    if reclaim and not guard.below_share_with(job):
+        return Decline(reason="reclaim_beyond_share")
     models = acceptable_models(job.gpu_models, ix)
     nodes = [c.nodes[name] for name in sorted(c.nodes)
              if c.nodes[name].up and c.nodes[name].gpu_model in models]
@@ -272,10 +297,14 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
         if not nodes:
             return Decline(reason="held_back_by_reservation")
     model_ok = dict.fromkeys(models)
+    if reclaim:
+        first_level, eligible_now = p.fair_share_from_level, reclaim_victim_eligible
+    else:
+        first_level, eligible_now = max(p.preempts_from_level[job.level], job.level + 1), victim_eligible
     eligible = [c.jobs[victim_id]
-                for level in range(max(p.preempts_from_level[job.level], job.level + 1), LEVELS)
+                for level in range(first_level, LEVELS)
                 for victim_id in sorted(ix.holding_by_level[level])
-                if victim_eligible(state, job, c.jobs[victim_id])
+                if eligible_now(state, job, c.jobs[victim_id])
                 and any(c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
                         for slot in c.jobs[victim_id].placement)]
     if not eligible:
@@ -291,7 +320,9 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
     costs: dict[str, VictimCost] = {}
     for victim in eligible:
         key = (requeue_level(state, victim), victim.gpus)
-        if key not in requeue_waits:
+        if reclaim:
+            requeue_waits[key] = 0
+        elif key not in requeue_waits:
             requeue_waits[key] = curve.wait_for(_queued_ahead(state, job, key[0]) + victim.gpus)
         costs[victim.id] = victim_cost(state, victim, requeue_waits[key], p, pricing)
     victim_nodes = dict.fromkeys(slot.node for v in costs for slot in c.jobs[v].placement)
@@ -300,9 +331,10 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
     # safe point (and save): an urgent job prefers victims that can let go quickly.
     rank = {v: vc.cost + pricing.waiting_weight * vc.ready_ms for v, vc in costs.items()}
     if job.gpus <= node_size_max(models, ix):
-        choice = _cheapest_single_node(state, job, candidate_nodes, rank, p.victims_per_preemption_max)
+        choice = _cheapest_single_node(state, job, candidate_nodes, rank, guard,
+                                       p.victims_per_preemption_max)
     else:
-        choice = _cheapest_across_nodes_of_one_model(state, job, nodes, rank,
+        choice = _cheapest_across_nodes_of_one_model(state, job, nodes, rank, guard,
                                                      p.victims_per_preemption_max)
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")
@@ -315,12 +347,16 @@ def plan_preemption(state: State, job: Job) -> Plan | Decline:
     benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
     if benefit - cost <= p.net_benefit_min:
         return Decline(reason="benefit_below_cost", benefit=round(benefit, 3), cost=round(cost, 3))
+    reason = (f"saves {natural_wait - ready} ms of level-{job.level} wait on {job.gpus} GPUs;"
+              f" victims lose {sum(costs[v].lost_ms for v in victims)} ms of progress")
+    if reclaim:
+        reason = (f"reclaim: team {job.team} holds {guard.held.get(job.team, 0)} of its fair share"
+                  f" {guard.shares[job.team]:.1f} GPUs; {reason}")
     return Plan(
         victims=victims, placement=placement, benefit=round(benefit, 3), cost=round(cost, 3),
         ready_ms=ready, natural_wait_ms=natural_wait,
         checkpoint_needed={v: costs[v].checkpoint_needed for v in victims},
-        reason=(f"saves {natural_wait - ready} ms of level-{job.level} wait on {job.gpus} GPUs;"
-                f" victims lose {sum(costs[v].lost_ms for v in victims)} ms of progress"))
+        reason=reason, reclaim=reclaim)
 
 
 def _gpus_on(victim: Job, node_name: str) -> list[int]:
@@ -330,14 +366,48 @@ def _gpus_on(victim: Job, node_name: str) -> list[int]:
     return []
 
 
-def _share_allows(state: State, taken: dict[int, int], victim: Job) -> bool:
-    c = state.c
-    floor = c.policy.guaranteed_share[victim.level] * state.ix.total_gpus
-    held_after = state.ix.level_gpus[victim.level] - taken.get(victim.level, 0) - victim.gpus
-    return held_after >= floor or floor == 0
+class Guard:
+    """What a preemption may not take: GPUs a level holds within its guaranteed share of the
+    pool and, when the policy guarantees fair shares, jobs of another team that holds no
+    more than its fair share (a team's own jobs may still preempt each other by priority).
+    `taken` maps a level and a team to the GPUs already chosen from them."""
+
+    def __init__(self, state: State, preemptor: Job, p: Policy) -> None:
+        self.state = state
+        self.team = preemptor.team
+        self.level_floor = [share * state.ix.total_gpus for share in p.guaranteed_share]
+        self.guarantees_teams = p.fair_share_guarantee and preemptor.level >= p.fair_share_from_level
+        self.shares = fair_shares(state) if p.fair_share_guarantee else {}
+        self.held = holding(state) if p.fair_share_guarantee else {}
+
+    def allows(self, taken: dict, victim: Job) -> bool:
+        floor = self.level_floor[victim.level]
+        if floor and self.state.ix.level_gpus[victim.level] - taken.get(victim.level, 0) - victim.gpus < floor:
+            return False
+        if not self.guarantees_teams or victim.team == self.team:
+            return True
+        # As in Kueue, a team may be preempted while it holds more than its share (it is
+        # borrowing), and its last victim's gang may take it below: a gang is not split.
+        held_now = self.held.get(victim.team, 0) - taken.get(victim.team, 0)
+        return held_now > self.shares.get(victim.team, 0.0) + SHARE_EPSILON
+
+    @staticmethod
+    def take(taken: dict, victim: Job) -> None:
+        taken[victim.level] = taken.get(victim.level, 0) + victim.gpus
+        taken[victim.team] = taken.get(victim.team, 0) + victim.gpus
+
+    def below_share_with(self, job: Job) -> bool:
+        """Whether the job's team, holding the job too, stays within its fair share."""
+        if not self.guarantees_teams:
+            return False
+        held_after = self.held.get(job.team, 0) + job.gpus
+        return held_after <= self.shares.get(job.team, 0.0) + SHARE_EPSILON
 
 
-def _cheapest_single_node(state: State, job: Job, nodes, rank: dict[str, float],
+SHARE_EPSILON = 1e-6  # shares are fractions of GPUs; a held count equal to one is at it
+
+
+def _cheapest_single_node(state: State, job: Job, nodes, rank: dict[str, float], guard: Guard,
                           cap: int) -> tuple[list[str], list[Slot]] | None:
     best = None
     for node in nodes:
@@ -348,7 +418,7 @@ def _cheapest_single_node(state: State, job: Job, nodes, rank: dict[str, float],
         on_node = sorted((rank[v], v) for v in state.ix.jobs_by_node.get(node.name, {})
                          if v in rank)
         chosen = _greedy_minimal(state, [(score, v, len(_gpus_on(state.c.jobs[v], node.name)))
-                                         for score, v in on_node], need)
+                                         for score, v in on_node], need, guard)
         if chosen is None or len(chosen) > cap:
             continue
         total = sum(rank[v] for v in chosen)
@@ -360,12 +430,12 @@ def _cheapest_single_node(state: State, job: Job, nodes, rank: dict[str, float],
 
 
 def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, rank: dict[str, float],
-                                        cap: int) -> tuple[list[str], list[Slot]] | None:
+                                        guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
     """A gang is of one GPU model: the cheapest victim set over the models the job accepts."""
     best = None
     for model in sorted(dict.fromkeys(node.gpu_model for node in nodes)):
         of_model = [node for node in nodes if node.gpu_model == model]
-        choice = _cheapest_across_nodes(state, job, of_model, rank, cap)
+        choice = _cheapest_across_nodes(state, job, of_model, rank, guard, cap)
         if choice is not None:
             key = (sum(rank[v] for v in choice[0]), len(choice[0]), model)
             if best is None or key < best[0]:
@@ -373,7 +443,7 @@ def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, rank: dic
     return None if best is None else best[1]
 
 
-def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float],
+def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float], guard: Guard,
                            cap: int) -> tuple[list[str], list[Slot]] | None:
     free_total = sum(len(free_indices(node)) for node in nodes)
     need = job.gpus - free_total
@@ -384,7 +454,7 @@ def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float]
         usable = sum(len(s.gpus) for s in victim.placement if s.node in node_names)
         units.append((rank[v] / max(usable, 1), v, usable))
     units.sort()
-    chosen = _greedy_minimal(state, units, need)
+    chosen = _greedy_minimal(state, units, need, guard)
     if chosen is None or len(chosen) > cap:
         return None
     chosen_map = dict.fromkeys(chosen)
@@ -401,19 +471,20 @@ def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float]
     return None
 
 
-def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int) -> list[str] | None:
+def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int,
+                    guard: Guard) -> list[str] | None:
     """Cheapest-first until `need` GPUs are freed, then drop any victim not needed."""
     if need <= 0:
         return []
     chosen: list[tuple[float, str, int]] = []
-    taken_by_level: dict[int, int] = {}
+    taken: dict = {}
     freed = 0
     for unit in units:
         victim = state.c.jobs[unit[1]]
-        if not _share_allows(state, taken_by_level, victim):
+        if not guard.allows(taken, victim):
             continue
         chosen.append(unit)
-        taken_by_level[victim.level] = taken_by_level.get(victim.level, 0) + victim.gpus
+        guard.take(taken, victim)
         freed += unit[2]
         if freed >= need:
             break

@@ -100,6 +100,7 @@ class Saga(msgspec.Struct, kw_only=True):
     # GPUs of released victims outside the preemptor's placement: held for the saga so a
     # rollback can give every victim its whole gang back; freed at commit.
     held_extra: list[Slot] = []
+    reclaim: bool = False  # taken back for a team below its fair share, not by priority
 
 
 class Window(msgspec.Struct, kw_only=True):

@@ -244,6 +244,9 @@ class PreemptionPlanned(_Event, tag="PreemptionPlanned"):
     cost: float
     reason: str
     victim_nodes: list[str] = []
+    # Taken back for a team below its fair share (not by priority): counts toward no
+    # team's fairness window.
+    reclaim: bool = False
 
 
 class VictimNotified(_Event, tag="VictimNotified"):

@@ -115,5 +115,10 @@ def check_invariants(state: State) -> None:
         assert preemptor.state == RESERVED
         for victim_id in saga.victims:
             victim = c.jobs.get(victim_id)
-            if victim is not None:
+            if victim is None:
+                continue
+            if saga.reclaim:  # by team share, not priority: only from another team
+                assert victim.team != preemptor.team, "a team reclaimed from itself"
+                assert victim.level >= c.policy.fair_share_from_level, "an urgent job reclaimed"
+            else:
                 assert victim.level > preemptor.level, "same or higher level preempted"

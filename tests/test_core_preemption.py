@@ -280,7 +280,8 @@ def test_a_victim_that_would_requeue_behind_a_deep_queue_costs_more():
     """The requeued victim's wait is estimated from the GPUs queued ahead of it: with a deep
     queue at more urgent levels the same preemption is declined."""
     def attempt(queued_ahead: int) -> list:
-        run = Run(preempts_from_level=[2, 3, 8, 8, 8, 8, 8, 8])  # the queue ahead may not preempt
+        # The queue ahead may not preempt, by priority nor by reclaiming team q's share.
+        run = Run(preempts_from_level=[2, 3, 8, 8, 8, 8, 8, 8], fair_share_guarantee=False)
         run.at(0, node("a1"), node("a2"))
         run.at(1, submit("victim", 6, 8, team="ops", user="o", est_runtime_s=10 * 3600,
                          ckpt_cost_s=20, restore_cost_s=20),
@@ -486,7 +487,8 @@ def test_a_burst_of_urgent_jobs_expects_the_later_ones_to_wait_for_the_earlier()
 
 def test_preemptions_by_a_teams_mid_level_jobs_do_not_downgrade_its_urgent_jobs():
     run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
-              user_preempted_max=100, preempts_from_level=[1, 2, 4, 5, 7, 8, 8, 8])
+              user_preempted_max=100, preempts_from_level=[1, 2, 4, 5, 7, 8, 8, 8],
+              fair_share_guarantee=False)  # the third preemption would take ops below its share
     fill_nodes(run, 3)  # level-6 jobs
     for i, t in enumerate((20 * MIN, 21 * MIN, 22 * MIN)):
         plans = of(run.at(t, submit(f"mid-{i}", 3, 8, team="prod", user=f"m{i}", est_runtime_s=600)),

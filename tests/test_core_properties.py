@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from core import rebuild, snapshot_bytes, state_digest
 from core import types as T
+from core.shares import fair_shares, holding
 from core.state import live_digest, rebuild_index
 
 from random_world import World, run_world
@@ -33,9 +34,17 @@ def check_step(state, inp, records, before) -> None:
         ev = record.event
         if isinstance(ev, T.PreemptionPlanned):
             preemptor = state.c.jobs[ev.preemptor]
+            held = holding(state)  # the victims count as gone already
+            shares = fair_shares(state)
             for victim_id in ev.victims:
                 victim = state.c.jobs[victim_id]
-                assert victim.level > preemptor.level, "same or higher level preempted"
+                if ev.reclaim:
+                    assert victim.team != preemptor.team, "a team reclaimed from itself"
+                    assert victim.level >= state.c.policy.fair_share_from_level, "urgent job reclaimed"
+                else:
+                    assert victim.level > preemptor.level, "same or higher level preempted"
+            if ev.reclaim:  # the reclaiming team stays within its share: nothing to move back
+                assert held.get(preemptor.team, 0) <= shares[preemptor.team] + 1e-6, "reclaimed past share"
             assert len(ev.victims) <= state.c.policy.victims_per_preemption_max
 
 

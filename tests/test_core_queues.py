@@ -155,7 +155,7 @@ def test_small_jobs_start_on_idle_gpus_behind_more_blocked_gangs_than_the_scan_b
 
 
 def _gang_behind_small_jobs(**params) -> Run:
-    run = Run(**params)
+    run = Run(**{"fair_share_guarantee": False, **params})  # team f would reclaim its share
     run.at(0, node("a1"), node("a2"))
     # Level 3: not preemptible by the level-2 gang, so it can only wait for a node to drain.
     run.at(1, submit("long-a", 3, 7, team="ops", est_runtime_s=10 * 3600),

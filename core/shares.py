@@ -1,0 +1,52 @@
+"""Each team's fair share of the pool, and what it holds against it.
+
+A team's fair share is its max-min share of the GPUs, weighted by quota, over the teams
+that hold or ask for GPUs: teams asking for less than their weighted part get all they
+ask for, and the rest is split among the others by quota (water-filling). It is the
+guarantee behind reclaim: a team below its share may take GPUs back from teams above
+theirs, and no team's jobs preempt a team that is not above its share (see
+`core.preemption`). Shares follow demand: they move as jobs arrive and end.
+"""
+
+from __future__ import annotations
+
+from .state import PREEMPTING, State, teams_with_demand
+
+
+def team_quota(state: State, team: str) -> float:
+    """A team's fair-share weight: its quota, raised by compensation grants."""
+    c = state.c
+    bonus = c.ledger[team].quota_gpu_hours if team in c.ledger else 0.0
+    return c.policy.team_quota.get(team, 1.0) * (1.0 + bonus / 100.0)
+
+
+def fair_shares(state: State) -> dict[str, float]:
+    """Team -> GPUs of its max-min fair share (weighted by quota) of the pool."""
+    ix = state.ix
+    teams = teams_with_demand(ix)
+    demand = {team: ix.team_gpus.get(team, 0) + ix.team_queued_gpus.get(team, 0) for team in teams}
+    weight = {team: team_quota(state, team) for team in teams}
+    left = float(ix.total_gpus)
+    weight_left = sum(weight.values())
+    shares: dict[str, float] = {}
+    # Teams asking for least per unit of quota are satisfied first; ties by name.
+    for team in sorted(teams, key=lambda name: (demand[name] / weight[name], name)):
+        part = left * weight[team] / weight_left if weight_left > 0 else 0.0
+        shares[team] = min(float(demand[team]), part)
+        left -= shares[team]
+        weight_left -= weight[team]
+    return shares
+
+
+def holding(state: State) -> dict[str, int]:
+    """Team -> GPUs it holds and keeps: victims already told to let go count as gone, so
+    two reclaims in a row do not both take a team's last GPUs above its share."""
+    c = state.c
+    held = dict(state.ix.team_gpus)
+    for saga_id in sorted(c.sagas):
+        saga = c.sagas[saga_id]
+        for victim_id in saga.victims:
+            victim = c.jobs.get(victim_id)
+            if victim is not None and victim.state == PREEMPTING:
+                held[victim.team] = held.get(victim.team, 0) - victim.gpus
+    return held
