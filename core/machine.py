@@ -21,8 +21,8 @@ from . import types as T
 from .evolve import evolve
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .policy import PolicyError, assign_variant, with_params
-from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt, plan_preemption,
-                         team_limit)
+from .preemption import (SHARE_EPSILON, Decline, earliest_fit, expected_runtime_ms, may_preempt,
+                         plan_preemption, team_limit)
 from .shares import fair_shares, holding, team_quota
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
@@ -809,13 +809,13 @@ def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[st
     if lent < 1:
         return
     below = [team for team in sorted(state.ix.waiting_by_team)
-             if (not team_only or team == team_only) and held.get(team, 0) < shares.get(team, 0.0) - 1]
+             if (not team_only or team == team_only) and held.get(team, 0) + 1 <= shares.get(team, 0.0) + SHARE_EPSILON]
     below.sort(key=lambda team: (held.get(team, 0) / shares[team], team))
     for team in below:
-        room = shares[team] - held.get(team, 0)
+        room = shares[team] - held.get(team, 0) + SHARE_EPSILON
         for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
             job = state.c.jobs[job_id]
-            if job.gpus <= room and job.gpus <= lent and job.preempt_retry_t <= t:
+            if job.gpus <= room and job.gpus <= lent + SHARE_EPSILON and job.preempt_retry_t <= t:
                 yield job_id
                 break
 

@@ -14,8 +14,11 @@ whether it is worth it.
    pressure (the other queued GPUs' summed level weights per GPU of the pool: wasted
    capacity delays them all). Each victim lets go the cheaper way, the preemptor's
    weighted wait included: from its last checkpoint at its next safe point, or after a save;
-4. fairness: protected teams and users, a victim cap, guaranteed shares, and the
-   preemptor's user limit.
+4. fairness: protected teams and users, a victim cap, the levels' guaranteed shares, the
+   teams' fair shares (`Guard`), and the preemptor's user limit.
+
+A reclaim (`plan_preemption(..., reclaim=True)`) is the same decision for a job whose team
+is below its fair share, over other teams' jobs held above theirs (see core/shares.py).
 
 Preempt only when benefit - cost > policy.net_benefit_min. Pure functions of the state.
 """
@@ -305,6 +308,7 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
                 for level in range(first_level, LEVELS)
                 for victim_id in sorted(ix.holding_by_level[level])
                 if eligible_now(state, job, c.jobs[victim_id])
+                and (not reclaim or guard.allows({}, c.jobs[victim_id]))
                 and any(c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
                         for slot in c.jobs[victim_id].placement)]
     if not eligible:

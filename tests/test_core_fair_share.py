@@ -138,3 +138,10 @@ def test_a_reclaim_counts_toward_no_teams_fairness_window():
 def test_a_bad_fair_share_level_is_refused_with_what_to_fix():
     with pytest.raises(PolicyError, match="fair_share_from_level must be 0..8"):
         with_params(Run().state.c.policy, {"fair_share_from_level": 9})
+
+
+def test_a_team_asking_for_one_gpu_reclaims_it():
+    """Its share is all it asks for, one GPU: nothing is left over to be below by."""
+    run = big_team_holds_the_pool()
+    plans = of(run.at(20 * MIN, submit("one", 7, 1, team="tiny", user="t")), T.PreemptionPlanned)
+    assert [(p.preemptor, p.reclaim) for p in plans] == [("one", True)]

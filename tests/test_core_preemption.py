@@ -386,7 +386,7 @@ def test_a_team_with_most_of_the_demand_may_preempt_in_proportion_before_it_is_d
     preemptions downgrade `small` (its share is about the mean) but not `big` (3.5x it)."""
     def downgraded_after_two(team: str, queued_by_big: int) -> list[str]:
         run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
-                  user_preempted_max=100)
+                  user_preempted_max=100, fair_share_guarantee=False)  # tiny teams would reclaim
         fill_nodes(run, 3)
         run.at(10 * MIN, *[submit(f"big-q{i}", 7, 8, team="big", user=f"q{i}")
                            for i in range(queued_by_big)],
