@@ -578,21 +578,68 @@ def _place_queued(ctx: Ctx) -> None:
     reserved = _serve_the_starving(ctx)
     ix.reserved_nodes = reserved
     placing = _PlacementPass(ctx, reserved)
-    for level in range(LEVELS):
-        for job_id in serving_order(ctx.state, level):
-            if placing.attempts_left <= 0:
-                return  # more may fit: the next step goes on (the flag stays set)
-            if placing.nothing_more_fits():
-                ix.placement_dirty = False
-                return
-            job = ctx.state.c.jobs[job_id]
-            placement = placing.try_place(job)
-            if placement is not None:
-                _request_start(ctx, job, placement)
-                placing.took(placement)
-            else:
-                placing.maybe_reserve(job)
+    for job_id, reserves in _placement_order(ctx.state):
+        if placing.attempts_left <= 0:
+            return  # more may fit: the next step goes on (the flag stays set)
+        if placing.nothing_more_fits():
+            ix.placement_dirty = False
+            return
+        job = ctx.state.c.jobs[job_id]
+        if job.state != QUEUED:
+            continue
+        placement = placing.try_place(job)
+        if placement is not None:
+            _request_start(ctx, job, placement)
+            placing.took(placement)
+        elif reserves:
+            placing.maybe_reserve(job)
     ix.placement_dirty = False
+
+
+def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
+    """(job, may get a head reservation), in the order a placement pass tries them: the
+    urgent levels, then the jobs of teams below their fair shares that fit within them,
+    then every level from `fair_share_from_level` on in its serving order. Levels are
+    read lazily, so a job placed earlier in the pass is not offered again."""
+    p = state.c.policy
+    covered_from = p.fair_share_from_level if p.fair_share_guarantee else LEVELS
+    for level in range(min(covered_from, LEVELS)):
+        for job_id in serving_order(state, level):
+            yield job_id, True
+    if covered_from >= LEVELS:
+        return
+    for job_id in _within_share(state, covered_from):
+        yield job_id, False
+    for level in range(covered_from, LEVELS):
+        for job_id in serving_order(state, level):
+            yield job_id, True
+
+
+def _within_share(state: State, covered_from: int) -> Iterator[str]:
+    """Queued jobs (of levels from `covered_from` on) of the teams below their fair shares
+    that fit within them: next from the team furthest below its share (GPUs held, with
+    what this pass started for it, over its share), each team's oldest jobs first."""
+    c = state.c
+    shares = fair_shares(state)
+    held = holding(state)
+    heap = []
+    for team in sorted(state.ix.waiting_by_team):
+        share = shares.get(team, 0.0)
+        if held.get(team, 0) + 1 <= share + SHARE_EPSILON:
+            jobs = [job_id for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
+                    if c.jobs[job_id].eff_level >= covered_from]
+            if jobs:
+                heap.append((held.get(team, 0) / share, team, jobs))
+    heapq.heapify(heap)
+    while heap:
+        _, team, jobs = heapq.heappop(heap)
+        job = c.jobs[jobs.pop(0)]
+        if held.get(team, 0) + job.gpus <= shares[team] + SHARE_EPSILON:
+            yield job.id
+            if job.state != QUEUED:
+                held[team] = held.get(team, 0) + job.gpus
+        if jobs:
+            heapq.heappush(heap, (held.get(team, 0) / shares[team], team, jobs))
 
 
 class _PlacementPass:

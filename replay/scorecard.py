@@ -27,7 +27,8 @@ Definitions (times in seconds unless named otherwise):
     entitled it to, integrated over the run. At each moment a team's demand is the GPUs
     of its jobs submitted and not finished; the pool is water-filled over the demands
     (no team gets more than it asks for, the rest is split evenly); x = held / entitled.
-    1 for every team means each got its fair share whenever it wanted GPUs.
+    1 for every team means each got its fair share whenever it wanted GPUs. This is Jain's
+    own form (Jain, Chiu and Hawe, 1984: x = allocation over the fair allocation).
 - acceptance (when xirang, k8s and none ran): the issue's targets for xirang's row.
 """
 

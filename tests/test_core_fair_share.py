@@ -145,3 +145,21 @@ def test_a_team_asking_for_one_gpu_reclaims_it():
     run = big_team_holds_the_pool()
     plans = of(run.at(20 * MIN, submit("one", 7, 1, team="tiny", user="t")), T.PreemptionPlanned)
     assert [(p.preemptor, p.reclaim) for p in plans] == [("one", True)]
+
+
+def test_freed_gpus_go_first_to_a_team_below_its_share_then_by_level():
+    """Eight GPUs free up; team big queues eight level-4 jobs, team small one level-7 job.
+    small's share is the one GPU it asks for, big's the other seven: both are below their
+    shares, and the next GPU goes to the team furthest below (ties by name), whatever the
+    levels. Without the guarantee, big's more urgent jobs take every GPU."""
+    def started_when_busy_ends(**params) -> list[str]:
+        run = Run(**params)
+        run.at(0, node("n0"))
+        run.at(1, submit("busy", 1, 8, team="ops", user="o", est_runtime_s=3600))
+        start_all(run, 2)
+        run.at(10, *[submit(f"big-{i}", 4, 1, team="big", user="b") for i in range(8)],
+               submit("small", 7, 1, team="small", user="s"))
+        events = run.at(3600_000, T.Finished(job="busy", ok=True))
+        return [e.job for e in of(events, T.JobStartRequested)]
+    assert started_when_busy_ends() == ["big-0", "small"] + [f"big-{i}" for i in range(1, 7)]
+    assert started_when_busy_ends(fair_share_guarantee=False) == [f"big-{i}" for i in range(8)]

@@ -10,8 +10,8 @@ def started_order(events) -> list[str]:
     return [e.job for e in of(events, T.JobStartRequested)]
 
 
-def one_busy_node(level_of_busy: int = 1) -> Run:
-    run = Run()
+def one_busy_node(level_of_busy: int = 1, **params) -> Run:
+    run = Run(**params)
     run.at(0, node("a1"))
     run.at(1, submit("busy", level_of_busy, 8, team="ops", est_runtime_s=HOUR / 1000))
     start_all(run, 2)
@@ -42,7 +42,7 @@ def test_fair_share_serves_the_team_furthest_below_its_quota():
 
 
 def test_round_robin_alternates_teams_at_levels_6_and_7():
-    run = one_busy_node()
+    run = one_busy_node(fair_share_guarantee=False)  # else teams below their shares go first
     run.at(10, *[submit(f"a-{i}", 7, 1, team="a") for i in range(4)])
     run.at(20, *[submit(f"b-{i}", 7, 1, team="b") for i in range(2)])
     events = run.at(HOUR, T.Finished(job="busy", ok=True))

@@ -161,7 +161,7 @@ def _alerts_at(spec: Spec, at_t: int) -> tuple[list[alerts.Alert], str, str]:
 def test_alert_fires_on_an_injected_preemption_storm_and_not_without_it():
     storm_t, at_t = 8 * HOUR, 8 * HOUR + 10 * 60_000
     calm, calm_page, calm_metrics = _alerts_at(Spec(jobs=300, seed=5), at_t)
-    storm, page, text = _alerts_at(Spec(jobs=300, seed=5, storm_t=storm_t, storm_jobs=16, storm_level=1), at_t)
+    storm, page, text = _alerts_at(Spec(jobs=300, seed=5, storm_t=storm_t, storm_jobs=24, storm_level=1), at_t)
     assert calm == [] and "No alerts" in calm_page and "xirang_alert_firing{" not in calm_metrics
     rate = [a for a in storm if a.kind == "preemption_rate"]
     assert any(a.subject == "level 1 (preempting)" for a in rate), storm
