@@ -551,8 +551,7 @@ class ReleaseCurve:
     pool's typical pace, the GPUs freed by the median release over its time."""
 
     def __init__(self, state: State, nodes, beyond_ms: int) -> None:
-        releases = sorted((_remaining_or_runtime(state, j), len(_gpus_on(state.c.jobs[j], node.name)))
-                          for node in nodes for j in state.ix.jobs_by_node.get(node.name, {}))
+        releases = sorted(release for node in nodes for release in node_releases(state, node))
         self.free = sum(len(free_indices(node)) for node in nodes)
         self.times = [at for at, _ in releases]
         self.freed: list[int] = list(itertools.accumulate(g for _, g in releases))
@@ -585,18 +584,33 @@ def _remaining_or_runtime(state: State, job_id: str) -> int:
     return value
 
 
+def node_releases(state: State, node) -> list[tuple[int, int]]:
+    """(ms until release, GPUs) of the jobs holding GPUs on the node, soonest first.
+    Memoised until the next event or time: a scheduling pass asks for the same nodes'
+    releases for every job it weighs (natural waits, release curves, reservations)."""
+    ix = state.ix
+    at = (state.c.t, state.c.events_n)
+    if ix.node_releases_at != at:
+        ix.node_releases.clear()
+        ix.node_releases_at = at
+    releases = ix.node_releases.get(node.name)
+    if releases is None:
+        jobs = state.c.jobs
+        releases = sorted((_remaining_or_runtime(state, j), len(_gpus_on(jobs[j], node.name)))
+                          for j in ix.jobs_by_node.get(node.name, {}))
+        ix.node_releases[node.name] = releases
+    return releases
+
+
 def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     """The earliest time the job's gang would fit without preempting, and on which nodes,
     as running jobs finish as estimated; None if it never would on these nodes."""
-    c = state.c
-    ix = state.ix
     single = job.gpus <= max((n.gpus for n in nodes), default=0)
     best: tuple[int, list[str]] | None = None
     by_model: dict[str, list[tuple[str, int, list[tuple[int, int]]]]] = {}
     for node in nodes:
         free = len(free_indices(node))
-        releases = sorted((_remaining_or_runtime(state, j), len(_gpus_on(c.jobs[j], node.name)))
-                          for j in ix.jobs_by_node.get(node.name, {}))
+        releases = node_releases(state, node)
         if single:
             if node.gpus < job.gpus:
                 continue

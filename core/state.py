@@ -194,6 +194,10 @@ class Index:
         # the learned estimates or the policy change.
         self.remaining_memo: dict[str, int] = {}
         self.remaining_memo_t = -1
+        # Per node, (ms until release, GPUs) of the jobs holding GPUs there, soonest first,
+        # as of (time, events applied): any event or a new time makes them stale.
+        self.node_releases: dict[str, list[tuple[int, int]]] = {}
+        self.node_releases_at: tuple[int, int] = (-1, -1)
 
 
 class State:
