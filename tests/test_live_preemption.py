@@ -24,8 +24,9 @@ def urgent(job: str = "urgent", seconds: float = 1.0, level: int = 0) -> T.Submi
                     est_runtime_s=10, command=sleep_command(seconds))
 
 
-def low(job: str, gpus: int, command: list[str], level: int = 6, ckpt_cost_s: float = 1) -> T.Submit:
-    return T.Submit(job=job, team=f"team-{job}", user=f"user-{job}", level=level, gpus=gpus,
+def low(job: str, gpus: int, command: list[str], level: int = 6, ckpt_cost_s: float = 1,
+        team: str = "") -> T.Submit:
+    return T.Submit(job=job, team=team or f"team-{job}", user=f"user-{job}", level=level, gpus=gpus,
                     gpu_models=["H100"], est_runtime_s=600, ckpt_interval_s=5, ckpt_cost_s=ckpt_cost_s,
                     restore_cost_s=ckpt_cost_s, command=command)
 
@@ -58,10 +59,11 @@ def cluster(tmp_path):
 def test_multi_victim_preemption_commits_and_victims_resume_from_their_checkpoints(cluster):
     victims = ["v1", "v2", "v3"]
     # Saving takes a tenth of a second: past a couple of seconds of training, a save is
-    # cheaper than the progress it keeps.
-    cluster.send(low("v1", 4, train_command(100_000, seed=1), ckpt_cost_s=0.1),
-                 low("v2", 2, train_command(100_000, seed=2), ckpt_cost_s=0.1),
-                 low("v3", 2, train_command(100_000, seed=3), level=7, ckpt_cost_s=0.1))
+    # cheaper than the progress it keeps. The victims are of the preemptor's own team: a
+    # level-3 job of another team could take only what they hold beyond their fair shares.
+    cluster.send(low("v1", 4, train_command(100_000, seed=1), ckpt_cost_s=0.1, team="ops"),
+                 low("v2", 2, train_command(100_000, seed=2), ckpt_cost_s=0.1, team="ops"),
+                 low("v3", 2, train_command(100_000, seed=3), level=7, ckpt_cost_s=0.1, team="ops"))
     records = cluster.wait(lambda rs: all(matching(rs, T.JobRunning, job=v) for v in victims),
                            what="victims running")
     for v in victims:  # each has trained a little
