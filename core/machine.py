@@ -26,7 +26,7 @@ from .preemption import (SHARE_EPSILON, Decline, earliest_fit, expected_runtime_
 from .shares import fair_shares, holding, team_quota
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
-    job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth, teams_with_demand,
+    job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth,
     window_count,
 )
 from .types import LEVELS
@@ -189,15 +189,11 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
 
 
 def _over_quota(state: State, team: str) -> bool:
-    """Whether the team holds more than its quota's share of the pool, shared among the
-    teams that hold or ask for GPUs: a downgrade lasts until the team's quota recovers, so
-    a team that preempted often but is back within its share is not held down."""
-    ix = state.ix
-    teams = teams_with_demand(ix)
-    quotas = sum(team_quota(state, name) for name in teams)
-    if team not in teams:
-        quotas += team_quota(state, team)
-    return ix.team_gpus.get(team, 0) > ix.total_gpus * team_quota(state, team) / quotas
+    """Whether the team holds more than its fair share of the pool (core/shares.py): a
+    downgrade lasts until the team's quota recovers, so a team that preempted often but
+    is back within its share is not held down."""
+    held = holding(state).get(team, 0)
+    return held > 0 and held > fair_shares(state).get(team, 0.0) + SHARE_EPSILON
 
 
 def _or(value: float | None, default: float) -> float:

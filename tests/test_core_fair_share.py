@@ -163,3 +163,28 @@ def test_freed_gpus_go_first_to_a_team_below_its_share_then_by_level():
         return [e.job for e in of(events, T.JobStartRequested)]
     assert started_when_busy_ends() == ["big-0", "small"] + [f"big-{i}" for i in range(1, 7)]
     assert started_when_busy_ends(fair_share_guarantee=False) == [f"big-{i}" for i in range(8)]
+
+
+def test_a_downgrade_lasts_while_the_team_holds_more_than_its_max_min_share():
+    """prod preempted two of research's three jobs and is downgraded. Once research asks
+    for only the 8 GPUs it holds, prod's 16 are its max-min share (not more than an even
+    split would say): its next urgent job keeps its level."""
+    run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
+              user_preempted_max=100)
+    run.at(0, *[node(f"n{i}") for i in range(3)])
+    run.at(1000, *[submit(f"bg-{i}", 6, 8, team="research", user=f"r{i}", est_runtime_s=36000)
+                   for i in range(3)])
+    start_all(run, 2000)
+    for i, t in enumerate((20 * MIN, 21 * MIN)):
+        plan = of(run.at(t, submit(f"p{i}", 1, 8, team="prod", user=f"u{i}", est_runtime_s=600)),
+                  T.PreemptionPlanned)[0]
+        run.at(t + 30_000, *[T.Released(job=v) for v in plan.victims])
+        start_all(run, t + 31_000)
+    assert [d.team for d in run.events(T.TeamDowngraded)] == ["prod"]
+    over = of(run.at(22 * MIN, submit("p2", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
+    assert over.level == 3  # research still asks for 24: prod's share is 12
+    run.at(23 * MIN, T.Cancel(job="p2"),
+           *[T.Cancel(job=j) for j in sorted(run.state.c.jobs) if run.job_state(j) == "queued"])
+    within = of(run.at(24 * MIN, submit("p3", 1, 8, team="prod", user="d")), T.JobSubmitted)[0]
+    assert within.level == 1
+    check_invariants(run.state)
