@@ -611,21 +611,28 @@ def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
             yield job_id, True
 
 
+def _teams_below_share(state: State) -> tuple[dict[str, float], dict[str, int], list[str]]:
+    """The fair shares, the GPUs each team holds (see `holding`), and the teams with queued
+    jobs that have room for at least one more GPU within their shares, sorted."""
+    shares = fair_shares(state)
+    held = holding(state)
+    below = [team for team in sorted(state.ix.waiting_by_team)
+             if held.get(team, 0) + 1 <= shares.get(team, 0.0) + SHARE_EPSILON]
+    return shares, held, below
+
+
 def _within_share(state: State, covered_from: int) -> Iterator[str]:
     """Queued jobs (of levels from `covered_from` on) of the teams below their fair shares
     that fit within them: next from the team furthest below its share (GPUs held, with
     what this pass started for it, over its share), each team's oldest jobs first."""
     c = state.c
-    shares = fair_shares(state)
-    held = holding(state)
+    shares, held, below = _teams_below_share(state)
     heap = []
-    for team in sorted(state.ix.waiting_by_team):
-        share = shares.get(team, 0.0)
-        if held.get(team, 0) + 1 <= share + SHARE_EPSILON:
-            jobs = [job_id for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
-                    if c.jobs[job_id].eff_level >= covered_from]
-            if jobs:
-                heap.append((held.get(team, 0) / share, team, jobs))
+    for team in below:
+        jobs = [job_id for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
+                if c.jobs[job_id].eff_level >= covered_from]
+        if jobs:
+            heap.append((held.get(team, 0) / shares[team], team, jobs))
     heapq.heapify(heap)
     while heap:
         _, team, jobs = heapq.heappop(heap)
@@ -846,15 +853,13 @@ def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[st
     p = state.c.policy
     if not p.fair_share_guarantee or p.fair_share_from_level >= LEVELS:
         return
-    shares = fair_shares(state)
-    held = holding(state)
+    shares, held, below = _teams_below_share(state)
     lent = sum(max(0.0, held.get(team, 0) - share) for team, share in shares.items())
     if lent < 1:
         return
-    below = [team for team in sorted(state.ix.waiting_by_team)
-             if (not team_only or team == team_only) and held.get(team, 0) + 1 <= shares.get(team, 0.0) + SHARE_EPSILON]
-    below.sort(key=lambda team: (held.get(team, 0) / shares[team], team))
-    for team in below:
+    for team in sorted(below, key=lambda team: (held.get(team, 0) / shares[team], team)):
+        if team_only and team != team_only:
+            continue
         room = shares[team] - held.get(team, 0) + SHARE_EPSILON
         for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
             job = state.c.jobs[job_id]
