@@ -849,7 +849,8 @@ def _preempt_for(ctx: Ctx, blocked: Iterable[str]) -> None:
 
 def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[str]:
     """Per team below its fair share (furthest below first), the oldest of its first few
-    queued jobs that fits within its share; none while no team holds GPUs above its share."""
+    queued jobs of the levels the guarantee covers that fits within its share; none while
+    no team holds GPUs above its share."""
     p = state.c.policy
     if not p.fair_share_guarantee or p.fair_share_from_level >= LEVELS:
         return
@@ -863,7 +864,8 @@ def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[st
         room = shares[team] - held.get(team, 0) + SHARE_EPSILON
         for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
             job = state.c.jobs[job_id]
-            if job.gpus <= room and job.gpus <= lent + SHARE_EPSILON and job.preempt_retry_t <= t:
+            if job.level >= p.fair_share_from_level and job.gpus <= room \
+                    and job.gpus <= lent + SHARE_EPSILON and job.preempt_retry_t <= t:
                 yield job_id
                 break
 
