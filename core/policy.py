@@ -91,6 +91,11 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     # --- preemption decision
     victims_per_preemption_max: int = 8
+    # How long a preemptor of each level waits for a victim to let go, at most (0: as long
+    # as the save takes): a victim that cannot reach its safe point and save a checkpoint in
+    # time lets go from its last checkpoint, and the progress since counts as lost in the
+    # decision. The urgent levels get Kubernetes' default grace period.
+    release_wait_max_ms: list[int] = msgspec.field(default_factory=lambda: [30_000, 30_000, 0, 0, 0, 0, 0, 0])
     # Time for a victim to reach a safe point after the notice, until enough victims
     # (`estimate_samples_min`) have shown how long they take (then their mean).
     safe_point_ms: int = 30_000
@@ -155,7 +160,7 @@ class PolicyError(ValueError):
 def validate(policy: Policy) -> Policy:
     """Check cross-field limits. Raises PolicyError with what to fix."""
     per_level = ["queue_policy", "guaranteed_share", "preempts_from_level", "level_weight",
-                 "aging_threshold_ms"]
+                 "aging_threshold_ms", "release_wait_max_ms"]
     for name in per_level:
         if len(getattr(policy, name)) != LEVELS:
             raise PolicyError(f"{name} must have {LEVELS} entries, one per level 0..7")

@@ -116,6 +116,7 @@ class Pricing(msgspec.Struct, frozen=True):
     # preemptor saves: its GPU-time moves earlier, it does not grow, so whatever a requeued
     # victim waits beyond that, the jobs it lets ahead (as urgent as it or more) gain.
     displaced_max_ms: int
+    release_wait_max_ms: int = 0  # the preemptor's level's bound on a victim's release; 0: none
 
 
 def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
@@ -138,6 +139,9 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
         options = [(since_ckpt, 0, False)]  # release from the last checkpoint (or scratch)
         if can_checkpoint(victim):
             options.append((0, victim.ckpt_cost_ms, True))
+    bound = pricing.release_wait_max_ms
+    if bound and len(options) > 1 and pricing.safe_point_ms + options[1][1] > bound:
+        options = options[:1]  # no time to save: it lets go from its last checkpoint
     best = None
     for lost, save, checkpoint_needed in options:
         has_checkpoint = last is not None or checkpoint_needed or save > 0
@@ -319,7 +323,8 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     pricing = Pricing(
         wasted_weight_min=queue_pressure(state, p, job),
         waiting_weight=p.level_weight[job.level] * job.gpus / 1000.0, preemptor_gpus=job.gpus,
-        safe_point_ms=safe_point, displaced_max_ms=min(runtime, max(0, natural_wait - safe_point)))
+        safe_point_ms=safe_point, displaced_max_ms=min(runtime, max(0, natural_wait - safe_point)),
+        release_wait_max_ms=p.release_wait_max_ms[job.level])
     requeue_waits: dict[tuple[int, int], int] = {}
     costs: dict[str, VictimCost] = {}
     for victim in eligible:

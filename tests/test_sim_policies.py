@@ -73,14 +73,32 @@ def test_slurm_backfills_a_short_job_that_ends_before_the_blocked_job_can_start(
 
 
 def test_xirang_preempts_through_a_checkpoint_so_the_victim_loses_nothing():
+    """A level-2 preemptor waits for the save (the urgent levels 0-1 would wait at most
+    `release_wait_max_ms`)."""
     wl = workload(job("batch", 0, 36_000, gpus=8, level=7, ckpt_interval_s=1800, ckpt_cost_s=20),
-                  job("urgent", 1000, 600, gpus=8, level=0))
+                  job("hurry", 1000, 600, gpus=8, level=2))
     result = simulate(wl, one_node(), "xirang")
     out = outcomes(result)
     assert out["batch"].preemptions == 1
     assert out["batch"].lost_progress_ms == 0
-    assert out["urgent"].first_start_ms - out["urgent"].submit_ms < 120_000
+    assert out["hurry"].first_start_ms - out["hurry"].submit_ms < 120_000
     assert out["batch"].finish_ms > 0 and result.extra["rejected"] == {}
+
+
+def test_an_urgent_job_waits_no_longer_than_its_grace_for_a_victim_to_save():
+    """The same victim, a level-0 preemptor: a save would take the safe point plus 45 s,
+    past the level's 30 s, so the victim lets go from its last checkpoint and loses the
+    progress since. With no bound it saves and the urgent job waits for that."""
+    def run(**policy):
+        wl = workload(job("batch", 0, 36_000, gpus=8, level=7, ckpt_interval_s=1800, ckpt_cost_s=45),
+                      job("urgent", 1000, 600, gpus=8, level=0))
+        return outcomes(simulate(wl, one_node(), "xirang", policy))
+    bounded, unbounded = run(), run(release_wait_max_ms=[0] * 8)
+    assert bounded["batch"].preemptions == unbounded["batch"].preemptions == 1
+    assert 900_000 < bounded["batch"].lost_progress_ms <= 1_100_000 and unbounded["batch"].lost_progress_ms == 0
+    bounded_wait = bounded["urgent"].first_start_ms - bounded["urgent"].submit_ms
+    unbounded_wait = unbounded["urgent"].first_start_ms - unbounded["urgent"].submit_ms
+    assert bounded_wait < 40_000 < 45_000 < unbounded_wait
 
 
 def test_xirang_takes_the_victim_that_just_checkpointed_and_does_not_wait_for_a_save():
