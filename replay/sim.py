@@ -52,6 +52,9 @@ from core import types as T
 from .workload import TraceJob, Workload
 
 XIRANG_TICK_MS = 60_000  # re-evaluation period while jobs wait (simulated time)
+# ... and while a job of an urgent level (0-1) waits outside a saga: a live scheduler ticks
+# every second, and an urgent job declined at submit should not wait a minute for its next try.
+XIRANG_URGENT_TICK_MS = 5_000
 PROGRESS_EVERY_JOBS = 500
 CKPT_BYTES_PER_GPU = 1 << 30
 

@@ -10,10 +10,12 @@ kill. It wakes the core with `tick` inputs: at a saga's deadline exactly, and fo
 simulated time) while jobs wait, so blocked jobs are reconsidered as running jobs
 progress. Rate-limiting aging to the tick period (a live scheduler ticks every few
 seconds) makes aging up to 60 s late; without the limit a deep queue asks for a tick
-almost every second, and each costs a full scheduling pass. No ticks when nothing waits.
+almost every second, and each costs a full scheduling pass. While a job of an urgent level
+(0-1) waits outside a saga, ticks come every `urgent_tick_s` (5 s) instead: one declined at
+submit tries again as soon as a live scheduler would let it. No ticks when nothing waits.
 
 Config keys: those of `core.Policy` (as in a policy TOML file), or `policy` (a
-`core.Policy`), plus `tick_s` and `report_periodic_checkpoints`. The latter defaults to
+`core.Policy`), plus `tick_s`, `urgent_tick_s` and `report_periodic_checkpoints`. The latter defaults to
 true, as live agents report every checkpoint: the core then knows each running job's
 unsaved progress, and releases a victim whose last checkpoint is fresh enough (or that
 has little to lose) without making the preemptor wait for a save. On Philly that is
@@ -27,10 +29,11 @@ from __future__ import annotations
 from core import Policy, new_state, next_due_t, step, with_params
 from core import types as T
 
-from ..sim import XIRANG_TICK_MS
+from ..sim import XIRANG_TICK_MS, XIRANG_URGENT_TICK_MS
 from ..workload import TraceJob
 
-ADAPTER_KEYS = ("policy", "tick_s", "report_periodic_checkpoints")
+ADAPTER_KEYS = ("policy", "tick_s", "urgent_tick_s", "report_periodic_checkpoints")
+URGENT_LEVELS = 2  # base levels 0-1: re-evaluated every `urgent_tick_s` while blocked
 
 
 class XirangPolicy:
@@ -40,6 +43,7 @@ class XirangPolicy:
         config = dict(config)
         policy = config.pop("policy", None) or Policy()
         self.tick_ms = int(1000 * float(config.pop("tick_s", XIRANG_TICK_MS / 1000)))
+        self.urgent_tick_ms = int(1000 * float(config.pop("urgent_tick_s", XIRANG_URGENT_TICK_MS / 1000)))
         self.wants_periodic_checkpoints = bool(config.pop("report_periodic_checkpoints", True))
         if config:
             policy = with_params(policy, config)  # PolicyError names a bad key
@@ -69,6 +73,14 @@ class XirangPolicy:
     def on_wake(self, t: int) -> None:
         self.last_tick_t = t
         self._step(T.Tick(t=t))
+
+    def _urgent_retry_t(self) -> int | None:
+        """When the first blocked job of an urgent level may plan again (past its retry
+        backoff), or None when none waits outside a saga."""
+        jobs = self.state.c.jobs
+        waiting = [jobs[job_id].preempt_retry_t for level in range(URGENT_LEVELS)
+                   for _, job_id in self.state.ix.waiting_by_level[level]]
+        return min(waiting) if waiting else None
 
     def summary(self) -> dict:
         return {"events": dict(sorted(self.counts.items())),
@@ -109,6 +121,10 @@ class XirangPolicy:
             due = periodic if due is None else min(due, periodic)
         if due is not None:
             due = max(due, self.last_tick_t + self.tick_ms)
+        urgent = self._urgent_retry_t()
+        if urgent is not None:
+            urgent = max(urgent, self.last_tick_t + self.urgent_tick_ms)
+            due = urgent if due is None else min(due, urgent)
         if deadline is not None:
             due = deadline if due is None else min(due, deadline)
         if due is not None:
