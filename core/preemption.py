@@ -454,7 +454,7 @@ def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, rank: dic
 
 def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float], guard: Guard,
                            cap: int) -> tuple[list[str], list[Slot]] | None:
-    free_total = sum(len(free_indices(node)) for node in nodes)
+    free_total = sum(node.holder.count("") for node in nodes)
     need = job.gpus - free_total
     node_names = {node.name: None for node in nodes}
     units = []
@@ -557,7 +557,7 @@ class ReleaseCurve:
 
     def __init__(self, state: State, nodes, beyond_ms: int) -> None:
         releases = sorted(release for node in nodes for release in node_releases(state, node))
-        self.free = sum(len(free_indices(node)) for node in nodes)
+        self.free = sum(node.holder.count("") for node in nodes)
         self.times = [at for at, _ in releases]
         self.freed: list[int] = list(itertools.accumulate(g for _, g in releases))
         self.beyond_ms = (self.times[-1] if self.times else 0) + beyond_ms
@@ -614,7 +614,7 @@ def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     best: tuple[int, list[str]] | None = None
     by_model: dict[str, list[tuple[str, int, list[tuple[int, int]]]]] = {}
     for node in nodes:
-        free = len(free_indices(node))
+        free = node.holder.count("")
         releases = node_releases(state, node)
         if single:
             if node.gpus < job.gpus:

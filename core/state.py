@@ -253,7 +253,7 @@ def teams_with_demand(ix: Index) -> list[str]:
 
 
 def node_free_count(node: Node) -> int:
-    return sum(1 for holder in node.holder if holder == "")
+    return node.holder.count("")
 
 
 # ---------------------------------------------------------------- index upkeep
