@@ -21,9 +21,9 @@ from . import types as T
 from .evolve import evolve
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .policy import PolicyError, assign_variant, with_params
-from .preemption import (SHARE_EPSILON, Decline, earliest_fit, expected_runtime_ms, may_preempt,
-                         plan_preemption, team_limit)
-from .shares import fair_shares, holding, team_quota
+from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt, plan_preemption,
+                         team_limit)
+from .shares import SHARE_EPSILON, fair_shares, holding, team_quota
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
     job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth,

@@ -32,9 +32,9 @@ import msgspec
 
 from .placement import acceptable_models, free_indices, node_size_max, place
 from .policy import Policy, with_params
-from .shares import fair_shares, holding
-from .state import (QUEUED, RUNNING, Job, State, job_progress_ms, last_checkpoint, queue_key,
-                    teams_with_demand, window_count)
+from .shares import SHARE_EPSILON, fair_shares, holding
+from .state import (QUEUED, RUNNING, Job, State, job_progress_ms, last_checkpoint, node_free_count,
+                    queue_key, teams_with_demand, window_count)
 from .types import LEVELS, Slot
 
 LINDY_FLOOR_FRACTION = 10  # a job just past its estimate is expected to run 1/10 of it more
@@ -386,8 +386,9 @@ class Guard:
         self.team = preemptor.team
         self.level_floor = [share * state.ix.total_gpus for share in p.guaranteed_share]
         self.guarantees_teams = p.fair_share_guarantee and preemptor.level >= p.fair_share_from_level
-        self.shares = fair_shares(state) if p.fair_share_guarantee else {}
-        self.held = holding(state) if p.fair_share_guarantee else {}
+        # Shares are only weighed for a preemptor the guarantee covers (an urgent one is not).
+        self.shares = fair_shares(state) if self.guarantees_teams else {}
+        self.held = holding(state) if self.guarantees_teams else {}
 
     def allows(self, taken: dict, victim: Job) -> bool:
         floor = self.level_floor[victim.level]
@@ -412,8 +413,6 @@ class Guard:
         held_after = self.held.get(job.team, 0) + job.gpus
         return held_after <= self.shares.get(job.team, 0.0) + SHARE_EPSILON
 
-
-SHARE_EPSILON = 1e-6  # shares are fractions of GPUs; a held count equal to one is at it
 
 
 def _cheapest_single_node(state: State, job: Job, nodes, rank: dict[str, float], guard: Guard,
@@ -454,7 +453,7 @@ def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, rank: dic
 
 def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float], guard: Guard,
                            cap: int) -> tuple[list[str], list[Slot]] | None:
-    free_total = sum(node.holder.count("") for node in nodes)
+    free_total = sum(node_free_count(node) for node in nodes)
     need = job.gpus - free_total
     node_names = {node.name: None for node in nodes}
     units = []
@@ -557,7 +556,7 @@ class ReleaseCurve:
 
     def __init__(self, state: State, nodes, beyond_ms: int) -> None:
         releases = sorted(release for node in nodes for release in node_releases(state, node))
-        self.free = sum(node.holder.count("") for node in nodes)
+        self.free = sum(node_free_count(node) for node in nodes)
         self.times = [at for at, _ in releases]
         self.freed: list[int] = list(itertools.accumulate(g for _, g in releases))
         self.beyond_ms = (self.times[-1] if self.times else 0) + beyond_ms
@@ -614,7 +613,7 @@ def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     best: tuple[int, list[str]] | None = None
     by_model: dict[str, list[tuple[str, int, list[tuple[int, int]]]]] = {}
     for node in nodes:
-        free = node.holder.count("")
+        free = node_free_count(node)
         releases = node_releases(state, node)
         if single:
             if node.gpus < job.gpus:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from .state import PREEMPTING, State, teams_with_demand
 
+SHARE_EPSILON = 1e-6  # shares are fractions of GPUs; a held count equal to one is at it
+
 
 def team_quota(state: State, team: str) -> float:
     """A team's fair-share weight: its quota, raised by compensation grants."""
