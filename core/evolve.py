@@ -256,18 +256,27 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
         for gpu in slot.gpus:
             if node.holder[gpu] == "":
                 set_holder(c, s.ix, slot.node, gpu, preemptor.id)
+    # The fairness windows count what a team or user does to others: reordering one's own
+    # work (an urgent job displacing its own team's, or its own user's, batch job) is not
+    # counted against either side.
+    other_team = other_user = False
     for victim_id in ev.victims:
         victim = c.jobs[victim_id]
         victim.state = PREEMPTING
         victim.saga = ev.saga
-        if not ev.reclaim:
-            _window(c.team_windows, victim.team).preempted.append(ev.t)
-        _window(c.user_windows, victim.user).preempted.append(ev.t)
-    if preemptor.level < c.policy.downgrade_applies_below_level and not ev.reclaim:
+        if victim.team != preemptor.team:
+            other_team = True
+            if not ev.reclaim:
+                _window(c.team_windows, victim.team).preempted.append(ev.t)
+        if victim.user != preemptor.user:
+            other_user = True
+            _window(c.user_windows, victim.user).preempted.append(ev.t)
+    if preemptor.level < c.policy.downgrade_applies_below_level and not ev.reclaim and other_team:
         # The team limit guards the levels its penalty (a downgrade) applies to: a team's
         # mid-level jobs preempting on their own merits do not cost its urgent jobs a level.
         _window(c.team_windows, preemptor.team).preempting.append(ev.t)
-    _window(c.user_windows, preemptor.user).preempting.append(ev.t)
+    if other_user:
+        _window(c.user_windows, preemptor.user).preempting.append(ev.t)
     _prune_windows(c, ev.t)
     c.sagas[ev.saga] = Saga(
         id=ev.saga, preemptor=ev.preemptor, victims=list(ev.victims), released=[],

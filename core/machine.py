@@ -917,7 +917,10 @@ def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
     c = ctx.state.c
     p = c.policy
     t = ctx.inp.t
-    teams = sorted(dict.fromkeys(c.jobs[v].team for v in victims))
+    teams = sorted(dict.fromkeys(c.jobs[v].team for v in victims
+                                 if c.jobs[v].team != preemptor.team))
+    if not teams:  # the team reordered its own work: nothing counted (see evolve)
+        return
     for team in teams:
         win = c.team_windows.get(team)
         count = window_count(win.preempted, t, p.fairness_window_ms) if win else 0

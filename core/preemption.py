@@ -211,7 +211,7 @@ def victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
     p = state.c.policy
     if victim.level < p.preempts_from_level[preemptor.level] or victim.level <= preemptor.level:
         return False
-    return victim_preemptible_now(state, victim)
+    return victim_preemptible_now(state, victim, preemptor)
 
 
 def reclaim_victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
@@ -219,12 +219,13 @@ def reclaim_victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
     urgent levels), whatever the preemptor's level."""
     if victim.level < state.c.policy.fair_share_from_level or victim.team == preemptor.team:
         return False
-    return victim_preemptible_now(state, victim)
+    return victim_preemptible_now(state, victim, preemptor)
 
 
-def victim_preemptible_now(state: State, victim: Job) -> bool:
-    """Running, preemptible, in no saga, past its restart protection, its team and user
-    not protected."""
+def victim_preemptible_now(state: State, victim: Job, preemptor: Job) -> bool:
+    """Running, preemptible, in no saga, past its restart protection, and, unless the
+    preemptor is of its own team (user), its team (user) not protected: the fairness
+    limits protect a team and a user from others, not from reordering their own work."""
     c = state.c
     p = c.policy
     t = c.t
@@ -232,8 +233,10 @@ def victim_preemptible_now(state: State, victim: Job) -> bool:
         return False
     if victim.protected_until_t > t:
         return False
-    if c.team_protected_until.get(victim.team, 0) > t:
+    if victim.team != preemptor.team and c.team_protected_until.get(victim.team, 0) > t:
         return False
+    if victim.user == preemptor.user:
+        return True
     win = c.user_windows.get(victim.user)
     if win is not None and window_count(win.preempted, t, p.fairness_window_ms) >= scaled_limit(state, p.user_preempted_max):
         return False
@@ -276,7 +279,10 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     then the victims are other teams' jobs above their shares, of any level from
     `fair_share_from_level` on, and they are charged the work wasted but no displacement (the
     GPUs they give back were the reclaiming team's share, lent while it did not ask)."""
-    if user_preempting_exhausted(state, job):
+    # A user past the allowance may still displace their own jobs: the limit counts only
+    # preemptions of others' work.
+    own_only = user_preempting_exhausted(state, job)
+    if own_only and reclaim:
         return Decline(reason="user_preempting_limit")
     c = state.c
     p = variant_policy(state, job)
@@ -311,12 +317,13 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     eligible = [c.jobs[victim_id]
                 for level in range(first_level, LEVELS)
                 for victim_id in sorted(ix.holding_by_level[level])
-                if eligible_now(state, job, c.jobs[victim_id])
+                if (not own_only or c.jobs[victim_id].user == job.user)
+                and eligible_now(state, job, c.jobs[victim_id])
                 and (not reclaim or guard.allows({}, c.jobs[victim_id]))
                 and any(c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
                         for slot in c.jobs[victim_id].placement)]
     if not eligible:
-        return Decline(reason="no_eligible_victims")
+        return Decline(reason="user_preempting_limit" if own_only else "no_eligible_victims")
     curve = ReleaseCurve(state, nodes, runtime)
     natural_wait = natural_wait_ms(state, job, nodes, curve)
     safe_point = safe_point_ms(state, p)

@@ -143,6 +143,35 @@ def test_team_preempted_too_often_is_protected():
     assert run.job_state("bg-2") == "running"
 
 
+def test_a_user_past_the_preempting_allowance_may_still_displace_only_their_own_jobs():
+    run = Run(user_preempting_max=1, user_preempted_max=100, team_preempting_max=100,
+              team_preempted_max=100)
+    run.at(0, *[node(f"n{i}") for i in range(3)])
+    run.at(1000, submit("bg-0", 6, 8, team="research", user="r0", est_runtime_s=10 * 3600),
+           submit("bg-1", 6, 8, team="research", user="r1", est_runtime_s=10 * 3600),
+           submit("mine", 6, 8, team="prod", user="a", est_runtime_s=10 * 3600))
+    start_all(run, 2000)
+    first = preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
+    assert first.victims == ["bg-0"]  # another user's job: the allowance is used up
+    second = preempt_cycle(run, 21 * MIN, "p2", "prod", "a")
+    assert second.victims == ["mine"]  # bg-1 is as cheap, but only their own job may go
+    assert len(run.state.c.user_windows["a"].preempting) == 1
+    assert preempt_cycle(run, 22 * MIN, "p3", "prod", "a") is None
+    assert run.job("p3").last_decline == "user_preempting_limit"
+    assert run.job_state("bg-1") == "running"
+
+
+def test_a_team_displacing_its_own_jobs_is_neither_downgraded_nor_protected():
+    run = Run(team_preempting_max=1, team_preempted_max=1, user_preempting_max=100,
+              user_preempted_max=100)
+    fill_nodes(run, 3, team="prod")
+    for i, minute in enumerate((20, 21, 22)):
+        assert preempt_cycle(run, minute * MIN, f"p{i}", "prod", "a") is not None
+    assert not run.events(T.TeamDowngraded) and not run.events(T.TeamProtected)
+    later = of(run.at(23 * MIN, submit("p9", 1, 8, team="prod", user="a")), T.JobSubmitted)[0]
+    assert later.level == 1
+
+
 def prod_preempted_twice() -> Run:
     """Team prod passes an allowance of two preemptions an hour."""
     run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
