@@ -258,17 +258,17 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
                 set_holder(c, s.ix, slot.node, gpu, preemptor.id)
     # The fairness windows count what a team or user does to others: reordering one's own
     # work (an urgent job displacing its own team's, or its own user's, batch job) is not
-    # counted against either side.
-    other_team = other_user = False
+    # counted against either side (in logs that record so: `own_work_counted`).
+    other_team = other_user = ev.own_work_counted
     for victim_id in ev.victims:
         victim = c.jobs[victim_id]
         victim.state = PREEMPTING
         victim.saga = ev.saga
-        if victim.team != preemptor.team:
+        if ev.own_work_counted or victim.team != preemptor.team:
             other_team = True
             if not ev.reclaim:
                 _window(c.team_windows, victim.team).preempted.append(ev.t)
-        if victim.user != preemptor.user:
+        if ev.own_work_counted or victim.user != preemptor.user:
             other_user = True
             _window(c.user_windows, victim.user).preempted.append(ev.t)
     if preemptor.level < c.policy.downgrade_applies_below_level and not ev.reclaim and other_team:

@@ -903,7 +903,7 @@ def _start_saga(ctx: Ctx, job: Job, plan) -> None:
     ctx.emit(T.PreemptionPlanned(
         t=t, saga=saga_id, preemptor=job.id, victims=plan.victims, placement=plan.placement,
         deadline_t=deadline, benefit=plan.benefit, cost=plan.cost, reason=plan.reason,
-        victim_nodes=victim_nodes, reclaim=plan.reclaim))
+        victim_nodes=victim_nodes, reclaim=plan.reclaim, own_work_counted=False))
     for victim_id in plan.victims:
         victim = c.jobs[victim_id]
         ctx.emit(T.VictimNotified(t=t, saga=saga_id, job=victim_id,

@@ -115,7 +115,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Net benefit (benefit - cost) must exceed this, in weighted GPU-seconds.
     net_benefit_min: float = 0.0
 
-    # --- fairness, over a sliding window
+    # --- fairness, over a sliding window. Only preemptions of another team's (user's) jobs
+    # count toward a team's (user's) limits, and those limits never stop a job displacing its
+    # own team's (user's) work: they guard teams and users against each other.
     fairness_window_ms: int = 3600 * 1000
     # Counts below are for a 100-GPU pool; a pool of G GPUs allows G/100 times as many
     # (never fewer than the count itself), so a limit means the same share at any size.

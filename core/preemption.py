@@ -15,7 +15,10 @@ whether it is worth it.
    capacity delays them all). Each victim lets go the cheaper way, the preemptor's
    weighted wait included: from its last checkpoint at its next safe point, or after a save;
 4. fairness: protected teams and users, a victim cap, the levels' guaranteed shares, the
-   teams' fair shares (`Guard`), and the preemptor's user limit.
+   teams' fair shares (`Guard`), and the preemptor's user limit. The limits guard a team
+   or user against others: a job displacing its own team's (user's) work is neither held
+   back by them nor counted toward them, and a user past the allowance may still preempt
+   their own jobs.
 
 A reclaim (`plan_preemption(..., reclaim=True)`) is the same decision for a job whose team
 is below its fair share, over other teams' jobs held above theirs (see core/shares.py).

@@ -247,6 +247,10 @@ class PreemptionPlanned(_Event, tag="PreemptionPlanned"):
     # Taken back for a team below its fair share (not by priority): counts toward no
     # team's fairness window.
     reclaim: bool = False
+    # Whether victims of the preemptor's own team (user) count toward the fairness windows.
+    # The scheduler records False: the windows count what a team or user does to others.
+    # Logs written before that rule lack the field and fold as they were written.
+    own_work_counted: bool = True
 
 
 class VictimNotified(_Event, tag="VictimNotified"):

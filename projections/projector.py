@@ -364,7 +364,7 @@ def _planned(p: Projector, seq: int, n: int, ev: T.PreemptionPlanned) -> None:
         "preemptor_team": pre["team"], "preemptor_user": pre["user"],
         "preemptor_level": pre["level"], "victims": len(ev.victims), "benefit": ev.benefit,
         "cost": ev.cost, "reason": ev.reason, "deadline_t": ev.deadline_t, "outcome": "open",
-        "end_t": None, "wait_ms": None, "rollback_reason": None}
+        "end_t": None, "wait_ms": None, "rollback_reason": None, "reclaim": ev.reclaim}
     p.job_event(seq, n, ev, ev.preemptor, f"preempting {', '.join(ev.victims)}: benefit"
                 f" {ev.benefit:.0f} against cost {ev.cost:.0f} ({ev.reason})", ev.saga)
     for victim_id in ev.victims:
@@ -379,7 +379,7 @@ def _planned(p: Projector, seq: int, n: int, ev: T.PreemptionPlanned) -> None:
             "preemptor_team": pre["team"], "preemptor_level": pre["level"], "planned_t": ev.t,
             "benefit": ev.benefit, "cost": ev.cost, "reason": ev.reason, "released_t": None,
             "release_lost_ms": None, "requeued_t": None, "requeue_lost_ms": None,
-            "resumed_t": None, "recovery_ms": None, "outcome": "open"}
+            "resumed_t": None, "recovery_ms": None, "outcome": "open", "reclaim": ev.reclaim}
         p.job_event(seq, n, ev, victim_id, f"chosen as victim by {ev.preemptor}"
                     f" (level {pre['level']}, team {pre['team']}): benefit {ev.benefit:.0f}"
                     f" against cost {ev.cost:.0f} ({ev.reason})", ev.saga)

@@ -23,11 +23,12 @@ Tables
   rises), last_ckpt_step, compensation fee_credit, est_runtime_ms.
 - `sagas`: one row per preemption saga: planned_t, preemptor (+ team, user, level),
   victims, benefit, cost, reason, deadline_t, outcome (open, committed, rolled_back),
-  end_t, wait_ms (planned to committed or rolled back), rollback_reason.
+  end_t, wait_ms (planned to committed or rolled back), rollback_reason, reclaim (taken
+  back for a team below its fair share rather than by priority).
 - `preemptions`: one row per (saga, victim), with the saga's benefit, cost and reason:
   victim team, user, level and gpus; preemptor team and level; planned_t, released_t,
   release_lost_ms (progress since the last checkpoint at release), requeued_t,
-  requeue_lost_ms, resumed_t and recovery_ms (notice to running again), outcome.
+  requeue_lost_ms, resumed_t and recovery_ms (notice to running again), outcome, reclaim.
 - `queue_wait`: one row per start (JobRunning): job, team, user, level, eff_level,
   variant, waited_ms, after_preemption (the job had been preempted before).
 - `team_usage`: per (team, level): gpu_ms run, jobs submitted/started/finished/failed,
@@ -43,7 +44,7 @@ Tables
 Views
 - `queue_now`: queued jobs per eff_level, team and user: depth, oldest wait.
 - `running_now`: GPUs held per level, team and user.
-- `preemption_stats`: per victim level, team and user: preemptions, committed,
+- `preemption_stats`: per victim level, team and user: preemptions (reclaims among them), committed,
   rolled back, success rate, mean recovery, lost GPU-hours.
 - `team_ledger`: compensation totals per team and kind.
 """
@@ -66,13 +67,13 @@ CREATE TABLE IF NOT EXISTS sagas (
     saga VARCHAR, planned_t BIGINT, preemptor VARCHAR, preemptor_team VARCHAR,
     preemptor_user VARCHAR, preemptor_level INTEGER, victims INTEGER, benefit DOUBLE,
     cost DOUBLE, reason VARCHAR, deadline_t BIGINT, outcome VARCHAR, end_t BIGINT,
-    wait_ms BIGINT, rollback_reason VARCHAR);
+    wait_ms BIGINT, rollback_reason VARCHAR, reclaim BOOLEAN);
 CREATE TABLE IF NOT EXISTS preemptions (
     saga VARCHAR, victim VARCHAR, victim_team VARCHAR, victim_user VARCHAR,
     victim_level INTEGER, victim_gpus INTEGER, preemptor VARCHAR, preemptor_team VARCHAR,
     preemptor_level INTEGER, planned_t BIGINT, benefit DOUBLE, cost DOUBLE, reason VARCHAR,
     released_t BIGINT, release_lost_ms BIGINT, requeued_t BIGINT, requeue_lost_ms BIGINT,
-    resumed_t BIGINT, recovery_ms BIGINT, outcome VARCHAR);
+    resumed_t BIGINT, recovery_ms BIGINT, outcome VARCHAR, reclaim BOOLEAN);
 CREATE TABLE IF NOT EXISTS queue_wait (
     seq BIGINT, t BIGINT, job VARCHAR, team VARCHAR, "user" VARCHAR, level INTEGER,
     eff_level INTEGER, variant VARCHAR, waited_ms BIGINT, after_preemption BOOLEAN);
@@ -107,6 +108,7 @@ CREATE OR REPLACE VIEW running_now AS
 CREATE OR REPLACE VIEW preemption_stats AS
     SELECT victim_level AS level, victim_team AS team, victim_user AS "user",
            count(*) AS preemptions,
+           count(*) FILTER (reclaim) AS reclaims,
            count(*) FILTER (outcome = 'committed') AS committed,
            count(*) FILTER (outcome = 'rolled_back') AS rolled_back,
            count(*) FILTER (outcome = 'committed') / greatest(1, count(*) FILTER (outcome <> 'open'))
@@ -141,6 +143,13 @@ def numpy_dtypes(con, table: str) -> list:
     return [_NUMPY.get(r[0], object) for r in rows]
 
 
+# Columns added since a table was first written: a database projected by an older xirang
+# gains them (NULL in its old rows) and goes on from where it was.
+ADDED_COLUMNS = (("sagas", "reclaim", "BOOLEAN"), ("preemptions", "reclaim", "BOOLEAN"))
+
+
 def create(con) -> None:
     con.execute(TABLES)
+    for table, column, sql_type in ADDED_COLUMNS:
+        con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{column}" {sql_type}')
     con.execute(VIEWS)

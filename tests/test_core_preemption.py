@@ -1,6 +1,8 @@
 """Scenario tests of the preemption rules: given inputs, expect events."""
 
+from core import new_state
 from core import types as T
+from core.evolve import evolve
 
 from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, started, submit, tick
 
@@ -170,6 +172,21 @@ def test_a_team_displacing_its_own_jobs_is_neither_downgraded_nor_protected():
     assert not run.events(T.TeamDowngraded) and not run.events(T.TeamProtected)
     later = of(run.at(23 * MIN, submit("p9", 1, 8, team="prod", user="a")), T.JobSubmitted)[0]
     assert later.level == 1
+
+
+def test_a_log_written_before_own_work_went_uncounted_folds_as_it_was_written():
+    run = Run(team_preempting_max=100, team_preempted_max=100, user_preempting_max=100,
+              user_preempted_max=100)
+    fill_nodes(run, 2, team="prod")
+    for i, minute in enumerate((20, 21)):
+        preempt_cycle(run, minute * MIN, f"p{i}", "prod", "a")
+    assert "prod" not in run.state.c.team_windows
+    old_style = new_state(run.state.c.policy)
+    for record in run.records:  # the field absent, as an older scheduler wrote it
+        event = T.decode_event(T.encode(record.event).replace(b',"own_work_counted":false', b""))
+        evolve(old_style, event)
+    assert len(old_style.c.team_windows["prod"].preempting) == 2
+    assert len(old_style.c.team_windows["prod"].preempted) == 2
 
 
 def prod_preempted_twice() -> Run:
