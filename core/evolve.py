@@ -14,8 +14,8 @@ from .policy import with_params
 from .state import (
     FINISHED, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING,
     Checkpoint, Job, Ledger, LevelWait, Node, Saga, State, Window, Estimate,
-    hold_add, hold_remove, job_progress_ms, queue_add, queue_remove, set_holder, touch_job,
-    _index_node_capacity, node_free_count, rebuild_index,
+    forget_releases, forget_remaining, hold_add, hold_remove, job_progress_ms, queue_add,
+    queue_remove, set_holder, touch_job, _index_node_capacity, node_free_count, rebuild_index,
 )
 
 LEVEL_WAIT_HORIZON = 100  # samples in the running mean of a level's wait
@@ -65,6 +65,7 @@ def _node_lost(s: State, ev: T.NodeLost) -> None:
     node.up = False
     node.holder = [""] * node.gpus
     ix.jobs_by_node.pop(node.name, None)
+    ix.node_releases.pop(node.name, None)
 
 
 # ---------------------------------------------------------------- jobs
@@ -89,6 +90,7 @@ def _occupy(s: State, job: Job, placement: list[T.Slot]) -> None:
         for gpu in slot.gpus:
             set_holder(s.c, s.ix, slot.node, gpu, job.id)
         s.ix.jobs_by_node.setdefault(slot.node, {})[job.id] = None
+    forget_releases(s.ix, placement)
 
 
 def _free_slots(s: State, slots: list[T.Slot], holder: str) -> None:
@@ -106,6 +108,7 @@ def _vacate(s: State, job: Job) -> None:
         on_node = s.ix.jobs_by_node.get(slot.node)
         if on_node is not None:
             on_node.pop(job.id, None)
+    forget_releases(s.ix, job.placement)
 
 
 def _start_requested(s: State, ev: T.JobStartRequested | T.JobResumeRequested) -> None:
@@ -158,7 +161,7 @@ def _job_ended(s: State, ev: T.JobFinished | T.JobFailed | T.JobCancelled) -> No
 def _learn_runtime(s: State, job: Job, run_ms: int) -> None:
     key = f"{job.team}/{job.kind}"
     s.c.estimates[key] = _with_sample(s.c.estimates.get(key) or Estimate(), run_ms)
-    s.ix.remaining_memo.clear()
+    forget_remaining(s.ix)
 
 
 def _with_sample(est: Estimate, value_ms: int) -> Estimate:
@@ -392,7 +395,7 @@ def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
     before = s.c.policy
     s.c.policy = with_params(before, ev.params)
     s.ix.variant_policies.clear()
-    s.ix.remaining_memo.clear()
+    forget_remaining(s.ix)
     s.ix.placement_dirty = True
     if s.c.policy.aging_levels_max != before.aging_levels_max:
         s.ix = rebuild_index(s.c)  # which jobs may still age changed

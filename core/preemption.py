@@ -600,13 +600,13 @@ def _remaining_or_runtime(state: State, job_id: str) -> int:
 
 def node_releases(state: State, node) -> list[tuple[int, int]]:
     """(ms until release, GPUs) of the jobs holding GPUs on the node, soonest first.
-    Memoised until the next event or time: a scheduling pass asks for the same nodes'
-    releases for every job it weighs (natural waits, release curves, reservations)."""
+    Memoised for the current time until an event changes the node's jobs (see Index): a
+    scheduling pass asks for the same nodes' releases for every job it weighs (natural
+    waits, release curves, reservations)."""
     ix = state.ix
-    at = (state.c.t, state.c.events_n)
-    if ix.node_releases_at != at:
+    if ix.node_releases_t != state.c.t:
         ix.node_releases.clear()
-        ix.node_releases_at = at
+        ix.node_releases_t = state.c.t
     releases = ix.node_releases.get(node.name)
     if releases is None:
         jobs = state.c.jobs

@@ -195,9 +195,11 @@ class Index:
         self.remaining_memo: dict[str, int] = {}
         self.remaining_memo_t = -1
         # Per node, (ms until release, GPUs) of the jobs holding GPUs there, soonest first,
-        # as of (time, events applied): any event or a new time makes them stale.
+        # at time `node_releases_t`, built from `remaining_memo`: a node's entry is dropped
+        # when a job joins or leaves it or an event touches one of its jobs, all of them
+        # whenever `remaining_memo` is cleared.
         self.node_releases: dict[str, list[tuple[int, int]]] = {}
-        self.node_releases_at: tuple[int, int] = (-1, -1)
+        self.node_releases_t = -1
 
 
 class State:
@@ -382,6 +384,8 @@ def touch_job(state: "State", job_id: str) -> None:
     ix.remaining_memo.pop(job_id, None)
     old = ix.job_hashes.pop(job_id, 0)
     job = state.c.jobs.get(job_id)
+    if job is not None:
+        forget_releases(ix, job.placement)
     new = job_hash(job) if job is not None else 0
     if new:
         ix.job_hashes[job_id] = new
@@ -411,3 +415,15 @@ def last_checkpoint(job: Job) -> Checkpoint | None:
 def window_count(times: list[int], t: int, window_ms: int) -> int:
     start = t - window_ms
     return len(times) - bisect.bisect_right(times, start)
+
+
+def forget_releases(ix: Index, placement) -> None:
+    """Drop the memoised release lists of the nodes a placement covers."""
+    for slot in placement:
+        ix.node_releases.pop(slot.node, None)
+
+
+def forget_remaining(ix: Index) -> None:
+    """Drop every memoised remaining time and release list (estimates or policy changed)."""
+    ix.remaining_memo.clear()
+    ix.node_releases.clear()
