@@ -114,6 +114,37 @@ def test_projection_tables_agree_with_the_log(tmp_path):
     assert con.execute("SELECT sum(lost_progress_ms) FROM team_usage").fetchone()[0] >= requeued_lost
 
 
+def test_reclaims_are_marked_and_a_database_from_before_the_column_gains_it(tmp_path):
+    records = workload_records()
+    planned = [r.event for r in records if isinstance(r.event, T.PreemptionPlanned)]
+    reclaims = sorted(e.saga for e in planned if e.reclaim)
+    assert reclaims and len(reclaims) < len(planned)  # the workload has both kinds
+    half = len(records) // 2
+    db = str(tmp_path / "p.duckdb")
+    proj = Projector(db)
+    proj.apply([(i, T.encode(r)) for i, r in enumerate(records[:half], 1)])
+    # As an older xirang left it: no reclaim column.
+    proj.con.execute("DROP VIEW preemption_stats")
+    for table in ("sagas", "preemptions"):
+        proj.con.execute(f"ALTER TABLE {table} DROP COLUMN reclaim")
+    proj.con.close()
+    proj = Projector(db)
+    proj.apply([(i, T.encode(r)) for i, r in enumerate(records[half:], half + 1)])
+    con = proj.con
+    marked = [row[0] for row in con.execute(
+        "SELECT saga FROM sagas WHERE reclaim ORDER BY saga").fetchall()]
+    later = sorted(r.event.saga for r in records[half:]
+                   if isinstance(r.event, T.PreemptionPlanned) and r.event.reclaim)
+    assert later and sorted(marked) == later
+    assert con.execute("SELECT count(*) FROM sagas").fetchone()[0] == len(planned)
+    fresh = Projector(str(tmp_path / "fresh.duckdb"))
+    fresh.apply([(i, T.encode(r)) for i, r in enumerate(records, 1)])
+    assert sorted(r[0] for r in fresh.con.execute(
+        "SELECT DISTINCT saga FROM preemptions WHERE reclaim").fetchall()) == reclaims
+    assert fresh.con.execute("SELECT sum(reclaims) FROM preemption_stats").fetchone()[0] == \
+        fresh.con.execute("SELECT count(*) FROM preemptions WHERE reclaim").fetchone()[0]
+
+
 def test_projector_refuses_a_gap_and_keeps_what_it_had(tmp_path):
     records = workload_records()[:200]
     proj = Projector(str(tmp_path / "p.duckdb"))
