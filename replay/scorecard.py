@@ -29,7 +29,12 @@ Definitions (times in seconds unless named otherwise):
     (no team gets more than it asks for, the rest is split evenly); x = held / entitled.
     1 for every team means each got its fair share whenever it wanted GPUs. This is Jain's
     own form (Jain, Chiu and Hawe, 1984: x = allocation over the fair allocation).
-- acceptance (when xirang, k8s and none ran): the issue's targets for xirang's row.
+- acceptance (when xirang, k8s and none ran): the issue's targets for xirang's row. The
+  target "Jain's fairness across teams >= 0.9" is checked on `jain_teams_share`, the
+  index's own normalisation (allocation over fair allocation). `jain_teams` is reported
+  beside it without a target: a service fraction is not an allocation, and it cannot reach
+  1 for a team that asks for more than its fair share of a loaded pool under any fair
+  scheduler (its jobs must wait), nor for a team of short jobs that wait at all.
 """
 
 from __future__ import annotations
@@ -227,13 +232,15 @@ def acceptance(cards: dict) -> dict:
                               "ok": lost_ratio is not None and lost_ratio <= 1 / 3},
         "every_job_started": {"value": x["unstarted"] == 0, "target": "true",
                               "ok": x["unstarted"] == 0, "longest_wait_s_by_level": longest},
-        "jain_teams": {"value": x["jain_teams"], "target": ">= 0.9",
-                       "ok": x["jain_teams"] is not None and x["jain_teams"] >= 0.9},
         "jain_teams_share": {"value": x["jain_teams_share"], "target": ">= 0.9",
                              "ok": x["jain_teams_share"] is not None and x["jain_teams_share"] >= 0.9},
     }
+    # Reported beside the checks, not one of them: see the module doc.
+    reported = {"jain_teams": {"value": x["jain_teams"],
+                               "what": "Jain over the teams' service fractions"}}
     return {"xirang_p99_wait_l01_s": xp, "k8s_p99_wait_l01_s": kp, "none_p99_wait_l01_s": np_,
-            "checks": checks, "all_ok": all(c["ok"] for c in checks.values())}
+            "checks": checks, "reported": reported,
+            "all_ok": all(c["ok"] for c in checks.values())}
 
 
 # ---------------------------------------------------------------- terminal table
@@ -281,6 +288,8 @@ def render_table(card: dict) -> str:
         lines.append("acceptance (xirang):")
         for name, check in card["acceptance"]["checks"].items():
             lines.append(f"  {'PASS' if check['ok'] else 'MISS'}  {name}: {check['value']} (target {check['target']})")
+        for name, item in card["acceptance"].get("reported", {}).items():
+            lines.append(f"  info  {name}: {item['value']} ({item['what']}; no target)")
     return "\n".join(lines)
 
 

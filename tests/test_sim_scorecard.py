@@ -52,6 +52,10 @@ def test_acceptance_compares_xirang_with_k8s_and_none():
     assert checks["p99_wait_l01_none_over_xirang"]["ok"]
     assert checks["lost_gpu_h_vs_k8s"]["ok"] and checks["every_job_started"]["ok"]
     assert "PASS  lost_gpu_h_vs_k8s" in render_table(card)
+    # Jain's target is on the fair-share form; the service form is reported, unchecked.
+    assert checks["jain_teams_share"]["target"] == ">= 0.9" and "jain_teams" not in checks
+    assert card["acceptance"]["reported"]["jain_teams"]["value"] == card["policies"]["xirang"]["jain_teams"]
+    assert "info  jain_teams" in render_table(card)
 
 
 def test_fair_share_fairness_compares_what_teams_held_with_their_max_min_share():
