@@ -174,13 +174,23 @@ def _read_rows(path: str) -> list[tuple[int, dict[str, str]]]:
         raise TraceError(f"{path}: not UTF-8 text ({err})") from err
 
 
+_KIND = {int: "a whole number", float: "a number", str: "text"}
+
+
+def _cell(row: dict[str, str], name: str, cast):
+    value = row.get(name, "")
+    try:
+        return cast(value)
+    except ValueError:
+        raise ValueError(f"{name} must be {_KIND[cast]}, got {value!r}") from None
+
+
 def _canonical_row(row: dict[str, str]) -> dict:
     def opt(name, cast):
-        value = row.get(name, "")
-        return cast(value) if value != "" else None
+        return _cell(row, name, cast) if row.get(name, "") != "" else None
 
-    item = dict(job=row["job"], submit_s=float(row["submit_s"]), duration_s=float(row["duration_s"]),
-                gpus=int(row["gpus"]))
+    item = dict(job=row["job"], submit_s=_cell(row, "submit_s", float),
+                duration_s=_cell(row, "duration_s", float), gpus=_cell(row, "gpus", int))
     if not item["job"]:
         raise ValueError("job must be named")
     item.update(gpu_model=opt("gpu_model", str), team=opt("team", str), user=opt("user", str),
