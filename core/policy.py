@@ -193,11 +193,33 @@ def validate(policy: Policy) -> Policy:
             with_params(base, overrides)
         except PolicyError as err:
             raise PolicyError(f"ab_variants[{name!r}]: {err}") from err
+    _check_not_negative(policy)
     if any(w <= 0 for w in policy.level_weight):
         raise PolicyError("level_weight entries must be positive")
+    for team in sorted(policy.team_quota):
+        if not policy.team_quota[team] > 0:
+            raise PolicyError(f"team_quota[{team!r}] must be positive, got {policy.team_quota[team]}")
     if policy.wasted_work_weight_min < 0:
         raise PolicyError("wasted_work_weight_min must be >= 0")
     return policy
+
+
+# The one number that may be negative: a net benefit below zero preempts at a small loss.
+SIGNED_PARAMS = ("net_benefit_min",)
+
+
+def _check_not_negative(policy: Policy) -> None:
+    """Counts, durations, shares and weights are never negative (a negative limit or time
+    would silently read as "never" or "always")."""
+    for field in msgspec.structs.fields(Policy):
+        name = field.name
+        value = getattr(policy, name)
+        if name in SIGNED_PARAMS:
+            continue
+        values = value if isinstance(value, list) else [value]
+        for entry in values:
+            if isinstance(entry, (int, float)) and not isinstance(entry, bool) and entry < 0:
+                raise PolicyError(f"{name} must not be negative, got {value}")
 
 
 def assign_variant(policy: Policy, team: str, job: str) -> str:

@@ -103,6 +103,21 @@ def test_policy_toml_errors_name_the_file_and_the_field(tmp_path):
         load_policy_toml(str(broken))
 
 
+@pytest.mark.parametrize("line,words", [
+    ("user_preempting_max = -3", "user_preempting_max must not be negative, got -3"),
+    ("release_wait_max_ms = [30000, -1, 0, 0, 0, 0, 0, 0]", "release_wait_max_ms must not be negative"),
+    ("team_quota = { a = 0.0 }", "team_quota\\['a'\\] must be positive"),
+])
+def test_a_negative_limit_time_or_quota_is_refused_with_its_name(tmp_path, line, words):
+    path = tmp_path / "p.toml"
+    path.write_text(line + "\n")
+    with pytest.raises(PolicyError, match=words):
+        load_policy_toml(str(path))
+    signed = tmp_path / "signed.toml"
+    signed.write_text("net_benefit_min = -5.0\n")  # a small net loss may be accepted
+    assert load_policy_toml(str(signed)).net_benefit_min == -5.0
+
+
 def test_ab_variant_assignment_is_stable_and_uses_the_variant_policy():
     from core.policy import Policy, assign_variant, with_params
 
