@@ -594,21 +594,27 @@ def _place_queued(ctx: Ctx) -> None:
 
 def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
     """(job, may get a head reservation), in the order a placement pass tries them: the
-    urgent levels, then the jobs of teams below their fair shares that fit within them,
-    then every level from `fair_share_from_level` on in its serving order. Levels are
-    read lazily, so a job placed earlier in the pass is not offered again."""
+    urgent levels' own jobs, then the jobs of teams below their fair shares that fit within
+    them, then every level in its serving order. A job aged into the urgent levels from a
+    level the guarantee covers is served in that last pass, at its effective level: aging
+    bounds a wait within the levels, it does not put a team's flood ahead of the teams
+    below their shares. Levels are read lazily, so a job placed earlier in the pass is not
+    offered again."""
     p = state.c.policy
+    jobs = state.c.jobs
     covered_from = p.fair_share_from_level if p.fair_share_guarantee else LEVELS
     for level in range(min(covered_from, LEVELS)):
         for job_id in serving_order(state, level):
-            yield job_id, True
+            if jobs[job_id].level < covered_from:
+                yield job_id, True
     if covered_from >= LEVELS:
         return
     for job_id in _within_share(state, covered_from):
         yield job_id, False
-    for level in range(covered_from, LEVELS):
+    for level in range(LEVELS):
         for job_id in serving_order(state, level):
-            yield job_id, True
+            if jobs[job_id].level >= covered_from:
+                yield job_id, True
 
 
 def _teams_below_share(state: State) -> tuple[dict[str, float], dict[str, int], list[str]]:
@@ -630,7 +636,7 @@ def _within_share(state: State, covered_from: int) -> Iterator[str]:
     heap = []
     for team in below:
         jobs = [job_id for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
-                if c.jobs[job_id].eff_level >= covered_from]
+                if c.jobs[job_id].level >= covered_from]
         if jobs:
             heap.append((held.get(team, 0) / shares[team], team, jobs))
     heapq.heapify(heap)

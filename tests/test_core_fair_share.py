@@ -10,7 +10,7 @@ from core import types as T
 from core.policy import PolicyError, with_params
 from core.shares import fair_shares
 
-from scenario import MIN, Run, check_invariants, node, of, start_all, submit, tick
+from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, submit, tick
 
 
 def big_team_holds_the_pool(level: int = 4, **params) -> Run:
@@ -163,6 +163,25 @@ def test_freed_gpus_go_first_to_a_team_below_its_share_then_by_level():
         return [e.job for e in of(events, T.JobStartRequested)]
     assert started_when_busy_ends() == ["big-0", "small"] + [f"big-{i}" for i in range(1, 7)]
     assert started_when_busy_ends(fair_share_guarantee=False) == [f"big-{i}" for i in range(8)]
+
+
+def test_jobs_aged_into_the_urgent_levels_do_not_go_ahead_of_a_team_below_its_share():
+    """As above, but big's jobs are of level 2 and have waited long enough to age into the
+    urgent levels: aging bounds their wait within the levels, it does not make them urgent,
+    so small still gets its GPU. Real urgent jobs still come first."""
+    run = Run()
+    run.at(0, node("n0"))
+    run.at(1, submit("busy", 1, 8, team="ops", user="o", est_runtime_s=3600))
+    start_all(run, 2)
+    run.at(10, *[submit(f"big-{i}", 2, 1, team="big", user="b") for i in range(8)],
+           submit("small", 7, 1, team="small", user="s"))
+    for minute in range(1, 60):
+        run.at(minute * MIN, tick(minute * MIN))
+    assert run.job("big-0").eff_level < 2  # aged
+    run.at(HOUR - 1000, submit("urgent", 0, 1, team="ops", user="o2"))
+    events = run.at(HOUR, T.Finished(job="busy", ok=True))
+    assert [e.job for e in of(events, T.JobStartRequested)] == \
+        ["urgent", "big-0", "small"] + [f"big-{i}" for i in range(1, 6)]
 
 
 def test_a_downgrade_lasts_while_the_team_holds_more_than_its_max_min_share():
