@@ -44,8 +44,8 @@ Tables
 Views
 - `queue_now`: queued jobs per eff_level, team and user: depth, oldest wait.
 - `running_now`: GPUs held per level, team and user.
-- `preemption_stats`: per victim level, team and user: preemptions (reclaims among them), committed,
-  rolled back, success rate, mean recovery, lost GPU-hours.
+- `preemption_stats`: per victim level, team and user: preemptions (reclaims among them),
+  committed, rolled back, success rate, mean recovery, lost GPU-hours.
 - `team_ledger`: compensation totals per team and kind.
 """
 
