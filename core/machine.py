@@ -23,7 +23,7 @@ from .placement import acceptable_models, free_gpus, node_size_max, place, place
 from .policy import PolicyError, assign_variant, with_params
 from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt, plan_preemption,
                          team_limit)
-from .shares import SHARE_EPSILON, fair_shares, holding, team_quota
+from .shares import SHARE_EPSILON, above_share, fair_shares, holding, team_quota, within_share
 from .state import (
     HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
     job_progress_ms, last_checkpoint, live_digest, node_free_count, queue_depth,
@@ -193,7 +193,7 @@ def _over_quota(state: State, team: str) -> bool:
     downgrade lasts until the team's quota recovers, so a team that preempted often but
     is back within its share is not held down."""
     held = holding(state).get(team, 0)
-    return held > 0 and held > fair_shares(state).get(team, 0.0) + SHARE_EPSILON
+    return held > 0 and above_share(held, fair_shares(state).get(team, 0.0))
 
 
 def _or(value: float | None, default: float) -> float:
@@ -623,7 +623,7 @@ def _teams_below_share(state: State) -> tuple[dict[str, float], dict[str, int], 
     shares = fair_shares(state)
     held = holding(state)
     below = [team for team in sorted(state.ix.waiting_by_team)
-             if held.get(team, 0) + 1 <= shares.get(team, 0.0) + SHARE_EPSILON]
+             if within_share(held.get(team, 0), 1, shares.get(team, 0.0))]
     return shares, held, below
 
 
@@ -643,7 +643,7 @@ def _within_share(state: State, covered_from: int) -> Iterator[str]:
     while heap:
         _, team, jobs = heapq.heappop(heap)
         job = c.jobs[jobs.pop(0)]
-        if held.get(team, 0) + job.gpus <= shares[team] + SHARE_EPSILON:
+        if within_share(held.get(team, 0), job.gpus, shares[team]):
             yield job.id
             if job.state != QUEUED:
                 held[team] = held.get(team, 0) + job.gpus
@@ -867,10 +867,10 @@ def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[st
     for team in sorted(below, key=lambda team: (held.get(team, 0) / shares[team], team)):
         if team_only and team != team_only:
             continue
-        room = shares[team] - held.get(team, 0) + SHARE_EPSILON
         for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
             job = state.c.jobs[job_id]
-            if job.level >= p.fair_share_from_level and job.gpus <= room \
+            if job.level >= p.fair_share_from_level \
+                    and within_share(held.get(team, 0), job.gpus, shares[team]) \
                     and job.gpus <= lent + SHARE_EPSILON and job.preempt_retry_t <= t:
                 yield job_id
                 break

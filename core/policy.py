@@ -199,8 +199,6 @@ def validate(policy: Policy) -> Policy:
     for team in sorted(policy.team_quota):
         if not policy.team_quota[team] > 0:
             raise PolicyError(f"team_quota[{team!r}] must be positive, got {policy.team_quota[team]}")
-    if policy.wasted_work_weight_min < 0:
-        raise PolicyError("wasted_work_weight_min must be >= 0")
     return policy
 
 

@@ -35,7 +35,7 @@ import msgspec
 
 from .placement import acceptable_models, free_indices, node_size_max, place
 from .policy import Policy, with_params
-from .shares import SHARE_EPSILON, fair_shares, holding
+from .shares import above_share, fair_shares, holding, within_share
 from .state import (QUEUED, RUNNING, Job, State, job_progress_ms, last_checkpoint, node_free_count,
                     queue_key, teams_with_demand, window_count)
 from .types import LEVELS, Slot
@@ -409,7 +409,7 @@ class Guard:
         # As in Kueue, a team may be preempted while it holds more than its share (it is
         # borrowing), and its last victim's gang may take it below: a gang is not split.
         held_now = self.held.get(victim.team, 0) - taken.get(victim.team, 0)
-        return held_now > self.shares.get(victim.team, 0.0) + SHARE_EPSILON
+        return above_share(held_now, self.shares.get(victim.team, 0.0))
 
     @staticmethod
     def take(taken: dict, victim: Job) -> None:
@@ -420,8 +420,7 @@ class Guard:
         """Whether the job's team, holding the job too, stays within its fair share."""
         if not self.guarantees_teams:
             return False
-        held_after = self.held.get(job.team, 0) + job.gpus
-        return held_after <= self.shares.get(job.team, 0.0) + SHARE_EPSILON
+        return within_share(self.held.get(job.team, 0), job.gpus, self.shares.get(job.team, 0.0))
 
 
 

@@ -15,6 +15,16 @@ from .state import PREEMPTING, State, teams_with_demand
 SHARE_EPSILON = 1e-6  # shares are fractions of GPUs; a held count equal to one is at it
 
 
+def within_share(held: float, gpus: int, share: float) -> bool:
+    """Whether a team holding `held` GPUs stays within its fair share taking `gpus` more."""
+    return held + gpus <= share + SHARE_EPSILON
+
+
+def above_share(held: float, share: float) -> bool:
+    """Whether a team holding `held` GPUs holds more than its fair share (it is borrowing)."""
+    return held > share + SHARE_EPSILON
+
+
 def team_quota(state: State, team: str) -> float:
     """A team's fair-share weight: its quota, raised by compensation grants."""
     c = state.c
