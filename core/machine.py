@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 from . import types as T
 from .evolve import evolve
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
-from .policy import PolicyError, assign_variant, with_params
+from .policy import PolicyError, assign_variant, check_experiment, with_params
 from .preemption import (Decline, earliest_fit, expected_runtime_ms, may_preempt, plan_preemption,
                          team_limit)
 from .shares import SHARE_EPSILON, above_share, fair_shares, holding, team_quota, within_share
@@ -185,7 +185,7 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
         ckpt_cost_s=_or(inp.ckpt_cost_s, p.default_ckpt_cost_s),
         restore_cost_s=_or(inp.restore_cost_s, p.default_restore_cost_s),
         preemptible=inp.preemptible, command=list(inp.command),
-        variant=assign_variant(p, inp.team, inp.job)))
+        variant=assign_variant(p, inp.team, inp.job, inp.user)))
 
 
 def _over_quota(state: State, team: str) -> bool:
@@ -339,7 +339,9 @@ def _on_tick(ctx: Ctx, inp: T.Tick) -> None:
 
 def _on_set_policy(ctx: Ctx, inp: T.SetPolicy) -> None:
     try:
-        with_params(ctx.state.c.policy, inp.params)
+        new = with_params(ctx.state.c.policy, inp.params)
+        if "ab_variants" in inp.params or "ab_split_by" in inp.params:
+            check_experiment(new)
     except PolicyError as err:
         return _reject(ctx, "invalid_policy", str(err))
     ctx.emit(T.PolicyChanged(t=inp.t, params=inp.params, by=inp.by, reason=inp.reason))

@@ -145,9 +145,12 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     compensation_priority_boost: int = 1
     fee_credit_per_gpu_hour: float = 2.5
 
-    # --- A/B: named variants, each a set of overrides of the parameters above, used for the
-    # preemption decisions of the jobs assigned to it. A job's variant is chosen by a hash of
-    # its team (ab_split_by = "team") or its id ("job"); "" means no experiment.
+    # --- A/B: named variants, each a set of overrides of the preemption decision's
+    # parameters (`VARIANT_PARAMS`: a new experiment overriding anything else is refused
+    # by name), used for the decisions of the jobs assigned to it. One variant is named
+    # "control". A job's variant is chosen by a hash of its team (ab_split_by = "team"), its
+    # user ("user"), its job group ("job_group": the id without a trailing -N/_N/.N index, so
+    # a sweep stays together) or its id ("job"); "" means no experiment.
     ab_variants: dict[str, dict[str, Any]] = {}
     ab_split_by: str = "team"
 
@@ -182,8 +185,8 @@ def validate(policy: Policy) -> Policy:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:
         raise PolicyError("digest_every_events must be at least 1")
-    if policy.ab_split_by not in ("team", "job"):
-        raise PolicyError("ab_split_by must be 'team' or 'job'")
+    if policy.ab_split_by not in AB_SPLITS:
+        raise PolicyError(f"ab_split_by must be one of {', '.join(AB_SPLITS)}")
     for name in sorted(policy.ab_variants):
         overrides = policy.ab_variants[name]
         if "ab_variants" in overrides or "ab_split_by" in overrides:
@@ -220,12 +223,62 @@ def _check_not_negative(policy: Policy) -> None:
                 raise PolicyError(f"{name} must not be negative, got {value}")
 
 
-def assign_variant(policy: Policy, team: str, job: str) -> str:
-    """Deterministic A/B assignment: the same team (or job) always lands in the same variant."""
+AB_SPLITS = ("team", "user", "job_group", "job")
+AB_CONTROL = "control"
+# The parameters an A/B variant may override: exactly those the preemption decision reads
+# from the variant's policy (`core/preemption.py`, `variant_policy`); every other one is
+# read from the base policy, so overriding it per variant would be silently ignored.
+# tests/test_core_ab_variants.py shows each of them changing a decision.
+VARIANT_PARAMS = ("guaranteed_share", "level_weight", "net_benefit_min", "release_wait_max_ms",
+                  "safe_point_ms", "victims_per_preemption_max", "wasted_work_weight_min")
+
+
+def check_experiment(policy: Policy) -> None:
+    """What a new experiment must satisfy (checked when a `set_policy` or a policy file sets
+    one, not when a recorded PolicyChanged is folded, so older logs still fold): every
+    override takes effect, and the control is named. Raises PolicyError with what to fix."""
+    if not policy.ab_variants:
+        return
+    for name in sorted(policy.ab_variants):
+        ignored = sorted(k for k in policy.ab_variants[name] if k not in VARIANT_PARAMS)
+        if ignored:
+            raise PolicyError(
+                f"ab_variants[{name!r}] overrides {', '.join(ignored)}, which a variant cannot"
+                f" change (only the preemption decision's parameters vary by variant:"
+                f" {', '.join(VARIANT_PARAMS)}); change it for everyone, or leave it out")
+    if AB_CONTROL not in policy.ab_variants:
+        raise PolicyError(
+            f"ab_variants has no {AB_CONTROL!r} variant: name the one that keeps the base policy"
+            f" {AB_CONTROL!r} (an empty [ab_variants.{AB_CONTROL}] table), so reports compare"
+            " against it")
+
+
+def job_group(job: str) -> str:
+    """A job's group: its id without a trailing index (`sweep-lr-12` -> `sweep-lr`)."""
+    head = job.rstrip("0123456789")
+    if head != job and head[-1:] in ("-", "_", "."):
+        return head[:-1]
+    return job
+
+
+def assignment_unit(split_by: str, team: str, user: str, job: str) -> str:
+    """The key a job is assigned to a variant by."""
+    if split_by == "team":
+        return team
+    if split_by == "user":
+        return user
+    if split_by == "job_group":
+        return job_group(job)
+    return job
+
+
+def assign_variant(policy: Policy, team: str, job: str, user: str = "") -> str:
+    """Deterministic A/B assignment: the same team (user, job group, job) always lands in
+    the same variant."""
     if not policy.ab_variants:
         return ""
     names = sorted(policy.ab_variants)
-    key = team if policy.ab_split_by == "team" else job
+    key = assignment_unit(policy.ab_split_by, team, user, job)
     bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
     return names[bucket % len(names)]
 
@@ -250,6 +303,8 @@ def load_policy_toml(path: str) -> Policy:
         except tomllib.TOMLDecodeError as err:
             raise PolicyError(f"{path}: not valid TOML: {err}") from err
     try:
-        return with_params(Policy(), data)
+        policy = with_params(Policy(), data)
+        check_experiment(policy)
+        return policy
     except PolicyError as err:
         raise PolicyError(f"{path}: {err}") from err

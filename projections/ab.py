@@ -1,122 +1,231 @@
-"""A/B report: per-variant outcomes with seeded bootstrap confidence intervals.
+"""A/B report: per-variant outcomes against the named control, with seeded bootstrap
+confidence intervals and a significance verdict.
 
-Variants are assigned in the core by a deterministic hash (`core.policy.assign_variant`,
-by team or by job, from the policy's `ab_variants`) and recorded on `JobSubmitted.variant`;
-the projection keeps them on `jobs.variant`. Here each metric is a per-job value, its mean
-is reported with a percentile bootstrap interval (resampling jobs, seeded, so the same
-projection always gives the same report), and each variant's difference from the first
-variant (the control, in name order) gets its own interval: an interval that excludes 0
-is a difference the data support.
+Variants are assigned in the core by a deterministic hash of an assignment unit (a team, a
+user, a job group or a job: `core.policy.assign_variant`, `ab_split_by`) and recorded on
+`JobSubmitted.variant`; the projection keeps them on `jobs.variant`. The control is the
+variant named "control" (a `set_policy` without one is refused; a log from before that
+rule falls back to the first variant by name, and the report says so).
 
-Jobs of one team share a variant when the split is by team, and they are not independent;
-resampling jobs then understates the spread. Prefer `ab_split_by = "job"` for experiments
-that need tight intervals.
+Jobs of one unit share a variant and are not independent, so the bootstrap resamples
+**units**, not jobs (a cluster bootstrap): each resample draws the variant's units with
+replacement and takes every job of each drawn unit. For each metric the report gives the
+variant's value with its interval and, against the control, the difference with its
+interval and a two-sided bootstrap p-value; a difference is *significant* when its
+interval excludes 0. Metrics:
+
+- `urgent_wait_s`: queue wait of jobs submitted at the urgent levels (0-2), and the
+  **urgent speedup**: the control's mean urgent wait over the variant's (above 1: faster);
+- `wait_s`, `jct_s`: every job's queue wait and completion time;
+- `lost_gpu_h`: progress lost to preemptions and checkpoint fallbacks, GPU-hours per job;
+- `preempted`: share of jobs preempted at least once;
+- `fairness_jain`: Jain's index over the variant's teams of their mean slowdown (JCT over
+  training time; 1 = every team served alike);
+- `satisfaction`: mean survey score (1..5) of the variant's jobs (`xirang feedback`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from core.policy import AB_CONTROL, Policy, assignment_unit
+
 BOOTSTRAP_SAMPLES = 2000
 CONFIDENCE = 0.95
+URGENT_LEVEL_MAX = 2
 
-# metric name -> (SQL expression per job, description)
-METRICS = {
+# per-job metric -> (SQL expression, description)
+JOB_METRICS = {
+    "urgent_wait_s": (f"CASE WHEN level <= {URGENT_LEVEL_MAX} THEN waited_ms / 1000.0 END",
+                      f"queue wait of jobs of levels 0-{URGENT_LEVEL_MAX}, seconds"),
     "wait_s": ("waited_ms / 1000.0", "time queued before each start, summed, seconds"),
     "jct_s": ("(end_t - submit_t) / 1000.0", "submit to end, seconds (ended jobs)"),
-    "slowdown": ("(end_t - submit_t) / nullif(run_ms, 0)", "JCT over training time (ended jobs)"),
+    "lost_gpu_h": ("lost_progress_ms * gpus / 3600000.0", "progress lost, GPU-hours per job"),
     "preempted": ("CAST(preempt_count > 0 AS DOUBLE)", "share of jobs preempted at least once"),
-    "lost_gpu_h": ("lost_progress_ms * gpus / 3600000.0", "progress lost, GPU-hours"),
+    "satisfaction": ("score", "survey score 1..5 (xirang feedback), mean over answered jobs"),
 }
+SLOWDOWN = "(end_t - submit_t) / nullif(run_ms, 0)"
+DESCRIPTIONS = {**{m: d for m, (_, d) in JOB_METRICS.items()},
+                "fairness_jain": "Jain's index over teams of mean slowdown (1 = even)",
+                "urgent_speedup": "control's mean urgent wait / this variant's (above 1: faster)"}
 
 
-def job_values(con, since_t: int | None = None, until_t: int | None = None) -> dict[str, dict[str, np.ndarray]]:
-    """variant -> metric -> per-job values (None-free)."""
-    where = ["variant <> ''"]
-    params: list = []
+def _rows(con, since_t: int | None, until_t: int | None) -> list[tuple]:
+    where, params = ["variant <> ''"], []
     if since_t is not None:
         where.append("submit_t >= ?")
         params.append(since_t)
     if until_t is not None:
         where.append("submit_t <= ?")
         params.append(until_t)
-    cols = ", ".join(f"{expr} AS {name}" for name, (expr, _) in METRICS.items())
-    rows = con.execute(f"SELECT variant, {cols} FROM jobs WHERE {' AND '.join(where)} ORDER BY job",
-                       params).fetchall()
-    out: dict[str, dict[str, list]] = {}
-    for variant, *values in rows:
-        per = out.setdefault(variant, {name: [] for name in METRICS})
-        for name, value in zip(METRICS, values):
-            if value is not None:
-                per[name].append(float(value))
-    return {v: {m: np.asarray(xs, dtype=float) for m, xs in per.items()} for v, per in sorted(out.items())}
+    cols = ", ".join(f"{expr} AS {name}" for name, (expr, _) in JOB_METRICS.items())
+    feedback = _feedback_table(con)
+    return con.execute(
+        f"SELECT variant, team, \"user\", job, {SLOWDOWN}, {cols} FROM jobs"
+        f" LEFT JOIN {feedback} USING (job) WHERE {' AND '.join(where)} ORDER BY job", params).fetchall()
 
 
-def bootstrap_mean(values: np.ndarray, rng: np.random.Generator, samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float]:
-    if len(values) == 0:
-        return (float("nan"), float("nan"))
-    idx = rng.integers(0, len(values), size=(samples, len(values)))
-    means = values[idx].mean(axis=1)
+def _feedback_table(con) -> str:
+    """Each job's latest survey score, or an empty relation on projections without one."""
+    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'feedback'").fetchone()[0]
+    if has:
+        return "(SELECT job, arg_max(score, seq) AS score FROM feedback GROUP BY job)"
+    return "(SELECT NULL::VARCHAR AS job, NULL::DOUBLE AS score WHERE false)"
+
+
+class Units:
+    """One variant's jobs grouped by assignment unit, as arrays ready for resampling."""
+
+    def __init__(self, rows: list[tuple], split_by: str) -> None:
+        by_unit: dict[str, list[tuple]] = {}
+        for variant, team, user, job, slowdown, *values in rows:
+            by_unit.setdefault(assignment_unit(split_by, team, user, job), []).append((team, slowdown, values))
+        self.names = sorted(by_unit)
+        self.jobs = [by_unit[u] for u in self.names]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def metric(self, pick: list[int] | None, index: int) -> float | None:
+        values = [v[index] for u in self._units(pick) for _, _, v in u if v[index] is not None]
+        return float(np.mean(values)) if values else None
+
+    def jain(self, pick: list[int] | None) -> float | None:
+        per_team: dict[str, list[float]] = {}
+        for unit in self._units(pick):
+            for team, slowdown, _ in unit:
+                if slowdown is not None:
+                    per_team.setdefault(team, []).append(float(slowdown))
+        means = np.asarray([np.mean(v) for _, v in sorted(per_team.items())], dtype=float)
+        if means.size == 0 or not np.any(means):
+            return None
+        return float(means.sum() ** 2 / (means.size * (means ** 2).sum()))
+
+    def jobs_count(self) -> int:
+        return sum(len(u) for u in self.jobs)
+
+    def _units(self, pick):
+        return self.jobs if pick is None else [self.jobs[i] for i in pick]
+
+
+def _stat(units: Units, name: str, pick) -> float | None:
+    if name == "fairness_jain":
+        return units.jain(pick)
+    return units.metric(pick, list(JOB_METRICS).index(name))
+
+
+def _draws(units: Units, rng: np.random.Generator, samples: int) -> list[list[int]]:
+    n = len(units)
+    return [list(rng.integers(0, n, size=n)) for _ in range(samples)] if n else []
+
+
+def _interval(values: list[float]) -> list[float | None]:
+    xs = [v for v in values if v is not None and np.isfinite(v)]
+    if not xs:
+        return [None, None]
     alpha = (1 - CONFIDENCE) / 2
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+    return [float(np.quantile(xs, alpha)), float(np.quantile(xs, 1 - alpha))]
 
 
-def bootstrap_diff(a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
-                   samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float]:
-    """Interval for mean(b) - mean(a), resampling each group on its own."""
-    if len(a) == 0 or len(b) == 0:
-        return (float("nan"), float("nan"))
-    ma = a[rng.integers(0, len(a), size=(samples, len(a)))].mean(axis=1)
-    mb = b[rng.integers(0, len(b), size=(samples, len(b)))].mean(axis=1)
-    alpha = (1 - CONFIDENCE) / 2
-    diff = mb - ma
-    return float(np.quantile(diff, alpha)), float(np.quantile(diff, 1 - alpha))
+def _p_value(diffs: list[float]) -> float | None:
+    xs = np.asarray([d for d in diffs if d is not None and np.isfinite(d)], dtype=float)
+    if xs.size == 0:
+        return None
+    below, above = float((xs <= 0).mean()), float((xs >= 0).mean())
+    return min(1.0, 2 * min(below, above))
 
 
-def report(con, seed: int = 0, since_t: int | None = None, until_t: int | None = None) -> dict:
-    data = job_values(con, since_t, until_t)
-    rng = np.random.default_rng(seed)
-    variants = list(data)
+def report(con, seed: int = 0, since_t: int | None = None, until_t: int | None = None,
+           policy: Policy | None = None) -> dict:
+    """Every variant's metrics with intervals; against the control, differences, intervals,
+    p-values and significance. `policy` says how jobs were split (default: the policy in
+    force at the end of the projection)."""
+    if policy is None:
+        from .policy_history import current_policy
+
+        policy = current_policy(con)
+    rows = _rows(con, since_t, until_t)
+    names = sorted({r[0] for r in rows})
     out = {"seed": seed, "confidence": CONFIDENCE, "bootstrap_samples": BOOTSTRAP_SAMPLES,
-           "metrics": {m: d for m, (_, d) in METRICS.items()}, "variants": {}}
-    control = variants[0] if variants else None
-    for variant in variants:
-        entry = {"jobs": int(max(len(v) for v in data[variant].values()))}
-        for metric, values in data[variant].items():
-            lo, hi = bootstrap_mean(values, rng)
-            cell = {"n": int(len(values)), "mean": float(values.mean()) if len(values) else None,
-                    "ci": [lo, hi]}
-            if variant != control:
-                dlo, dhi = bootstrap_diff(data[control][metric], values, rng)
-                cell["diff_vs_control"] = (float(values.mean() - data[control][metric].mean())
-                                           if len(values) and len(data[control][metric]) else None)
-                cell["diff_ci"] = [dlo, dhi]
-                cell["significant"] = bool(dlo > 0 or dhi < 0)
-            entry[metric] = cell
-        out["variants"][variant] = entry
+           "split_by": policy.ab_split_by, "metrics": DESCRIPTIONS, "variants": {}, "control": None}
+    if not names:
+        return out
+    control = AB_CONTROL if AB_CONTROL in names else names[0]
     out["control"] = control
+    if control != AB_CONTROL:
+        out["control_note"] = (f"no variant is named {AB_CONTROL!r} (a log from before the rule):"
+                               f" {control!r}, the first by name, stands in")
+    rng = np.random.default_rng(seed)
+    units = {v: Units([r for r in rows if r[0] == v], policy.ab_split_by) for v in names}
+    draws = {v: _draws(units[v], rng, BOOTSTRAP_SAMPLES) for v in names}
+    metrics = [*JOB_METRICS, "fairness_jain"]
+    boot = {v: {m: [_stat(units[v], m, d) for d in draws[v]] for m in metrics} for v in names}
+    for variant in [control] + [v for v in names if v != control]:
+        entry: dict = {"jobs": units[variant].jobs_count(), "units": len(units[variant])}
+        for metric in metrics:
+            value = _stat(units[variant], metric, None)
+            cell = {"value": value, "ci": _interval(boot[variant][metric])}
+            if variant != control:
+                base = _stat(units[control], metric, None)
+                diffs = [None if a is None or b is None else b - a
+                         for a, b in zip(boot[control][metric], boot[variant][metric])]
+                cell["diff_vs_control"] = None if value is None or base is None else value - base
+                cell["diff_ci"] = _interval(diffs)
+                cell["p_value"] = _p_value(diffs)
+                lo, hi = cell["diff_ci"]
+                cell["significant"] = lo is not None and (lo > 0 or hi < 0)
+            entry[metric] = cell
+        entry["urgent_speedup"] = _speedup(boot, control, variant, units)
+        out["variants"][variant] = entry
     return out
+
+
+def _speedup(boot: dict, control: str, variant: str, units: dict) -> dict:
+    base = _stat(units[control], "urgent_wait_s", None)
+    mine = _stat(units[variant], "urgent_wait_s", None)
+    value = base / mine if base is not None and mine else None
+    ratios = [a / b if a is not None and b else None
+              for a, b in zip(boot[control]["urgent_wait_s"], boot[variant]["urgent_wait_s"])]
+    cell = {"value": value, "ci": _interval(ratios)}
+    if variant != control:
+        lo, hi = cell["ci"]
+        cell["significant"] = lo is not None and (lo > 1 or hi < 1)
+    return cell
+
+
+def _fmt(cell: dict) -> str:
+    if cell.get("value") is None:
+        return "–"
+    lo, hi = cell["ci"]
+    text = f"{cell['value']:.4g}" + ("" if lo is None else f" [{lo:.4g}, {hi:.4g}]")
+    if "significant" in cell:
+        text += " *" if cell["significant"] else "  "
+    return text
 
 
 def render(rep: dict) -> str:
     if not rep["variants"]:
-        return ("no A/B experiment in this projection: set `ab_variants` in the policy (a"
-                " set_policy input) so that jobs get a variant")
-    lines = [f"A/B report: {int(rep['confidence'] * 100)}% bootstrap intervals ({rep['bootstrap_samples']}"
-             f" resamples, seed {rep['seed']}); control = {rep['control']}"]
-    head = f"{'metric':<11}" + "".join(f"{v + ' (' + str(e['jobs']) + ' jobs)':>38}" for v, e in rep["variants"].items())
+        return ("no A/B experiment in this projection: set `ab_variants` (with a 'control' variant)"
+                " in the policy, a set_policy input, so that jobs get a variant")
+    lines = [f"A/B report: control = {rep['control']}; split by {rep['split_by']};"
+             f" {int(rep['confidence'] * 100)}% cluster-bootstrap intervals ({rep['bootstrap_samples']}"
+             f" resamples of the assignment units, seed {rep['seed']})"]
+    if "control_note" in rep:
+        lines.append(f"note: {rep['control_note']}")
+    if "window" in rep:
+        lines.append(rep["window"]["text"])
+    width = 34
+    head = f"{'metric':<15}" + "".join(
+        f"{v + ' (' + str(e['jobs']) + ' jobs, ' + str(e['units']) + ' units)':>{width}}"
+        for v, e in rep["variants"].items())
     lines += [head, "-" * len(head)]
-    for metric in rep["metrics"]:
-        row = f"{metric:<11}"
-        for variant, entry in rep["variants"].items():
-            cell = entry[metric]
-            if cell["mean"] is None:
-                row += f"{'–':>38}"
-                continue
-            text = f"{cell['mean']:.4g} [{cell['ci'][0]:.4g}, {cell['ci'][1]:.4g}]"
-            if "diff_ci" in cell:
-                text += " *" if cell["significant"] else "  "
-            row += f"{text:>38}"
-        lines.append(row)
-    lines.append("* the difference from the control excludes 0 at this confidence")
+    for metric in [*JOB_METRICS, "fairness_jain", "urgent_speedup"]:
+        lines.append(f"{metric:<15}" + "".join(f"{_fmt(e[metric]):>{width}}" for e in rep["variants"].values()))
+    lines.append("* differs from the control: the interval of the difference (of the ratio, for"
+                 " urgent_speedup: excludes 1) excludes 0 at this confidence")
+    for variant, entry in rep["variants"].items():
+        significant = [m for m in [*JOB_METRICS, "fairness_jain"] if entry[m].get("significant")]
+        if variant != rep["control"] and significant:
+            lines.append(f"{variant}: significant against {rep['control']} on {', '.join(significant)}"
+                         + "".join(f"; {m} p={entry[m]['p_value']:.3g}" for m in significant))
     return "\n".join(lines)

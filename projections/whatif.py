@@ -32,6 +32,8 @@ from replay.scorecard import policy_card
 from replay.sim import Cluster, JobOutcome, SimResult, simulate
 from replay.workload import TraceJob, Workload
 
+from . import windows
+
 
 @dataclass
 class Window:
@@ -136,7 +138,10 @@ def cluster(win: Window) -> Cluster:
 
 def run(records: list[T.Record], alt: Policy, from_t: int | None = None, to_t: int | None = None,
         seed: int = 0) -> dict:
-    win = scan(records, from_t, to_t)
+    """Recorded, simulated-as-recorded and simulated-alternative scorecards of a window
+    (by default the log's whole span: the window says which it used)."""
+    span = windows.resolve(from_t, to_t, *windows.record_span(records))
+    win = scan(records, span.from_t, span.to_t)
     if not win.outcomes:
         raise ValueError("no job was submitted in this window")
     if not win.nodes:
@@ -151,8 +156,9 @@ def run(records: list[T.Record], alt: Policy, from_t: int | None = None, to_t: i
     as_recorded.policy = "simulated_recorded_policy"
     alternative = simulate(wl, cl, "xirang", {"policy": alt}, seed=seed)
     alternative.policy = "simulated_alternative"
-    return {"window": {"from_t": win.from_t, "to_t": min(win.to_t, win.last_t), "jobs": len(wl.jobs),
-                       "gpus": cl.total_gpus, "nodes": len(cl.nodes)},
+    window = windows.Span(win.from_t, min(win.to_t, win.last_t), span.chosen).as_dict()
+    window.update(jobs=len(wl.jobs), gpus=cl.total_gpus, nodes=len(cl.nodes))
+    return {"window": window,
             "cards": {r.policy: policy_card(r) for r in (recorded, as_recorded, alternative)}}
 
 
@@ -172,8 +178,8 @@ def render(result: dict) -> str:
     cards = result["cards"]
     names = list(cards)
     w = result["window"]
-    lines = [f"what-if over t={w['from_t']}..{w['to_t']}: {w['jobs']} jobs on {w['gpus']} GPUs"
-             f" ({w['nodes']} nodes)", f"{'':<18}" + "".join(f"{n:>28}" for n in names)]
+    lines = [f"what-if over {w['from']} .. {w['to']} ({w['chosen']}): {w['jobs']} jobs on"
+             f" {w['gpus']} GPUs ({w['nodes']} nodes)", f"{'':<18}" + "".join(f"{n:>28}" for n in names)]
     for label, get in ROWS:
         cells = []
         for n in names:

@@ -18,7 +18,7 @@ from projections.projector import Projector
 from projections.testing import start_nats, workload_records, xirang
 from projections.workload import Spec, generate
 
-AB_POLICY = {"ab_variants": {"a": {}, "b": {"net_benefit_min": 1e12}}, "ab_split_by": "job"}
+AB_POLICY = {"ab_variants": {"control": {}, "b": {"net_benefit_min": 1e12}}, "ab_split_by": "job"}
 ROLLBACK_POLICY = {"deadline_min_ms": 1_000, "deadline_slack_ms": 1_000, "safe_point_ms": 1_000}
 
 
@@ -40,7 +40,7 @@ def test_ab_assignment_is_stable_and_follows_the_deterministic_hash(split_by):
     second = generate(Spec(jobs=120, seed=9, policy=policy)).records  # other arrivals, same ids
     v1, v2 = _variants(first), _variants(second)
     teams = {r.event.job: r.event.team for r in first if isinstance(r.event, T.JobSubmitted)}
-    assert set(v1.values()) == {"a", "b"}
+    assert set(v1.values()) == {"control", "b"}
     for job, variant in v1.items():
         assert variant == assign_variant(policy, teams[job], job)
     for job in v1.keys() & v2.keys():  # the same job id (same team prefix) lands in the same variant
@@ -65,23 +65,28 @@ def test_ab_report_gives_seeded_bootstrap_intervals_per_variant(tmp_path):
     again = json.loads(xirang("ab", "report", "--db", db, "--json").stdout)
     assert rep == again  # seeded: the same projection gives the same intervals
     other_seed = json.loads(xirang("ab", "report", "--db", db, "--json", "--seed", "5").stdout)
-    assert other_seed["variants"]["b"]["wait_s"]["mean"] == rep["variants"]["b"]["wait_s"]["mean"]
+    assert other_seed["variants"]["b"]["wait_s"]["value"] == rep["variants"]["b"]["wait_s"]["value"]
     con = duckdb.connect(db, read_only=True)
-    for variant in ("a", "b"):
+    for variant in ("control", "b"):
         entry = rep["variants"][variant]
         jobs, wait = con.execute("SELECT count(*), avg(waited_ms) / 1000.0 FROM jobs WHERE variant = ?",
                                  [variant]).fetchone()
         assert entry["jobs"] == jobs
-        assert entry["wait_s"]["mean"] == pytest.approx(wait)
-        for metric in ab.METRICS:
+        assert entry["wait_s"]["value"] == pytest.approx(wait)
+        for metric in ("wait_s", "jct_s", "lost_gpu_h", "preempted", "fairness_jain"):
             lo, hi = entry[metric]["ci"]
-            assert lo <= entry[metric]["mean"] <= hi
-    assert "diff_ci" in rep["variants"]["b"]["wait_s"] and rep["control"] == "a"
+            assert lo <= entry[metric]["value"] <= hi
+    assert "diff_ci" in rep["variants"]["b"]["wait_s"] and rep["control"] == "control"
     # variant b never preempts: its overrides were applied, and the report shows its jobs
     preemptors = con.execute("SELECT DISTINCT j.variant FROM sagas s JOIN jobs j ON s.preemptor = j.job").fetchall()
-    assert preemptors == [("a",)]
+    assert preemptors == [("control",)]
+    # b's urgent jobs never preempt, so they wait longer: a difference the report calls
+    b = rep["variants"]["b"]
+    assert b["urgent_wait_s"]["significant"] and b["urgent_wait_s"]["p_value"] < 0.05
+    assert b["urgent_speedup"]["value"] < 1 and b["urgent_speedup"]["significant"]
+    assert not b["preempted"]["significant"]  # b's jobs are victims as often as the control's
     table = xirang("ab", "report", "--db", db)
-    assert "control = a" in table.stdout and "wait_s" in table.stdout
+    assert "control = control" in table.stdout and "urgent_speedup" in table.stdout
 
 
 def test_ab_report_says_when_there_is_no_experiment(tmp_path):

@@ -464,10 +464,12 @@ def _register_ab(sub) -> None:
 
 
 def cmd_ab_report(args) -> int:
-    from projections import ab
+    from projections import ab, windows
 
     con = open_readonly(args.db)
-    rep = ab.report(con, args.seed, parse_time(args.from_t), parse_time(args.to_t))
+    span = windows.resolve(parse_time(args.from_t), parse_time(args.to_t), *windows.log_span(con))
+    rep = ab.report(con, args.seed, span.from_t, span.to_t)
+    rep["window"] = dict(span.as_dict(), text=f"jobs submitted in the {span.describe()}")
     print(json.dumps(rep, indent=1) if args.json else ab.render(rep))
     return 0
 
@@ -592,8 +594,8 @@ def load_records(args) -> list:
 
 def _register_report(sub) -> None:
     p = sub.add_parser("report", help="periodic review as HTML with charts")
-    p.add_argument("--from", dest="from_t", metavar="T", required=True, help="window start")
-    p.add_argument("--to", dest="to_t", metavar="T", required=True, help="window end")
+    p.add_argument("--from", dest="from_t", metavar="T", help="window start (default: the log's first time)")
+    p.add_argument("--to", dest="to_t", metavar="T", help="window end (default: the log's last time)")
     add_db(p)
     p.add_argument("--out", default="xirang-report.html", help="HTML file to write")
     p.add_argument("--json", action="store_true", help="also print the numbers as JSON")
@@ -601,16 +603,17 @@ def _register_report(sub) -> None:
 
 
 def cmd_report(args) -> int:
-    from projections import report
+    from projections import report, windows
 
-    from_t, to_t = parse_time(args.from_t), parse_time(args.to_t)
-    if to_t <= from_t:
-        raise _user_error("--to must be after --from")
     con = open_readonly(args.db)
-    data = report.gather(con, from_t, to_t)
+    span = windows.resolve(parse_time(args.from_t), parse_time(args.to_t), *windows.log_span(con))
+    if span.to_t <= span.from_t:
+        raise _user_error("--to must be after --from")
+    data = report.gather(con, span.from_t, span.to_t)
     with open(args.out, "w", encoding="utf-8") as fh:
         fh.write(report.render(data))
     summary = {k: v for k, v in data.items() if not isinstance(v, list)}
     summary["out"] = args.out
-    print(json.dumps(summary, indent=1) if args.json else f"wrote {args.out}")
+    summary["window"] = span.as_dict()
+    print(json.dumps(summary, indent=1) if args.json else f"{span.describe()}\nwrote {args.out}")
     return 0
