@@ -8,7 +8,7 @@ the node table and the free-count index.
 
 from __future__ import annotations
 
-from .state import Index, Node
+from .state import Index, Job, Node
 from .types import Slot
 
 
@@ -94,3 +94,11 @@ def placement_nodes(placement: list[Slot]) -> list[str]:
 
 def placement_gpus(placement: list[Slot]) -> int:
     return sum(len(slot.gpus) for slot in placement)
+
+
+def gpus_on(job: Job, node_name: str) -> list[int]:
+    """The GPUs a holding job has on one node (none if it has none there)."""
+    for slot in job.placement:
+        if slot.node == node_name:
+            return slot.gpus
+    return []

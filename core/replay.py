@@ -1,6 +1,6 @@
 """Folding a log back into state, and running inputs through `step`.
 
-`apply_record` is the replay twin of sealing in `machine.Ctx`: it checks the record's place
+`apply_record` is the replay twin of sealing in `log_seal.Ctx`: it checks the record's place
 in the hash chain, verifies a `StateDigest` against the rebuilt state, and applies the
 event with `evolve`. A modified, dropped or reordered record raises `ChainError` naming
 its position.

@@ -62,3 +62,13 @@ def holding(state: State) -> dict[str, int]:
             if victim is not None and victim.state == PREEMPTING:
                 held[victim.team] = held.get(victim.team, 0) - victim.gpus
     return held
+
+
+def teams_below_share(state: State) -> tuple[dict[str, float], dict[str, int], list[str]]:
+    """The fair shares, the GPUs each team holds (see `holding`), and the teams with queued
+    jobs that have room for at least one more GPU within their shares, sorted."""
+    shares = fair_shares(state)
+    held = holding(state)
+    below = [team for team in sorted(state.ix.waiting_by_team)
+             if within_share(held.get(team, 0), 1, shares.get(team, 0.0))]
+    return shares, held, below

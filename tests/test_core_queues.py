@@ -1,7 +1,7 @@
 """Scenario tests of queue order, aging and the wait bound."""
 
 from core import types as T
-from core.machine import aging_threshold_ms
+from core.queues import aging_threshold_ms
 
 from scenario import HOUR, MIN, Run, node, of, start_all, submit, tick
 

@@ -397,7 +397,7 @@ def cmd_jobs(args) -> int:
 
 
 def cmd_queue(args) -> int:
-    from core.machine import queue_order
+    from core.queues import queue_order
     from core.state import HOLDING
     from core.types import LEVELS
 

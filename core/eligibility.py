@@ -1,0 +1,84 @@
+"""Who may preempt and who may be a victim: a job preempts only jobs of the levels its
+level may preempt (never its own level or a more urgent one), a reclaim only other teams'
+jobs of the levels the fair-share guarantee covers; a victim must be running, preemptible,
+in no saga, past its restart protection, and not of a team or user protected from others.
+"""
+
+from __future__ import annotations
+
+from .fairness import Guard, scaled_limit
+from .policy import Policy
+from .state import RUNNING, Job, State, window_count
+from .types import LEVELS
+
+
+def may_preempt(state: State, job: Job) -> bool:
+    return state.c.policy.preempts_from_level[job.level] < LEVELS
+
+
+def victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
+    """A victim by priority: of a level the preemptor's level may preempt."""
+    p = state.c.policy
+    if victim.level < p.preempts_from_level[preemptor.level] or victim.level <= preemptor.level:
+        return False
+    return victim_preemptible_now(state, victim, preemptor)
+
+
+def reclaim_victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
+    """A victim of a reclaim: another team's job of a level reclaim may take (never the
+    urgent levels), whatever the preemptor's level."""
+    if victim.level < state.c.policy.fair_share_from_level or victim.team == preemptor.team:
+        return False
+    return victim_preemptible_now(state, victim, preemptor)
+
+
+def victim_preemptible_now(state: State, victim: Job, preemptor: Job) -> bool:
+    """Running, preemptible, in no saga, past its restart protection, and, unless the
+    preemptor is of its own team (user), its team (user) not protected: the fairness
+    limits protect a team and a user from others, not from reordering their own work."""
+    c = state.c
+    p = c.policy
+    t = c.t
+    if victim.state != RUNNING or not victim.preemptible or victim.saga:
+        return False
+    if victim.protected_until_t > t:
+        return False
+    if victim.team != preemptor.team and c.team_protected_until.get(victim.team, 0) > t:
+        return False
+    if victim.user == preemptor.user:
+        return True
+    win = c.user_windows.get(victim.user)
+    if win is not None and window_count(win.preempted, t, p.fairness_window_ms) >= scaled_limit(state, p.user_preempted_max):
+        return False
+    return True
+
+
+def user_preempting_exhausted(state: State, job: Job) -> bool:
+    c = state.c
+    win = c.user_windows.get(job.user)
+    if win is None:
+        return False
+    return window_count(win.preempting, c.t, c.policy.fairness_window_ms) >= scaled_limit(
+        state, c.policy.user_preempting_max)
+
+
+def eligible_victims(state: State, job: Job, p: Policy, guard: Guard, models: list[str],
+                     held: dict[str, int], reclaim: bool, own_only: bool) -> list[Job]:
+    """The jobs a preemption (or reclaim) for `job` may take, by level then id: eligible by
+    priority (or reclaim), only the user's own when the user is past the allowance, within
+    the guard for a reclaim, with GPUs on a node of an accepted model not held for others."""
+    c = state.c
+    ix = state.ix
+    model_ok = dict.fromkeys(models)
+    if reclaim:
+        first_level, eligible_now = p.fair_share_from_level, reclaim_victim_eligible
+    else:
+        first_level, eligible_now = max(p.preempts_from_level[job.level], job.level + 1), victim_eligible
+    return [c.jobs[victim_id]
+            for level in range(first_level, LEVELS)
+            for victim_id in sorted(ix.holding_by_level[level])
+            if (not own_only or c.jobs[victim_id].user == job.user)
+            and eligible_now(state, job, c.jobs[victim_id])
+            and (not reclaim or guard.allows({}, c.jobs[victim_id]))
+            and any(c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
+                    for slot in c.jobs[victim_id].placement)]

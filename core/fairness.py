@@ -1,0 +1,69 @@
+"""The fairness limits on preemption: how many preemptions a team or user may suffer or
+cause in the fairness window (scaled to the pool and to the team's share of the demand),
+and the `Guard` on a victim set: the levels' guaranteed shares of the pool and, under the
+fair-share guarantee, no victim of another team that holds no more than its fair share.
+The limits guard a team or user against others, never against reordering their own work.
+"""
+
+from __future__ import annotations
+
+from .policy import Policy
+from .shares import above_share, fair_shares, holding, within_share
+from .state import Job, State, teams_with_demand
+
+
+def team_limit(state: State, team: str, per_100_gpus: int) -> int:
+    """A team's fairness count: the pool-scaled limit for a team with an even share of the
+    demand, times its own share (GPUs it holds and asks for, against the mean per team
+    with demand). A team bringing half the work may preempt, and be preempted, as often
+    as its size warrants; a small team is held to the base limit."""
+    ix = state.ix
+    base = scaled_limit(state, per_100_gpus)
+    total = sum(ix.team_gpus.values()) + sum(ix.team_queued_gpus.values())
+    own = ix.team_gpus.get(team, 0) + ix.team_queued_gpus.get(team, 0)
+    if not total or not own:
+        return base
+    return max(base, base * own * len(teams_with_demand(ix)) // total)
+
+
+def scaled_limit(state: State, per_100_gpus: int) -> int:
+    """A fairness count for a 100-GPU pool, scaled to this pool (never below the count)."""
+    return max(per_100_gpus, per_100_gpus * state.ix.total_gpus // 100)
+
+
+class Guard:
+    """What a preemption may not take: GPUs a level holds within its guaranteed share of the
+    pool and, when the policy guarantees fair shares, jobs of another team that holds no
+    more than its fair share (a team's own jobs may still preempt each other by priority).
+    `taken` maps a level and a team to the GPUs already chosen from them."""
+
+    def __init__(self, state: State, preemptor: Job, p: Policy) -> None:
+        self.state = state
+        self.team = preemptor.team
+        self.level_floor = [share * state.ix.total_gpus for share in p.guaranteed_share]
+        self.guarantees_teams = p.fair_share_guarantee and preemptor.level >= p.fair_share_from_level
+        # Shares are only weighed for a preemptor the guarantee covers (an urgent one is not).
+        self.shares = fair_shares(state) if self.guarantees_teams else {}
+        self.held = holding(state) if self.guarantees_teams else {}
+
+    def allows(self, taken: dict, victim: Job) -> bool:
+        floor = self.level_floor[victim.level]
+        if floor and self.state.ix.level_gpus[victim.level] - taken.get(victim.level, 0) - victim.gpus < floor:
+            return False
+        if not self.guarantees_teams or victim.team == self.team:
+            return True
+        # As in Kueue, a team may be preempted while it holds more than its share (it is
+        # borrowing), and its last victim's gang may take it below: a gang is not split.
+        held_now = self.held.get(victim.team, 0) - taken.get(victim.team, 0)
+        return above_share(held_now, self.shares.get(victim.team, 0.0))
+
+    @staticmethod
+    def take(taken: dict, victim: Job) -> None:
+        taken[victim.level] = taken.get(victim.level, 0) + victim.gpus
+        taken[victim.team] = taken.get(victim.team, 0) + victim.gpus
+
+    def below_share_with(self, job: Job) -> bool:
+        """Whether the job's team, holding the job too, stays within its fair share."""
+        if not self.guarantees_teams:
+            return False
+        return within_share(self.held.get(job.team, 0), job.gpus, self.shares.get(job.team, 0.0))

@@ -1,0 +1,199 @@
+"""Forecasts from the running jobs: a job's expected runtime and remaining time (learned
+per team and kind, Lindy beyond the estimate), when each node's GPUs will be released,
+the earliest time a gang would fit without preempting, a queued job's natural wait (its
+fit, after the GPUs that jobs served before it take), and how long a victim takes to
+reach a safe point. Memoised in the index for the current time (see `Index`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+from .placement import gpus_on
+from .policy import Policy
+from .state import RUNNING, Job, State, job_progress_ms, node_free_count, queue_key
+
+LINDY_FLOOR_FRACTION = 10  # a job just past its estimate is expected to run 1/10 of it more
+
+
+def expected_runtime_ms(state: State, job: Job) -> int:
+    """History of the same team and kind once it has enough samples, else the submitter's."""
+    est = state.c.estimates.get(f"{job.team}/{job.kind}")
+    if est is not None and est.samples >= state.c.policy.estimate_samples_min:
+        return int(est.mean_ms)
+    return job.est_runtime_ms
+
+
+def remaining_ms(state: State, job: Job) -> int:
+    """Expected runtime minus progress. A job already past its estimate has shown it runs
+    long: runtimes are heavy-tailed, so it is expected to run about as long again as it has
+    overrun (the Lindy effect), and at least a tenth of the estimate, never zero."""
+    total = expected_runtime_ms(state, job)
+    done = job_progress_ms(job, state.c.t)
+    if done < total:
+        return total - done
+    return max(done - total, total // LINDY_FLOOR_FRACTION, 1)
+
+
+def safe_point_ms(state: State, p: Policy) -> int:
+    """How long a victim takes from the notice to its safe point: the victims' mean once
+    enough have shown it, else the policy's figure."""
+    learned = state.c.safe_point_latency
+    if learned.samples >= p.estimate_samples_min:
+        return int(learned.mean_ms)
+    return p.safe_point_ms
+
+
+def natural_wait_ms(state: State, job: Job, nodes, curve: "ReleaseCurve | None" = None) -> int:
+    """When would the job fit without preempting, as running jobs finish as estimated: on
+    its own (the earliest gang fit), and after the GPUs that jobs served before it ask for
+    (queued at more urgent levels, or earlier at its own) have been taken from the pool of
+    its models."""
+    fit = earliest_fit(state, job, nodes)
+    if fit is None:
+        return 10 * expected_runtime_ms(state, job)
+    ahead = sum(state.ix.queued_gpus[:job.eff_level]) + _same_level_ahead(state, job)
+    if ahead == 0:
+        return fit[0]
+    curve = curve or ReleaseCurve(state, nodes, expected_runtime_ms(state, job))
+    return max(fit[0], curve.wait_for(ahead + job.gpus))
+
+
+def _same_level_ahead(state: State, job: Job) -> int:
+    """GPUs asked for by the jobs queued at the job's level before it in queue order (their
+    own level, then submit time), whatever their team: in a burst of urgent jobs, the last
+    one waits for the releases the first ones take. Counted up to the pool's size, beyond
+    which no running job's end tells the wait anyway."""
+    c = state.c
+    key = queue_key(job)
+    cap = state.ix.total_gpus
+    total = 0
+    for team in sorted(state.ix.queues[job.eff_level]):
+        team_queue = state.ix.queues[job.eff_level][team]
+        for _, _, other in team_queue[:bisect.bisect_left(team_queue, key)]:
+            total += c.jobs[other].gpus
+            if total >= cap:
+                return total
+    return total
+
+
+def queued_ahead(state: State, preemptor: Job, level: int) -> int:
+    """GPUs asked for by jobs queued at `level` or more urgent, less the preemptor's own
+    (it takes the victims' GPUs, not released ones)."""
+    ahead = sum(state.ix.queued_gpus[:level + 1])
+    return ahead - (preemptor.gpus if preemptor.eff_level <= level else 0)
+
+
+class ReleaseCurve:
+    """GPUs of some nodes that become free over time as running jobs end as estimated:
+    `wait_for(g)` is when `g` of them will have been free at once, pooled over the nodes
+    (a queue's view: whoever is first in line takes the next GPU that frees).
+
+    The tail of the curve is its least certain part (a few long overrunning jobs), and past
+    it the queue drains at a pace no running job tells: so a wait is also bounded by the
+    pool's typical pace, the GPUs freed by the median release over its time."""
+
+    def __init__(self, state: State, nodes, beyond_ms: int) -> None:
+        releases = sorted(release for node in nodes for release in node_releases(state, node))
+        self.free = sum(node_free_count(node) for node in nodes)
+        self.times = [at for at, _ in releases]
+        self.freed: list[int] = list(itertools.accumulate(g for _, g in releases))
+        self.beyond_ms = (self.times[-1] if self.times else 0) + beyond_ms
+        median = len(self.times) // 2
+        # GPUs per ms at the median release; None when nothing runs.
+        self.pace = (self.freed[median] / max(self.times[median], 1)) if self.times else None
+
+    def wait_for(self, gpus: int) -> int:
+        need = gpus - self.free
+        if need <= 0:
+            return 0
+        i = bisect.bisect_left(self.freed, need)
+        on_curve = self.times[i] if i < len(self.times) else self.beyond_ms
+        return on_curve if self.pace is None else min(on_curve, int(need / self.pace))
+
+
+def _remaining_or_runtime(state: State, job_id: str) -> int:
+    """Until a holding job releases its GPUs: its remaining time when running, else its
+    whole expected runtime. Memoised in the index for the current time (see Index)."""
+    ix = state.ix
+    if ix.remaining_memo_t != state.c.t:
+        ix.remaining_memo.clear()
+        ix.remaining_memo_t = state.c.t
+    value = ix.remaining_memo.get(job_id)
+    if value is None:
+        other = state.c.jobs[job_id]
+        value = remaining_ms(state, other) if other.state == RUNNING else expected_runtime_ms(state, other)
+        ix.remaining_memo[job_id] = value
+    return value
+
+
+def node_releases(state: State, node) -> list[tuple[int, int]]:
+    """(ms until release, GPUs) of the jobs holding GPUs on the node, soonest first.
+    Memoised for the current time until an event changes the node's jobs (see Index): a
+    scheduling pass asks for the same nodes' releases for every job it weighs (natural
+    waits, release curves, reservations)."""
+    ix = state.ix
+    if ix.node_releases_t != state.c.t:
+        ix.node_releases.clear()
+        ix.node_releases_t = state.c.t
+    releases = ix.node_releases.get(node.name)
+    if releases is None:
+        jobs = state.c.jobs
+        releases = sorted((_remaining_or_runtime(state, j), len(gpus_on(jobs[j], node.name)))
+                          for j in ix.jobs_by_node.get(node.name, {}))
+        ix.node_releases[node.name] = releases
+    return releases
+
+
+def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
+    """The earliest time the job's gang would fit without preempting, and on which nodes,
+    as running jobs finish as estimated; None if it never would on these nodes."""
+    single = job.gpus <= max((n.gpus for n in nodes), default=0)
+    best: tuple[int, list[str]] | None = None
+    by_model: dict[str, list[tuple[str, int, list[tuple[int, int]]]]] = {}
+    for node in nodes:
+        free = node_free_count(node)
+        releases = node_releases(state, node)
+        if single:
+            if node.gpus < job.gpus:
+                continue
+            wait = _first_fit_time(free, releases, job.gpus)
+            if wait is not None and (best is None or (wait, node.name) < (best[0], best[1][0])):
+                best = (wait, [node.name])
+        else:
+            by_model.setdefault(node.gpu_model, []).append((node.name, free, releases))
+    for model in sorted(by_model):  # a gang spanning nodes stays on one GPU model
+        fit = _earliest_fit_across(by_model[model], job.gpus)
+        if fit is not None and (best is None or fit[0] < best[0]):
+            best = fit
+    return best
+
+
+def _earliest_fit_across(nodes: list[tuple[str, int, list[tuple[int, int]]]],
+                         need: int) -> tuple[int, list[str]] | None:
+    pooled = sorted(release for _, _, releases in nodes for release in releases)
+    wait = _first_fit_time(sum(free for _, free, _ in nodes), pooled, need)
+    if wait is None:
+        return None
+    # The fewest nodes that hold enough GPUs by then, the fullest first.
+    ready = sorted((-(free + sum(g for at, g in releases if at <= wait)), name)
+                   for name, free, releases in nodes)
+    chosen: list[str] = []
+    total = 0
+    for neg_available, name in ready:
+        if total >= need:
+            break
+        chosen.append(name)
+        total -= neg_available
+    return wait, sorted(chosen)
+
+
+def _first_fit_time(free: int, releases: list[tuple[int, int]], need: int) -> int | None:
+    if free >= need:
+        return 0
+    for at_ms, gpus in releases:
+        free += gpus
+        if free >= need:
+            return at_ms
+    return None

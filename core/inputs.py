@@ -1,0 +1,275 @@
+"""The input handlers: each input is checked (a bad one gets `InputRejected` with a reason
+that says what to fix) and turned into events. `HANDLERS` maps an input type to its
+handler; the scheduling pass that follows every accepted input is `core.machine.schedule`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from . import types as T
+from .log_seal import Ctx, reject
+from .placement import placement_nodes
+from .policy import PolicyError, assign_variant, check_experiment, with_params
+from .saga import commit_if_complete, release_victim, requeue, rollback
+from .shares import above_share, fair_shares, holding
+from .state import (HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
+                    job_progress_ms)
+from .types import LEVELS
+
+
+JOB_ID_LENGTH_MAX = 200
+
+
+KIND_SUFFIX = re.compile(r"[-_.]?\d+$")
+
+
+def common_problem(state: State, inp: T.Input) -> tuple[str, str] | None:
+    if isinstance(inp, T.Malformed):
+        return "malformed_input", inp.error
+    if inp.v != T.SCHEMA_VERSION:
+        return "unsupported_schema_version", f"v={inp.v}; this scheduler reads v={T.SCHEMA_VERSION}"
+    if inp.t < state.c.t:
+        return "time_must_not_go_back", f"t={inp.t} is before the last recorded t={state.c.t}"
+    if state.c.last_input_seq and 0 < inp.seq <= state.c.last_input_seq:
+        return "input_already_applied", f"seq={inp.seq} <= last applied {state.c.last_input_seq}"
+    return None
+
+
+def _on_node_up(ctx: Ctx, inp: T.NodeUp) -> None:
+    if not inp.node:
+        return reject(ctx, "node_must_be_named")
+    if inp.gpus <= 0:
+        return reject(ctx, "gpus_must_be_positive", f"node {inp.node} reported {inp.gpus} GPUs")
+    if not inp.gpu_model:
+        return reject(ctx, "gpu_model_must_be_set")
+    node = ctx.state.c.nodes.get(inp.node)
+    if node is not None and node.up:
+        if node.gpus == inp.gpus and node.gpu_model == inp.gpu_model:
+            return  # a repeated report: nothing changes, nothing is logged
+        return reject(ctx, "node_already_up_with_other_inventory",
+                       f"{inp.node} is up with {node.gpus}x{node.gpu_model}; send node_down first")
+    ctx.emit(T.NodeJoined(t=inp.t, node=inp.node, gpu_model=inp.gpu_model, gpus=inp.gpus))
+
+
+def _on_node_down(ctx: Ctx, inp: T.NodeDown) -> None:
+    node = ctx.state.c.nodes.get(inp.node)
+    if node is None or not node.up:
+        return reject(ctx, "unknown_node", f"{inp.node} is not up")
+    lose_node(ctx, inp.node, inp.reason)
+
+
+def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
+    c = ctx.state.c
+    t = ctx.inp.t
+    for saga_id in sorted(c.sagas):
+        saga = c.sagas[saga_id]
+        touched = any(slot.node == node_name for slot in saga.placement) or any(
+            slot.node == node_name for v in saga.victims if v in c.jobs for slot in c.jobs[v].placement)
+        if touched:
+            rollback(ctx, saga_id, "node_lost", lost_node=node_name)
+    jobs = sorted(ctx.state.ix.jobs_by_node.get(node_name, {}))
+    for job_id in jobs:
+        job = c.jobs[job_id]
+        if job.state in HOLDING:
+            requeue(ctx, job, "node_lost", counts_as_preemption=False)
+    ctx.emit(T.NodeLost(t=t, node=node_name, reason=reason, jobs=jobs))
+
+
+def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
+    c = ctx.state.c
+    p = c.policy
+    problem = _submit_problem(c, inp)
+    if problem:
+        return reject(ctx, *problem)
+    level = inp.level
+    if c.team_downgraded_until.get(inp.team, 0) > inp.t and level < p.downgrade_applies_below_level \
+            and _over_quota(ctx.state, inp.team):
+        level = min(LEVELS - 1, level + p.downgrade_levels)
+    ctx.emit(T.JobSubmitted(
+        t=inp.t, job=inp.job, team=inp.team, user=inp.user, level=level,
+        requested_level=inp.level, gpus=inp.gpus, gpu_models=sorted(inp.gpu_models),
+        kind=inp.kind or KIND_SUFFIX.sub("", inp.job) or inp.job,
+        est_runtime_s=_or(inp.est_runtime_s, p.default_est_runtime_s),
+        ckpt_interval_s=_or(inp.ckpt_interval_s, p.default_ckpt_interval_s),
+        ckpt_cost_s=_or(inp.ckpt_cost_s, p.default_ckpt_cost_s),
+        restore_cost_s=_or(inp.restore_cost_s, p.default_restore_cost_s),
+        preemptible=inp.preemptible, command=list(inp.command),
+        variant=assign_variant(p, inp.team, inp.job, inp.user)))
+
+
+def _over_quota(state: State, team: str) -> bool:
+    """Whether the team holds more than its fair share of the pool (core/shares.py): a
+    downgrade lasts until the team's quota recovers, so a team that preempted often but
+    is back within its share is not held down."""
+    held = holding(state).get(team, 0)
+    return held > 0 and above_share(held, fair_shares(state).get(team, 0.0))
+
+
+def _or(value: float | None, default: float) -> float:
+    return float(default if value is None else value)
+
+
+def _submit_problem(c, inp: T.Submit) -> tuple[str, str] | None:
+    if not inp.job:
+        return "job_must_be_named", "give the job an id"
+    if len(inp.job) > JOB_ID_LENGTH_MAX:
+        return "job_id_too_long", f"at most {JOB_ID_LENGTH_MAX} characters"
+    if inp.job in c.jobs or inp.job in c.done:
+        return "job_id_already_used", f"{inp.job} was submitted before; pick a new id"
+    if not inp.team:
+        return "team_must_be_set", "every job belongs to a team"
+    if not inp.user:
+        return "user_must_be_set", "every job belongs to a user"
+    if not 0 <= inp.level < LEVELS:
+        return "level_must_be_0_to_7", f"got level {inp.level}"
+    if inp.gpus <= 0:
+        return "gpus_must_be_positive", f"got gpus {inp.gpus}"
+    for name in ("est_runtime_s", "ckpt_interval_s", "ckpt_cost_s", "restore_cost_s"):
+        value = getattr(inp, name)
+        if value is not None and (value < 0 or math.isnan(value) or math.isinf(value)):
+            return f"{name}_must_be_non_negative", f"got {name} {value}"
+    if inp.est_runtime_s is not None and inp.est_runtime_s == 0:
+        return "est_runtime_s_must_be_positive", "leave it out if unknown"
+    return None
+
+
+def _job_or_reject(ctx: Ctx, inp, states: tuple[str, ...]) -> Job | None:
+    job = ctx.state.c.jobs.get(inp.job)
+    if job is None:
+        done = ctx.state.c.done.get(inp.job)
+        reject(ctx, "unknown_job" if done is None else f"job_already_{done}", inp.job)
+        return None
+    if job.state not in states:
+        tag = type(inp).__struct_config__.tag
+        reject(ctx, f"job_is_{job.state}", f"{tag} for {job.id} needs it {' or '.join(states)}")
+        return None
+    return job
+
+
+def _on_cancel(ctx: Ctx, inp: T.Cancel) -> None:
+    job = _job_or_reject(ctx, inp, (QUEUED, STARTING, RUNNING, RESERVED, PREEMPTING, RELEASED))
+    if job is None:
+        return
+    nodes = placement_nodes(job.placement) if job.state in (STARTING, RUNNING, PREEMPTING) else []
+    if job.state == RESERVED:
+        rollback(ctx, job.saga, "preemptor_cancelled")
+    elif job.state == PREEMPTING:
+        release_victim(ctx, job)
+    ctx.emit(T.JobCancelled(t=inp.t, job=job.id, nodes=nodes))
+    if job.saga and job.saga in ctx.state.c.sagas:
+        commit_if_complete(ctx, ctx.state.c.sagas[job.saga].id)
+
+
+def _on_started(ctx: Ctx, inp: T.Started) -> None:
+    job = _job_or_reject(ctx, inp, (STARTING,))
+    if job is None:
+        return
+    ctx.emit(T.JobRunning(t=inp.t, job=job.id, waited_ms=inp.t - job.queued_since_t))
+
+
+def _on_checkpoint_started(ctx: Ctx, inp: T.CheckpointStarted) -> None:
+    job = _job_or_reject(ctx, inp, (RUNNING, PREEMPTING))
+    if job is not None:
+        ctx.emit(T.CheckpointBegan(t=inp.t, job=job.id))
+
+
+def _on_checkpoint_saved(ctx: Ctx, inp: T.CheckpointSaved) -> None:
+    job = _job_or_reject(ctx, inp, (RUNNING, PREEMPTING, RELEASED))
+    if job is None:
+        return
+    if not inp.digest:
+        return reject(ctx, "digest_must_be_set", "a checkpoint without a digest cannot be verified")
+    if inp.bytes < 0 or inp.step < 0:
+        return reject(ctx, "step_and_bytes_must_be_non_negative")
+    # The checkpoint holds the progress made when the save began (training pauses to save).
+    at = job.ckpt_started_t or job.frozen_t or inp.t
+    progress = job_progress_ms(job, at) if job.state != RELEASED else job.progress_ms
+    ctx.emit(T.CheckpointRecorded(t=inp.t, job=job.id, step=inp.step, digest=inp.digest,
+                                  bytes=inp.bytes, progress_ms=progress))
+
+
+def _on_checkpoint_failed(ctx: Ctx, inp: T.CheckpointFailed) -> None:
+    job = _job_or_reject(ctx, inp, (RUNNING, PREEMPTING, STARTING, RELEASED))
+    if job is None:
+        return
+    if job.state == STARTING and inp.digest:
+        return _fallback(ctx, job, inp.digest)
+    ctx.emit(T.CheckpointFailedRecorded(t=inp.t, job=job.id, reason=inp.reason))
+    if job.state == PREEMPTING:
+        rollback(ctx, job.saga, "victim_checkpoint_failed")
+
+
+def _fallback(ctx: Ctx, job: Job, bad_digest: str) -> None:
+    index = next((i for i, ck in enumerate(job.checkpoints) if ck.digest == bad_digest), None)
+    if index is None:
+        return reject(ctx, "unknown_checkpoint_digest", f"{job.id} has no checkpoint {bad_digest}")
+    good = job.checkpoints[index - 1] if index > 0 else None
+    lost = job.checkpoints[index].progress_ms - (good.progress_ms if good else 0)
+    ctx.emit(T.CheckpointFallback(t=ctx.inp.t, job=job.id, bad_digest=bad_digest,
+                                  to_step=good.step if good else 0,
+                                  to_digest=good.digest if good else "", lost_progress_ms=lost))
+
+
+def _on_safe_point(ctx: Ctx, inp: T.SafePoint) -> None:
+    job = _job_or_reject(ctx, inp, (PREEMPTING,))
+    if job is not None:
+        ctx.emit(T.SafePointReached(t=inp.t, job=job.id))
+
+
+def _on_released(ctx: Ctx, inp: T.Released) -> None:
+    job = _job_or_reject(ctx, inp, (PREEMPTING,))
+    if job is None:
+        return
+    saga_id = job.saga
+    release_victim(ctx, job)
+    commit_if_complete(ctx, saga_id)
+
+
+def _on_finished(ctx: Ctx, inp: T.Finished) -> None:
+    job = _job_or_reject(ctx, inp, (RUNNING, STARTING, PREEMPTING))
+    if job is None:
+        return
+    saga_id = job.saga
+    if job.state == PREEMPTING:
+        release_victim(ctx, job)
+    run_ms = job_progress_ms(job, inp.t)
+    nodes = placement_nodes(job.placement)
+    if inp.ok:
+        ctx.emit(T.JobFinished(t=inp.t, job=job.id, run_ms=run_ms, nodes=nodes))
+    else:
+        ctx.emit(T.JobFailed(t=inp.t, job=job.id, run_ms=run_ms, reason="exited_with_error", nodes=nodes))
+    if saga_id:
+        commit_if_complete(ctx, saga_id)
+
+
+def _on_tick(ctx: Ctx, inp: T.Tick) -> None:
+    return None
+
+
+def _on_set_policy(ctx: Ctx, inp: T.SetPolicy) -> None:
+    try:
+        new = with_params(ctx.state.c.policy, inp.params)
+        if "ab_variants" in inp.params or "ab_split_by" in inp.params:
+            check_experiment(new)
+    except PolicyError as err:
+        return reject(ctx, "invalid_policy", str(err))
+    ctx.emit(T.PolicyChanged(t=inp.t, params=inp.params, by=inp.by, reason=inp.reason))
+
+
+HANDLERS = {
+    T.NodeUp: _on_node_up,
+    T.NodeDown: _on_node_down,
+    T.Submit: _on_submit,
+    T.Cancel: _on_cancel,
+    T.Started: _on_started,
+    T.CheckpointStarted: _on_checkpoint_started,
+    T.CheckpointSaved: _on_checkpoint_saved,
+    T.CheckpointFailed: _on_checkpoint_failed,
+    T.SafePoint: _on_safe_point,
+    T.Released: _on_released,
+    T.Finished: _on_finished,
+    T.Tick: _on_tick,
+    T.SetPolicy: _on_set_policy,
+}

@@ -1,0 +1,52 @@
+"""Sealing one step's events into the log: `Ctx` collects the records of one step, applies
+each event to the state at once (`evolve`) and chains it into the hash chain, with a
+`StateDigest` every `digest_every_events`. `reject` records a bad input's reason.
+
+Replay's twin is `core.replay.apply_record`: what is sealed here is what it checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from . import types as T
+from .evolve import evolve
+from .state import State, live_digest
+
+
+class Ctx:
+    """Collects the records of one step; every emit applies the event at once."""
+
+    __slots__ = ("state", "inp", "records", "accepted")
+
+    def __init__(self, state: State, inp: T.Input) -> None:
+        self.state = state
+        self.inp = inp
+        self.records: list[T.Record] = []
+        self.accepted = False
+
+    def emit(self, ev: T.Event) -> None:
+        if not self.accepted and not isinstance(ev, T.InputRejected):
+            self.accepted = True
+            self._seal(T.InputAccepted(t=self.inp.t, input=self.inp))
+        self._seal(ev)
+
+    def _seal(self, ev: T.Event) -> None:
+        c = self.state.c
+        evolve(self.state, ev)
+        data = T.encode(ev)
+        prev = c.chain
+        n = c.events_n + 1
+        digest = hashlib.sha256(prev.encode() + data).hexdigest()
+        c.events_n = n
+        c.chain = digest
+        c.last_input_seq = max(c.last_input_seq, self.inp.seq)
+        self.records.append(T.Record(n=n, prev=prev, hash=digest, input_seq=self.inp.seq, event=ev))
+        if n % c.policy.digest_every_events == 0 and not isinstance(ev, T.StateDigest):
+            self._seal(T.StateDigest(t=c.t, digest=live_digest(self.state), events=n))
+
+
+def reject(ctx: Ctx, reason: str, detail: str = "") -> None:
+    inp = ctx.inp
+    ctx.emit(T.InputRejected(t=max(inp.t, ctx.state.c.t), reason=reason, detail=detail,
+                             input_type=type(inp).__struct_config__.tag, job=T.input_job(inp)))

@@ -1,0 +1,262 @@
+"""The placement pass: start every queued job that fits, in the order the levels serve them
+(the urgent levels, then the teams below their fair shares, then every level), with EASY
+backfill: the longest-starving jobs and the first jobs that do not fit reserve the nodes
+where they will fit soonest, and later jobs may use those nodes only if expected to end
+before the holder starts. `request_start` asks hosts to start (or resume) a job.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Iterable, Iterator
+
+from . import types as T
+from .forecast import earliest_fit, expected_runtime_ms
+from .log_seal import Ctx
+from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
+from .queues import TEAM_OLDEST_LOOKED_AT, serving_order
+from .shares import team_quota, teams_below_share, within_share
+from .state import QUEUED, Job, State, last_checkpoint, node_free_count
+from .types import LEVELS
+
+
+def request_start(ctx: Ctx, job: Job, placement: list[T.Slot]) -> None:
+    nodes = placement_nodes(placement)
+    last = last_checkpoint(job)
+    if job.resume_pending and last is not None:
+        ctx.emit(T.JobResumeRequested(t=ctx.inp.t, job=job.id, placement=placement, nodes=nodes,
+                                      ckpt_step=last.step, ckpt_digest=last.digest,
+                                      command=job.command))
+    else:
+        ctx.emit(T.JobStartRequested(t=ctx.inp.t, job=job.id, placement=placement, nodes=nodes,
+                                     command=job.command))
+
+
+def place_queued(ctx: Ctx) -> None:
+    """Start every queued job that fits, level by level in each level's serving order; the
+    oldest starving job and the first jobs that do not fit get reservations (EASY backfill:
+    later jobs may use reserved nodes only if expected to end before the holder starts)."""
+    ix = ctx.state.ix
+    if not ix.placement_dirty or not any(ix.free_by_model.values()):
+        return
+    reserved = _serve_the_starving(ctx)
+    ix.reserved_nodes = reserved
+    placing = _PlacementPass(ctx, reserved)
+    for job_id, reserves in _placement_order(ctx.state):
+        if placing.attempts_left <= 0:
+            return  # more may fit: the next step goes on (the flag stays set)
+        if placing.nothing_more_fits():
+            ix.placement_dirty = False
+            return
+        job = ctx.state.c.jobs[job_id]
+        if job.state != QUEUED:
+            continue
+        placement = placing.try_place(job)
+        if placement is not None:
+            request_start(ctx, job, placement)
+            placing.took(placement)
+        elif reserves:
+            placing.maybe_reserve(job)
+    ix.placement_dirty = False
+
+
+def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
+    """(job, may get a head reservation), in the order a placement pass tries them: the
+    urgent levels' own jobs, then the jobs of teams below their fair shares that fit within
+    them, then every level in its serving order. A job aged into the urgent levels from a
+    level the guarantee covers is served in that last pass, at its effective level: aging
+    bounds a wait within the levels, it does not put a team's flood ahead of the teams
+    below their shares. Levels are read lazily, so a job placed earlier in the pass is not
+    offered again."""
+    p = state.c.policy
+    jobs = state.c.jobs
+    covered_from = p.fair_share_from_level if p.fair_share_guarantee else LEVELS
+    for level in range(min(covered_from, LEVELS)):
+        for job_id in serving_order(state, level):
+            if jobs[job_id].level < covered_from:
+                yield job_id, True
+    if covered_from >= LEVELS:
+        return
+    for job_id in _within_share(state, covered_from):
+        yield job_id, False
+    for level in range(LEVELS):
+        for job_id in serving_order(state, level):
+            if jobs[job_id].level >= covered_from:
+                yield job_id, True
+
+
+def _within_share(state: State, covered_from: int) -> Iterator[str]:
+    """Queued jobs (of levels from `covered_from` on) of the teams below their fair shares
+    that fit within them: next from the team furthest below its share (GPUs held, with
+    what this pass started for it, over its share), each team's oldest jobs first."""
+    c = state.c
+    shares, held, below = teams_below_share(state)
+    heap = []
+    for team in below:
+        jobs = [job_id for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
+                if c.jobs[job_id].level >= covered_from]
+        if jobs:
+            heap.append((held.get(team, 0) / shares[team], team, jobs))
+    heapq.heapify(heap)
+    while heap:
+        _, team, jobs = heapq.heappop(heap)
+        job = c.jobs[jobs.pop(0)]
+        if within_share(held.get(team, 0), job.gpus, shares[team]):
+            yield job.id
+            if job.state != QUEUED:
+                held[team] = held.get(team, 0) + job.gpus
+        if jobs:
+            heapq.heappush(heap, (held.get(team, 0) / shares[team], team, jobs))
+
+
+class _PlacementPass:
+    """The bookkeeping of one placement pass.
+
+    `attempts_left` bounds placement attempts, not jobs looked at: jobs that cannot fit are
+    skipped by cheap checks, so a deep layer of blocked gangs at the urgent levels does not
+    hide the small jobs behind them while GPUs stand idle. Once only held GPUs are free, the
+    pass looks for short jobs to backfill among at most as many jobs (`backfill_left`).
+
+    Placement is monotone within a pass (GPUs only get taken, nodes only get reserved): once
+    a gang of `g` GPUs of some models expected to end at `e` did not fit, no gang of the same
+    kind with at least `g` GPUs ending at `e` or later will (`blocked`). Blocks that no
+    reservation caused hold whatever the end (`ANY_END`)."""
+
+    def __init__(self, ctx: Ctx, reserved: dict[str, tuple[int, str]]) -> None:
+        self.state = ctx.state
+        self.t = ctx.inp.t
+        self.reserved = reserved
+        self.starts_by_node = _starts_by_node(reserved)
+        self.heads_left = self.state.c.policy.head_reservations_max
+        self.attempts_left = self.backfill_left = self.state.c.policy.scan_jobs_max
+        self.models_of: dict[tuple[str, ...], list[str]] = {}
+        self.blocked: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
+        self.free_open = sum(self.state.ix.free_by_model.values())
+        self.free_unheld = self.free_open - _free_on(self.state.c, reserved)
+
+    def nothing_more_fits(self) -> bool:
+        if self.free_unheld <= 0:
+            self.backfill_left -= 1
+        return (self.free_open <= 0 or self.backfill_left < 0
+                or (1, ANY_END) in self.blocked.get(ANY_MODEL_ONE_NODE, ()))
+
+    def try_place(self, job: Job) -> list[T.Slot] | None:
+        state = self.state
+        ix = state.ix
+        if job.gpus > self.free_open:
+            return None
+        key = tuple(job.gpu_models)
+        models = self.models_of.get(key)
+        if models is None:
+            models = self.models_of[key] = acceptable_models(job.gpu_models, ix)
+        shape = (key, job.gpus > node_size_max(models, ix))
+        ends_t = self.t + expected_runtime_ms(state, job)
+        if free_gpus(models, ix) < job.gpus or any(
+                g <= job.gpus and e <= ends_t for g, e in self.blocked.get(shape, ())):
+            return None
+        self.attempts_left -= 1
+        placement = place(job.gpus, models, state.c.nodes, ix, self.starts_by_node, ends_t)
+        if placement is None:
+            held = any(ends_t > start_t for start_t in self.starts_by_node.values())
+            self.blocked.setdefault(shape, []).append((job.gpus, ends_t if held else ANY_END))
+        return placement
+
+    def took(self, placement: list[T.Slot]) -> None:
+        self.free_open -= sum(len(slot.gpus) for slot in placement)
+        self.free_unheld -= sum(len(slot.gpus) for slot in placement if slot.node not in self.reserved)
+
+    def maybe_reserve(self, job: Job) -> None:
+        """The first jobs of the serving order that do not fit get reservations."""
+        if self.heads_left > 0 and _reserve(self.state, job, self.reserved):
+            self.heads_left -= 1
+            self.starts_by_node = _starts_by_node(self.reserved)
+            self.free_unheld = self.free_open - _free_on(self.state.c, self.reserved)
+
+
+def _starts_by_node(reserved: dict[str, tuple[int, str]]) -> dict[str, int]:
+    return {name: start_t for name, (start_t, _) in reserved.items()}
+
+
+def _free_on(c, nodes) -> int:
+    return sum(node_free_count(c.nodes[name]) for name in nodes if c.nodes[name].up)
+
+
+# A one-GPU job that accepts any model and does not fit even ignoring reservations:
+# nothing else will either.
+ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool] = ((), False)
+
+
+ANY_END = -1
+
+
+def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:
+    """The longest-waiting jobs that have waited past `starvation_wait_ms`: start each that
+    fits now, else reserve the nodes where it will fit soonest as running jobs end. First
+    the oldest of all (any level, any team): new jobs are always younger, so every job in
+    time becomes one of the oldest, a finite wait for all. Then the oldest of the teams
+    furthest below their quota, so a small team does not wait out a big team's backlog.
+    The rest of the pool keeps serving by priority. Returns the reservations
+    (node -> (start, job))."""
+    state = ctx.state
+    p = state.c.policy
+    reserved: dict[str, tuple[int, str]] = {}
+    served: dict[str, None] = {}
+    oldest = (job_id for _, job_id in heapq.merge(*state.ix.waiting_by_level))
+    _serve_first_starving(ctx, oldest, p.starvation_reservations_max, reserved, served)
+    if p.starvation_team_reservations_max > 0:
+        teams = sorted(state.ix.waiting_by_team,
+                       key=lambda team: (state.ix.team_gpus.get(team, 0) / team_quota(state, team), team))
+        heads = (job_id for team in teams
+                 for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT])
+        _serve_first_starving(ctx, heads, p.starvation_team_reservations_max, reserved, served)
+    return reserved
+
+
+def _serve_first_starving(ctx: Ctx, candidates: Iterable[str], count: int,
+                          reserved: dict[str, tuple[int, str]], served: dict[str, None]) -> None:
+    """Serve the first `count` starving jobs of `candidates` (at most `scan_jobs_max` looked
+    at) not served yet: start each that fits, else reserve for it."""
+    state = ctx.state
+    c = state.c
+    p = c.policy
+    t = ctx.inp.t
+    scanned = 0
+    for job_id in candidates:
+        scanned += 1
+        if count <= 0 or scanned > p.scan_jobs_max:
+            return
+        job = c.jobs[job_id]
+        if job_id in served or job.state != QUEUED or t - job.queued_since_t < p.starvation_wait_ms:
+            continue
+        models = acceptable_models(job.gpu_models, state.ix)
+        if not _could_ever_fit(state, job, models):
+            continue
+        count -= 1
+        served[job_id] = None
+        placement = place(job.gpus, models, c.nodes, state.ix, _starts_by_node(reserved),
+                          t + expected_runtime_ms(state, job))
+        if placement is not None:
+            request_start(ctx, job, placement)
+            continue
+        _reserve(state, job, reserved)
+
+
+def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bool:
+    """Hold the nodes where the job will fit soonest (not already held) for it."""
+    c = state.c
+    models = acceptable_models(job.gpu_models, state.ix)
+    if not _could_ever_fit(state, job, models):
+        return False
+    nodes = [c.nodes[name] for name in sorted(c.nodes)
+             if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved]
+    fit = earliest_fit(state, job, nodes)
+    if fit is None:
+        return False
+    for name in fit[1]:
+        reserved[name] = (c.t + fit[0], job.id)
+    return True
+
+
+def _could_ever_fit(state: State, job: Job, models: list[str]) -> bool:
+    """A job bigger than the pool of its models must not hold everyone else back."""
+    return job.gpus <= sum(state.ix.capacity_by_model.get(m, 0) for m in models)

@@ -1,0 +1,159 @@
+"""The preemption plan for one blocked job, in four steps:
+
+1. eligible (`core.eligibility`): the running jobs it may displace, on nodes of a GPU
+   model it accepts, within the fairness limits (`core.fairness`);
+2. price (`core.pricing`): each victim's cost (displacement and wasted work, letting go
+   the cheaper way), against the preemptor's natural wait (`core.forecast`);
+3. choose (`core.victims`): the cheapest minimal victim set that frees a gang placement;
+4. judge: the benefit (the preemptor's wait saved, in GPU-seconds weighted by its level,
+   minus the time the victims take to let go) against the set's cost: preempt only when
+   benefit - cost > policy.net_benefit_min.
+
+A reclaim (`plan_preemption(..., reclaim=True)`) is the same decision for a job whose team
+is below its fair share, over other teams' jobs held above theirs (see core/shares.py).
+Reads the state; writes only the index's memo caches.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .eligibility import eligible_victims, user_preempting_exhausted
+from .fairness import Guard
+from .forecast import ReleaseCurve, expected_runtime_ms, natural_wait_ms
+from .placement import acceptable_models, place
+from .policy import Policy, with_params
+from .pricing import VictimCost, price_victims, pricing_for
+from .state import QUEUED, Job, Node, State
+from .types import Slot
+from .victims import choose_victims
+
+
+class Plan(msgspec.Struct, kw_only=True):
+    victims: list[str]
+    placement: list[Slot]
+    benefit: float
+    cost: float
+    ready_ms: int
+    natural_wait_ms: int
+    checkpoint_needed: dict[str, bool]
+    reason: str
+    reclaim: bool = False
+
+
+class Decline(msgspec.Struct, kw_only=True):
+    reason: str
+    benefit: float = 0.0
+    cost: float = 0.0
+
+
+class Scope(msgspec.Struct, kw_only=True):
+    """Where a preemption for the job may free GPUs: its models, their up nodes not held for
+    other blocked jobs, the nodes held (node -> expected start), and its expected runtime."""
+
+    models: list[str]
+    nodes: list[Node]
+    held: dict[str, int]
+    runtime_ms: int
+
+
+def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Decline:
+    """Victims for a blocked job by priority or, with `reclaim`, by its team's fair share:
+    then the victims are other teams' jobs above their shares, of any level from
+    `fair_share_from_level` on, and they are charged the work wasted but no displacement (the
+    GPUs they give back were the reclaiming team's share, lent while it did not ask)."""
+    # A user past the allowance may still displace their own jobs: the limit counts only
+    # preemptions of others' work.
+    own_only = user_preempting_exhausted(state, job)
+    if own_only and reclaim:
+        return Decline(reason="user_preempting_limit")
+    p = variant_policy(state, job)
+    guard = Guard(state, job, p)
+    if reclaim and not guard.below_share_with(job):
+        return Decline(reason="reclaim_beyond_share")
+    scope = preemption_scope(state, job)
+    if isinstance(scope, Decline):
+        return scope
+    eligible = eligible_victims(state, job, p, guard, scope.models, scope.held, reclaim, own_only)
+    if not eligible:
+        return Decline(reason="user_preempting_limit" if own_only else "no_eligible_victims")
+    curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
+    natural_wait = natural_wait_ms(state, job, scope.nodes, curve)
+    pricing = pricing_for(state, job, p, scope.runtime_ms, natural_wait)
+    costs = price_victims(state, job, eligible, p, pricing, curve, reclaim)
+    choice = choose_victims(state, job, scope.models, scope.nodes, costs, pricing, guard,
+                            p.victims_per_preemption_max)
+    if choice is None:
+        return Decline(reason="no_victim_set_within_limits")
+    victims, placement = choice
+    if not victims:  # it fits on GPUs held for a starving job: it waits like everyone else
+        return Decline(reason="held_back_by_reservation")
+    return judge(job, p, guard, costs, victims, placement, natural_wait, reclaim)
+
+
+def preemption_scope(state: State, job: Job) -> Scope | Decline:
+    """The nodes a preemption may free GPUs on, or why there are none (no node of the job's
+    models; it fits without preempting; only nodes held for others)."""
+    c = state.c
+    ix = state.ix
+    models = acceptable_models(job.gpu_models, ix)
+    nodes = [c.nodes[name] for name in sorted(c.nodes)
+             if c.nodes[name].up and c.nodes[name].gpu_model in models]
+    if not nodes:
+        return Decline(reason="no_node_of_model")
+    runtime = expected_runtime_ms(state, job)
+    # Nodes held for other blocked jobs are promised: they neither end this job's wait nor
+    # can be freed for it, unless it would be done before the holder is expected to start.
+    # (The reservations are from the last placement pass: skip those whose job has left
+    # the queue since.)
+    held = {name: start_t for name, (start_t, holder) in ix.reserved_nodes.items()
+            if holder != job.id and c.t + runtime > start_t and _still_queued(c, holder)}
+    if place(job.gpus, models, c.nodes, ix, held, c.t + runtime) is not None:
+        # Held back only by the scan budget: no one needs to go.
+        return Decline(reason="fits_without_preemption")
+    if held:
+        nodes = [node for node in nodes if node.name not in held]
+        if not nodes:
+            return Decline(reason="held_back_by_reservation")
+    return Scope(models=models, nodes=nodes, held=held, runtime_ms=runtime)
+
+
+def judge(job: Job, p: Policy, guard: Guard, costs: dict[str, VictimCost], victims: list[str],
+          placement: list[Slot], natural_wait: int, reclaim: bool) -> Plan | Decline:
+    """Preempt only when the preemptor's weighted wait saved exceeds the set's cost by more
+    than `net_benefit_min`; the wait saved is its natural wait less the time the slowest
+    victim takes to let go."""
+    cost = sum(costs[v].cost for v in victims)
+    ready = max(costs[v].ready_ms for v in victims)
+    level_weight = p.level_weight[job.level]
+    benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
+    if benefit - cost <= p.net_benefit_min:
+        return Decline(reason="benefit_below_cost", benefit=round(benefit, 3), cost=round(cost, 3))
+    reason = (f"saves {natural_wait - ready} ms of level-{job.level} wait on {job.gpus} GPUs;"
+              f" victims lose {sum(costs[v].lost_ms for v in victims)} ms of progress")
+    if reclaim:
+        reason = (f"reclaim: team {job.team} holds {guard.held.get(job.team, 0)} of its fair share"
+                  f" {guard.shares[job.team]:.1f} GPUs; {reason}")
+    return Plan(
+        victims=victims, placement=placement, benefit=round(benefit, 3), cost=round(cost, 3),
+        ready_ms=ready, natural_wait_ms=natural_wait,
+        checkpoint_needed={v: costs[v].checkpoint_needed for v in victims},
+        reason=reason, reclaim=reclaim)
+
+
+def variant_policy(state: State, job: Job) -> Policy:
+    """The policy an A/B variant's jobs are decided by: the base policy with the variant's
+    overrides. Cached per variant until the next PolicyChanged."""
+    base = state.c.policy
+    overrides = base.ab_variants.get(job.variant)
+    if not overrides:
+        return base
+    cache = state.ix.variant_policies
+    if job.variant not in cache:
+        cache[job.variant] = with_params(base, overrides)
+    return cache[job.variant]
+
+
+def _still_queued(c, job_id: str) -> bool:
+    job = c.jobs.get(job_id)
+    return job is not None and job.state == QUEUED

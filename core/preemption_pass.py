@@ -1,0 +1,111 @@
+"""The preemption pass: which blocked jobs get a preemption plan this step (by priority:
+the queued jobs of the levels that may preempt, strongest right first; by reclaim: per team
+below its fair share, its oldest job that fits within it), planning each
+(`core.plan.plan_preemption`) and starting a saga for each plan, or recording why not.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from . import types as T
+from .eligibility import may_preempt
+from .log_seal import Ctx
+from .plan import Decline, plan_preemption
+from .queues import TEAM_OLDEST_LOOKED_AT
+from .saga import start_saga
+from .shares import SHARE_EPSILON, teams_below_share, within_share
+from .state import QUEUED, State
+from .types import LEVELS
+
+
+def preemption_candidates(state: State, t: int) -> Iterator[str]:
+    """The queued jobs with the strongest right to preempt: by base level (aging and boosts
+    change the serving order, never the right to preempt), then submit time; not those
+    waiting out a retry backoff. At most `scan_jobs_max` looked at."""
+    p = state.c.policy
+    scanned = 0
+    for level in range(LEVELS):
+        if p.preempts_from_level[level] >= LEVELS:
+            continue
+        for _, job_id in state.ix.waiting_by_level[level]:
+            scanned += 1
+            if scanned > p.scan_jobs_max:
+                return
+            if state.c.jobs[job_id].preempt_retry_t <= t:
+                yield job_id
+
+
+def preempt_blocked(ctx: Ctx, blocked: Iterable[str]) -> None:
+    """Plan preemptions for up to `preemption_candidates_max` of the blocked jobs. Once a
+    job finds no eligible victim, no other job of its level will in this step (eligibility
+    depends on the preemptor's level only, and sagas only take victims away), so the rest
+    of that level and models is skipped without spending an attempt: the attempts go to
+    jobs that could preempt, not to the same futile heads every tick. (Nodes held for other
+    jobs can make this a little pessimistic for a shorter job; it only orders attempts.)"""
+    state = ctx.state
+    c = state.c
+    attempts_left = c.policy.preemption_candidates_max
+    futile: dict[tuple[int, tuple[str, ...]], None] = {}
+    for job_id in blocked:
+        job = c.jobs.get(job_id)
+        if job is None or job.state != QUEUED or (job.level, tuple(job.gpu_models)) in futile:
+            continue
+        if attempts_left <= 0:
+            return
+        attempts_left -= 1
+        outcome = plan_preemption(state, job)
+        if isinstance(outcome, Decline):
+            if outcome.reason == "no_eligible_victims":
+                futile[(job.level, tuple(job.gpu_models))] = None
+            if outcome.reason != job.last_decline:
+                ctx.emit(T.PreemptionDeclined(t=ctx.inp.t, job=job_id, reason=outcome.reason,
+                                              benefit=outcome.benefit, cost=outcome.cost))
+            continue
+        start_saga(ctx, job, outcome)
+
+
+def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[str]:
+    """Per team below its fair share (furthest below first), the oldest of its first few
+    queued jobs of the levels the guarantee covers that fits within its share; none while
+    no team holds GPUs above its share."""
+    p = state.c.policy
+    if not p.fair_share_guarantee or p.fair_share_from_level >= LEVELS:
+        return
+    shares, held, below = teams_below_share(state)
+    lent = sum(max(0.0, held.get(team, 0) - share) for team, share in shares.items())
+    if lent < 1:
+        return
+    for team in sorted(below, key=lambda team: (held.get(team, 0) / shares[team], team)):
+        if team_only and team != team_only:
+            continue
+        for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
+            job = state.c.jobs[job_id]
+            if job.level >= p.fair_share_from_level \
+                    and within_share(held.get(team, 0), job.gpus, shares[team]) \
+                    and job.gpus <= lent + SHARE_EPSILON and job.preempt_retry_t <= t:
+                yield job_id
+                break
+
+
+def reclaim_blocked(ctx: Ctx, candidates: Iterable[str]) -> None:
+    """Plan reclaims for up to `preemption_candidates_max` jobs. A declined reclaim is
+    recorded only for a job with no right to preempt by priority, so a job tried both ways
+    every tick does not record two alternating reasons."""
+    state = ctx.state
+    c = state.c
+    attempts_left = c.policy.preemption_candidates_max
+    for job_id in candidates:
+        job = c.jobs[job_id]
+        if job.state != QUEUED:
+            continue
+        if attempts_left <= 0:
+            return
+        attempts_left -= 1
+        outcome = plan_preemption(state, job, reclaim=True)
+        if isinstance(outcome, Decline):
+            if not may_preempt(state, job) and outcome.reason != job.last_decline:
+                ctx.emit(T.PreemptionDeclined(t=ctx.inp.t, job=job_id, reason=outcome.reason,
+                                              benefit=outcome.benefit, cost=outcome.cost))
+            continue
+        start_saga(ctx, job, outcome)

@@ -1,0 +1,135 @@
+"""What a victim costs: its displacement (its expected requeue wait in GPU-seconds weighted
+by its level; on the GPUs the preemptor takes, no more than the wait the preemptor saves)
+and the work the preemption wastes (lost progress, checkpoint save, restore) weighted by
+its level, but never below `wasted_work_weight_min` nor below the queue's pressure (the
+other queued GPUs' summed level weights per GPU of the pool: wasted capacity delays them
+all). Each victim lets go the cheaper way, the preemptor's weighted wait included: from
+its last checkpoint at its next safe point, or after a save.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .forecast import ReleaseCurve, queued_ahead, safe_point_ms
+from .policy import Policy
+from .state import QUEUED, Job, State, job_progress_ms, last_checkpoint
+
+
+class VictimCost(msgspec.Struct, kw_only=True):
+    job: str
+    gpus: int
+    lost_ms: int
+    save_ms: int
+    restore_ms: int
+    requeue_wait_ms: int
+    ready_ms: int  # notice -> released
+    checkpoint_needed: bool
+    cost: float
+
+
+def can_checkpoint(job: Job) -> bool:
+    return job.ckpt_interval_ms > 0
+
+
+class Pricing(msgspec.Struct, frozen=True):
+    """What one plan's victims are priced against."""
+
+    wasted_weight_min: float  # the queue's pressure: weight of a wasted GPU-second
+    waiting_weight: float  # the preemptor's weighted GPUs, per ms of its wait
+    preemptor_gpus: int
+    safe_point_ms: int  # notice -> safe point (see `safe_point_ms`)
+    # A victim's extra wait, on the GPUs the preemptor takes from it, is at most what the
+    # preemptor saves: its GPU-time moves earlier, it does not grow, so whatever a requeued
+    # victim waits beyond that, the jobs it lets ahead (as urgent as it or more) gain.
+    displaced_max_ms: int
+    release_wait_max_ms: int = 0  # the preemptor's level's bound on a victim's release; 0: none
+
+
+def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
+                pricing: Pricing) -> VictimCost:
+    """What preempting `victim` costs: its displacement (its weighted requeue wait, bounded
+    by the preemptor's saved wait on the GPUs the preemptor takes) and the work wasted,
+    releasing it the cheaper way: at its next safe point from its last checkpoint (losing
+    the progress since), or after saving a fresh one (the preemptor waits for the save).
+    An urgent preemptor makes a victim with little unsaved work release without saving."""
+    t = state.c.t
+    last = last_checkpoint(victim)
+    since_ckpt = job_progress_ms(victim, t) - (last.progress_ms if last else 0)
+    weight = p.level_weight[victim.level]
+    wasted_weight = victim.gpus * max(weight, p.wasted_work_weight_min, pricing.wasted_weight_min)
+    if victim.ckpt_started_t:
+        # A checkpoint is being written: wait for it rather than lose it.
+        save = max(0, victim.ckpt_started_t + victim.ckpt_cost_ms - t)
+        options = [(0, save, False)]
+    else:
+        options = [(since_ckpt, 0, False)]  # release from the last checkpoint (or scratch)
+        if can_checkpoint(victim):
+            options.append((0, victim.ckpt_cost_ms, True))
+    bound = pricing.release_wait_max_ms
+    if bound and len(options) > 1 and pricing.safe_point_ms + options[1][1] > bound:
+        options = options[:1]  # no time to save: it lets go from its last checkpoint
+    best = None
+    for lost, save, checkpoint_needed in options:
+        has_checkpoint = last is not None or checkpoint_needed or save > 0
+        restore = victim.restore_cost_ms if has_checkpoint else 0
+        ready = pricing.safe_point_ms + save
+        wasted = wasted_weight * (lost + save + restore) / 1000.0
+        key = wasted + pricing.waiting_weight * ready
+        if best is None or key < best[0]:
+            best = (key, wasted, lost, save, restore, ready, checkpoint_needed)
+    _, wasted, lost, save, restore, ready, checkpoint_needed = best
+    shared = min(victim.gpus, pricing.preemptor_gpus)
+    displaced_gpu_ms = (shared * min(requeue_wait_ms, pricing.displaced_max_ms)
+                        + (victim.gpus - shared) * requeue_wait_ms)
+    cost = wasted + weight * displaced_gpu_ms / 1000.0
+    return VictimCost(
+        job=victim.id, gpus=victim.gpus, lost_ms=lost, save_ms=save, restore_ms=restore,
+        requeue_wait_ms=requeue_wait_ms, ready_ms=ready, checkpoint_needed=checkpoint_needed,
+        cost=cost)
+
+
+def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> float:
+    """What one GPU-second of wasted work costs the queue: redoing it delays every queued
+    job by its share of the pool, so it weighs the queued GPUs' level weights summed, per
+    GPU of the pool (0 when nothing waits). The preemptor is not delayed by it: it starts
+    on the victims' GPUs, and its own wait is the benefit side."""
+    ix = state.ix
+    weighted = sum(gpus * p.level_weight[level] for level, gpus in enumerate(ix.queued_gpus))
+    if preemptor is not None and preemptor.state == QUEUED:
+        weighted -= preemptor.gpus * p.level_weight[preemptor.eff_level]
+    return max(0.0, weighted) / max(ix.total_gpus, 1)
+
+
+def requeue_level(state: State, victim: Job) -> int:
+    """The queue level a victim returns to: its base level raised by the recovery boost."""
+    p = state.c.policy
+    boost = min(p.requeue_boost_max, p.requeue_boost_per_preemption * (victim.preempt_count + 1))
+    return max(0, victim.level - boost)
+
+
+def pricing_for(state: State, job: Job, p: Policy, runtime_ms: int, natural_wait: int) -> Pricing:
+    """What the victims of a preemption for `job` are priced against."""
+    safe_point = safe_point_ms(state, p)
+    return Pricing(
+        wasted_weight_min=queue_pressure(state, p, job),
+        waiting_weight=p.level_weight[job.level] * job.gpus / 1000.0, preemptor_gpus=job.gpus,
+        safe_point_ms=safe_point, displaced_max_ms=min(runtime_ms, max(0, natural_wait - safe_point)),
+        release_wait_max_ms=p.release_wait_max_ms[job.level])
+
+
+def price_victims(state: State, job: Job, eligible: list[Job], p: Policy, pricing: Pricing,
+                  curve: ReleaseCurve, reclaim: bool) -> dict[str, VictimCost]:
+    """Each eligible victim's cost. Its requeue wait is read off the release curve of the
+    preemptor's nodes, after the GPUs queued at its requeue level or more urgent; a reclaim's
+    victims are charged no displacement."""
+    requeue_waits: dict[tuple[int, int], int] = {}
+    costs: dict[str, VictimCost] = {}
+    for victim in eligible:
+        key = (requeue_level(state, victim), victim.gpus)
+        if reclaim:
+            requeue_waits[key] = 0
+        elif key not in requeue_waits:
+            requeue_waits[key] = curve.wait_for(queued_ahead(state, job, key[0]) + victim.gpus)
+        costs[victim.id] = victim_cost(state, victim, requeue_waits[key], p, pricing)
+    return costs

@@ -1,0 +1,119 @@
+"""The queues: in what order each level serves its queued jobs (`fcfs`, `fair_share`,
+`round_robin`, the level's own policy), and aging, which moves a job that waited past its
+level's threshold one level up (the threshold shrinks as the queue deepens and as the
+level's historical wait grows), so every wait within the levels is bounded.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from typing import Iterator
+
+from . import types as T
+from .log_seal import Ctx
+from .shares import team_quota
+from .state import State, queue_depth
+from .types import LEVELS
+
+
+# Per team, its oldest few queued jobs are looked at: the very oldest may have been requeued
+# lately (not starving) or be too big for the pool.
+TEAM_OLDEST_LOOKED_AT = 4
+
+
+def aging_threshold_ms(state: State, level: int) -> int:
+    """Shrinks as the level's queue deepens and as its historical wait grows."""
+    p = state.c.policy
+    base = p.aging_threshold_ms[level]
+    depth = queue_depth(state.ix, level)
+    history = state.c.level_wait[level].mean_ms
+    speedup = (1.0 + p.aging_depth_factor * math.log2(1 + depth)
+               + p.aging_history_factor * history / max(base, 1))
+    return max(p.aging_threshold_min_ms, int(base / speedup))
+
+
+def age_queued(ctx: Ctx) -> None:
+    state = ctx.state
+    t = ctx.inp.t
+    for level in range(1, LEVELS):
+        aging = state.ix.aging[level]
+        if not aging:
+            continue
+        threshold = aging_threshold_ms(state, level)
+        due = []
+        for since, job_id in aging:
+            if since + threshold > t:
+                break
+            job = state.c.jobs[job_id]
+            if job.level - level < state.c.policy.aging_levels_max:
+                due.append(job_id)
+        for job_id in due:
+            job = state.c.jobs[job_id]
+            ctx.emit(T.PriorityAged(t=t, job=job_id, from_level=level, to_level=level - 1,
+                                    waited_ms=t - job.queued_since_t))
+
+
+def queue_order(state: State, level: int, limit: int) -> list[str]:
+    """Up to `limit` queued jobs of one level in the order its policy serves them."""
+    return list(itertools.islice(serving_order(state, level), max(0, limit)))
+
+
+def serving_order(state: State, level: int) -> Iterator[str]:
+    """The queued jobs of one level, lazily, in the order its policy serves them."""
+    live = state.ix.queues[level]
+    if not live:
+        return iter(())
+    # Placing a job removes it from these lists while we iterate: serve from copies of each
+    # team's head, which is all a pass can reach within its scan budget.
+    depth = state.c.policy.scan_jobs_max
+    names = sorted(live)
+    teams = {name: live[name][:depth] for name in names}
+    policy = state.c.policy.queue_policy[level]
+    if policy == "fcfs":
+        return (key[-1] for key in heapq.merge(*(teams[name] for name in names)))
+    if policy == "fair_share":
+        return _fair_share_order(state, teams, names)
+    return _round_robin_order(state, level, teams, names)
+
+
+def _fair_share_order(state: State, teams, names: list[str]) -> Iterator[str]:
+    """Next from the team furthest below its quota (GPUs held / quota, counting the jobs
+    already offered in this pass), ties to the head of the higher own level and older
+    submit, then the team name."""
+    c = state.c
+    usage: list[list] = []  # [used / quota, head key, name, cursor, used, quota]
+    for name in names:
+        quota = team_quota(state, name)
+        used = state.ix.team_gpus.get(name, 0)
+        usage.append([used / quota, teams[name][0][:2], name, 0, used, quota])
+    heap = [tuple(entry[:3]) + (i,) for i, entry in enumerate(usage)]
+    heapq.heapify(heap)
+    while heap:
+        _, _, name, i = heapq.heappop(heap)
+        entry = usage[i]
+        queue = teams[name]
+        cursor = entry[3]
+        job_id = queue[cursor][-1]
+        yield job_id
+        entry[3] = cursor + 1
+        entry[4] += c.jobs[job_id].gpus
+        if entry[3] < len(queue):
+            heapq.heappush(heap, (entry[4] / entry[5], queue[entry[3]][:2], name, i))
+
+
+def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
+    """One job per team in turn, starting after the team served last at this level."""
+    last = state.c.rr_last_team[level]
+    start = next((i for i, name in enumerate(names) if name > last), 0)
+    rotation = names[start:] + names[:start]
+    for rank in itertools.count():
+        added = False
+        for name in rotation:
+            queue = teams[name]
+            if rank < len(queue):
+                added = True
+                yield queue[rank][-1]
+        if not added:
+            return

@@ -1,0 +1,145 @@
+"""Preemption sagas: start one (plan -> notices), let victims go, commit when every victim
+has released (the preemptor starts on their GPUs, the victims requeue), roll back when it
+cannot complete (victims keep running or get their own GPUs back), and expire it at its
+deadline. A saga is atomic: either every victim let go and the preemptor started, or
+nobody lost their place. Requeues grant the recovery boost and compensation, and a
+started saga counts toward the fairness windows of the teams it touches.
+"""
+
+from __future__ import annotations
+
+from . import types as T
+from .fairness import team_limit
+from .log_seal import Ctx
+from .placement import placement_nodes
+from .placement_pass import request_start
+from .state import PREEMPTING, RELEASED, RUNNING, Job, job_progress_ms, last_checkpoint, window_count
+from .types import LEVELS
+
+
+def release_victim(ctx: Ctx, job: Job) -> None:
+    last = last_checkpoint(job)
+    progress = job_progress_ms(job, ctx.inp.t)
+    lost = progress - (last.progress_ms if last else 0)
+    ctx.emit(T.VictimReleased(t=ctx.inp.t, saga=job.saga, job=job.id, lost_progress_ms=lost))
+
+
+def commit_if_complete(ctx: Ctx, saga_id: str) -> None:
+    c = ctx.state.c
+    saga = c.sagas.get(saga_id)
+    if saga is None:
+        return
+    pending = [v for v in saga.victims if v in c.jobs and c.jobs[v].state == PREEMPTING]
+    if pending:
+        return
+    t = ctx.inp.t
+    ctx.emit(T.PreemptionCommitted(t=t, saga=saga.id, preemptor=saga.preemptor, victims=saga.victims))
+    preemptor = c.jobs[saga.preemptor]
+    request_start(ctx, preemptor, saga.placement)
+    for victim_id in saga.victims:
+        victim = c.jobs.get(victim_id)
+        if victim is not None and victim.state == RELEASED:
+            requeue(ctx, victim, "preempted", counts_as_preemption=True)
+
+
+def rollback(ctx: Ctx, saga_id: str, reason: str, lost_node: str = "") -> None:
+    c = ctx.state.c
+    saga = c.sagas[saga_id]
+    t = ctx.inp.t
+    ctx.emit(T.PreemptionRolledBack(t=t, saga=saga_id, reason=reason, preemptor=saga.preemptor,
+                                    victims=saga.victims))
+    for victim_id in saga.victims:
+        victim = c.jobs.get(victim_id)
+        if victim is None:
+            continue
+        if victim.state == RUNNING:  # had not released: it keeps running
+            ctx.emit(T.NoticeWithdrawn(t=t, saga=saga_id, job=victim_id,
+                                       nodes=placement_nodes(victim.placement)))
+        elif victim.state == RELEASED and lost_node in placement_nodes(victim.placement):
+            requeue(ctx, victim, "node_lost", counts_as_preemption=False)
+        elif victim.state == RELEASED:  # gets its own GPUs back, from its fresh checkpoint
+            last = last_checkpoint(victim)
+            ctx.emit(T.JobResumeRequested(
+                t=t, job=victim_id, placement=victim.placement,
+                nodes=placement_nodes(victim.placement), ckpt_step=last.step if last else 0,
+                ckpt_digest=last.digest if last else "", reason="rolled_back",
+                command=victim.command))
+
+
+def expire_sagas(ctx: Ctx) -> None:
+    c = ctx.state.c
+    for saga_id in sorted(c.sagas):
+        if c.sagas[saga_id].deadline_t < ctx.inp.t:
+            rollback(ctx, saga_id, "deadline_passed")
+
+
+def requeue(ctx: Ctx, job: Job, reason: str, counts_as_preemption: bool) -> None:
+    c = ctx.state.c
+    p = c.policy
+    t = ctx.inp.t
+    count = job.preempt_count + (1 if counts_as_preemption else 0)
+    boost = min(p.requeue_boost_max, p.requeue_boost_per_preemption * count)
+    last = last_checkpoint(job)
+    lost = job_progress_ms(job, t) - (last.progress_ms if last else 0)
+    if counts_as_preemption and count >= p.compensation_after_preemptions:
+        boost = min(LEVELS - 1, boost + p.compensation_priority_boost)
+        _compensate(ctx, job, count, lost)
+    ctx.emit(T.JobRequeued(t=t, job=job.id, boost=boost, reason=reason,
+                           lost_progress_ms=max(0, lost), preempt_count=count))
+
+
+def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
+    p = ctx.state.c.policy
+    t = ctx.inp.t
+    overhead_ms = job.ckpt_cost_ms + job.restore_cost_ms
+    lost_gpu_hours = job.gpus * (max(0, lost_ms) + overhead_ms) / 3_600_000
+    grants = [
+        ("quota_gpu_hours", round(lost_gpu_hours * p.compensation_quota_gpu_hours_per_lost, 6)),
+        ("priority_boost", float(p.compensation_priority_boost)),
+        ("fee_credit", round(lost_gpu_hours * p.fee_credit_per_gpu_hour, 6)),
+    ]
+    for kind, amount in grants:
+        ctx.emit(T.CompensationGranted(t=t, job=job.id, team=job.team, kind=kind, amount=amount,
+                                       preempt_count=count))
+
+
+def start_saga(ctx: Ctx, job: Job, plan) -> None:
+    c = ctx.state.c
+    p = c.policy
+    t = ctx.inp.t
+    saga_id = f"saga-{c.saga_count + 1}"
+    deadline = t + max(p.deadline_min_ms, plan.ready_ms + p.deadline_slack_ms)
+    victim_nodes = sorted(dict.fromkeys(s.node for v in plan.victims for s in c.jobs[v].placement))
+    ctx.emit(T.PreemptionPlanned(
+        t=t, saga=saga_id, preemptor=job.id, victims=plan.victims, placement=plan.placement,
+        deadline_t=deadline, benefit=plan.benefit, cost=plan.cost, reason=plan.reason,
+        victim_nodes=victim_nodes, reclaim=plan.reclaim, own_work_counted=False))
+    for victim_id in plan.victims:
+        victim = c.jobs[victim_id]
+        ctx.emit(T.VictimNotified(t=t, saga=saga_id, job=victim_id,
+                                  nodes=placement_nodes(victim.placement), deadline_t=deadline,
+                                  checkpoint_needed=plan.checkpoint_needed[victim_id]))
+    if not plan.reclaim:  # giving back GPUs above a team's share is no unfairness to count
+        _fairness_after_plan(ctx, job, plan.victims)
+
+
+def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
+    c = ctx.state.c
+    p = c.policy
+    t = ctx.inp.t
+    teams = sorted(dict.fromkeys(c.jobs[v].team for v in victims
+                                 if c.jobs[v].team != preemptor.team))
+    if not teams:  # the team reordered its own work: nothing counted (see evolve)
+        return
+    for team in teams:
+        win = c.team_windows.get(team)
+        count = window_count(win.preempted, t, p.fairness_window_ms) if win else 0
+        if count >= team_limit(ctx.state, team, p.team_preempted_max) and c.team_protected_until.get(team, 0) <= t:
+            ctx.emit(T.TeamProtected(t=t, team=team, until_t=t + p.team_protect_ms,
+                                     preempted_in_window=count))
+    win = c.team_windows.get(preemptor.team)
+    count = window_count(win.preempting, t, p.fairness_window_ms) if win else 0
+    if count >= team_limit(ctx.state, preemptor.team, p.team_preempting_max) \
+            and c.team_downgraded_until.get(preemptor.team, 0) <= t:
+        ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=t + p.team_downgrade_ms,
+                                  preempting_in_window=count))
