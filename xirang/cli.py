@@ -20,7 +20,7 @@ OPTIONAL_COMMAND_MODULES = [
 ]
 
 
-from xirang.errors import UserError  # noqa: F401  (re-exported for command modules)
+from xirang.errors import UserError, debugging, explain_failure  # noqa: F401  (UserError re-exported)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +52,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `xirang history | head`: the reader has all it wanted
+        return 0
+    except Exception as err:  # noqa: BLE001 - every command ends in one line, never a traceback
+        if debugging():
+            raise
+        failure = err.exceptions[0] if isinstance(err, BaseExceptionGroup) and err.exceptions else err
+        print(f"xirang: {explain_failure(failure, getattr(args, 'nats', None))}", file=sys.stderr)
+        return 3
     return int(result or 0)
 
 

@@ -1,0 +1,109 @@
+"""Why a queued job waits (core/explain.py): each reason names what blocks the job, the
+fairness limit included, and explaining changes neither the state nor what step decides."""
+
+import copy
+
+from core import types as T
+from core.explain import explain, explain_queue, human_duration
+from core.state import live_digest
+
+from scenario import HOUR, MIN, Run, node, of, start_all, submit
+
+
+def preempt_cycle(run: Run, t: int, preemptor: str, team: str, user: str):
+    plans = of(run.at(t, submit(preemptor, 1, 8, team=team, user=user, est_runtime_s=600)),
+               T.PreemptionPlanned)
+    return plans[0] if plans else None
+
+
+def fill_nodes(run: Run, count: int, team: str = "research") -> None:
+    run.at(0, *[node(f"n{i}") for i in range(count)])
+    run.at(1000, *[submit(f"bg-{i}", 6, 8, team=team, user=f"r{i}", est_runtime_s=10 * 3600)
+                   for i in range(count)])
+    start_all(run, 2000)
+
+
+def test_a_job_blocked_by_a_protected_team_names_team_preempted_max():
+    run = Run(team_preempted_max=2, team_preempting_max=100, user_preempting_max=100)
+    fill_nodes(run, 3)
+    assert preempt_cycle(run, 20 * MIN, "p1", "prod", "a") is not None
+    assert preempt_cycle(run, 21 * MIN, "p2", "prod", "b") is not None
+    assert preempt_cycle(run, 22 * MIN, "p3", "prod", "c") is None
+    why = explain(run.state, "p3")
+    assert why.code == "fairness_limit" and why.limit == "team_preempted_max"
+    assert "research" in why.reason and "team_preempted_max" in why.reason
+
+
+def test_a_user_past_the_allowance_is_told_user_preempting_max():
+    run = Run(user_preempting_max=1, user_preempted_max=100, team_preempting_max=100,
+              team_preempted_max=100)
+    fill_nodes(run, 2)
+    assert preempt_cycle(run, 20 * MIN, "p1", "prod", "a") is not None
+    assert preempt_cycle(run, 21 * MIN, "p2", "prod", "a") is None
+    why = explain(run.state, "p2")
+    assert (why.code, why.limit) == ("fairness_limit", "user_preempting_max")
+    assert "user a" in why.reason
+
+
+def test_a_capped_victim_set_names_victims_per_preemption_max():
+    run = Run(victims_per_preemption_max=2)
+    run.at(0, node("a1"))
+    run.at(1000, *[submit(f"one-{i}", 6, 2, user=f"u{i}", est_runtime_s=10 * 3600) for i in range(4)])
+    start_all(run, 2000)
+    run.at(HOUR, submit("urgent", 1, 8, team="safety", user="ana"))
+    why = explain(run.state, "urgent")
+    assert why.limit == "victims_per_preemption_max"
+
+
+def test_a_declined_preemption_gives_benefit_against_cost():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("long", 6, 8, est_runtime_s=600, ckpt_interval_s=36000))
+    start_all(run, 2000)
+    run.at(9 * MIN, submit("soon", 1, 8, team="safety", user="ana", est_runtime_s=60))
+    why = explain(run.state, "soon")
+    declined = of(run.events(), T.PreemptionDeclined)[-1]
+    assert why.code == "preemption_declined"
+    assert (why.benefit, why.cost) == (declined.benefit, declined.cost) and why.benefit <= why.cost
+    assert "declined" in why.reason
+    assert why.start_in_ms is not None and why.start_in_ms <= 2 * MIN
+
+
+def test_jobs_behind_more_urgent_levels_and_their_expected_start():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("running", 5, 8, est_runtime_s=3600))
+    start_all(run, 2000)
+    run.at(3000, submit("urgent-wait", 5, 8, team="t2", user="u2"), submit("late", 6, 4, team="t3", user="u3"))
+    why = explain(run.state, "late")
+    assert why.code in ("priority", "team_at_share")
+    assert why.start_in_ms is not None and why.start_in_ms > 0
+
+
+def test_a_job_no_node_could_hold_says_so():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("wrong-model", 5, 1, models=["B200"]), submit("huge", 5, 64))
+    assert explain(run.state, "wrong-model").code == "no_node_of_model"
+    huge = explain(run.state, "huge")
+    assert huge.code == "gang_too_large" and huge.start_in_ms is None and "8 in all" in huge.reason
+
+
+def test_explaining_changes_neither_the_state_nor_the_next_decision():
+    run = Run(team_preempted_max=2, team_preempting_max=100, user_preempting_max=100)
+    fill_nodes(run, 3)
+    preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
+    run.at(21 * MIN, submit("w", 6, 8, team="x", user="y"))
+    twin = copy.deepcopy(run.state)
+    before = live_digest(run.state)
+    reasons = explain_queue(run.state)
+    assert set(reasons) >= {"w", "p1"} and live_digest(run.state) == before
+    from core import step
+    _, explained = step(run.state, T.Tick(t=25 * MIN))
+    _, plain = step(twin, T.Tick(t=25 * MIN))
+    assert [r.hash for r in explained] == [r.hash for r in plain]
+
+
+def test_durations_read_as_people_say_them():
+    assert [human_duration(ms) for ms in (0, 45_000, 600_000, 4_320_000, 3 * 86_400_000)] == \
+        ["0s", "45s", "10m", "1h12m", "3d"]
