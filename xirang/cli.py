@@ -15,6 +15,7 @@ COMMAND_MODULES = [
 ]
 OPTIONAL_COMMAND_MODULES = [
     "xirang.cmd_live",
+    "xirang.cmd_jobs",
     "xirang.cmd_sim",
     "xirang.cmd_data",
 ]

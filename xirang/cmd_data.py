@@ -186,7 +186,9 @@ async def connect_or_explain(url: str):
     try:
         nc, js = await bus.connect(url, reconnects=2)
     except Exception as err:  # noqa: BLE001 - any failure to connect is the user's to fix
-        raise _user_error(f"cannot connect to NATS at {url}: {err!r}") from err
+        from xirang.errors import explain_failure
+
+        raise _user_error(explain_failure(err, url)) from err
     try:
         await js.stream_info(bus.EV_STREAM)
     except Exception as err:  # noqa: BLE001

@@ -1,5 +1,4 @@
-"""The live system's command line: `xirang up | scheduler | agent | submit | jobs | queue |
-cancel | demo`, all with `--nats URL` (default: `$XIRANG_NATS`, else the embedded server
+"""The live system's command line: `xirang up | scheduler | agent | demo`, all with `--nats URL` (default: `$XIRANG_NATS`, else the embedded server
 that `xirang up` started, whose URL it leaves in `.xirang/nats.url`) and `--json`."""
 
 from __future__ import annotations
@@ -8,7 +7,6 @@ import asyncio
 import json
 import logging
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -17,7 +15,6 @@ from pathlib import Path
 
 DATA_DIR_DEFAULT = ".xirang"
 URL_FILE = "nats.url"
-OUTCOME_TIMEOUT_S = 15.0
 
 
 def register(sub) -> None:
@@ -57,37 +54,6 @@ def register(sub) -> None:
     agent.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL")
     agent.set_defaults(func=cmd_agent)
 
-    submit = sub.add_parser("submit", help="submit a job; answers accepted or the rejection reason")
-    common(submit)
-    submit.add_argument("job")
-    submit.add_argument("--team", required=True)
-    submit.add_argument("--user", default=os.environ.get("USER", "user"))
-    submit.add_argument("--level", type=int, required=True, help="0 (emergency) .. 7 (exploration)")
-    submit.add_argument("--gpus", type=int, required=True)
-    submit.add_argument("--gpu-model", action="append", default=[], help="acceptable model (repeatable)")
-    submit.add_argument("--est-runtime-s", type=float)
-    submit.add_argument("--ckpt-interval-s", type=float)
-    submit.add_argument("--ckpt-cost-s", type=float)
-    submit.add_argument("--restore-cost-s", type=float)
-    submit.add_argument("--not-preemptible", action="store_true")
-    submit.add_argument("--id", help="input id for deduplication (default: random)")
-    submit.add_argument("--command", default="",
-                        help='what the host runs, one shell-quoted string: "python train.py --steps 100"')
-    submit.set_defaults(func=cmd_submit)
-
-    cancel = sub.add_parser("cancel", help="cancel a job")
-    common(cancel)
-    cancel.add_argument("job")
-    cancel.set_defaults(func=cmd_cancel)
-
-    jobs = sub.add_parser("jobs", help="open jobs, from the log")
-    common(jobs)
-    jobs.set_defaults(func=cmd_jobs)
-
-    queue = sub.add_parser("queue", help="queued and running jobs per level (squeue-like)")
-    common(queue)
-    queue.set_defaults(func=cmd_queue)
-
     demo = sub.add_parser("demo", help="the end-to-end demonstration (`make run`)")
     demo.add_argument("--out", help="folder for the log and files (default: a new temporary one)")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -105,11 +71,12 @@ def _user_error(message: str):
 
 def client_url(args) -> str:
     url = args.nats or os.environ.get("XIRANG_NATS")
-    if url:
-        return url
     path = Path(args.data_dir) / URL_FILE
-    if path.exists():
-        return path.read_text().strip()
+    if not url and path.exists():
+        url = path.read_text().strip()
+    if url:
+        args.nats = url  # for the one-line message should the server not answer
+        return url
     raise _user_error("no NATS server: start one with `xirang up` (in another terminal), "
                       "or pass --nats URL / set XIRANG_NATS")
 
@@ -257,178 +224,6 @@ def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     out.close()
     return proc
-
-
-# ---------------------------------------------------------------- client commands
-
-
-def cmd_submit(args) -> int:
-    from core import types as T
-
-    try:
-        command = shlex.split(args.command)
-    except ValueError as err:
-        raise _user_error(f"--command {args.command!r}: {err}") from err
-    inp = T.Submit(job=args.job, team=args.team, user=args.user, level=args.level, gpus=args.gpus,
-                   gpu_models=args.gpu_model, est_runtime_s=args.est_runtime_s,
-                   ckpt_interval_s=args.ckpt_interval_s, ckpt_cost_s=args.ckpt_cost_s,
-                   restore_cost_s=args.restore_cost_s, preemptible=not args.not_preemptible,
-                   command=command, id=args.id or "")
-    return _send_and_answer(args, inp)
-
-
-def cmd_cancel(args) -> int:
-    from core import types as T
-
-    return _send_and_answer(args, T.Cancel(job=args.job))
-
-
-def _send_and_answer(args, inp) -> int:
-    url = client_url(args)
-    try:
-        answer = asyncio.run(send_and_wait(url, inp))
-    except OSError as err:
-        raise _user_error(f"cannot reach NATS at {url}: {err}") from err
-    if args.json:
-        print(json.dumps(answer, sort_keys=True))
-    elif answer["outcome"] == "accepted":
-        print(f"accepted: {answer['type']} {answer.get('job', '')} (input seq {answer['seq']})")
-    elif answer["outcome"] == "rejected":
-        print(f"rejected: {answer['reason']}" + (f" ({answer['detail']})" if answer.get("detail") else ""))
-    else:
-        print(f"{answer['outcome']}: {answer.get('detail', '')}")
-    return {"accepted": 0, "rejected": 1}.get(answer["outcome"], 3)
-
-
-async def send_and_wait(url: str, inp, timeout_s: float = OUTCOME_TIMEOUT_S) -> dict:
-    """Send one input and wait for the scheduler's verdict on it in the log."""
-    from nats.js import api
-
-    from agents import bus
-    from core import types as T
-
-    nc, js = await bus.connect(url, reconnects=2)
-    try:
-        await bus.ensure_streams(js)
-        start = await bus.stream_last_seq(js, bus.EV_STREAM)
-        msg_id, seq, duplicate = await bus.send_input(js, inp)
-        base = {"type": T.type_name(inp), "job": T.input_job(inp), "id": msg_id, "seq": seq}
-        if duplicate:
-            return {**base, "outcome": "duplicate", "detail": f"input id {msg_id} was sent before (seq {seq})"}
-        found: asyncio.Future = asyncio.get_running_loop().create_future()
-
-        async def on_msg(msg) -> None:
-            record = T.decode_record(msg.data)
-            if record.input_seq == seq and not found.done():
-                found.set_result(record)
-
-        sub = await js.subscribe(f"{bus.LOG_PREFIX}.>", stream=bus.EV_STREAM, ordered_consumer=True,
-                                 cb=on_msg, config=api.ConsumerConfig(
-                                     deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                     opt_start_seq=start + 1))
-        try:
-            record = await asyncio.wait_for(found, timeout_s)
-        except asyncio.TimeoutError:
-            return {**base, "outcome": "pending",
-                    "detail": f"queued on XR_IN (seq {seq}) but no scheduler answered within {timeout_s:.0f} s"}
-        finally:
-            await sub.unsubscribe()
-        ev = record.event
-        if isinstance(ev, T.InputRejected):
-            return {**base, "outcome": "rejected", "reason": ev.reason, "detail": ev.detail}
-        return {**base, "outcome": "accepted", "record": record.n}
-    finally:
-        await nc.close()
-
-
-def _load(args):
-    from agents import bus
-
-    url = client_url(args)
-
-    async def go():
-        nc, js = await bus.connect(url, reconnects=2)
-        try:
-            await bus.ensure_streams(js)
-            state, _ = await bus.load_state(js)
-            return state
-        finally:
-            await nc.close()
-
-    try:
-        return asyncio.run(go())
-    except OSError as err:
-        raise _user_error(f"cannot reach NATS at {url}: {err}") from err
-
-
-def job_rows(state) -> list[dict]:
-    from core.state import job_progress_ms, last_checkpoint
-
-    rows = []
-    for job_id in sorted(state.c.jobs):
-        job = state.c.jobs[job_id]
-        ckpt = last_checkpoint(job)
-        rows.append({
-            "job": job.id, "team": job.team, "user": job.user, "level": job.level,
-            "eff_level": job.eff_level, "state": job.state, "gpus": job.gpus,
-            "placement": [f"{s.node}:{','.join(map(str, s.gpus))}" for s in job.placement],
-            "progress_s": round(job_progress_ms(job, state.c.t) / 1000, 1),
-            "preempt_count": job.preempt_count, "checkpoint_step": ckpt.step if ckpt else None,
-            "saga": job.saga,
-        })
-    return rows
-
-
-def cmd_jobs(args) -> int:
-    state = _load(args)
-    rows = job_rows(state)
-    if args.json:
-        print(json.dumps({"jobs": rows, "done": dict(sorted(state.c.done.items()))}, sort_keys=True))
-        return 0
-    print(f"{'JOB':<20} {'TEAM':<10} {'LVL':>3} {'STATE':<11} {'GPUS':>4} {'PLACEMENT':<22} "
-          f"{'PROG_S':>7} {'PREEMPT':>7} {'CKPT':>6}")
-    for r in rows:
-        lvl = f"{r['level']}" + (f"^{r['eff_level']}" if r["eff_level"] != r["level"] else "")
-        print(f"{r['job']:<20} {r['team']:<10} {lvl:>3} {r['state']:<11} {r['gpus']:>4} "
-              f"{' '.join(r['placement']) or '-':<22} {r['progress_s']:>7} {r['preempt_count']:>7} "
-              f"{r['checkpoint_step'] if r['checkpoint_step'] is not None else '-':>6}")
-    print(f"{len(rows)} open, {state.c.done_count} done")
-    return 0
-
-
-def cmd_queue(args) -> int:
-    from core.queues import queue_order
-    from core.state import HOLDING
-    from core.types import LEVELS
-
-    state = _load(args)
-    c = state.c
-    levels = []
-    for level in range(LEVELS):
-        order = queue_order(state, level, 10_000)
-        running = [j for j in sorted(c.jobs) if c.jobs[j].state in HOLDING and c.jobs[j].eff_level == level]
-        levels.append({
-            "level": level, "policy": c.policy.queue_policy[level],
-            "queued": [{"job": j, "team": c.jobs[j].team, "user": c.jobs[j].user, "gpus": c.jobs[j].gpus,
-                        "wait_s": round((c.t - c.jobs[j].queued_since_t) / 1000, 1)} for j in order],
-            "holding": [{"job": j, "state": c.jobs[j].state, "gpus": c.jobs[j].gpus} for j in running],
-        })
-    if args.json:
-        print(json.dumps({"t": c.t, "levels": levels}, sort_keys=True))
-        return 0
-    print(f"{'LVL':>3} {'POLICY':<12} {'POS':>3} {'JOB':<20} {'TEAM':<10} {'USER':<8} {'GPUS':>4} {'ST':<10} {'WAIT_S':>7}")
-    for lv in levels:
-        for pos, q in enumerate(lv["queued"], 1):
-            print(f"{lv['level']:>3} {lv['policy']:<12} {pos:>3} {q['job']:<20} {q['team']:<10} "
-                  f"{q['user']:<8} {q['gpus']:>4} {'queued':<10} {q['wait_s']:>7}")
-        for h in lv["holding"]:
-            job = c.jobs[h["job"]]
-            print(f"{lv['level']:>3} {lv['policy']:<12} {'-':>3} {h['job']:<20} {job.team:<10} "
-                  f"{job.user:<8} {h['gpus']:>4} {h['state']:<10} {'':>7}")
-    free = sum(n.holder.count("") for n in c.nodes.values() if n.up)
-    total = sum(n.gpus for n in c.nodes.values() if n.up)
-    print(f"GPUs free {free}/{total}; sagas open {len(c.sagas)}")
-    return 0
 
 
 def cmd_demo(args) -> int:

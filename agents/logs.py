@@ -1,0 +1,27 @@
+"""Where a job's output lies on a local cluster: each run's `output.log` under the host
+agent's folder (`<data-dir>/hosts/<node>/runs/<job>-<record n>/`), found from the log's
+start and resume records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core import types as T
+
+from .bus import node_token
+
+
+def job_output_paths(records, job: str, hosts_dir: Path) -> list[Path] | None:
+    """The output files of the job's runs on its primary node, oldest first; None when the
+    log has never seen the job, [] when it has not started."""
+    seen = False
+    paths = []
+    for record in records:
+        ev = record.event
+        if getattr(ev, "job", "") != job:
+            continue
+        seen = True
+        if isinstance(ev, (T.JobStartRequested, T.JobResumeRequested)) and ev.placement:
+            node = ev.placement[0].node
+            paths.append(Path(hosts_dir) / node_token(node) / "runs" / f"{node_token(job)}-{record.n}" / "output.log")
+    return paths if seen else None

@@ -1,0 +1,104 @@
+"""The everyday commands against a real cluster (nats-server, scheduler and a host agent as
+OS processes): jobs and queue say why a job waits and when it should start, submit
+--dry-run changes nothing, nodes, shares, logs and history show what happened."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from agents.testing import Cluster
+from core import types as T
+from xirang.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+HELLO = f"{sys.executable} -c \"import time; print('hello from the job', flush=True); time.sleep(60)\""
+
+
+def xirang(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def as_json(capsys, *args: str) -> dict:
+    code, out, err = xirang(capsys, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with Cluster(tmp_path_factory.mktemp("commands")) as c:
+        c.scheduler()
+        c.agent("h1", "8xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        yield c
+
+
+def test_a_waiting_job_says_why_and_when_it_should_start(cluster, capsys):
+    url = cluster.url
+    code, out, _ = xirang(capsys, "submit", "big-1", "--nats", url, "--team", "vision", "--user", "ana",
+                          "--level", "5", "--gpus", "8", "--est-runtime-s", "600", "--command", HELLO)
+    assert code == 0 and out.startswith("accepted")
+    cluster.wait_for(T.JobRunning, job="big-1")
+    code, out, _ = xirang(capsys, "submit", "small-1", "--nats", url, "--team", "nlp", "--user", "bo",
+                          "--level", "6", "--gpus", "2", "--est-runtime-s", "60")
+    assert code == 0
+    jobs = {r["job"]: r for r in as_json(capsys, "jobs", "--nats", url)["jobs"]}
+    waiting = jobs["small-1"]
+    assert waiting["state"] == "queued" and waiting["reason_code"] and waiting["reason"]
+    assert 0 < waiting["start_in_s"] <= 700
+    queue = as_json(capsys, "queue", "--nats", url)
+    assert [q["job"] for q in queue["levels"][6]["queued"]] == ["small-1"]
+    assert queue["levels"][6]["queued"][0]["reason"] == waiting["reason"]
+    code, out, _ = xirang(capsys, "jobs", "--nats", url, "--team", "nlp")
+    assert "small-1" in out and "big-1" not in out and "GPUs of H100" in out
+
+
+def test_dry_run_tells_what_would_happen_and_submits_nothing(cluster, capsys):
+    url = cluster.url
+    answer = as_json(capsys, "submit", "urgent-dry", "--nats", url, "--team", "safety", "--level", "1",
+                     "--gpus", "8", "--est-runtime-s", "60", "--dry-run")
+    assert answer["outcome"] in ("preempts", "waits")
+    if answer["outcome"] == "preempts":
+        assert [v["job"] for v in answer["victims"]] == ["big-1"] and answer["benefit"] > answer["cost"]
+    else:
+        assert answer["reason"] and answer["start_in_s"] is not None
+    refused = as_json(capsys, "submit", "never", "--nats", url, "--team", "safety", "--level", "1",
+                      "--gpus", "1", "--gpu-model", "B200", "--dry-run")
+    assert refused["outcome"] in ("rejected", "waits")
+    jobs = as_json(capsys, "jobs", "--nats", url)["jobs"]
+    assert "urgent-dry" not in {r["job"] for r in jobs} and "never" not in {r["job"] for r in jobs}
+
+
+def test_nodes_shares_and_logs(cluster, capsys):
+    url = cluster.url
+    nodes = as_json(capsys, "nodes", "--nats", url)["nodes"]
+    assert nodes == [{"node": "h1", "gpu_model": "H100", "gpus": 8, "used": 8, "free": 0,
+                      "jobs": ["big-1"], "state": "allocated"}]
+    teams = {r["team"]: r for r in as_json(capsys, "shares", "--nats", url)["teams"]}
+    assert teams["vision"]["held_gpus"] == 8 and teams["nlp"]["queued_gpus"] == 2
+    assert teams["vision"]["fair_share_gpus"] + teams["nlp"]["fair_share_gpus"] == pytest.approx(8)
+    code, out, _ = xirang(capsys, "logs", "big-1", "--nats", url, "--data-dir", str(cluster.root))
+    assert code == 0 and "hello from the job" in out
+    code, _, err = xirang(capsys, "logs", "no-such-job", "--nats", url, "--data-dir", str(cluster.root))
+    assert code == 2 and "no job no-such-job" in err
+
+
+def test_history_shows_finished_jobs_with_filters(cluster, capsys):
+    url = cluster.url
+    code, _, _ = xirang(capsys, "cancel", "big-1", "--nats", url)
+    assert code == 0
+    cluster.wait_for(T.JobRunning, job="small-1")
+    rows = {r["job"]: r for r in as_json(capsys, "history", "--nats", url)["jobs"]}
+    assert rows["big-1"]["state"] == "cancelled" and rows["small-1"]["state"] == "running"
+    assert rows["small-1"]["wait_s"] > 0
+    cancelled = as_json(capsys, "history", "--nats", url, "--state", "cancelled")["jobs"]
+    assert [r["job"] for r in cancelled] == ["big-1"]
+    assert as_json(capsys, "history", "--nats", url, "--team", "nobody")["jobs"] == []
+    code, out, _ = xirang(capsys, "history", "--nats", url)
+    assert "big-1" in out and "cancelled" in out

@@ -1,0 +1,375 @@
+"""The everyday commands of a running cluster, the way Slurm users reach for them:
+
+    xirang submit JOB --team T --level L --gpus G [--dry-run] ...   (sbatch, with --test-only)
+    xirang cancel JOB                                               (scancel)
+    xirang jobs  [filters] [--watch S]     open jobs, why each waits, expected start (squeue -l)
+    xirang queue [filters] [--watch S]     per level, in serving order, with reasons (squeue)
+    xirang history [filters] [--since T] [--until T]   every job the log has seen (sacct)
+    xirang logs JOB [--follow]             the job's output on its host (slurm-N.out)
+    xirang nodes                           nodes: model, GPUs free/used, jobs, state (sinfo)
+    xirang shares                          teams: quota, fair share, held, limits (sshare)
+
+Every command takes `--nats URL` (default `$XIRANG_NATS`, else the server `xirang up`
+started) and `--json` (JSON only on stdout). This module only parses, calls and prints:
+the rows come from projections/views.py, the reasons from core/explain.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from xirang.cmd_live import DATA_DIR_DEFAULT, client_url
+from xirang.errors import UserError
+
+
+def register(sub) -> None:
+    _register_submit(sub)
+    cancel = sub.add_parser("cancel", help="cancel a job (scancel)")
+    common(cancel)
+    cancel.add_argument("job")
+    cancel.set_defaults(func=cmd_cancel)
+
+    jobs = sub.add_parser("jobs", help="open jobs: state, placement, progress; why each waits and"
+                          " when it is expected to start")
+    common(jobs)
+    filters(jobs)
+    watch(jobs)
+    jobs.set_defaults(func=cmd_jobs)
+
+    queue = sub.add_parser("queue", help="queued and running jobs per level, in serving order, with"
+                           " reasons (squeue-like)")
+    common(queue)
+    filters(queue)
+    watch(queue)
+    queue.set_defaults(func=cmd_queue)
+
+    history = sub.add_parser("history", help="every job the log has seen: state, exit code, wait, run"
+                             " time, preemptions, lost progress, compensation (sacct-like)")
+    common(history)
+    filters(history)
+    history.add_argument("--since", metavar="T", help="submitted at or after T (ISO datetime or log ms)")
+    history.add_argument("--until", metavar="T", help="submitted at or before T")
+    history.set_defaults(func=cmd_history)
+
+    logs = sub.add_parser("logs", help="a job's output on its host (local cluster)")
+    common(logs)
+    logs.add_argument("job")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing while the job runs")
+    logs.set_defaults(func=cmd_logs)
+
+    nodes = sub.add_parser("nodes", help="nodes: GPU model, GPUs free and used, jobs, state (sinfo-like)")
+    common(nodes)
+    nodes.set_defaults(func=cmd_nodes)
+
+    shares = sub.add_parser("shares", help="teams: quota, fair share, GPUs held, protection, downgrade,"
+                            " compensation (sshare-like)")
+    common(shares)
+    shares.set_defaults(func=cmd_shares)
+
+
+def common(p) -> None:
+    p.add_argument("--nats", metavar="URL", help="NATS server URL (default: $XIRANG_NATS, else the one"
+                   " `xirang up` started)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (JSON only)")
+    p.add_argument("--data-dir", default=DATA_DIR_DEFAULT, help="local folder of `xirang up`")
+
+
+def filters(p) -> None:
+    p.add_argument("--team")
+    p.add_argument("--user")
+    p.add_argument("--level", type=int, choices=range(8), metavar="0-7")
+    p.add_argument("--state", help="e.g. queued or running,preempting (comma separated)")
+
+
+def watch(p) -> None:
+    p.add_argument("--watch", type=float, metavar="S", nargs="?", const=2.0,
+                   help="redraw every S seconds (default 2) until Ctrl-C")
+
+
+def _register_submit(sub) -> None:
+    submit = sub.add_parser("submit", help="submit a job; answers accepted or the rejection reason")
+    common(submit)
+    submit.add_argument("job")
+    submit.add_argument("--team", required=True)
+    submit.add_argument("--user", default=os.environ.get("USER", "user"))
+    submit.add_argument("--level", type=int, required=True, help="0 (emergency) .. 7 (exploration)")
+    submit.add_argument("--gpus", type=int, required=True)
+    submit.add_argument("--gpu-model", action="append", default=[], help="acceptable model (repeatable)")
+    submit.add_argument("--est-runtime-s", type=float)
+    submit.add_argument("--ckpt-interval-s", type=float)
+    submit.add_argument("--ckpt-cost-s", type=float)
+    submit.add_argument("--restore-cost-s", type=float)
+    submit.add_argument("--not-preemptible", action="store_true")
+    submit.add_argument("--id", help="input id for deduplication (default: random)")
+    submit.add_argument("--command", default="",
+                        help='what the host runs, one shell-quoted string: "python train.py --steps 100"')
+    submit.add_argument("--dry-run", action="store_true",
+                        help="say where and when it would start and whom it would preempt; submit nothing")
+    submit.set_defaults(func=cmd_submit)
+
+
+# ---------------------------------------------------------------- submit and cancel
+
+
+def cmd_submit(args) -> int:
+    from core import types as T
+
+    try:
+        command = shlex.split(args.command)
+    except ValueError as err:
+        raise UserError(f"--command {args.command!r}: {err}") from err
+    inp = T.Submit(job=args.job, team=args.team, user=args.user, level=args.level, gpus=args.gpus,
+                   gpu_models=args.gpu_model, est_runtime_s=args.est_runtime_s,
+                   ckpt_interval_s=args.ckpt_interval_s, ckpt_cost_s=args.ckpt_cost_s,
+                   restore_cost_s=args.restore_cost_s, preemptible=not args.not_preemptible,
+                   command=_resolve_example(command), id=args.id or "")
+    if args.dry_run:
+        return _dry_run(args, inp)
+    return _send_and_answer(args, inp)
+
+
+def _resolve_example(command: list[str]) -> list[str]:
+    """`examples/train_numpy.py` in a command means the example shipped with xirang, so the
+    README's commands work from any directory."""
+    from agents.examples import example_path
+
+    return [example_path(word) or word for word in command]
+
+
+def cmd_cancel(args) -> int:
+    from core import types as T
+
+    return _send_and_answer(args, T.Cancel(job=args.job))
+
+
+def _send_and_answer(args, inp) -> int:
+    from agents.client import send_and_wait
+
+    answer = send_and_wait(client_url(args), inp)
+    if args.json:
+        print(json.dumps(answer, sort_keys=True))
+    elif answer["outcome"] == "accepted":
+        print(f"accepted: {answer['type']} {answer.get('job', '')} (input seq {answer['seq']})")
+    elif answer["outcome"] == "rejected":
+        print(f"rejected: {answer['reason']}" + (f" ({answer['detail']})" if answer.get("detail") else ""))
+    else:
+        print(f"{answer['outcome']}: {answer.get('detail', '')}")
+    return {"accepted": 0, "rejected": 1}.get(answer["outcome"], 3)
+
+
+def _dry_run(args, inp) -> int:
+    from agents.client import load_state
+    from projections.dryrun import dry_run
+
+    answer = dry_run(load_state(client_url(args)), inp, now_ms=int(time.time() * 1000))
+    if args.json:
+        print(json.dumps(answer, sort_keys=True))
+    else:
+        print(answer["summary"])
+        for victim in answer.get("victims", []):
+            print(f"  would preempt {victim['job']} (team {victim['team']}, level {victim['level']},"
+                  f" {victim['gpus']} GPUs, loses {_dur(victim['lost_s'])} of progress)")
+    return 0 if answer["outcome"] != "rejected" else 1
+
+
+# ---------------------------------------------------------------- jobs and queue
+
+
+def _state(args):
+    from agents.client import load_state
+
+    return load_state(client_url(args))
+
+
+def _repeat(args, draw) -> int:
+    """Draw once, or every --watch seconds until Ctrl-C (clearing the terminal between)."""
+    if not getattr(args, "watch", None):
+        return draw()
+    if args.watch <= 0:
+        raise UserError("--watch takes a positive number of seconds")
+    while True:
+        if not args.json and sys.stdout.isatty():
+            print("\033[2J\033[H", end="")
+        draw()
+        sys.stdout.flush()
+        time.sleep(args.watch)
+
+
+def _filtered(args, rows):
+    from projections.views import keep
+
+    return keep(rows, team=args.team, user=args.user, level=args.level, state=args.state)
+
+
+def cmd_jobs(args) -> int:
+    def draw() -> int:
+        from projections.views import job_rows
+
+        state = _state(args)
+        rows = _filtered(args, job_rows(state))
+        if args.json:
+            print(json.dumps({"t": state.c.t, "jobs": rows, "done": dict(sorted(state.c.done.items()))},
+                             sort_keys=True))
+            return 0
+        print(f"{'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'STATE':<10} {'GPUS':>4} {'WHERE':<16} "
+              f"{'PROGRESS':>8} {'PREEMPT':>7} {'START':>8}  REASON")
+        for r in rows:
+            lvl = f"{r['level']}" + (f"^{r['eff_level']}" if r["eff_level"] != r["level"] else "")
+            where = " ".join(r["placement"]) or "-"
+            start = _dur(r["start_in_s"], "in ") if r["reason_code"] else "-"
+            why = r["reason"] or (f"checkpoint step {r['checkpoint_step']}" if r["checkpoint_step"] is not None else "")
+            print(f"{r['job']:<18} {r['team']:<9} {r['user']:<8} {lvl:>3} {r['state']:<10} {r['gpus']:>4} "
+                  f"{where:<16} {_dur(r['progress_s']):>8} {r['preempt_count']:>7} {start:>8}  {why}")
+        print(f"{len(rows)} open, {state.c.done_count} done")
+        return 0
+    return _repeat(args, draw)
+
+
+def cmd_queue(args) -> int:
+    def draw() -> int:
+        from projections.views import job_rows, queue_levels
+
+        state = _state(args)
+        rows = _filtered(args, job_rows(state))
+        levels = queue_levels(state, rows)
+        if args.level is not None:
+            levels = [lv for lv in levels if lv["level"] == args.level]
+        shown = {r["job"] for r in rows}
+        for lv in levels:
+            lv["holding"] = [h for h in lv["holding"] if h["job"] in shown]
+        if args.json:
+            print(json.dumps({"t": state.c.t, "levels": levels}, sort_keys=True))
+            return 0
+        print(f"{'LVL':>3} {'POLICY':<11} {'POS':>3} {'JOB':<18} {'TEAM':<9} {'USER':<8} {'GPUS':>4} "
+              f"{'STATE':<10} {'WAIT':>7} {'START':>8}  REASON")
+        for lv in levels:
+            for pos, q in enumerate(lv["queued"], 1):
+                print(f"{lv['level']:>3} {lv['policy']:<11} {pos:>3} {q['job']:<18} {q['team']:<9} "
+                      f"{q['user']:<8} {q['gpus']:>4} {'queued':<10} {_dur(q['wait_s']):>7} "
+                      f"{_dur(q['start_in_s'], 'in '):>8}  {q['reason_code']}: {q['reason']}")
+            for h in lv["holding"]:
+                print(f"{lv['level']:>3} {lv['policy']:<11} {'-':>3} {h['job']:<18} {h['team']:<9} "
+                      f"{h['user']:<8} {h['gpus']:>4} {h['state']:<10} {'':>7} {'':>8}")
+        c = state.c
+        free = sum(n.holder.count("") for n in c.nodes.values() if n.up)
+        total = sum(n.gpus for n in c.nodes.values() if n.up)
+        print(f"GPUs free {free}/{total}; sagas open {len(c.sagas)}")
+        return 0
+    return _repeat(args, draw)
+
+
+# ---------------------------------------------------------------- history, logs, nodes, shares
+
+
+def cmd_history(args) -> int:
+    from agents.client import records
+    from projections.views import history_rows, keep
+    from xirang.cmd_data import parse_time
+
+    rows = history_rows(record for _, record in records(client_url(args)))
+    rows = keep(rows, team=args.team, user=args.user, level=args.level, state=args.state,
+                since_t=parse_time(args.since), until_t=parse_time(args.until))
+    if args.json:
+        print(json.dumps({"jobs": rows}, sort_keys=True))
+        return 0
+    print(f"{'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'GPUS':>4} {'STATE':<10} {'EXIT':>4} "
+          f"{'WAIT':>7} {'RUN':>7} {'PREEMPT':>7} {'LOST':>7}  COMPENSATION")
+    for r in rows:
+        comp = ", ".join(f"{k} {v:g}" for k, v in sorted(r["compensation"].items())) or "-"
+        code = "-" if r["exit_code"] is None else str(r["exit_code"])
+        print(f"{r['job']:<18} {r['team']:<9} {r['user']:<8} {r['level']:>3} {r['gpus']:>4} {r['state']:<10} "
+              f"{code:>4} {_dur(r['wait_s']):>7} {_dur(r['run_s']):>7} {r['preemptions']:>7} "
+              f"{_dur(r['lost_progress_s']):>7}  {comp}")
+    print(f"{len(rows)} job(s)")
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from agents.client import records
+    from agents.logs import job_output_paths
+
+    url = client_url(args)
+    paths = job_output_paths([r for _, r in records(url)], args.job, Path(args.data_dir) / "hosts")
+    if paths is None:
+        raise UserError(f"no job {args.job} in the log: see `xirang history` for the jobs it has seen")
+    if not paths:
+        raise UserError(f"{args.job} has not started yet: `xirang jobs --team ...` says why it waits")
+    shown: dict[Path, int] = {}
+    while True:
+        for path in paths:
+            shown[path] = _print_from(path, shown.get(path, 0), header=len(paths) > 1)
+        if not args.follow:
+            return 0
+        time.sleep(0.5)
+        latest = [r for _, r in records(url, start_seq=1)]
+        paths = job_output_paths(latest, args.job, Path(args.data_dir) / "hosts") or paths
+        if _job_ended(latest, args.job):
+            for path in paths:
+                shown[path] = _print_from(path, shown.get(path, 0), header=len(paths) > 1)
+            return 0
+
+
+def _print_from(path: Path, offset: int, header: bool) -> int:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        if header:
+            print(f"==> {path} <==")
+        sys.stdout.write(data.decode("utf-8", "replace"))
+        sys.stdout.flush()
+    return offset + len(data)
+
+
+def _job_ended(recs, job: str) -> bool:
+    from core import types as T
+
+    return any(isinstance(r.event, (T.JobFinished, T.JobFailed, T.JobCancelled)) and r.event.job == job
+               for r in recs)
+
+
+def cmd_nodes(args) -> int:
+    from projections.views import node_rows
+
+    rows = node_rows(_state(args))
+    if args.json:
+        print(json.dumps({"nodes": rows}, sort_keys=True))
+        return 0
+    print(f"{'NODE':<14} {'MODEL':<8} {'GPUS':>4} {'USED':>4} {'FREE':>4} {'STATE':<9}  JOBS")
+    for r in rows:
+        print(f"{r['node']:<14} {r['gpu_model']:<8} {r['gpus']:>4} {r['used']:>4} {r['free']:>4} "
+              f"{r['state']:<9}  {' '.join(r['jobs']) or '-'}")
+    return 0
+
+
+def cmd_shares(args) -> int:
+    from projections.views import share_rows
+
+    rows = share_rows(_state(args))
+    if args.json:
+        print(json.dumps({"teams": rows}, sort_keys=True))
+        return 0
+    print(f"{'TEAM':<12} {'QUOTA':>6} {'SHARE':>7} {'HELD':>5} {'QUEUED':>6} {'USAGE':>6} "
+          f"{'PROTECTED':>10} {'DOWNGRADED':>10} {'FEE':>7}")
+    for r in rows:
+        usage = "-" if r["usage"] is None else f"{r['usage']:.2f}"
+        print(f"{r['team']:<12} {r['quota']:>6g} {r['fair_share_gpus']:>7.1f} {r['held_gpus']:>5} "
+              f"{r['queued_gpus']:>6} {usage:>6} {_dur(r['protected_for_s'], 'for '):>10} "
+              f"{_dur(r['downgraded_for_s'], 'for '):>10} {r['fee_credit']:>7g}")
+    return 0
+
+
+def _dur(seconds, prefix: str = "") -> str:
+    from core.explain import human_duration
+
+    if seconds is None:
+        return "-"
+    return prefix + human_duration(int(seconds * 1000))
