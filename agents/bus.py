@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import uuid
@@ -34,12 +35,16 @@ from core import types as T
 from core.replay import apply_record
 from core.state import State
 
+log = logging.getLogger("xirang.bus")
+
 IN_STREAM = "XR_IN"
 EV_STREAM = "XR_EV"
 IN_PREFIX = "xr.in"
 LOG_PREFIX = "xr.ev.log"
 HOST_PREFIX = "xr.ev.host"
 HB_PREFIX = "xr.hb"
+# Alerts for operators (plain NATS, not stored): `xr.alert.<kind>`, JSON.
+ALERT_PREFIX = "xr.alert"
 SNAP_BUCKET = "XR_SNAP"
 CKPT_BUCKET = "XR_CKPT"
 LEASE_BUCKET = "XR_LEASE"
@@ -224,7 +229,14 @@ async def read_records(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[
                 seq = msg.metadata.sequence.stream
                 if seq > end_seq:
                     return
-                yield seq, T.decode_record(msg.data)
+                try:
+                    record = T.decode_record(msg.data)
+                except msgspec.DecodeError as err:
+                    # Only the scheduler's sealed records form the chain: a stray message
+                    # on the log's subjects is passed over, never folded, never fatal.
+                    log.warning("log reader: skipping undecodable message at XR_EV seq %d: %s", seq, err)
+                else:
+                    yield seq, record
                 if seq == end_seq:
                     return
     finally:

@@ -183,12 +183,33 @@ class HostAgent:
                 await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
-                record = T.decode_record(msg.data)
-                if record.n > self.acted.last_n:
-                    await self._act(record)
-                    self.acted.last_n = record.n
-                    self._save_acted()
-                await msg.ack()
+                await self._handle(msg)
+
+    async def _handle(self, msg) -> None:
+        """Act on one decision, once. A message that does not decode, or whose action
+        fails, is logged and acknowledged: redelivering it would only fail again, on
+        every restart."""
+        try:
+            record = T.decode_record(msg.data)
+        except msgspec.DecodeError as err:
+            log.warning("host %s: skipping undecodable message on %s: %s", self.node, msg.subject, err)
+            await self._ack(msg)
+            return
+        if record.n > self.acted.last_n:
+            try:
+                await self._act(record)
+            except Exception:  # noqa: BLE001 - one bad decision must not stop the host
+                log.exception("host %s: acting on record %d (%s) failed; skipped", self.node,
+                              record.n, T.type_name(record.event))
+            self.acted.last_n = record.n
+            self._save_acted()
+        await self._ack(msg)
+
+    async def _ack(self, msg) -> None:
+        try:
+            await msg.ack()
+        except Exception as err:  # noqa: BLE001 - redelivered later; acted-on records are skipped
+            log.warning("host %s: ack failed: %r", self.node, err)
 
     # ------------------------------------------------------------ decisions
 

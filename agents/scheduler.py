@@ -32,6 +32,8 @@ from nats.js import api
 from nats.js.errors import KeyNotFoundError, KeyValueError, BadRequestError
 
 from core import apply_record, parse_input, step, with_params
+from core.machine import reject_input
+from core.replay import INTERNAL_ERROR
 from core import types as T
 from core.policy import PolicyError
 
@@ -42,6 +44,14 @@ log = logging.getLogger("xirang.scheduler")
 LEASE_KEY = "scheduler"
 # How long a streaming burst of inputs may wait to share one group commit.
 LINGER_MS = 5.0
+
+
+def stamped_input(data: bytes, seq: int, now: int, state_t: int) -> T.Input:
+    """An input as the scheduler steps it: decoded (never raising: bytes out of bounds or
+    undecodable become `Malformed`), stamped with its XR_IN sequence and the time it is
+    taken, never earlier than the state's."""
+    inp = parse_input(data)
+    return msgspec.structs.replace(inp, t=max(now, state_t), seq=seq)
 
 
 class LostLeadership(Exception):
@@ -85,6 +95,7 @@ class Scheduler:
         self.state = None
         self.ev_seq = 0
         self.appended_batches = 0
+        self.internal_errors = 0
         self.nc = self.js = self.kv = None
         self._lease_rev = 0
         self._heard: dict[str, float] = {}
@@ -287,12 +298,13 @@ class Scheduler:
         seq = msg.metadata.sequence.stream
         if seq <= self.state.c.last_input_seq:
             return pending  # applied before a restart: skip, never apply twice
-        inp = parse_input(msg.data)
-        inp = msgspec.structs.replace(inp, t=max(now_ms(), self.state.c.t), seq=seq)
-        return await self._apply(inp, pending)
+        return await self._apply(stamped_input(msg.data, seq, now_ms(), self.state.c.t), pending)
 
     async def _apply(self, inp: T.Input, pending: list) -> list:
-        _, records = step(self.state, inp)
+        try:
+            _, records = step(self.state, inp)
+        except Exception as err:  # noqa: BLE001 - one input must never halt the scheduler
+            records, pending = await self._reject_internal(inp, err, pending)
         if not records:
             return pending
         messages = bus.record_messages(records)
@@ -301,6 +313,30 @@ class Scheduler:
             pending = []
         pending.extend(messages)
         return pending
+
+    async def _reject_internal(self, inp: T.Input, err: Exception,
+                               pending: list) -> tuple[list[T.Record], list]:
+        """`step` raised: the state may be half changed. Append what came before, fold the
+        state back from the log (the state before this input), record the input as
+        rejected with `internal_error`, and raise an alert. The scheduler goes on."""
+        words = f"{type(err).__name__}: {err}"
+        log.error("%s: internal error on input %s (XR_IN seq %d): %s; rejected, state re-read",
+                  self.instance, T.type_name(inp), inp.seq, words, exc_info=err)
+        await self._flush(pending)
+        self.state, self.ev_seq = await bus.load_state(self.js)
+        try:
+            records = reject_input(self.state, inp, INTERNAL_ERROR, words)
+        except Exception:  # noqa: BLE001 - the input cannot even be named: record it bare
+            records = reject_input(self.state, T.Malformed(raw="", error="", t=inp.t, seq=inp.seq),
+                             INTERNAL_ERROR, words)
+        self.internal_errors += 1
+        alert = {"kind": INTERNAL_ERROR, "instance": self.instance, "input_type": T.type_name(inp),
+                 "input_seq": inp.seq, "error": words[:2000], "t": inp.t}
+        try:
+            await self.nc.publish(f"{bus.ALERT_PREFIX}.{INTERNAL_ERROR}", json.dumps(alert).encode())
+        except Exception:  # noqa: BLE001 - the log records it anyway
+            pass
+        return records, []
 
     async def _flush(self, pending: list) -> None:
         if not pending:

@@ -27,7 +27,7 @@ KIND_SUFFIX = re.compile(r"[-_.]?\d+$")
 
 def common_problem(state: State, inp: T.Input) -> tuple[str, str] | None:
     if isinstance(inp, T.Malformed):
-        return "malformed_input", inp.error
+        return inp.reason, inp.error
     if inp.v != T.SCHEMA_VERSION:
         return "unsupported_schema_version", f"v={inp.v}; this scheduler reads v={T.SCHEMA_VERSION}"
     if inp.t < state.c.t:

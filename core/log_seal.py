@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from . import types as T
+from .bounds import NAME_CHARS_MAX, T_MS_MAX, TEXT_CHARS_MAX
 from .evolve import evolve
 from .state import State, live_digest
 
@@ -48,5 +49,9 @@ class Ctx:
 
 def reject(ctx: Ctx, reason: str, detail: str = "") -> None:
     inp = ctx.inp
-    ctx.emit(T.InputRejected(t=max(inp.t, ctx.state.c.t), reason=reason, detail=detail,
-                             input_type=type(inp).__struct_config__.tag, job=T.input_job(inp)))
+    # An input out of bounds must not carry its time or its job id into the log as they are.
+    t = inp.t if isinstance(inp.t, int) and 0 <= inp.t <= T_MS_MAX else 0
+    job = T.input_job(inp)
+    job = job[:NAME_CHARS_MAX].encode("utf-8", "replace").decode("utf-8") if isinstance(job, str) else ""
+    ctx.emit(T.InputRejected(t=max(t, ctx.state.c.t), reason=reason, detail=detail[:TEXT_CHARS_MAX],
+                             input_type=type(inp).__struct_config__.tag, job=job))

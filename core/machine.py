@@ -13,6 +13,7 @@ the state untouched (a quiet tick is not logged at all).
 from __future__ import annotations
 
 from . import types as T
+from .bounds import input_problem
 from .eligibility import may_preempt
 from .inputs import HANDLERS, common_problem
 from .log_seal import Ctx, reject
@@ -42,6 +43,10 @@ def new_state(policy=None) -> State:
 def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
     """Decide on one input: the state, changed in place, and the sealed records of the
     events it led to (an `InputRejected` alone for a bad input; none for a quiet tick)."""
+    # Bounds first: an input outside them may not even survive normalizing (core/bounds.py).
+    out_of_bounds = None if isinstance(inp, T.Malformed) else input_problem(inp)
+    if out_of_bounds:
+        return state, reject_input(state, inp, *out_of_bounds)
     inp = T.normalized(inp)
     ctx = Ctx(state, inp)
     reason = common_problem(state, inp)
@@ -65,6 +70,15 @@ def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
     if not ctx.records:
         state.c.t = recorded_t
     return state, ctx.records
+
+
+def reject_input(state: State, inp: T.Input, reason: str, detail: str) -> list[T.Record]:
+    """Record `inp` as rejected and nothing else: for an input out of bounds, and for a
+    caller that could not step one (an exception inside `step`, with the state restored
+    to what it was before the input)."""
+    ctx = Ctx(state, inp)
+    reject(ctx, reason, detail)
+    return ctx.records
 
 
 def schedule(ctx: Ctx, preempt_for: str) -> None:

@@ -9,12 +9,12 @@ its position.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from . import types as T
 from .evolve import evolve
-from .machine import new_state, step
-from .state import State, live_digest
+from .machine import new_state, reject_input, step
+from .state import State, live_digest, load_snapshot, snapshot_bytes
 
 
 class ChainError(ValueError):
@@ -59,8 +59,34 @@ def rebuild(records: Iterable[T.Record], state: State | None = None, to_n: int |
     return state
 
 
+INTERNAL_ERROR = "internal_error"
+
+
+def step_guarded(state: State, inp: T.Input,
+                 restore: Callable[[], State]) -> tuple[State, list[T.Record], str]:
+    """`step`, except that an exception inside it does not escape: the state is restored
+    (`restore()` returns the state as it was before the input, e.g. folded from the log)
+    and the input is recorded as rejected with `internal_error` and the exception's words.
+    Returns (state, records, the error's words or "")."""
+    try:
+        state, records = step(state, inp)
+        return state, records, ""
+    except Exception as err:  # noqa: BLE001 - one input must never halt the scheduler
+        words = f"{type(err).__name__}: {err}"
+        state = restore()
+        return state, reject_input(state, inp, INTERNAL_ERROR, words), words
+
+
 def run_inputs(inputs: Iterable[T.Input], state: State | None = None) -> Iterator[T.Record]:
     state = state or new_state()
+    # Kept so that an input that makes `step` raise can be undone by folding them again.
+    start = snapshot_bytes(state.c) if state.c.events_n else b""
+    done: list[T.Record] = []
+
+    def restore() -> State:
+        return rebuild(done, load_snapshot(start) if start else None)
+
     for inp in inputs:
-        _, records = step(state, inp)
+        state, records, _ = step_guarded(state, inp, restore)
+        done.extend(records)
         yield from records

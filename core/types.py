@@ -113,6 +113,8 @@ class Malformed(_Input, tag="malformed"):
 
     raw: str
     error: str
+    # Why it was refused, when the bytes were refused before decoding (core/bounds.py).
+    reason: str = "malformed_input"
 
 
 Input = Union[
@@ -403,7 +405,12 @@ def decode_event(data: bytes | str) -> Event:
 def parse_input(data: bytes | str) -> Input:
     """Decode one input line. Never raises: a line that does not decode becomes `Malformed`,
     which the machine turns into `InputRejected` with the decoder's words."""
+    from .bounds import raw_problem  # bounds are checked before anything is decoded
+
     text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
+    problem = raw_problem(data)
+    if problem:
+        return Malformed(raw=text[:200], error=problem[1], reason=problem[0])
     try:
         return _input_decoder.decode(text)
     except msgspec.DecodeError as err:  # ValidationError is a DecodeError

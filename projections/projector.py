@@ -18,6 +18,7 @@ and inserted in bulk, which keeps the projector close to the speed of reading th
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable
 
 import duckdb
@@ -27,6 +28,8 @@ import numpy as np
 from core import types as T
 
 from . import schema
+
+log = logging.getLogger("xirang.projector")
 
 TERMINAL = ("finished", "failed", "cancelled")
 APPEND_TABLES = ("events", "job_events", "queue_wait", "ledger", "team_limits", "declines",
@@ -42,6 +45,7 @@ class Projector:
     def __init__(self, db: str | duckdb.DuckDBPyConnection, stream: str = "XR_EV") -> None:
         self.con = duckdb.connect(db) if isinstance(db, str) else db
         self.stream = stream
+        self.skipped = 0  # undecodable messages passed over
         schema.create(self.con)
         self._cols = {t: schema.columns(self.con, t) for t in APPEND_TABLES + tuple(schema.KEYS)}
         self._dtypes = {t: schema.numpy_dtypes(self.con, t) for t in self._cols}
@@ -81,16 +85,26 @@ class Projector:
     def apply(self, items: Iterable[tuple[int, bytes]]) -> int:
         """Project a batch of (seq, payload) in one transaction; returns records applied."""
         applied = 0
+        applied_or_skipped = False
         try:
             for seq, data in items:
                 if seq <= self.last_seq:
                     continue  # already projected: a redelivery or an overlap on restart
-                record = _record_decoder.decode(data)
+                try:
+                    record = _record_decoder.decode(data)
+                except msgspec.DecodeError as err:
+                    # Not a record the scheduler wrote (it could not have: the chain holds
+                    # only what it sealed): skip it, so one stray message stops nothing.
+                    log.warning("projector: skipping undecodable message at seq %d: %s", seq, err)
+                    self.last_seq = seq
+                    self.skipped += 1
+                    applied_or_skipped = True
+                    continue
                 self._check_link(seq, record)
                 self._project(seq, record, data)
                 self.last_seq, self.last_n, self.last_hash = seq, record.n, record.hash
                 applied += 1
-            if applied:
+            if applied or applied_or_skipped:
                 self._commit()
         except BaseException:
             self._load()  # drop half-applied memory: the database holds the truth

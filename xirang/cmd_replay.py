@@ -7,7 +7,8 @@ import json
 import sys
 import tomllib
 
-from core import PolicyError, load_policy_toml, new_state, parse_input, step
+from core import PolicyError, load_policy_toml, new_state, parse_input, rebuild
+from core.replay import step_guarded
 from core.state import state_digest
 from core.types import SetPolicy, encode, type_name
 
@@ -55,6 +56,7 @@ def run_lines(lines, policy_params: dict | None = None, out=None) -> dict:
     rejected: list[dict] = []
     inputs = 0
     first_line = 1
+    done: list = []  # every record so far: folding them again undoes a failed step
     if policy_params:
         lines = itertools.chain([encode(SetPolicy(t=0, params=policy_params, by="replay --policy"))
                                  .decode()], lines)
@@ -63,7 +65,9 @@ def run_lines(lines, policy_params: dict | None = None, out=None) -> dict:
         if not line.strip():
             continue
         inputs += 1
-        _, records = step(state, parse_input(line))
+        # An input that makes step raise is rejected (internal_error), the state restored.
+        state, records, _ = step_guarded(state, parse_input(line), lambda: rebuild(done))
+        done.extend(records)
         for record in records:
             name = type_name(record.event)
             by_type[name] = by_type.get(name, 0) + 1

@@ -1,0 +1,84 @@
+"""No input stops the live cluster: inputs out of bounds are refused with a reason and the
+next job starts, the scheduler never restarts; a stray message on a host's decision
+subject or on the log's subjects is skipped by the agent, the scheduler and the projector."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agents import bus
+from agents.testing import Cluster, matching, sleep_command
+from core import types as T
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def submit(job: str, **fields) -> bytes:
+    body = {"type": "submit", "job": job, "team": "t", "user": "u", "level": 3, "gpus": 1,
+            "gpu_models": ["H100"], "command": sleep_command(0.2)}
+    body.update(fields)
+    return json.dumps(body).encode()
+
+
+def send_raw(cluster: Cluster, *raws: bytes) -> None:
+    async def go(nc, js):
+        for raw in raws:
+            await bus.send_raw_input(js, raw)
+    cluster._run(go)
+
+
+def publish_plain(cluster: Cluster, subject: str, data: bytes) -> None:
+    async def go(nc, js):
+        await js.publish(subject, data)
+    cluster._run(go)
+
+
+def test_inputs_that_halted_the_scheduler_are_refused_and_a_later_job_runs(tmp_path):
+    with Cluster(tmp_path) as c:
+        sched = c.scheduler("s1")
+        agent = c.agent("h1", "8xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        deep = submit("deep")[:-1] + b', "kind": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+        huge = submit("huge", command=["echo", "x" * (8 * 1024 * 1024 - 8192)])
+        send_raw(c, submit("overflow", est_runtime_s=1e308), deep, huge)
+        records = c.wait_for(T.InputRejected, count=3)
+        reasons = sorted(r.event.reason for r in matching(records, T.InputRejected))
+        assert reasons == ["est_runtime_s_too_large", "input_nested_too_deep", "input_too_large"]
+        send_raw(c, submit("after"))
+        c.wait_for(T.JobFinished, job="after", timeout_s=30)
+        assert sched.poll() is None and agent.poll() is None  # never restarted
+
+
+def test_stray_messages_on_decision_and_log_subjects_are_skipped(tmp_path):
+    with Cluster(tmp_path) as c:
+        sched = c.scheduler("s1")
+        agent = c.agent("h1", "8xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        publish_plain(c, f"{bus.HOST_PREFIX}.h1.JobStartRequested", b"{not a record")
+        publish_plain(c, f"{bus.LOG_PREFIX}.JobStartRequested", b'{"n": "x"}')
+        send_raw(c, submit("after"))
+        records = c.wait_for(T.JobFinished, job="after", timeout_s=30)
+        assert [r.n for r in records] == list(range(1, len(records) + 1))
+        assert sched.poll() is None and agent.poll() is None
+        assert "skipping undecodable" in (c.logs / "h1.log").read_text()
+        # A second scheduler folds the log with the stray message in it.
+        sched.terminate()
+        sched.wait(10)
+        c.scheduler("s2")
+        send_raw(c, submit("after-restart"))
+        c.wait_for(T.JobFinished, job="after-restart", timeout_s=30)
+
+
+def test_the_projector_skips_a_message_it_cannot_decode(tmp_path):
+    from core import run_inputs
+    from projections.projector import Projector
+
+    records = list(run_inputs([T.NodeUp(t=1, node="n1", gpu_model="H100", gpus=8),
+                               T.Submit(t=2, job="a", team="t", user="u", level=3, gpus=1)]))
+    items = [(1, T.encode(records[0])), (2, b"\x00garbage")] + [
+        (seq, T.encode(r)) for seq, r in enumerate(records[1:], 3)]
+    projector = Projector(str(tmp_path / "p.duckdb"))
+    assert projector.apply(items) == len(records)
+    assert projector.skipped == 1 and projector.last_n == records[-1].n
