@@ -34,6 +34,7 @@ from core import load_snapshot, new_state, snapshot_bytes
 from core import types as T
 from core.replay import apply_record
 from core.state import State
+from trust.signing import LogVerifier, sign_records
 
 log = logging.getLogger("xirang.bus")
 
@@ -62,6 +63,10 @@ _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
 class FencingError(RuntimeError):
     """Another writer appended since our last append: our view of the log is stale."""
+
+
+class LogTruncated(RuntimeError):
+    """The log is shorter than a signed snapshot says it was: someone deleted records."""
 
 
 class BatchError(RuntimeError):
@@ -165,8 +170,11 @@ def host_nodes(event: T.Event) -> list[str]:
     return []
 
 
-def record_messages(records: list[T.Record]) -> list[tuple[str, bytes]]:
-    """The log copy of each record, then its host-directed copies (same bytes)."""
+def record_messages(records: list[T.Record], signer=None) -> list[tuple[str, bytes]]:
+    """The log copy of each record, then its host-directed copies (same bytes). With a
+    `trust.signing.Signer`, records are signed first (`sign_records` says which)."""
+    if signer is not None:
+        records = sign_records(records, signer, host_nodes)
     out: list[tuple[str, bytes]] = []
     for record in records:
         data = T.encode(record)
@@ -243,25 +251,47 @@ async def read_records(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[
         await sub.unsubscribe()
 
 
-async def load_state(js, snapshot: bool = True, stats: dict | None = None) -> tuple[State, int]:
+async def load_state(js, snapshot: bool = True, stats: dict | None = None,
+                     keyring=None) -> tuple[State, int]:
     """State folded from the newest snapshot plus the log tail; returns (state, the XR_EV
     sequence it covers). The policy comes from the log (set_policy inputs), never from a
     local file, so a replay of the log rebuilds the same state. `stats`, if given, gets
-    the snapshot's sequence and the number of tail records folded."""
+    the snapshot's sequence and the number of tail records folded. With a
+    `trust.signing.KeyRing`, only a snapshot and records the scheduler signed are trusted
+    (`trust.signing.SignatureError` names the first one that is not)."""
     end_seq = await stream_last_seq(js, EV_STREAM)
-    state, covered = (await load_snapshot_obj(js)) if snapshot else (None, 0)
+    state, covered = (await load_snapshot_obj(js, keyring)) if snapshot else (None, 0)
+    if state is not None and covered > end_seq and keyring is not None:
+        # A snapshot we signed covers records the log no longer has: never rebuild
+        # another history over a deleted one.
+        raise LogTruncated(f"the log ends at XR_EV seq {end_seq} but the scheduler's signed snapshot "
+                           f"covers seq {covered}: records were deleted; restore the stream")
     if state is None or covered > end_seq:
         state, covered = new_state(), 0
-    folded = 0
-    async for _, record in read_records(js, covered + 1, end_seq):
-        apply_record(state, record)
-        folded += 1
+    folded = await fold_records(js, state, covered + 1, end_seq, keyring)
     if stats is not None:
         stats.update(snapshot_seq=covered, tail_records=folded)
     return state, end_seq
 
 
-async def load_snapshot_obj(js) -> tuple[State | None, int]:
+async def fold_records(js, state: State, start_seq: int, end_seq: int, keyring=None) -> int:
+    """Fold the log's records start_seq..end_seq into state, verifying signatures with
+    `keyring` if given (before a record's effect is kept: a forged one raises). Returns
+    how many records were folded."""
+    verifier = LogVerifier(keyring) if keyring is not None else None
+    folded = 0
+    async for _, record in read_records(js, start_seq, end_seq):
+        for trusted, _ in (verifier.admit(record) if verifier is not None else [(record, 0)]):
+            apply_record(state, trusted)
+            folded += 1
+    if verifier is not None:
+        verifier.finish()
+    return folded
+
+
+async def load_snapshot_obj(js, keyring=None) -> tuple[State | None, int]:
+    """The newest snapshot and the XR_EV sequence it covers; with a keyring, only one the
+    scheduler sealed (anyone else's is ignored: the log is folded from the start)."""
     try:
         store = await js.object_store(SNAP_BUCKET)
         result = await store.get(SNAP_OBJECT)
@@ -271,13 +301,23 @@ async def load_snapshot_obj(js) -> tuple[State | None, int]:
         return None, 0
     head, _, body = bytes(result.data).partition(b"\n")
     meta = json.loads(head)
+    if keyring is not None and not keyring.verify_blob(_snapshot_sealed(meta, body), meta.get("seal", {})):
+        return None, 0
     return load_snapshot(body), int(meta["ev_seq"])
 
 
-async def save_snapshot(js, state: State, ev_seq: int) -> None:
+def _snapshot_sealed(meta: dict, body: bytes) -> bytes:
+    return json.dumps({"ev_seq": meta.get("ev_seq"), "events_n": meta.get("events_n")},
+                      sort_keys=True).encode() + b"\n" + body
+
+
+async def save_snapshot(js, state: State, ev_seq: int, signer=None) -> None:
     store = await js.object_store(SNAP_BUCKET)
-    head = json.dumps({"ev_seq": ev_seq, "events_n": state.c.events_n}).encode()
-    await store.put(SNAP_OBJECT, head + b"\n" + snapshot_bytes(state.c))
+    meta = {"ev_seq": ev_seq, "events_n": state.c.events_n}
+    body = snapshot_bytes(state.c)
+    if signer is not None:
+        meta["seal"] = signer.sign_blob(_snapshot_sealed(meta, body))
+    await store.put(SNAP_OBJECT, json.dumps(meta).encode() + b"\n" + body)
 
 
 async def all_records(js) -> list[tuple[int, T.Record]]:

@@ -39,6 +39,8 @@ from nats.js.errors import NotFoundError
 
 from core import types as T
 
+from trust.signing import KeyRing, verify_one
+
 from . import bus
 from .gpus import Inventory
 
@@ -55,6 +57,7 @@ MARKER_ENV = "XR_RUN"
 # A job notified this soon after it started may still be loading the SDK: wait for its
 # marker this long before treating it as a job without the SDK.
 SDK_WAIT_S = 5.0
+NO_KEY = "no_key"
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -81,8 +84,15 @@ class Acted(msgspec.Struct, kw_only=True):
 
 class HostAgent:
     def __init__(self, url: str, node: str, inventory: Inventory, state_dir: str | os.PathLike,
-                 grace_s: float = 10.0, default_command: list[str] | None = None) -> None:
+                 grace_s: float = 10.0, default_command: list[str] | None = None,
+                 keyring_path: str | os.PathLike | None = None) -> None:
         self.url = url
+        # Every decision must carry the scheduler's valid signature before we act on it.
+        # The keyring is read when the first record arrives (the scheduler may make its
+        # key just after we start).
+        self.keyring_path = Path(keyring_path) if keyring_path else None
+        self.keyring = None
+        self._warned_no_key = False
         self.node = node
         self.token = bus.node_token(node)
         self.inventory = inventory
@@ -195,6 +205,15 @@ class HostAgent:
             log.warning("host %s: skipping undecodable message on %s: %s", self.node, msg.subject, err)
             await self._ack(msg)
             return
+        problem = self._untrusted(record)
+        if problem == NO_KEY:
+            await msg.nak(delay=1)
+            return
+        if problem:
+            log.error("host %s: refusing record %d (%s): %s", self.node, record.n,
+                      T.type_name(record.event), problem)
+            await self._ack(msg)
+            return
         if record.n > self.acted.last_n:
             try:
                 await self._act(record)
@@ -210,6 +229,20 @@ class HostAgent:
             await msg.ack()
         except Exception as err:  # noqa: BLE001 - redelivered later; acted-on records are skipped
             log.warning("host %s: ack failed: %r", self.node, err)
+
+    def _untrusted(self, record: T.Record) -> str:
+        """Why this record must not be acted on ('' when the scheduler signed it)."""
+        if self.keyring is None:
+            path = self.keyring_path
+            if path is None or not path.exists():
+                if not self._warned_no_key:
+                    log.error("host %s: no scheduler public key at %s: pass --public-key FILE "
+                              "(from `xirang key create`); decisions wait until it is there",
+                              self.node, path)
+                    self._warned_no_key = True
+                return NO_KEY
+            self.keyring = KeyRing.load(path)
+        return verify_one(self.keyring, record) or ""
 
     # ------------------------------------------------------------ decisions
 

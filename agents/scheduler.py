@@ -31,11 +31,13 @@ import msgspec
 from nats.js import api
 from nats.js.errors import KeyNotFoundError, KeyValueError, BadRequestError
 
-from core import apply_record, parse_input, step, with_params
+from core import parse_input, step, with_params
 from core.machine import reject_input
 from core.replay import INTERNAL_ERROR
 from core import types as T
 from core.policy import PolicyError
+
+from trust.signing import SignatureError
 
 from . import bus
 
@@ -79,8 +81,13 @@ class Scheduler:
     def __init__(self, url: str, instance: str | None = None, tick_ms: int = 1000,
                  group_max: int = 256, node_timeout_ms: int = 10_000, lease_ms: int = 3000,
                  snapshot_every_events: int = 5000, snapshot_every_ms: int = 30_000,
-                 policy: dict | None = None, linger_ms: float | None = None) -> None:
+                 policy: dict | None = None, linger_ms: float | None = None,
+                 signer=None, keyring=None) -> None:
         self.url = url
+        # The log is signed with `signer` (trust.signing.Signer); records and snapshots
+        # read back are trusted only under `keyring` (its own key and any rotated ones).
+        self.signer = signer
+        self.keyring = keyring if keyring is not None else (signer.keyring() if signer else None)
         self.instance = instance or f"sched-{uuid.uuid4().hex[:8]}"
         self.tick_ms = tick_ms
         self.group_max = group_max
@@ -116,6 +123,11 @@ class Scheduler:
                     await self._lead()
                 except LostLeadership as why:
                     log.warning("%s: %s; re-reading the log", self.instance, why)
+                except SignatureError as err:
+                    # Never adopt a record we did not sign: stop leading until it is gone.
+                    log.error("%s: the log holds a record the scheduler did not sign: %s; refusing "
+                              "to act on it (run `xirang audit`)", self.instance, err)
+                    await self._sleep(5.0)
                 except Exception:  # noqa: BLE001 - NATS trouble: step down, re-read, try again
                     log.exception("%s: leading failed; re-reading the log", self.instance)
                     await self._sleep(1.0)
@@ -191,7 +203,7 @@ class Scheduler:
         if self.state is not None:  # a hot standby: only the records appended since it last looked
             stats.update(snapshot_seq=self.ev_seq, tail_records=await self._follow())
         if self.state is None:
-            self.state, self.ev_seq = await bus.load_state(self.js, stats=stats)
+            self.state, self.ev_seq = await bus.load_state(self.js, stats=stats, keyring=self.keyring)
         log.info("%s: state at record %d (snapshot at XR_EV seq %d + %d tail records), XR_EV seq %d,"
                  " XR_IN seq %d, %d open sagas", self.instance, self.state.c.events_n,
                  stats["snapshot_seq"], stats["tail_records"], self.ev_seq,
@@ -219,13 +231,10 @@ class Scheduler:
         few records. Returns how many it folded."""
         try:
             if self.state is None:
-                self.state, self.ev_seq = await bus.load_state(self.js)
+                self.state, self.ev_seq = await bus.load_state(self.js, keyring=self.keyring)
                 return 0
             end = await bus.stream_last_seq(self.js, bus.EV_STREAM)
-            folded = 0
-            async for _, record in bus.read_records(self.js, self.ev_seq + 1, end):
-                apply_record(self.state, record)
-                folded += 1
+            folded = await bus.fold_records(self.js, self.state, self.ev_seq + 1, end, self.keyring)
             self.ev_seq = end
             return folded
         except Exception:  # noqa: BLE001 - a standby that cannot follow re-reads on takeover
@@ -270,7 +279,7 @@ class Scheduler:
             n = self.state.c.events_n
             if n != last_snapshot_n and (n - last_snapshot_n >= self.snapshot_every_events or
                                          time.monotonic() - last_snapshot_at >= self.snapshot_every_ms / 1000):
-                await bus.save_snapshot(self.js, self.state, self.ev_seq)
+                await bus.save_snapshot(self.js, self.state, self.ev_seq, self.signer)
                 last_snapshot_n, last_snapshot_at = n, time.monotonic()
 
     async def _take(self, queue: asyncio.Queue, timeout_s: float) -> list:
@@ -307,7 +316,7 @@ class Scheduler:
             records, pending = await self._reject_internal(inp, err, pending)
         if not records:
             return pending
-        messages = bus.record_messages(records)
+        messages = bus.record_messages(records, self.signer)
         if pending and len(pending) + len(messages) > bus.BATCH_MESSAGES_MAX:
             await self._flush(pending)
             pending = []

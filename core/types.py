@@ -371,14 +371,18 @@ Event = Union[
 ]
 
 
-class Record(msgspec.Struct, kw_only=True):
-    """One sealed event of the log: position, hash chain, and the input it came from."""
+class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One sealed event of the log: position, hash chain, and the input it came from.
+    `key` and `sig` are the scheduler's Ed25519 signature (see trust/signing.py), added
+    outside the core; the chain hash does not cover them."""
 
     n: int
     prev: str
     hash: str
     input_seq: int = 0
     event: Event
+    key: str = ""
+    sig: str = ""
 
 
 GENESIS_HASH = "0" * 64

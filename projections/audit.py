@@ -26,6 +26,7 @@ import msgspec
 from core import ChainError, apply_record, new_state
 from core import types as T
 from core.state import state_digest
+from trust.signing import SignatureError
 
 EPOCH_MS_MIN = 10**12  # below this, t counts from the start of a scenario, not 1970
 
@@ -78,6 +79,11 @@ class Audit:
     jobs: dict[str, JobInfo] = field(default_factory=dict)
     _last_ckpt: dict[str, T.CheckpointRecorded] = field(default_factory=dict)
     _decoder: msgspec.json.Decoder = field(default_factory=lambda: msgspec.json.Decoder(T.Record))
+    # With a trust.signing.LogVerifier, every record must be covered by the scheduler's
+    # signature; without one, a log that carries signatures is refused at the end (the
+    # auditor must say which key to trust), and an unsigned one is said to be unchecked.
+    verifier: object = None
+    signed_records: int = 0
 
     @property
     def done(self) -> bool:
@@ -95,7 +101,18 @@ class Audit:
         if (self.to_n is not None and record.n > self.to_n) or (
                 self.to_t is not None and record.event.t > self.to_t):
             self.stopped_early = True
+            if self.verifier is not None:  # their signature lies past the window's end
+                all(self._fold(r, p) for r, p in self.verifier.unsigned)
             return False
+        try:
+            # Only what the scheduler's signature covers is folded (a forged record never acts).
+            admitted = self.verifier.admit(record, pos) if self.verifier is not None else [(record, pos)]
+        except SignatureError as err:
+            self.problem = Problem(err.n, err.pos or pos, err.problem)
+            return False
+        return all(self._fold(r, p) for r, p in admitted)
+
+    def _fold(self, record: T.Record, pos: int) -> bool:
         try:
             apply_record(self.state, record)
         except ChainError as err:
@@ -105,6 +122,7 @@ class Audit:
             self.problem = Problem(record.n, pos, f"cannot be applied to the state: {err!r}")
             return False
         self.records += 1
+        self.signed_records += bool(record.sig)
         self.last_pos = pos
         if isinstance(record.event, T.StateDigest):
             self.digests += 1
@@ -125,6 +143,26 @@ class Audit:
             return f"record {record.n} appears again after record {expected - 1} (moved or duplicated)"
         return err.problem
 
+    def finish(self) -> None:
+        """After the last record: every record must be covered by a signature."""
+        if self.problem is not None or self.stopped_early:
+            return
+        if self.verifier is not None:
+            try:
+                self.verifier.finish()
+            except SignatureError as err:
+                self.problem = Problem(err.n, err.pos, err.problem)
+        elif self.signed_records:
+            self.problem = Problem(self.state.c.events_n, self.last_pos,
+                                   "the log is signed, but no public key was given to verify it: "
+                                   "pass --public-key FILE (or set XIRANG_PUBLIC_KEY)")
+
+    def signatures(self) -> str:
+        if self.verifier is None:
+            return "not checked (no public key)" if not self.signed_records else "no public key given"
+        keys = ", ".join(sorted(self.verifier.keys_seen)) or "-"
+        return f"{self.verifier.signatures} verified (keys {keys})"
+
     def summary(self, pos_name: str) -> dict:
         c = self.state.c
         out = {
@@ -139,6 +177,7 @@ class Audit:
             "jobs_open": len(c.jobs),
             "jobs_done": c.done_count,
             "sagas_open": len(c.sagas),
+            "signatures": self.signatures(),
         }
         if self.problem:
             out["problem"] = self.problem.words(pos_name)

@@ -18,6 +18,7 @@ OPTIONAL_COMMAND_MODULES = [
     "xirang.cmd_jobs",
     "xirang.cmd_sim",
     "xirang.cmd_data",
+    "xirang.cmd_security",
 ]
 
 

@@ -311,6 +311,9 @@ def _register_audit(sub) -> None:
     window.add_argument("--to-time", metavar="T", help="stop after log time T")
     p.add_argument("--job", metavar="J", help="tell this job's history in plain words")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--public-key", metavar="FILE",
+                   help="the scheduler's public keyring; every record must carry or be covered by its "
+                        "signature (default: $XIRANG_PUBLIC_KEY)")
     p.set_defaults(func=cmd_audit)
 
 
@@ -320,7 +323,8 @@ def cmd_audit(args) -> int:
 
     if args.to_seq is not None and args.to_seq < 0:
         raise _user_error("--to-seq must be a record number >= 0")
-    audit = Audit(job=args.job or "", to_n=args.to_seq, to_t=parse_time(args.to_time))
+    audit = Audit(job=args.job or "", to_n=args.to_seq, to_t=parse_time(args.to_time),
+                  verifier=_log_verifier(args.public_key))
     resolve_source(args)
     if args.log:
         pos_name = "line"
@@ -330,11 +334,22 @@ def cmd_audit(args) -> int:
     else:
         pos_name = "stream seq"
         asyncio.run(_audit_nats(args.nats, audit))
+    audit.finish()
     summary = audit.summary(pos_name)
     if args.job and args.job not in audit.jobs:
         summary["job_problem"] = f"job {args.job} does not appear in the audited log"
     _print_audit(args, audit, summary)
     return 0 if audit.problem is None else 1
+
+
+def _log_verifier(public_key: str | None):
+    from trust.signing import KeyFileError, LogVerifier, find_keyring
+
+    try:
+        keyring = find_keyring(public_key, None)
+    except KeyFileError as err:
+        raise _user_error(str(err)) from err
+    return LogVerifier(keyring) if keyring else None
 
 
 async def _audit_nats(url: str, audit) -> None:
@@ -361,7 +376,7 @@ def _print_audit(args, audit, summary: dict) -> None:
         print(f"verified {audit.records} records before it ({audit.digests} state digests)")
     else:
         print(f"log verified: {audit.records} records, hash chain intact, {audit.digests} state"
-              f" digests match the rebuilt state")
+              f" digests match the rebuilt state; scheduler signatures: {summary['signatures']}")
         print(f"chain head {summary['chain_head']}; state digest {summary['state_digest']}")
     print(f"state at record {summary['last_record']}: {summary['jobs_open']} open jobs,"
           f" {summary['jobs_done']} done, {summary['sagas_open']} open preemptions")

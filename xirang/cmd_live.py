@@ -44,6 +44,12 @@ def register(sub) -> None:
     sched.add_argument("--node-timeout-ms", type=int, default=10_000)
     sched.add_argument("--lease-ms", type=int, default=3000)
     sched.add_argument("--snapshot-every-events", type=int, default=5000)
+    sched.add_argument("--signing-key", metavar="FILE",
+                       help="the scheduler's Ed25519 private key (default: $XIRANG_SIGNING_KEY, else "
+                            "DATA_DIR/keys/scheduler.key, made there on first use)")
+    sched.add_argument("--public-key", metavar="FILE",
+                       help="trusted public keyring, for records signed by rotated keys (default: "
+                            "$XIRANG_PUBLIC_KEY, else DATA_DIR/keys/scheduler.pub)")
     sched.set_defaults(func=cmd_scheduler)
 
     agent = sub.add_parser("agent", help="run a GPU host agent")
@@ -52,6 +58,9 @@ def register(sub) -> None:
     agent.add_argument("--simulate", metavar="NxMODEL", help="simulated inventory, e.g. 8xH100")
     agent.add_argument("--gpu-model", help="override the discovered model name")
     agent.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL")
+    agent.add_argument("--public-key", metavar="FILE",
+                       help="the scheduler's public keyring: decisions are acted on only if signed "
+                            "(default: $XIRANG_PUBLIC_KEY, else DATA_DIR/keys/scheduler.pub)")
     agent.set_defaults(func=cmd_agent)
 
     demo = sub.add_parser("demo", help="the end-to-end demonstration (`make run`)")
@@ -125,17 +134,33 @@ def cmd_scheduler(args) -> int:
             params = policy_params(args.policy)
         except (OSError, PolicyError) as err:
             raise _user_error(str(err)) from err
+    signer, keyring = scheduler_keys(args)
     _logging(args)
     url, server = server_url(args)
     try:
         asyncio.run(run_scheduler(
             url, instance=args.id, tick_ms=args.tick_ms, group_max=args.group_max,
             node_timeout_ms=args.node_timeout_ms, lease_ms=args.lease_ms,
-            snapshot_every_events=args.snapshot_every_events, policy=params, linger_ms=args.linger_ms))
+            snapshot_every_events=args.snapshot_every_events, policy=params, linger_ms=args.linger_ms,
+            signer=signer, keyring=keyring))
     finally:
         if server:
             server.stop()
     return 0
+
+
+def scheduler_keys(args):
+    """The scheduler's signing key and the keys it trusts (its own plus the keyring's)."""
+    from trust.signing import KeyFileError, KeyRing, find_keyring, find_signer
+
+    try:
+        signer = find_signer(args.signing_key, args.data_dir, create=True)
+        ring = find_keyring(args.public_key, args.data_dir)
+    except KeyFileError as err:
+        raise _user_error(str(err)) from err
+    keys = dict(ring.keys) if ring else {}
+    keys.update(signer.keyring().keys)
+    return signer, KeyRing(keys)
 
 
 def cmd_agent(args) -> int:
@@ -151,8 +176,11 @@ def cmd_agent(args) -> int:
     _logging(args)
     url, server = server_url(args)
     try:
+        from trust.signing import keyring_path
+
         asyncio.run(run_host(url, node=args.node, inventory=inventory,
-                             state_dir=Path(args.data_dir) / "hosts", grace_s=args.grace_s))
+                             state_dir=Path(args.data_dir) / "hosts", grace_s=args.grace_s,
+                             keyring_path=keyring_path(args.public_key, args.data_dir)))
     finally:
         if server:
             server.stop()

@@ -1,0 +1,150 @@
+"""Only the scheduler writes the log, provably: records carry its Ed25519 signature, and
+audit, the scheduler and host agents refuse a record it did not sign, even one whose
+plain hash chain was recomputed by the forger."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sys
+import time
+
+import msgspec
+import pytest
+
+from agents import bus
+from agents.testing import Cluster, matching
+from core import types as T
+from projections.testing import workload_records, write_jsonl, xirang
+from trust.signing import LogVerifier, SignatureError, Signer, create_key, sign_records
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _signed(records, signer) -> list[T.Record]:
+    """Sign as the scheduler does: per input (a run of records with one input_seq)."""
+    out, group = [], []
+    for record in records:
+        if group and record.input_seq != group[0].input_seq:
+            out += sign_records(group, signer, bus.host_nodes)
+            group = []
+        group.append(record)
+    return out + sign_records(group, signer, bus.host_nodes)
+
+
+def _forged_after(last: T.Record, event: T.Event) -> T.Record:
+    """What a writer without the key can make: a record whose hash chain is perfect."""
+    digest = hashlib.sha256(last.hash.encode() + T.encode(event)).hexdigest()
+    return T.Record(n=last.n + 1, prev=last.hash, hash=digest, input_seq=last.input_seq + 1, event=event)
+
+
+def _forged_start(last: T.Record, node: str, command: list[str]) -> T.JobStartRequested:
+    return T.JobStartRequested(t=last.event.t, job="evil", nodes=[node],
+                               placement=[T.Slot(node=node, gpus=[0])], command=command)
+
+
+@pytest.fixture
+def keys(tmp_path):
+    private, public, _ = create_key(tmp_path / "keys")
+    return Signer.load(private), str(public)
+
+
+def _audit(log: str, *extra: str) -> tuple[int, dict]:
+    result = xirang("audit", "--log", log, "--json", *extra)
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_audit_verifies_a_signed_log_and_names_a_forged_record_with_a_recomputed_chain(tmp_path, keys):
+    signer, public = keys
+    records = _signed(workload_records(jobs=40), signer)
+    good = write_jsonl(str(tmp_path / "good.jsonl"), records)
+    rc, summary = _audit(good, "--public-key", public)
+    assert rc == 0, summary
+    assert summary["signatures"].startswith(f"{sum(bool(r.sig) for r in records)} verified")
+
+    forged = _forged_after(records[-1], _forged_start(records[-1], "gpu-a", ["id"]))
+    bad = write_jsonl(str(tmp_path / "bad.jsonl"), [*records, forged])
+    rc, summary = _audit(bad, "--public-key", public)
+    assert rc == 1 and summary["problem_record"] == forged.n
+    assert summary["problem_line"] == len(records) + 1
+    assert "not signed by the scheduler" in summary["problem"]
+
+
+def test_a_record_signed_with_another_key_or_a_copied_signature_is_refused(tmp_path, keys):
+    signer, public = keys
+    records = _signed(workload_records(jobs=20), signer)
+    rogue = Signer.load(create_key(tmp_path / "rogue")[0])
+    forged = rogue.sign_record(_forged_after(records[-1], _forged_start(records[-1], "gpu-a", ["id"])))
+    rc, summary = _audit(write_jsonl(str(tmp_path / "rogue.jsonl"), [*records, forged]), "--public-key", public)
+    assert rc == 1 and summary["problem_record"] == forged.n and "not a trusted scheduler key" in summary["problem"]
+
+    copied = msgspec.structs.replace(_forged_after(records[-1], records[-1].event),
+                                     key=records[-1].key, sig=records[-1].sig)
+    rc, summary = _audit(write_jsonl(str(tmp_path / "copy.jsonl"), [*records, copied]), "--public-key", public)
+    assert rc == 1 and summary["problem_record"] == copied.n and "does not verify" in summary["problem"]
+
+
+def test_a_signed_log_needs_a_public_key_to_pass_audit_and_a_rotated_key_still_verifies(tmp_path, keys):
+    signer, public = keys
+    first = _signed(workload_records(jobs=20), signer)
+    rc, summary = _audit(write_jsonl(str(tmp_path / "a.jsonl"), first))
+    assert rc == 1 and "--public-key" in summary["problem"]
+
+    new_private, _, new_id = create_key(tmp_path / "keys", rotate=True)
+    rotated = Signer.load(new_private)
+    event = T.TeamProtected(t=first[-1].event.t + 1, team="a", until_t=0, preempted_in_window=0)
+    tail = _forged_after(first[-1], event)  # chained, then signed with the rotated key
+    log = write_jsonl(str(tmp_path / "b.jsonl"), [*first, rotated.sign_record(tail)])
+    rc, summary = _audit(log, "--public-key", public)
+    assert rc == 0, summary
+    assert new_id in summary["signatures"] and signer.key_id in summary["signatures"]
+
+
+def test_log_verifier_refuses_unsigned_records_between_signed_ones(keys):
+    signer, _ = keys
+    one_per_input = [msgspec.structs.replace(r, input_seq=i + 1) for i, r in enumerate(workload_records(jobs=10))]
+    records = _signed(one_per_input, signer)
+    stripped = [msgspec.structs.replace(r, key="", sig="") if i == 5 else r for i, r in enumerate(records)]
+    verifier = LogVerifier(signer.keyring())
+    with pytest.raises(SignatureError):
+        for record in stripped:
+            verifier.admit(record)
+        verifier.finish()
+
+
+def test_the_live_log_is_signed_and_a_forged_decision_is_never_acted_on(tmp_path):
+    """A writer without the key appends a start order for a host with a perfect hash chain
+    (the attack of issue 13): the host refuses to run it, the scheduler refuses to adopt
+    it, and audit names it."""
+    marker = tmp_path / "pwned"
+    with Cluster(tmp_path) as c:
+        c.scheduler()
+        c.agent("h1", "4xH100")
+        records = c.wait_for(T.NodeJoined, node="h1")
+        assert all(r.key for r in records if r.sig) and records[-1].sig
+        verifier = LogVerifier(Signer.load(tmp_path / "keys" / "scheduler.key").keyring())
+        for record in records:
+            verifier.admit(record)
+        verifier.finish()
+
+        command = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"]
+
+        async def forge(nc, js):
+            last_seq = await bus.stream_last_seq(js, bus.EV_STREAM)
+            ordered = [r for _, r in await bus.all_records(js)]
+            forged = _forged_after(ordered[-1], _forged_start(ordered[-1], "h1", command))
+            await bus.publish_atomic(nc, bus.record_messages([forged]), last_seq, "intruder")
+            return forged
+
+        forged = c._run(forge)
+        c.send(T.Submit(job="after", team="a", user="u", level=5, gpus=1))
+        result = xirang("audit", "--nats", c.url, "--public-key", str(tmp_path / "keys" / "scheduler.pub"),
+                        "--json")
+        summary = json.loads(result.stdout)
+        assert result.returncode == 1 and summary["problem_record"] == forged.n
+        time.sleep(3)
+        assert not marker.exists()
+        assert not matching(c.records()[forged.n:], T.JobSubmitted, job="after")
+        assert "refusing record" in (c.logs / "h1.log").read_text()
+        assert "did not sign" in (c.logs / "s1.log").read_text()
