@@ -305,7 +305,7 @@ def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
         _stop_children([proc for _, proc in children])
         stop_job_processes(out)  # none are left when the demo ran to its end
         server.stop()
-    verify = _verify_and_export(timeline.records, out / "events.jsonl")
+    verify = _verify_and_export(timeline.records, out / "events.jsonl", out / "keys" / "scheduler.pub")
     summary = _summary(timeline, out, outcome, verify)
     summary["wall_s"] = round(time.monotonic() - started, 1)
     if as_json:
@@ -317,15 +317,21 @@ def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
     return 0 if good else 1
 
 
-def _verify_and_export(records: list[T.Record], path: Path) -> str:
+def _verify_and_export(records: list[T.Record], path: Path, keyring_file: Path) -> str:
+    from trust.signing import KeyRing, LogVerifier
+
     with open(path, "wb") as fh:
         for record in records:
             fh.write(T.encode(record) + b"\n")
     try:
-        state = rebuild(records)
+        verifier = LogVerifier(KeyRing.load(keyring_file))
+        trusted = [r for record in records for r, _ in verifier.admit(record)]
+        verifier.finish()
+        state = rebuild(trusted)
     except ValueError as err:
         return f"VERIFICATION FAILED: {err}"
-    return f"hash chain and state digests verified (head {state.c.chain[:16]})"
+    return (f"hash chain, state digests and {verifier.signatures} scheduler signatures verified "
+            f"(head {state.c.chain[:16]}; `xirang audit --log {path} --public-key {keyring_file}`)")
 
 
 def clean(path: str) -> None:

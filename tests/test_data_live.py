@@ -42,7 +42,8 @@ def test_projection_and_audit_read_what_the_live_scheduler_wrote(tmp_path):
         while not _committed_sagas(url, db) and time.monotonic() < deadline:
             time.sleep(0.5)
         sagas = _committed_sagas(url, db)
-        audit = xirang("audit", "--nats", url, "--job", "low-1", "--json")
+        audit = xirang("audit", "--nats", url, "--job", "low-1", "--json",
+                       "--public-key", f"{data}/keys/scheduler.pub")
     assert [s[1] for s in sagas] == ["urgent"] and sagas[0][2] > sagas[0][3]
     summary = json.loads(audit.stdout)
     assert audit.returncode == 0 and summary["ok"], summary

@@ -313,7 +313,7 @@ def _register_audit(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--public-key", metavar="FILE",
                    help="the scheduler's public keyring; every record must carry or be covered by its "
-                        "signature (default: $XIRANG_PUBLIC_KEY)")
+                        "signature (default: $XIRANG_PUBLIC_KEY, else .xirang/keys/scheduler.pub if there)")
     p.set_defaults(func=cmd_audit)
 
 
@@ -346,7 +346,7 @@ def _log_verifier(public_key: str | None):
     from trust.signing import KeyFileError, LogVerifier, find_keyring
 
     try:
-        keyring = find_keyring(public_key, None)
+        keyring = find_keyring(public_key, ".xirang")  # `xirang up`'s key when run beside it
     except KeyFileError as err:
         raise _user_error(str(err)) from err
     return LogVerifier(keyring) if keyring else None
