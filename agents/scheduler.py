@@ -332,7 +332,7 @@ class Scheduler:
         log.error("%s: internal error on input %s (XR_IN seq %d): %s; rejected, state re-read",
                   self.instance, T.type_name(inp), inp.seq, words, exc_info=err)
         await self._flush(pending)
-        self.state, self.ev_seq = await bus.load_state(self.js)
+        self.state, self.ev_seq = await bus.load_state(self.js, keyring=self.keyring)
         try:
             records = reject_input(self.state, inp, INTERNAL_ERROR, words)
         except Exception:  # noqa: BLE001 - the input cannot even be named: record it bare
