@@ -63,6 +63,7 @@ BAD_ARGUMENTS = {
     "tune": [["tune", "--apply"]],
     "whatif": [["whatif", "--policy", "missing.toml", "--log", "missing.jsonl"]],
     "report": [["report", "--from", "x", "--to", "y"]],
+    "key": [["key", "show", "--dir", "missing"], ["key", "rotate", "--dir", "missing"], ["key"]],
 }
 
 
