@@ -6,7 +6,8 @@ projector writes (each request on its own cursor, so it sees the last committed 
 Routes: `/` the page (rendered on the server, so the numbers are in the HTML, and
 refreshed every two seconds by a few lines of JavaScript fetching `/fragment`);
 `/metrics` Prometheus text; `/api/snapshot` the same numbers as JSON; `/api/sql?q=SELECT…`
-read-only SQL as JSON (one SELECT-like statement); `/healthz`.
+read-only SQL as JSON for analysts with the token (`projections/analyst_sql.py` says how it
+is kept read-only); `/healthz`.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from urllib.parse import parse_qs, urlparse
 import duckdb
 
 from . import metrics
+from .analyst_sql import AnalystSql, Refused, lock_down
 from .audit import fmt_ms, fmt_t
 
 REFRESH_MS = 2000
-READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#0f1419;color:#d8dee9}
@@ -157,6 +158,7 @@ def render_page(snap: dict) -> str:
 
 class _Handler(BaseHTTPRequestHandler):
     con: duckdb.DuckDBPyConnection  # set on the subclass made by `serve`
+    sql: AnalystSql
 
     def log_message(self, *args) -> None:  # quiet: the dashboard is polled every 2 s
         return None
@@ -184,20 +186,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _sql(self, cur, query: str) -> None:
         try:
-            statements = cur.extract_statements(query)
-            if len(statements) != 1 or statements[0].type.name not in READ_ONLY_STATEMENTS:
-                return self._send(400, "application/json", json.dumps(
-                    {"error": "give exactly one SELECT statement in q="}))
-            result = cur.execute(query)
-            names = [d[0] for d in result.description]
-            rows = [dict(zip(names, row)) for row in result.fetchall()]
+            self.sql.check_token(self.headers.get("Authorization"))
+            rows, truncated = self.sql.run(cur, query)
+        except Refused as err:
+            return self._send(err.status, "application/json", json.dumps({"error": str(err)}))
         except duckdb.Error as err:
             return self._send(400, "application/json", json.dumps({"error": str(err)}))
-        self._send(200, "application/json", json.dumps(rows, default=str))
+        self._send(200, "application/json", json.dumps(rows, default=str),
+                   {"X-Xirang-Truncated": "true"} if truncated else None)
 
-    def _send(self, status: int, ctype: str, body: str) -> None:
+    def _send(self, status: int, ctype: str, body: str, headers: dict | None = None) -> None:
         data = body.encode()
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
@@ -205,9 +207,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-def serve(con: duckdb.DuckDBPyConnection, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """Start serving in a daemon thread; `server.server_address` has the port."""
-    handler = type("DashboardHandler", (_Handler,), {"con": con})
+def serve(con: duckdb.DuckDBPyConnection, host: str = "127.0.0.1", port: int = 0,
+          sql: AnalystSql | None = None) -> ThreadingHTTPServer:
+    """Start serving in a daemon thread; `server.server_address` has the port. The database
+    is locked down first (no file access, configuration locked) for `/api/sql`'s sake."""
+    lock_down(con)
+    handler = type("DashboardHandler", (_Handler,), {"con": con, "sql": sql or AnalystSql(token="")})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()

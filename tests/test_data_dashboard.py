@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import duckdb
@@ -49,6 +51,9 @@ def run_chromium(url: str, tmp_path, *mode: str) -> str:
     return result.stdout
 
 
+SQL_TOKEN = "analyst-token-1"
+
+
 def get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return resp.read()
@@ -83,10 +88,11 @@ def live_dashboard(tmp_path):
     proc = None
     try:
         publish(server.url, workload_records()[:10])  # the stream exists before the dashboard
+        (tmp_path / "sql.token").write_text(SQL_TOKEN + "\n")
         proc = subprocess.Popen(
             [sys.executable, "-m", "xirang.cli", "dashboard", "--nats", server.url, "--db",
-             str(tmp_path / "dash.duckdb"), "--port", "0"], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, cwd=REPO)
+             str(tmp_path / "dash.duckdb"), "--port", "0", "--sql-token-file", str(tmp_path / "sql.token")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
         line = proc.stdout.readline()
         port = int(re.search(r"127\.0\.0\.1:(\d+)/", line).group(1))
         yield server, f"http://127.0.0.1:{port}"
@@ -141,13 +147,35 @@ def test_metrics_endpoint_speaks_prometheus_text(live_dashboard):
     assert "# TYPE xirang_preemption_success_ratio gauge" in text
 
 
-def test_sql_over_http_answers_selects_and_refuses_writes(live_dashboard):
+def _sql(url: str, query: str, token: str | None = SQL_TOKEN) -> tuple[int, object]:
+    request = urllib.request.Request(url + "/api/sql?" + urllib.parse.urlencode({"q": query}))
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_sql_over_http_answers_one_select_with_the_token_and_refuses_everything_else(live_dashboard, tmp_path):
     _, url = live_dashboard
-    query = url + "/api/sql?q=SELECT%20count(*)%20AS%20n%20FROM%20events"
-    assert wait_for(lambda: json.loads(get(query)) == [{"n": 10}])
-    with pytest.raises(urllib.error.HTTPError) as err:
-        get(url + "/api/sql?q=DROP%20TABLE%20jobs")
-    assert err.value.code == 400
+    assert wait_for(lambda: _sql(url, "SELECT count(*) AS n FROM events") == (200, [{"n": 10}]))
+    assert _sql(url, "SELECT 1", token=None)[0] == 401
+    assert _sql(url, "SELECT 1", token="wrong")[0] == 401
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret\n")
+    attacks = [f"SELECT * FROM read_csv('{secret}')", f"SELECT * FROM read_text('{secret}')",
+               f"SELECT * FROM glob('{tmp_path}/*')", f"COPY events TO '{tmp_path}/out.csv'",
+               f"EXPLAIN ANALYZE COPY events TO '{tmp_path}/out2.csv'", "EXPLAIN ANALYZE DELETE FROM events",
+               "DELETE FROM events", "DROP TABLE jobs", "INSTALL httpfs", f"ATTACH '{tmp_path}/x.duckdb' AS x",
+               "SET enable_external_access = true", "SELECT 1; DELETE FROM events",
+               "SELECT * FROM query('DELETE FROM events')"]
+    for attack in attacks:
+        status, answer = _sql(url, attack)
+        assert status == 400 and "error" in answer, (attack, answer)
+    assert not list(tmp_path.glob("out*.csv")) and not (tmp_path / "x.duckdb").exists()
+    assert _sql(url, "SELECT count(*) AS n FROM events") == (200, [{"n": 10}])  # nothing was deleted
 
 
 def _alerts_at(spec: Spec, at_t: int) -> tuple[list[alerts.Alert], str, str]:

@@ -397,18 +397,29 @@ def _register_dashboard(sub) -> None:
     add_db(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8321, help="port (0 picks a free one; default 8321)")
+    p.add_argument("--sql-token-file", metavar="FILE",
+                   help="file holding the token analysts send to /api/sql (Authorization: Bearer); "
+                        "default $XIRANG_SQL_TOKEN; without either /api/sql is off")
+    p.add_argument("--sql-time-limit-s", type=float, default=5.0, help="stop a query after this long")
+    p.add_argument("--sql-rows-max", type=int, default=10_000, help="rows an /api/sql answer holds at most")
     p.set_defaults(func=cmd_dashboard)
 
 
 def cmd_dashboard(args) -> int:
     from projections import dashboard
+    from projections.analyst_sql import AnalystSql, token_from
     from projections.logsource import jsonl_batches
 
     resolve_source(args)
     stream = f"file:{os.path.abspath(args.log)}" if args.log else "XR_EV"
+    try:
+        sql = AnalystSql(token=token_from(args.sql_token_file), time_limit_s=args.sql_time_limit_s,
+                         rows_max=args.sql_rows_max)
+    except OSError as err:
+        raise _user_error(f"cannot read --sql-token-file: {err}") from err
     proj = open_projector(args.db, stream=stream)
     try:
-        server = dashboard.serve(proj.con, args.host, args.port)
+        server = dashboard.serve(proj.con, args.host, args.port, sql)
     except OSError as err:
         raise _user_error(f"cannot listen on {args.host}:{args.port}: {err.strerror}"
                           " (pick another --port, or 0 for a free one)") from err

@@ -1,0 +1,84 @@
+"""The analyst's SQL endpoint behind the dashboard's `/api/sql`: read-only, by construction.
+
+A query is refused unless every one of these holds, each a separate wall:
+- a token: the request carries `Authorization: Bearer <token>` equal to the dashboard's
+  (`--sql-token-file` or `$XIRANG_SQL_TOKEN`); without one configured, the endpoint is off;
+- DuckDB's own parser finds exactly one statement and it is a `SELECT` (not string
+  matching: `EXPLAIN ANALYZE DELETE`, `COPY`, `ATTACH`, `INSTALL`, `SET`, `PRAGMA` are
+  other statement types);
+- the database has `enable_external_access = false` and `lock_configuration = true`, set
+  once before serving, so no function can read or write a file (`read_csv`, `read_text`,
+  `glob`, extensions) and no query can turn that back on;
+- the statement runs inside a transaction that is always rolled back, is interrupted after
+  `time_limit_s`, and returns at most `rows_max` rows (the answer says it was truncated).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import threading
+from dataclasses import dataclass
+
+import duckdb
+
+TOKEN_ENV = "XIRANG_SQL_TOKEN"
+TIME_LIMIT_S = 5.0
+ROWS_MAX = 10_000
+
+
+class Refused(Exception):
+    """A query the endpoint will not run: `status` (HTTP) and words that say why."""
+
+    def __init__(self, status: int, words: str) -> None:
+        super().__init__(words)
+        self.status = status
+
+
+def lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """No file access and no configuration changes from here on, for this database."""
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def token_from(path: str | None) -> str:
+    """The token from a file (no secrets on command lines), else the environment."""
+    if path:
+        with open(path) as fh:
+            return fh.read().strip()
+    return os.environ.get(TOKEN_ENV, "")
+
+
+@dataclass
+class AnalystSql:
+    token: str
+    time_limit_s: float = TIME_LIMIT_S
+    rows_max: int = ROWS_MAX
+
+    def check_token(self, authorization: str | None) -> None:
+        if not self.token:
+            raise Refused(403, f"/api/sql is off: start the dashboard with --sql-token-file FILE "
+                               f"or ${TOKEN_ENV}")
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise Refused(401, "send the dashboard's token: Authorization: Bearer <token>")
+
+    def run(self, cur: duckdb.DuckDBPyConnection, query: str) -> tuple[list[dict], bool]:
+        """(rows as dicts, truncated at rows_max)."""
+        statements = cur.extract_statements(query)
+        if len(statements) != 1 or statements[0].type.name != "SELECT":
+            kinds = ", ".join(s.type.name for s in statements) or "none"
+            raise Refused(400, f"give exactly one SELECT statement in q= (got: {kinds})")
+        timer = threading.Timer(self.time_limit_s, cur.interrupt)
+        cur.begin()
+        timer.start()
+        try:
+            result = cur.execute(query)
+            names = [d[0] for d in result.description]
+            rows = result.fetchmany(self.rows_max + 1)
+        except duckdb.InterruptException as err:
+            raise Refused(400, f"the query ran past {self.time_limit_s:g} s and was stopped") from err
+        finally:
+            timer.cancel()
+            cur.rollback()
+        return [dict(zip(names, row)) for row in rows[:self.rows_max]], len(rows) > self.rows_max
