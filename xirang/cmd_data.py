@@ -7,7 +7,7 @@
     xirang dashboard (--nats URL | --log FILE) [--db FILE] [--port P]
     xirang alerts    [--db FILE] [--json]
     xirang ab report [--db FILE] [--json] [--seed S]
-    xirang tune      [--db FILE] (--out FILE | --nats URL) [--apply]
+    xirang tune      (--log FILE | --nats URL) [--from T] [--to T] [--out FILE | --apply [--every S]]
     xirang report    --from T --to T [--db FILE] [--out FILE.html]
     xirang whatif    --policy ALT.toml (--log FILE | --nats URL) [--from T --to T]
 
@@ -503,47 +503,99 @@ def cmd_ab_report(args) -> int:
 
 
 def _register_tune(sub) -> None:
-    p = sub.add_parser("tune", help="propose policy changes from recent outcomes (set_policy inputs)")
-    add_db(p)
-    p.add_argument("--window-ms", type=int, default=None, help="recent outcomes to look at (default 6 h)")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--out", metavar="FILE", help="append the proposals to FILE as set_policy inputs")
-    out.add_argument("--nats", metavar="URL", help="with --apply, publish them to XR_IN on this server")
-    p.add_argument("--apply", action="store_true", help="publish to XR_IN (needs --nats)")
+    p = sub.add_parser("tune", help="learn policy changes by replaying the recent log (set_policy inputs)")
+    add_source(p)
+    p.add_argument("--from", dest="from_t", metavar="T", help="window start (default: --window-ms before the end)")
+    p.add_argument("--to", dest="to_t", metavar="T", help="window end (default: the log's last time)")
+    p.add_argument("--window-ms", type=int, default=None, help="recent log to replay (default 6 h)")
+    p.add_argument("--group", action="append", metavar="G", help="parameter group(s) to tune (default:"
+                   " all of guaranteed_shares, decision_model, fairness, safe_points)")
+    p.add_argument("--param", action="append", metavar="P", help="only these parameters (e.g."
+                   " net_benefit_min, level_weight[0]; default: every one of the groups)")
+    p.add_argument("--evals", type=int, default=4, help="replays per parameter at most (default 4)")
+    p.add_argument("--urgent-weight", type=float, default=1.0, help="objective: weight of an urgent GPU-hour of wait")
+    p.add_argument("--lost-weight", type=float, default=1.0, help="objective: weight of a GPU-hour of lost work")
+    p.add_argument("--fairness-weight", type=float, default=1.0, help="objective: weight of the Jain drop")
+    p.add_argument("--urgent-tick-s", type=float, default=5.0, help="replays: how often a waiting urgent"
+                   " job is re-evaluated (default 5 s; coarser is faster and less faithful)")
+    p.add_argument("--out", metavar="FILE", help="append the proposals to FILE as set_policy inputs")
+    p.add_argument("--apply", action="store_true", help="publish them to XR_IN (needs --nats)")
+    p.add_argument("--every", type=float, metavar="S", help="with --apply: run every S seconds, watching"
+                   " each change over the next window and reverting it if it made things worse")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_tune)
 
 
 def cmd_tune(args) -> int:
-    from projections import metrics, tuner
+    from projections import tuner
 
-    if args.apply and not args.nats:
-        raise _user_error("--apply publishes to XR_IN: give --nats URL too (or --out FILE offline)")
     if args.window_ms is not None and args.window_ms <= 0:
         raise _user_error("--window-ms must be positive")
-    con = open_readonly(args.db)
-    now = metrics.now_t(con)
-    proposals = tuner.propose(con, now, args.window_ms or tuner.WINDOW_MS)
-    inputs = [p.as_input(t=now) for p in proposals]
-    sent = []
+    if args.evals < 1:
+        raise _user_error("--evals must be at least 1")
+    if args.urgent_tick_s <= 0:
+        raise _user_error("--urgent-tick-s must be positive")
+    for group in args.group or []:
+        if group not in tuner.GROUPS:
+            raise _user_error(f"--group {group!r}: one of {', '.join(tuner.GROUPS)}")
+    for label in args.param or []:
+        try:
+            tuner.param_by_label(label)
+        except KeyError as err:
+            raise _user_error(str(err.args[0])) from err
+    resolve_source(args)
+    if args.apply and not args.nats:
+        raise _user_error("--apply publishes to XR_IN: read the log from --nats URL (or write --out FILE)")
+    if args.every is not None and (args.every <= 0 or not args.apply):
+        raise _user_error("--every S needs --apply and S > 0")
+    objective = tuner.Objective(args.urgent_weight, args.lost_weight, args.fairness_weight)
+    while True:
+        _tune_once(args, objective)
+        if args.every is None:
+            return 0
+        import time
+
+        time.sleep(args.every)
+
+
+def _tune_once(args, objective) -> None:
+    from projections import tuner, windows
+
+    records = load_records(args)
+    first_t, last_t = windows.record_span(records)
+    window_ms = args.window_ms or tuner.WINDOW_MS
+    given_from, given_to = parse_time(args.from_t), parse_time(args.to_t)
+    span = windows.resolve(given_from, given_to, first_t, last_t)
+    if given_from is None:
+        span = windows.Span(max(first_t, span.to_t - window_ms), span.to_t,
+                            f"the last {window_ms / 3_600_000:g} h of the log" if given_to is None else span.chosen)
+    try:
+        result = tuner.cycle(records, span.from_t, span.to_t, objective, args.group, args.evals, window_ms,
+                             only=args.param, sim_options={"urgent_tick_s": args.urgent_tick_s})
+    except ValueError as err:
+        raise _user_error(f"tune: {err}") from err
+    inputs = [p.as_input(t=last_t) for p in result.proposals]
     if args.out and inputs:
         from core import types as T
 
         with open(args.out, "ab") as fh:
             for inp in inputs:
                 fh.write(T.encode(inp) + b"\n")
-    if args.apply and inputs:
-        sent = asyncio.run(_send_inputs(args.nats, inputs))
-    result = {"proposals": [{"params": p.params, "reason": p.reason} for p in proposals],
-              "written_to": args.out if inputs else None, "published_xr_in_seqs": sent}
+    sent = asyncio.run(_send_inputs(args.nats, inputs)) if args.apply and inputs else []
+    out = {"window": span.as_dict(), "objective": objective.describe(), "watched": result.watched,
+           "proposals": [p.as_dict() for p in result.proposals], "replays": result.runs,
+           "written_to": args.out if inputs else None, "published_xr_in_seqs": sent}
     if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        for p in proposals:
-            print(f"propose {json.dumps(p.params)}: {p.reason}")
-        if not proposals:
-            print("no change proposed: recent outcomes are within the tuner's targets")
-    return 0
+        print(json.dumps(out, indent=1), flush=True)
+        return
+    print(f"tune: {span.describe()}; objective: {objective.describe()}")
+    if result.watched:
+        print(f"last change {json.dumps(result.watched['params'])}: {result.watched['verdict']}")
+    for p in result.proposals:
+        print(f"propose {json.dumps(p.params)}: {p.reason}")
+    if not result.proposals:
+        print("no change proposed: no candidate beat the current policy by the margin on the replay")
+    print(flush=True)
 
 
 async def _send_inputs(url: str, inputs) -> list[int]:

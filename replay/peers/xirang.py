@@ -15,7 +15,11 @@ almost every second, and each costs a full scheduling pass. While a job of an ur
 submit tries again as soon as a live scheduler would let it. No ticks when nothing waits.
 
 Config keys: those of `core.Policy` (as in a policy TOML file), or `policy` (a
-`core.Policy`), plus `tick_s`, `urgent_tick_s` and `report_periodic_checkpoints`. The latter defaults to
+`core.Policy`), plus `tick_s`, `urgent_tick_s`, `report_periodic_checkpoints`, and, to keep
+the run's log: `log_path` (every record the core seals, one JSON a line, the format of
+`xirang replay run --events-out`, so the audit, the projection, what-if, the tuner and the
+review read it like a live log) and `epoch_ms` (log time of the simulation's start, e.g.
+the first millisecond of a quarter; default 0). The latter defaults to
 true, as live agents report every checkpoint: the core then knows each running job's
 unsaved progress, and releases a victim whose last checkpoint is fresh enough (or that
 has little to lose) without making the preemptor wait for a save. On Philly that is
@@ -26,13 +30,15 @@ then sees every victim's whole progress as unsaved.
 
 from __future__ import annotations
 
+import msgspec
+
 from core import Policy, new_state, next_due_t, step, with_params
 from core import types as T
 
 from ..sim import XIRANG_TICK_MS, XIRANG_URGENT_TICK_MS
 from ..workload import TraceJob
 
-ADAPTER_KEYS = ("policy", "tick_s", "urgent_tick_s", "report_periodic_checkpoints")
+ADAPTER_KEYS = ("policy", "tick_s", "urgent_tick_s", "report_periodic_checkpoints", "log_path", "epoch_ms")
 
 
 class XirangPolicy:
@@ -44,6 +50,9 @@ class XirangPolicy:
         self.tick_ms = int(1000 * float(config.pop("tick_s", XIRANG_TICK_MS / 1000)))
         self.urgent_tick_ms = int(1000 * float(config.pop("urgent_tick_s", XIRANG_URGENT_TICK_MS / 1000)))
         self.wants_periodic_checkpoints = bool(config.pop("report_periodic_checkpoints", True))
+        self.epoch_ms = int(config.pop("epoch_ms", 0))
+        log_path = config.pop("log_path", None)
+        self.log = open(log_path, "wb") if log_path else None  # closed by summary(), at the end
         if config:
             policy = with_params(policy, config)  # PolicyError names a bad key
         self.state = new_state(policy)
@@ -57,21 +66,21 @@ class XirangPolicy:
     def bind(self, sim) -> None:
         self.sim = sim
         for name, model, gpus in self.cluster.nodes:
-            self._step(T.NodeUp(t=0, node=name, gpu_model=model, gpus=gpus))
+            self._step(T.NodeUp(t=self.epoch_ms, node=name, gpu_model=model, gpus=gpus))
 
     def on_submit(self, spec: TraceJob, t: int) -> None:
         self._step(T.Submit(
-            t=t, job=spec.id, team=spec.team, user=spec.user, level=spec.level, gpus=spec.gpus,
+            t=t + self.epoch_ms, job=spec.id, team=spec.team, user=spec.user, level=spec.level, gpus=spec.gpus,
             gpu_models=list(spec.gpu_models), est_runtime_s=spec.est_runtime_ms / 1000,
             ckpt_interval_s=spec.ckpt_interval_ms / 1000, ckpt_cost_s=spec.ckpt_cost_ms / 1000,
             restore_cost_s=spec.restore_cost_ms / 1000))
 
     def on_fact(self, inp: T.Input) -> None:
-        self._step(inp)
+        self._step(msgspec.structs.replace(inp, t=inp.t + self.epoch_ms) if self.epoch_ms else inp)
 
     def on_wake(self, t: int) -> None:
         self.last_tick_t = t
-        self._step(T.Tick(t=t))
+        self._step(T.Tick(t=t + self.epoch_ms))
 
     def _urgent_retry_t(self) -> int | None:
         """When the first blocked job of an urgent level may plan again (past its retry
@@ -82,9 +91,12 @@ class XirangPolicy:
         urgent_levels = self.state.c.policy.fair_share_from_level
         waiting = [jobs[job_id].preempt_retry_t for level in range(urgent_levels)
                    for _, job_id in self.state.ix.waiting_by_level[level]]
-        return min(waiting) if waiting else None
+        return min(waiting) - self.epoch_ms if waiting else None
 
     def summary(self) -> dict:
+        if self.log is not None:
+            self.log.close()
+            self.log = None
         return {"events": dict(sorted(self.counts.items())),
                 "rejected": dict(sorted(self.rejections.items()))}
 
@@ -93,6 +105,8 @@ class XirangPolicy:
         _, records = step(self.state, inp)
         sim = self.sim
         counts = self.counts
+        if self.log is not None:
+            self.log.write(b"".join(T.encode(record) + b"\n" for record in records))
         for record in records:
             ev = record.event
             kind = type(ev)
@@ -114,10 +128,14 @@ class XirangPolicy:
         self._plan_wake(inp.t)
 
     def _plan_wake(self, t: int) -> None:
-        """Saga deadlines exactly; aging and re-evaluation at most once per tick period."""
+        """Saga deadlines exactly; aging and re-evaluation at most once per tick period.
+        (In simulated time: the core's times less `epoch_ms`.)"""
         c = self.state.c
+        epoch = self.epoch_ms
+        t -= epoch
         due = next_due_t(self.state)
-        deadline = min((saga.deadline_t + 1 for saga in c.sagas.values()), default=None)
+        due = None if due is None else due - epoch
+        deadline = min((saga.deadline_t + 1 - epoch for saga in c.sagas.values()), default=None)
         if any(self.state.ix.aging):
             periodic = self.last_tick_t + self.tick_ms
             due = periodic if due is None else min(due, periodic)
