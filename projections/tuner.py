@@ -49,6 +49,7 @@ import msgspec
 import numpy as np
 
 from core import types as T
+from core.bounds import TEXT_CHARS_MAX
 from core.policy import Policy, PolicyError, with_params
 from replay.scorecard import policy_card
 from replay.sim import XIRANG_TICK_MS, Cluster, SimResult, simulate
@@ -267,7 +268,8 @@ class Proposal:
     reason: str
 
     def as_input(self, t: int = 0) -> T.SetPolicy:
-        text = self.reason + EVIDENCE_MARK + json.dumps(self.evidence, sort_keys=True, separators=(",", ":"))
+        budget = TEXT_CHARS_MAX - len(self.reason) - len(EVIDENCE_MARK)
+        text = self.reason + EVIDENCE_MARK + compact_evidence(self.evidence, budget)
         return T.SetPolicy(t=t, params=self.params, by="tuner", reason=text)
 
     def as_dict(self) -> dict:
@@ -410,6 +412,29 @@ def watch(records, change: Change, to_t: int, objective: Objective | None = None
     old_values = {k: getattr(change.before, k) for k in sorted(change.params)}
     new_values = {k: getattr(change.after, k) for k in sorted(change.params)}
     return _proposal(replay, "revert", old_values, new_values, after, before, revert=True)
+
+
+def compact_evidence(evidence: dict, chars_max: int) -> str:
+    """The evidence as compact JSON that fits an input's reason (`core.bounds`): the
+    objective's parts before and after, and per level and per team `[before, after]` of the
+    mean wait (s) and the lost GPU-hours; when it does not fit, the teams that changed least
+    are left out (and counted)."""
+    parts = ("objective_gpu_h", "urgent_wait_saved_gpu_h", "lost_gpu_h", "fairness_penalty_gpu_h", "jain_teams_share")
+    before, after = evidence["before"], evidence["after"]
+    out: dict = {"margin_gpu_h": evidence["margin_gpu_h"], "jobs": evidence["jobs"],
+                 **{p: [before[p], after[p]] for p in parts}}
+    for key in ("per_level", "per_team"):
+        out[key] = {name: {"wait_s_mean": [before[key][name]["wait_s_mean"], after[key][name]["wait_s_mean"]],
+                           "lost_gpu_h": [before[key][name]["lost_gpu_h"], after[key][name]["lost_gpu_h"]]}
+                    for name in after[key] if name in before[key]}
+    teams = sorted(out["per_team"], key=lambda n: -abs(out["per_team"][n]["wait_s_mean"][1]
+                                                       - out["per_team"][n]["wait_s_mean"][0]))
+    text = json.dumps(out, sort_keys=True, separators=(",", ":"))
+    while len(text) > chars_max and teams:
+        out["per_team"].pop(teams.pop())
+        out["teams_left_out"] = out.get("teams_left_out", 0) + 1
+        text = json.dumps(out, sort_keys=True, separators=(",", ":"))
+    return text
 
 
 def evidence_of(reason: str) -> dict | None:
