@@ -85,9 +85,32 @@ async def connect(url: str, name: str = "xirang", **kwargs) -> tuple[nats.NATS, 
         return None
 
     nc = await nats.connect(url, name=name, max_reconnect_attempts=kwargs.pop("reconnects", 60),
-                            reconnect_time_wait=0.25, connect_timeout=5,
+                            reconnect_time_wait=kwargs.pop("reconnect_time_wait", 0.25), connect_timeout=5,
                             error_cb=_quiet, **kwargs)
     return nc, nc.jetstream(timeout=10)
+
+
+# Long-running processes wait out any outage: they reconnect forever, and a first
+# connection that fails is retried with backoff up to this pause between tries.
+RECONNECT_WAIT_S = 0.5
+CONNECT_BACKOFF_MAX_S = 5.0
+
+
+async def connect_forever(url: str, name: str = "xirang", stop=None,
+                          **kwargs) -> tuple[nats.NATS, object]:
+    """`connect` for the scheduler, agents and jobs: never gives up. The first connection
+    is retried with exponential backoff (capped); once connected, the client reconnects
+    forever. `stop` (an asyncio.Event) ends the wait with ConnectionError."""
+    delay = 0.1
+    while True:
+        try:
+            return await connect(url, name=name, reconnects=-1, **kwargs)
+        except Exception as err:  # noqa: BLE001 - no server yet: wait for it
+            if stop is not None and stop.is_set():
+                raise ConnectionError(f"stopped while waiting for NATS at {url}") from err
+            log.warning("%s: NATS at %s not reachable (%r); retrying in %.1f s", name, url, err, delay)
+            await asyncio.sleep(delay)
+            delay = min(CONNECT_BACKOFF_MAX_S, delay * 2)
 
 
 async def ensure_streams(js, replicas: int | None = None) -> None:

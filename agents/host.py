@@ -43,11 +43,14 @@ from trust.signing import KeyRing, verify_one
 
 from . import bus
 from .gpus import Inventory
+from .outbox import Outbox
 
 log = logging.getLogger("xirang.host")
 
 HEARTBEAT_S = 1.0
 MONITOR_S = 0.2
+# The outbox sender also looks for facts the job SDK left there this often.
+OUTBOX_POLL_S = 0.1
 FETCH_BATCH = 64
 SDK_MARKER = "sdk"
 RELEASED_MARKER = "released"
@@ -98,6 +101,8 @@ class HostAgent:
         self.inventory = inventory
         self.dir = Path(state_dir).resolve() / self.token
         self.runs_dir = self.dir / "runs"
+        self.outbox = Outbox(self.dir / "outbox")
+        self._outbox_wake: asyncio.Event | None = None
         self.grace_s = grace_s
         self.default_command = default_command or [sys.executable, "-c", "import time; time.sleep(60)"]
         self.stop_event = asyncio.Event()
@@ -135,14 +140,17 @@ class HostAgent:
 
     async def run(self) -> None:
         self._load()
-        self.nc, self.js = await bus.connect(self.url, name=f"host-{self.node}")
-        await bus.ensure_streams(self.js)
-        sub = await self._consumer()
+        self._outbox_wake = asyncio.Event()
+        # Outages are waited out: the client reconnects forever, jobs keep running, facts
+        # wait in the outbox, the consumer's fetches are retried.
+        self.nc, self.js = await bus.connect_forever(self.url, name=f"host-{self.node}", stop=self.stop_event)
+        sub = await self._retry("opening the decision consumer", self._open)
         await self._report(T.NodeUp(node=self.node, gpu_model=self.inventory.model,
                                     gpus=len(self.inventory.gpus)), f"up-{uuid.uuid4().hex}")
         log.info("host %s: %d x %s up, %d runs adopted, last acted record %d", self.node,
                  len(self.inventory.gpus), self.inventory.model, len(self.runs), self.acted.last_n)
-        tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._monitor())]
+        tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._monitor()),
+                 asyncio.create_task(self._send_outbox())]
         try:
             await self._consume(sub)
         finally:
@@ -153,7 +161,46 @@ class HostAgent:
                 await sub.unsubscribe()
             except Exception:  # noqa: BLE001 - a durable consumer outlives its subscription
                 pass
-            await self.nc.drain()
+            try:
+                await self.outbox.deliver(self.js)  # what can go now; the rest waits on disk
+                await self.nc.drain()
+            except Exception:  # noqa: BLE001 - stopping while the bus is away
+                await self.nc.close()
+
+    async def _open(self):
+        await bus.ensure_streams(self.js)
+        return await self._consumer()
+
+    async def _retry(self, what: str, action):
+        """Run `action` until it succeeds, with capped backoff: the bus may be away."""
+        delay = 0.2
+        while True:
+            try:
+                return await action()
+            except Exception as err:  # noqa: BLE001 - wait for the bus
+                if self.stop_event.is_set():
+                    raise
+                log.warning("host %s: %s failed (%r); retrying in %.1f s", self.node, what, err, delay)
+                await asyncio.sleep(delay)
+                delay = min(bus.CONNECT_BACKOFF_MAX_S, delay * 2)
+
+    async def _send_outbox(self) -> None:
+        """Deliver the outbox's facts as they come; while the bus is away, retry with
+        backoff. Facts of this agent and of the SDK jobs it runs share the one outbox."""
+        delay = 0.1
+        while True:
+            self._outbox_wake.clear()
+            try:
+                await self.outbox.deliver(self.js)
+                delay = 0.1
+                try:
+                    await asyncio.wait_for(self._outbox_wake.wait(), timeout=OUTBOX_POLL_S)
+                except asyncio.TimeoutError:
+                    pass
+            except Exception as err:  # noqa: BLE001 - the bus is away: the facts wait on disk
+                log.warning("host %s: %d fact(s) wait for the bus (%r)", self.node, len(self.outbox), err)
+                await asyncio.sleep(delay)
+                delay = min(bus.CONNECT_BACKOFF_MAX_S, delay * 2)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -301,6 +348,7 @@ class HostAgent:
             "XR_NATS_URL": self.url,
             "XR_CKPT_BUCKET": bus.CKPT_BUCKET,
             "XR_JOB_DIR": run.dir,
+            "XR_OUTBOX": str(self.outbox.folder),
             "XR_PRIMARY": "1" if run.primary else "0",
             "XR_REPORT_STARTED": "1" if run.resume and run.primary else "0",
             "XR_RESUME_STEP": str(getattr(ev, "ckpt_step", 0) or 0),
@@ -420,15 +468,9 @@ class HostAgent:
         self._drop_run(run)
 
     async def _report(self, inp: T.Input, msg_id: str) -> None:
-        inp = msgspec.structs.replace(inp, id=msg_id)
-        for attempt in range(20):
-            try:
-                await bus.send_input(self.js, inp)
-                return
-            except Exception as err:  # noqa: BLE001 - keep the fact until NATS takes it
-                log.warning("host %s: report %s failed (%r), retrying", self.node, msg_id, err)
-                await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
-        raise RuntimeError(f"could not report {msg_id}")
+        """Into the durable outbox; the sender delivers it as soon as the bus takes it."""
+        self.outbox.put(msgspec.structs.replace(inp, id=msg_id))
+        self._outbox_wake.set()
 
 
 # ---------------------------------------------------------------- helpers

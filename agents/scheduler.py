@@ -106,14 +106,19 @@ class Scheduler:
         self.nc = self.js = self.kv = None
         self._lease_rev = 0
         self._heard: dict[str, float] = {}
+        self._reconnected = False
         self._down_sent: dict[str, float] = {}
 
     # ------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
-        self.nc, self.js = await bus.connect(self.url, name=self.instance)
-        await bus.ensure_streams(self.js)
-        self.kv = await self.js.key_value(bus.LEASE_BUCKET)
+        # A lost connection is waited out, never a reason to exit: the client reconnects
+        # forever, and a reconnect makes the leader re-read the log (its consumer and any
+        # batch in flight may be gone) and gives every host a full timeout again.
+        self.nc, self.js = await bus.connect_forever(
+            self.url, name=self.instance, stop=self.stop_event,
+            disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected)
+        await self._retry("creating streams", self._open_buckets)
         hb = await self.nc.subscribe(f"{bus.HB_PREFIX}.*", cb=self._on_heartbeat)
         try:
             while not self.stop_event.is_set():
@@ -135,12 +140,40 @@ class Scheduler:
                     self.leading.clear()
                     self.state = None  # may hold steps the log never took: re-read it
         finally:
-            await hb.unsubscribe()
-            await self._release_lease()
-            await self.nc.drain()
+            try:
+                await hb.unsubscribe()
+                await self._release_lease()
+                await self.nc.drain()
+            except Exception:  # noqa: BLE001 - stopping while the bus is away
+                await self.nc.close()
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    async def _open_buckets(self) -> None:
+        await bus.ensure_streams(self.js)
+        self.kv = await self.js.key_value(bus.LEASE_BUCKET)
+
+    async def _retry(self, what: str, action) -> None:
+        """Run `action` until it succeeds (or we are stopped), with capped backoff."""
+        delay = 0.2
+        while True:
+            try:
+                return await action()
+            except Exception as err:  # noqa: BLE001 - the bus is away: wait for it
+                if self.stop_event.is_set():
+                    raise
+                log.warning("%s: %s failed (%r); retrying in %.1f s", self.instance, what, err, delay)
+                await self._sleep(delay)
+                delay = min(bus.CONNECT_BACKOFF_MAX_S, delay * 2)
+
+    async def _on_disconnected(self) -> None:
+        log.warning("%s: disconnected from NATS; waiting for it", self.instance)
+
+    async def _on_reconnected(self) -> None:
+        log.warning("%s: reconnected to NATS", self.instance)
+        self._reconnected = True
+        self._heard.clear()  # hosts could not be heard either: each gets a full timeout
 
     # ------------------------------------------------------------ lease
 
@@ -151,7 +184,12 @@ class Scheduler:
         """Wait until we hold the lease (standby) or we are stopped."""
         announced = False
         while not self.stop_event.is_set():
-            if await self._try_take_lease():
+            try:
+                taken = await self._try_take_lease()
+            except Exception as err:  # noqa: BLE001 - the bus is away: keep waiting
+                log.warning("%s: cannot reach the lease (%r); retrying", self.instance, err)
+                taken = False
+            if taken:
                 log.info("%s: leader", self.instance)
                 return True
             if not announced:
@@ -263,6 +301,9 @@ class Scheduler:
         last_snapshot_n = self.state.c.events_n
         last_snapshot_at = time.monotonic()
         while not self.stop_event.is_set():
+            if self._reconnected:
+                self._reconnected = False
+                raise LostLeadership("reconnected after an outage")
             msgs = await self._take(queue, max(0.0, next_tick - time.monotonic()))
             pending: list[tuple[str, bytes]] = []
             for msg in msgs:

@@ -15,6 +15,11 @@ On a resume the SDK restores the checkpoint the scheduler names; if its digest d
 verify it reports `checkpoint_failed {reason: digest_mismatch, digest}` (the scheduler
 records the fallback) and tries the previous one, then reports `started`.
 
+Outages are waited out: the SDK's connection never gives up; facts it cannot send go to
+the host's durable outbox (`$XR_OUTBOX`), which the host agent delivers in order once the
+bus is back; a checkpoint that cannot be uploaded is reported failed and retried at a
+later safe point (training goes on meanwhile); a restore waits for the bus.
+
 Outside a host agent (no XR_JOB in the environment) every call is a no-op, so the same
 script runs on a laptop. The SDK talks to NATS from a background thread; the training
 loop stays synchronous.
@@ -36,13 +41,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from core import types as T
 
 from . import bus
+from .outbox import Outbox
 
 CHECKPOINTS_KEPT = 3
 CALL_TIMEOUT_S = 30.0
+# A fact sent while the bus answers slowly goes to the outbox after this long.
+REPORT_TIMEOUT_S = 5.0
+# A checkpoint that could not be uploaded is retried after this, doubling up to the max.
+CKPT_RETRY_FIRST_S = 1.0
+CKPT_RETRY_MAX_S = 30.0
 INDEX_SUFFIX = "index"
 
 
@@ -70,21 +82,61 @@ class Job:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.nc, self.js = self._call(bus.connect(os.environ["XR_NATS_URL"], name=f"job-{self.job}"))
-        self.store = self._call(self.js.object_store(os.environ.get("XR_CKPT_BUCKET", bus.CKPT_BUCKET)))
+        self.outbox = Outbox(os.environ["XR_OUTBOX"]) if os.environ.get("XR_OUTBOX") else None
+        self._ckpt_retry_s = CKPT_RETRY_FIRST_S
+        self._store = None
+        # Never gives up on the bus: the job runs on through an outage.
+        self.nc, self.js = self._call(bus.connect_forever(os.environ["XR_NATS_URL"], name=f"job-{self.job}"),
+                                      timeout_s=None)
         signal.signal(signal.SIGUSR1, self._on_notice)
         (self.dir / "sdk").write_text(str(os.getpid()))  # tells the agent to notify, not kill
         self._notice = (self.dir / "notice.json").exists()  # notified while we were loading
 
     # ------------------------------------------------------------ plumbing
 
-    def _call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(CALL_TIMEOUT_S)
+    def _call(self, coro, timeout_s: float | None = CALL_TIMEOUT_S):
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout_s)
+        except BaseException:
+            future.cancel()
+            raise
+
+    @property
+    def store(self):
+        if self._store is None:
+            self._store = self._call(self.js.object_store(os.environ.get("XR_CKPT_BUCKET", bus.CKPT_BUCKET)))
+        return self._store
+
+    def _connected(self) -> bool:
+        return bool(self.nc.is_connected)
 
     def _report(self, inp: T.Input, suffix: str) -> None:
-        if self.primary:
-            inp = msgspec.structs.replace(inp, id=f"{self.run}:{suffix}")
-            self._call(bus.send_input(self.js, inp))
+        """Send a fact. While the bus is away (or older facts still wait), it goes to the
+        host's durable outbox instead, which the host agent delivers in order."""
+        if not self.primary:
+            return
+        inp = msgspec.structs.replace(inp, id=f"{self.run}:{suffix}")
+        if self.outbox is not None and (not self._connected() or len(self.outbox)):
+            self.outbox.put(inp)
+            return
+        try:
+            self._call(bus.send_input(self.js, inp), timeout_s=REPORT_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the bus went away: the outbox keeps the fact
+            if self.outbox is None:
+                raise
+            self.outbox.put(inp)
+
+    def _retry_forever(self, what: str, action):
+        """For what a job cannot do without (its checkpoint to restore): wait for the bus."""
+        delay = 0.5
+        while True:
+            try:
+                return action()
+            except Exception as err:  # noqa: BLE001 - the bus is away
+                print(f"xirang sdk: {what} failed ({err!r}); retrying in {delay:.1f} s", file=sys.stderr, flush=True)
+                time.sleep(delay)
+                delay = min(bus.CONNECT_BACKOFF_MAX_S, delay * 2)
 
     def _on_notice(self, _signum, _frame) -> None:
         self._notice = True
@@ -105,8 +157,8 @@ class Job:
     def _read_index(self) -> list[dict]:
         try:
             result = self._call(self.store.get(self._index_name()))
-        except Exception:  # noqa: BLE001 - no index yet
-            return []
+        except (ObjectNotFoundError, NotFoundError):
+            return []  # no index yet
         return json.loads(bytes(result.data))
 
     def _object_name(self, step: int) -> str:
@@ -117,11 +169,36 @@ class Job:
         the primary host's process of a multi-node job saves (the others hold replicas)."""
         if not self.primary:
             return "", 0
+        saved = self._try_checkpoint(step, state)
+        if saved is None:
+            self._report(T.CheckpointFailed(job=self.job, reason="upload_failed"),
+                         f"ckpt-failed-{step}-{time.time_ns()}")
+            return "", 0
+        return saved
+
+    def _try_checkpoint(self, step: int, state: Any) -> tuple[str, int] | None:
+        """Save now; None when the upload failed (the bus is away): the next safe point
+        retries, after a backoff, and training goes on meanwhile."""
+        if not self._connected():
+            self._upload_failed(step, "not connected to NATS")
+            return None
         self._report(T.CheckpointStarted(job=self.job), f"ckpt-start-{step}-{time.time_ns()}")
         payload = {"step": step, "state": state,
                    "rng": {"python": random.getstate(), "numpy": _numpy_rng_state()}}
         data = pickle.dumps(payload, protocol=5)
         digest = digest_of(data)
+        try:
+            self._upload(step, data, digest)
+        except Exception as err:  # noqa: BLE001 - retried at a later safe point
+            self._upload_failed(step, repr(err))
+            return None
+        self._report(T.CheckpointSaved(job=self.job, step=step, digest=digest, bytes=len(data)),
+                     f"ckpt-saved-{step}-{digest[7:19]}")
+        self._last_ckpt = time.monotonic()
+        self._ckpt_retry_s = CKPT_RETRY_FIRST_S
+        return digest, len(data)
+
+    def _upload(self, step: int, data: bytes, digest: str) -> None:
         self._call(self.store.put(self._object_name(step), data))
         index = [e for e in self._read_index() if e["step"] != step]
         index.append({"step": step, "digest": digest, "bytes": len(data)})
@@ -132,10 +209,14 @@ class Job:
                 pass
         index = index[-self.keep:]
         self._call(self.store.put(self._index_name(), json.dumps(index).encode()))
-        self._report(T.CheckpointSaved(job=self.job, step=step, digest=digest, bytes=len(data)),
-                     f"ckpt-saved-{step}-{digest[7:19]}")
-        self._last_ckpt = time.monotonic()
-        return digest, len(data)
+
+    def _upload_failed(self, step: int, why: str) -> None:
+        print(f"xirang sdk: checkpoint of step {step} not saved ({why}); retrying in"
+              f" {self._ckpt_retry_s:.0f} s", file=sys.stderr, flush=True)
+        # Due again after the backoff, not after a whole interval.
+        interval = self.checkpoint_every_s or 0.0
+        self._last_ckpt = time.monotonic() - max(0.0, interval - self._ckpt_retry_s)
+        self._ckpt_retry_s = min(CKPT_RETRY_MAX_S, self._ckpt_retry_s * 2)
 
     def restore(self) -> tuple[int, Any] | None:
         """The newest checkpoint whose digest verifies: (step, state), or None to start
@@ -146,7 +227,8 @@ class Job:
         want_step = int(os.environ.get("XR_RESUME_STEP", "0") or 0)
         restored = None
         if want_digest:
-            candidates = [e for e in reversed(self._read_index()) if e["step"] <= want_step]
+            index = self._retry_forever("reading the checkpoint index", self._read_index)
+            candidates = [e for e in reversed(index) if e["step"] <= want_step]
             if not candidates or candidates[0]["step"] != want_step:
                 candidates.insert(0, {"step": want_step, "digest": want_digest})
             candidates[0]["digest"] = want_digest  # the scheduler's record is the authority
@@ -169,9 +251,13 @@ class Job:
         return restored["step"], restored["state"]
 
     def _load_verified(self, entry: dict) -> dict | None:
-        try:
-            data = bytes(self._call(self.store.get(self._object_name(entry["step"]))).data)
-        except Exception:  # noqa: BLE001 - missing counts as failing verification
+        def fetch() -> bytes | None:
+            try:
+                return bytes(self._call(self.store.get(self._object_name(entry["step"]))).data)
+            except (ObjectNotFoundError, NotFoundError):
+                return None  # missing counts as failing verification
+        data = self._retry_forever(f"fetching checkpoint step {entry['step']}", fetch)
+        if data is None:
             return None
         if digest_of(data) != entry["digest"]:
             print(f"xirang sdk: checkpoint step {entry['step']} fails its digest check", file=sys.stderr)
@@ -203,13 +289,28 @@ class Job:
     def _release(self, step: int, state: Any, notice: dict) -> None:
         saga = notice.get("saga", "")
         self._report(T.SafePoint(job=self.job), f"{saga}-safe")
-        if notice.get("checkpoint_needed", True):
-            self.checkpoint(step, state)
+        if notice.get("checkpoint_needed", True) and not self._checkpoint_by_deadline(step, state, notice):
+            # No checkpoint could be saved (the bus is away): say so, and keep training.
+            # The scheduler rolls the preemption back and withdraws the notice.
+            self._report(T.CheckpointFailed(job=self.job, reason="upload_failed"), f"{saga}-ckpt-failed")
+            (self.dir / "notice.json").unlink(missing_ok=True)
+            self._notice = False
+            return
         self._report(T.Released(job=self.job), f"{saga}-released")
         (self.dir / "released").write_text(str(step))
         print(f"xirang sdk: preempted at step {step} ({saga}); released", flush=True)
         self.close()
         sys.exit(0)
+
+    def _checkpoint_by_deadline(self, step: int, state: Any, notice: dict) -> bool:
+        """Keep trying to save until the notice's deadline (log time, wall-clock ms)."""
+        deadline_s = notice.get("deadline_t", 0) / 1000
+        while True:
+            if self._try_checkpoint(step, state) is not None:
+                return True
+            if time.time() + 1.0 > deadline_s:
+                return False
+            time.sleep(1.0)
 
     def close(self) -> None:
         if self.active:
