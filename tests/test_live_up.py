@@ -35,5 +35,7 @@ def test_up_runs_a_cluster_that_clients_find_and_stops_it_all(tmp_path):
 def _total_gpus(data: str) -> int:
     out = subprocess.run([sys.executable, "-m", "xirang.cli", "queue", "--data-dir", data],
                          capture_output=True, text=True, timeout=30, cwd=REPO).stdout
+    if not out.strip():
+        return 0  # the scheduler has not created the streams yet
     last = out.strip().splitlines()[-1]  # "GPUs free F/T; sagas open S"
     return int(last.split("/")[1].split(";")[0])
