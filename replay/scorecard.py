@@ -50,6 +50,10 @@ from .sim import SimResult
 
 HOUR_MS = 3_600_000
 LEVELS = range(8)
+FAIR_SHARE_LEVELS = (3, 4, 5)  # team fair share decides inside these levels
+# Each less urgent level's mean wait may be at most this many times no preemption's.
+LEVEL_MEAN_WAIT_VS_NONE_MAX = 1.25
+CHECKED_LEVELS = (3, 4, 5, 6, 7)
 
 
 def _stats(values: np.ndarray) -> dict:
@@ -90,6 +94,8 @@ def policy_card(result: SimResult) -> dict:
             entry["wait_s"]["max"] = None  # never started: the longest wait is unbounded
         levels[str(lv)] = entry
     urgent = (level <= 1) & started
+    downgraded = set(result.extra.get("downgraded", ()))
+    was_downgraded = np.array([j.id in downgraded for j in jobs], dtype=bool)
     lost_ms = sum(j.gpus * j.lost_progress_ms for j in jobs)
     overhead_ms = sum(j.gpus * j.overhead_ms for j in jobs)
     end = max(result.end_ms, 1)
@@ -104,6 +110,10 @@ def policy_card(result: SimResult) -> dict:
         "wait_s": _stats(wait_s[started]),
         "jct_s": _stats(jct_s[done]),
         "wait_s_levels_0_1": _stats(wait_s[urgent]),
+        "wait_s_levels_0_1_downgraded": _stats(wait_s[urgent & was_downgraded]),
+        "wait_s_levels_0_1_not_downgraded": _stats(wait_s[urgent & ~was_downgraded]),
+        "level_team_jain": {str(lv): jain(list(_level_share_of_time(jobs, lv).values()))
+                            for lv in FAIR_SHARE_LEVELS},
         "levels": levels,
         "preemptions": int(sum(j.preemptions for j in jobs)),
         "jobs_preempted": int(sum(1 for j in jobs if j.preemptions)),
@@ -163,6 +173,44 @@ def _fair_share_of_time(jobs, total_gpus: int) -> dict[str, float]:
     return {name: got[name] / entitled[name] for name in sorted(entitled) if entitled[name] > 0}
 
 
+def _level_share_of_time(jobs, level: int) -> dict[str, float]:
+    """Per team, inside one level: GPU-ms its jobs of that level held over the GPU-ms its
+    max-min fair share of what the level held entitled it to (team fair share works inside
+    a level: who gets the level's next GPUs). Quotas weigh all teams alike here."""
+    changes: list[tuple[int, str, int, int]] = []
+    for j in jobs:
+        if j.level != level:
+            continue
+        changes.append((j.submit_ms, j.team, j.gpus, 0))
+        if j.finish_ms >= 0:
+            changes.append((j.finish_ms, j.team, -j.gpus, 0))
+        for start, end in j.held_spans:
+            changes.append((start, j.team, 0, j.gpus))
+            changes.append((end, j.team, 0, -j.gpus))
+    changes.sort(key=lambda c: c[0])
+    demand: dict[str, int] = {}
+    held: dict[str, int] = {}
+    entitled: dict[str, float] = {}
+    got: dict[str, float] = {}
+    shares: dict[str, float] = {}
+    last_t = changes[0][0] if changes else 0
+    changed = False
+    for t, team, d_demand, d_held in changes:
+        if t > last_t:
+            if changed:
+                shares = _max_min(demand, sum(held.values()))
+                changed = False
+            span = t - last_t
+            for name, share in shares.items():
+                entitled[name] = entitled.get(name, 0.0) + share * span
+                got[name] = got.get(name, 0.0) + held.get(name, 0) * span
+            last_t = t
+        demand[team] = demand.get(team, 0) + d_demand
+        held[team] = held.get(team, 0) + d_held
+        changed = True
+    return {name: got[name] / entitled[name] for name in sorted(entitled) if entitled[name] > 0}
+
+
 def _max_min(demand: dict[str, int], capacity: float) -> dict[str, float]:
     """Water-filling: teams asking for less than an even split get what they ask for; the
     rest split what is left evenly."""
@@ -203,9 +251,32 @@ def scorecard(results: list[SimResult]) -> dict:
     first = results[0]
     card = {"workload": first.workload, "jobs": len(first.jobs), "gpus": first.total_gpus,
             "seed": first.seed, "policies": cards}
+    if "none" in cards:
+        for c in cards.values():
+            c["levels_vs_none"] = _levels_vs_none(c, cards["none"])
     if all(name in cards for name in ("xirang", "k8s", "none")):
         card["acceptance"] = acceptance(cards)
     return card
+
+
+def _levels_vs_none(c: dict, none: dict) -> dict:
+    """Per level, the mean and p99 wait over no preemption's (what preemption costs, or
+    saves, each level)."""
+    out = {}
+    for lv in c["levels"]:
+        mine, base = c["levels"][lv]["wait_s"], none["levels"][lv]["wait_s"]
+        out[lv] = {stat: _ratio_of(mine[stat], base[stat]) for stat in ("mean", "p99")}
+    return out
+
+
+def _ratio_of(a, b):
+    if a is None or b is None:
+        return None
+    return round(a / b, 4) if b > 0 else (1.0 if a == 0 else math.inf)
+
+
+# Jain's index differences this small are noise of the integration, not unfairness.
+FAIRNESS_TOLERANCE = 0.005
 
 
 def acceptance(cards: dict) -> dict:
@@ -223,6 +294,15 @@ def acceptance(cards: dict) -> dict:
     none_over_x = ratio(np_, xp)
     lost_ratio = ratio(x["lost_gpu_h"], k["lost_gpu_h"])
     longest = {lv: x["levels"][lv]["wait_s"]["max"] for lv in x["levels"]}
+    mean_ratio = ratio(x["wait_s"]["mean"], n["wait_s"]["mean"])
+    level_ratios = [(ratio(x["levels"][str(lv)]["wait_s"]["mean"], n["levels"][str(lv)]["wait_s"]["mean"]), lv)
+                    for lv in CHECKED_LEVELS if x["levels"][str(lv)]["jobs"]]
+    level_ratios = [r for r in level_ratios if r[0] is not None]
+    worst_level = max(level_ratios) if level_ratios else (None, None)
+    gaps = [(round(x["level_team_jain"][str(lv)] - n["level_team_jain"][str(lv)], 4), lv)
+            for lv in FAIR_SHARE_LEVELS
+            if x["level_team_jain"].get(str(lv)) is not None and n["level_team_jain"].get(str(lv)) is not None]
+    fair_gap = min(gaps) if gaps else (None, None)
     checks = {
         "p99_wait_l01_vs_k8s": {"value": vs_k8s, "target": "<= 1.5",
                                 "ok": vs_k8s is not None and vs_k8s <= 1.5},
@@ -232,12 +312,20 @@ def acceptance(cards: dict) -> dict:
                               "ok": lost_ratio is not None and lost_ratio <= 1 / 3},
         "every_job_started": {"value": x["unstarted"] == 0, "target": "true",
                               "ok": x["unstarted"] == 0, "longest_wait_s_by_level": longest},
-        "jain_teams_share": {"value": x["jain_teams_share"], "target": ">= 0.9",
-                             "ok": x["jain_teams_share"] is not None and x["jain_teams_share"] >= 0.9},
+        "mean_wait_vs_none": {"value": mean_ratio, "target": "<= 1.0",
+                              "ok": mean_ratio is not None and mean_ratio <= 1.0},
+        "level_mean_wait_vs_none_max": {
+            "value": worst_level[0], "target": f"<= {LEVEL_MEAN_WAIT_VS_NONE_MAX}", "level": worst_level[1],
+            "ok": worst_level[0] is not None and worst_level[0] <= LEVEL_MEAN_WAIT_VS_NONE_MAX},
+        "level_team_fairness_vs_none": {
+            "value": fair_gap[0], "target": ">= 0 (each of levels 3-5 at least none's Jain)",
+            "level": fair_gap[1], "ok": fair_gap[0] is not None and fair_gap[0] >= -FAIRNESS_TOLERANCE},
     }
     # Reported beside the checks, not one of them: see the module doc.
     reported = {"jain_teams": {"value": x["jain_teams"],
-                               "what": "Jain over the teams' service fractions"}}
+                               "what": "Jain over the teams' service fractions"},
+                "jain_teams_share": {"value": x["jain_teams_share"],
+                                     "what": "Jain over the teams' held / cross-pool fair share"}}
     return {"xirang_p99_wait_l01_s": xp, "k8s_p99_wait_l01_s": kp, "none_p99_wait_l01_s": np_,
             "checks": checks, "reported": reported,
             "all_ok": all(c["ok"] for c in checks.values())}
@@ -283,6 +371,22 @@ def render_table(card: dict) -> str:
                 "-" if c["levels"][str(lv)]["jobs"] == 0 else _h(c["levels"][str(lv)]["wait_s"][metric])
                 for lv in LEVELS))
         lines += _grid(rows)
+    if any("levels_vs_none" in c for c in cards.values()):
+        for title, metric in (("mean wait by level / none's", "mean"), ("p99 wait by level / none's", "p99")):
+            lines.append("")
+            lines.append(title + ":")
+            rows = [("policy",) + tuple(f"L{lv}" for lv in LEVELS)]
+            for name, c in cards.items():
+                rows.append((name,) + tuple(_ratio(c["levels_vs_none"][str(lv)][metric]) for lv in LEVELS))
+            lines += _grid(rows)
+    lines.append("")
+    lines.append("team fairness inside a level (Jain, held / max-min share of the level):")
+    rows = [("policy",) + tuple(f"L{lv}" for lv in FAIR_SHARE_LEVELS) + ("L0-1 p99 downgraded", "not")]
+    for name, c in cards.items():
+        rows.append((name,) + tuple(_ratio(c["level_team_jain"][str(lv)]) for lv in FAIR_SHARE_LEVELS)
+                    + (_h(c["wait_s_levels_0_1_downgraded"]["p99"]) if c["wait_s_levels_0_1_downgraded"]["n"] else "-",
+                       _h(c["wait_s_levels_0_1_not_downgraded"]["p99"])))
+    lines += _grid(rows)
     if "acceptance" in card:
         lines.append("")
         lines.append("acceptance (xirang):")

@@ -142,9 +142,18 @@ def load_canonical(path: str, seed: int = 0, limit: int | None = None) -> Worklo
 
 
 def load_trace(spec: str, seed: int = 0, limit: int | None = None, philly_path: str | None = None) -> Workload:
-    """`philly` (the shared trace) or the path of a canonical CSV."""
+    """`philly` (the shared trace), `bursts:<gpus>[:<load>]` (generated: urgent bursts over
+    an overloaded background, see replay/generate.py) or the path of a canonical CSV."""
     if spec == "philly":
         return load_philly(philly_path or default_philly_path(), seed, limit)
+    if spec.startswith("bursts:"):
+        from .generate import bursts_workload, parse_bursts_spec
+
+        try:
+            gpus, load = parse_bursts_spec(spec)
+        except ValueError as err:
+            raise TraceError(str(err)) from None
+        return bursts_workload(seed, gpus, load).limit(limit)
     return load_canonical(spec, seed, limit)
 
 

@@ -17,6 +17,7 @@ OPTIONAL_COMMAND_MODULES = [
     "xirang.cmd_live",
     "xirang.cmd_jobs",
     "xirang.cmd_sim",
+    "xirang.cmd_sweep",
     "xirang.cmd_data",
     "xirang.cmd_security",
 ]

@@ -62,6 +62,7 @@ class XirangPolicy:
         self.sim = None
         self.counts: dict[str, int] = {}
         self.rejections: dict[str, int] = {}
+        self.downgraded: list[str] = []  # jobs that entered the queue below their asked level
 
     def bind(self, sim) -> None:
         self.sim = sim
@@ -98,7 +99,8 @@ class XirangPolicy:
             self.log.close()
             self.log = None
         return {"events": dict(sorted(self.counts.items())),
-                "rejected": dict(sorted(self.rejections.items()))}
+                "rejected": dict(sorted(self.rejections.items())),
+                "downgraded": list(self.downgraded)}
 
     def _step(self, inp: T.Input) -> None:
         self.steps += 1
@@ -122,6 +124,8 @@ class XirangPolicy:
                 sim.withdraw(ev.job)
             elif kind is T.JobCancelled:
                 sim.cancel(ev.job)
+            elif kind is T.JobSubmitted and ev.level != ev.requested_level:
+                self.downgraded.append(ev.job)
             elif kind is T.InputRejected:
                 key = f"{ev.input_type}:{ev.reason}"
                 self.rejections[key] = self.rejections.get(key, 0) + 1
