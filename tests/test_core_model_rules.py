@@ -1,0 +1,272 @@
+"""The priority model as xirang promises it (DESIGN §3), one scenario per rule: only a more
+urgent level preempts; levels are served in order, each by its own queue policy; team fair
+share works inside levels 3-5; guaranteed shares in whole GPUs that never strand an
+emergency; preemption depth defined, limited and recorded; a downgrade that really lowers
+the level. The cross-pool team guarantee with reclaim is an opt-in."""
+
+from core import types as T
+
+from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, submit, tick
+
+
+def release_all(run: Run, t: int) -> list[T.Event]:
+    """Every notified victim reaches its safe point, saves if asked, and lets go."""
+    events: list[T.Event] = []
+    notices = {e.job: e for e in run.events(T.VictimNotified)}
+    for job_id in sorted(run.state.c.jobs):
+        if run.state.c.jobs[job_id].state != "preempting":
+            continue
+        inputs = [T.SafePoint(job=job_id)]
+        if notices[job_id].checkpoint_needed:
+            inputs.append(T.CheckpointSaved(job=job_id, step=1, digest=f"sha256:{job_id}", bytes=1))
+        inputs.append(T.Released(job=job_id))
+        events += run.at(t, *inputs)
+    return events
+
+
+def fresh_checkpoint(run: Run, t: int, *jobs: str) -> None:
+    run.at(t, *(T.CheckpointSaved(job=j, step=1, digest=f"sha256:{j}-{t}", bytes=1) for j in jobs))
+
+
+def team_holds_the_pool(level: int, **params) -> Run:
+    """Team `big` holds both nodes at `level` with long jobs that checkpoint often."""
+    run = Run(**params)
+    run.at(0, node("n1"), node("n2"))
+    run.at(1000, submit("big-1", level, 8, team="big", user="b1", est_runtime_s=50 * 3600),
+           submit("big-2", level, 8, team="big", user="b2", est_runtime_s=50 * 3600))
+    start_all(run, 2000)
+    fresh_checkpoint(run, 10 * MIN, "big-1", "big-2")
+    return run
+
+
+# ---------------------------------------------------------------- only a more urgent level preempts
+
+
+def test_same_level_never_preempts_another_team_whatever_its_share():
+    run = team_holds_the_pool(4)
+    events = run.at(10 * MIN + 1000, submit("small-1", 4, 8, team="small", user="s1", est_runtime_s=3600))
+    events += run.at(HOUR, tick(HOUR))
+    assert not of(events, T.PreemptionPlanned)
+    assert run.job_state("big-1") == "running" and run.job_state("big-2") == "running"
+
+
+def test_a_less_urgent_level_never_preempts_a_more_urgent_one_whatever_the_shares():
+    run = team_holds_the_pool(3)
+    events = run.at(10 * MIN + 1000, submit("small-1", 7, 1, team="small", user="s1", est_runtime_s=600))
+    events += run.at(HOUR, tick(HOUR))
+    assert not of(events, T.PreemptionPlanned)
+
+
+def test_opt_in_reclaim_takes_back_a_teams_share_from_a_borrowing_team():
+    run = team_holds_the_pool(4, fair_share_guarantee=True)
+    events = run.at(10 * MIN + 1000, submit("small-1", 4, 8, team="small", user="s1", est_runtime_s=3600))
+    events += run.at(11 * MIN, tick(11 * MIN))
+    plans = of(events, T.PreemptionPlanned)
+    assert len(plans) == 1 and plans[0].reclaim and plans[0].preemptor == "small-1"
+    assert plans[0].victims[0] in ("big-1", "big-2")
+    check_invariants(run.state)
+
+
+# ---------------------------------------------------------------- each level by its own queue policy
+
+
+def test_levels_0_to_2_serve_first_come_first_served_whatever_each_team_holds():
+    """Team rich holds 6 of 8 GPUs; its level-2 job came first, so it gets the 2 free GPUs
+    before team poor's, though poor holds nothing (no cross-pool share reorders a level)."""
+    run = Run()
+    run.at(0, node("n1"))
+    run.at(1000, submit("rich-run", 5, 6, team="rich", user="r", est_runtime_s=10 * 3600,
+                  preemptible=False),
+           submit("blocker", 5, 2, team="rich", user="r", est_runtime_s=600,
+                  preemptible=False))
+    start_all(run, 2000)
+    run.at(3000, submit("rich-2", 2, 2, team="rich", user="r", est_runtime_s=3600),
+           submit("poor-2", 2, 2, team="poor", user="p", est_runtime_s=3600))
+    events = run.at(4000, T.Finished(job="blocker", ok=True))
+    assert [e.job for e in of(events, T.JobStartRequested)] == ["rich-2"]
+
+
+def test_levels_are_served_in_order_before_any_team_share():
+    """A level-3 job of a team holding most of the pool starts before a level-5 job of a
+    team holding nothing."""
+    run = Run()
+    run.at(0, node("n1"))
+    run.at(1000, submit("rich-run", 6, 6, team="rich", user="r", est_runtime_s=10 * 3600,
+                  preemptible=False),
+           submit("blocker", 6, 2, team="rich", user="r", est_runtime_s=600,
+                  preemptible=False))
+    start_all(run, 2000)
+    run.at(3000, submit("poor-5", 5, 2, team="poor", user="p", est_runtime_s=3600),
+           submit("rich-3", 3, 2, team="rich", user="r", est_runtime_s=3600))
+    events = run.at(4000, T.Finished(job="blocker", ok=True))
+    assert [e.job for e in of(events, T.JobStartRequested)] == ["rich-3"]
+
+
+def test_levels_6_and_7_take_turns_over_teams_whatever_their_quota():
+    run = Run(team_quota={"a": 3.0, "b": 1.0})
+    run.at(0, node("n1"))
+    run.at(1000, *[submit(f"{team}-{i}", 6, 1, team=team, user=team, t=1000 + i)
+                   for i in range(8) for team in ("a", "b")])
+    started_jobs = [e.job for e in run.events(T.JobStartRequested)]
+    assert sum(j.startswith("a-") for j in started_jobs) == 4
+    assert sum(j.startswith("b-") for j in started_jobs) == 4
+
+
+def test_fair_share_inside_levels_3_to_5_counts_only_what_teams_hold_at_that_level():
+    """Team a holds 4 GPUs at level 6, team b 2 at level 4. Two GPUs free up: at level 4, a
+    holds nothing and b holds 2, so a's level-4 job goes first (across the pool a holds more)."""
+    run = Run()
+    run.at(0, node("n1"))
+    run.at(1000, submit("a-low", 6, 4, team="a", user="a", est_runtime_s=10 * 3600,
+                  preemptible=False),
+           submit("b-mid", 4, 2, team="b", user="b", est_runtime_s=10 * 3600,
+                  preemptible=False),
+           submit("blocker", 4, 2, team="c", user="c", est_runtime_s=600,
+                  preemptible=False))
+    start_all(run, 2000)
+    run.at(3000, submit("b-4", 4, 2, team="b", user="b", est_runtime_s=3600),
+           submit("a-4", 4, 2, team="a", user="a", est_runtime_s=3600))
+    events = run.at(4000, T.Finished(job="blocker", ok=True))
+    assert [e.job for e in of(events, T.JobStartRequested)] == ["a-4"]
+
+
+# ---------------------------------------------------------------- guaranteed shares
+
+
+def _one_gpu_of_level_3_on_a_full_pool(gpus_per_node: int = 8, nodes: int = 2, **params) -> Run:
+    """A pool of non-preemptible work, save one level-3 one-GPU job with a fresh checkpoint."""
+    run = Run(**params)
+    run.at(0, *(node(f"n{i}", gpus=gpus_per_node) for i in range(nodes)))
+    run.at(1000, submit("lvl3", 3, 1, team="batch", user="b", est_runtime_s=20 * 3600))
+    start_all(run, 1500)
+    fillers = [submit(f"fill-{i}", 5, gpus_per_node - 1 if i == 0 else gpus_per_node, team="infra",
+                      user="i", est_runtime_s=20 * 3600, preemptible=False) for i in range(nodes)]
+    run.at(2000, *fillers)
+    start_all(run, 3000)
+    fresh_checkpoint(run, 10 * MIN, "lvl3")
+    return run
+
+
+def test_a_guarantee_under_one_gpu_does_not_strand_a_level_0_fix():
+    """16 GPUs: level 3's 5% is 0.8 GPU, no whole GPU: the level-0 fix plans within a minute."""
+    run = _one_gpu_of_level_3_on_a_full_pool()
+    submitted_t = 10 * MIN + 1000
+    run.at(submitted_t, submit("fix", 0, 1, team="sre", user="oncall", est_runtime_s=1800))
+    run.at(submitted_t + 30_000, tick(submitted_t + 30_000))
+    plans = run.events(T.PreemptionPlanned)
+    assert plans and plans[0].preemptor == "fix" and plans[0].victims == ["lvl3"]
+    assert plans[0].t - submitted_t <= MIN
+
+
+def test_a_guaranteed_share_of_whole_gpus_shields_its_level_from_less_urgent_gangs():
+    """64 GPUs: level 3 keeps 5% = 3 whole GPUs; it holds 3, so a level-1 job may not take them."""
+    run = Run()
+    run.at(0, *(node(f"n{i}") for i in range(8)))
+    run.at(1000, submit("lvl3", 3, 3, team="batch", user="b", est_runtime_s=20 * 3600))
+    start_all(run, 1500)
+    run.at(2000, submit("fill-0", 5, 5, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False),
+           *[submit(f"fill-{i}", 5, 8, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False)
+             for i in range(1, 8)])
+    start_all(run, 3000)
+    fresh_checkpoint(run, 10 * MIN, "lvl3")
+    events = run.at(10 * MIN + 1000, submit("urgent", 1, 3, team="sre", user="o", est_runtime_s=1800))
+    assert not of(events, T.PreemptionPlanned)
+    assert [e.reason for e in of(events, T.PreemptionDeclined)] == ["no_victim_set_within_limits"]
+
+
+def test_a_level_0_gang_is_never_kept_waiting_by_a_guarantee_smaller_than_it():
+    """The same pool; a level-0 job of 4 GPUs needs the level's 3 guaranteed GPUs and the one
+    free: a 3-GPU guarantee is smaller than its gang, so it does not keep it waiting."""
+    run = Run()
+    run.at(0, *(node(f"n{i}") for i in range(8)))
+    run.at(1000, submit("lvl3", 3, 3, team="batch", user="b", est_runtime_s=20 * 3600))
+    start_all(run, 1500)
+    run.at(2000, submit("fill-0", 5, 4, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False),
+           *[submit(f"fill-{i}", 5, 8, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False)
+             for i in range(1, 8)])
+    start_all(run, 3000)
+    fresh_checkpoint(run, 10 * MIN, "lvl3")
+    events = run.at(10 * MIN + 1000, submit("fix", 0, 4, team="sre", user="o", est_runtime_s=1800))
+    plans = of(events, T.PreemptionPlanned)
+    assert plans and plans[0].victims == ["lvl3"]
+
+
+# ---------------------------------------------------------------- preemption depth
+
+
+def _chain(**params) -> Run:
+    """Three nodes of three models; b's level-2 job can run on X or Y, c's level-4 job on Y
+    or Z, d's level-6 job on Z. A level-0 job that needs X sets off a cascade."""
+    run = Run(**params)
+    run.at(0, node("nx", "X"), node("ny", "Y"), node("nz", "Z"))
+    run.at(1000, submit("b-2", 2, 8, team="b", user="b", models=["X", "Y"], est_runtime_s=50 * 3600))
+    start_all(run, 1500)
+    run.at(2000, submit("c-4", 4, 8, team="c", user="c", models=["Y", "Z"], est_runtime_s=50 * 3600))
+    start_all(run, 2500)
+    run.at(3000, submit("d-6", 6, 8, team="d", user="d", models=["Z"], est_runtime_s=50 * 3600))
+    start_all(run, 3500)
+    fresh_checkpoint(run, 10 * MIN, "b-2", "c-4", "d-6")
+    return run
+
+
+def _follow_the_cascade(run: Run) -> list[T.PreemptionPlanned]:
+    t = 10 * MIN + 1000
+    run.at(t, submit("a-0", 0, 8, team="a", user="a", models=["X"], est_runtime_s=3600))
+    for _ in range(4):
+        t += 20_000
+        release_all(run, t)
+        start_all(run, t + 1000)
+        fresh_checkpoint(run, t + 2000, *[j for j in ("c-4", "d-6") if run.job_state(j) == "running"])
+        t += 60_000
+        run.at(t, tick(t))
+    return run.events(T.PreemptionPlanned)
+
+
+def test_preemption_depth_is_recorded_on_every_plan():
+    plans = _follow_the_cascade(_chain(preemption_depth_max=3))
+    assert [(p.preemptor, p.victims) for p in plans] == [("a-0", ["b-2"]), ("b-2", ["c-4"]), ("c-4", ["d-6"])]
+    assert [p.depth for p in plans] == [1, 2, 3]
+    assert [p.levels_down for p in plans] == [2, 2, 2]
+
+
+def test_preemption_depth_is_limited_so_one_urgent_job_sets_off_no_long_cascade():
+    run = _chain(preemption_depth_max=2)
+    plans = _follow_the_cascade(run)
+    assert [p.preemptor for p in plans] == ["a-0", "b-2"]
+    assert "preemption_depth_limit" in [e.reason for e in run.events(T.PreemptionDeclined) if e.job == "c-4"]
+
+
+def test_a_teams_depth_limit_overrides_the_default():
+    run = _chain(preemption_depth_max=3, team_preemption_depth_max={"b": 1})
+    plans = _follow_the_cascade(run)
+    assert [p.preemptor for p in plans] == ["a-0"]
+    assert "preemption_depth_limit" in [e.reason for e in run.events(T.PreemptionDeclined) if e.job == "b-2"]
+
+
+def test_how_many_levels_down_a_teams_jobs_reach_is_limited():
+    """Team a may reach at most 1 level down: its level-0 job may not take b's level-2 job."""
+    run = _chain(team_preemption_levels_down_max={"a": 1})
+    events = run.at(10 * MIN + 1000, submit("a-0", 0, 8, team="a", user="a", models=["X"], est_runtime_s=3600))
+    assert not of(events, T.PreemptionPlanned)
+
+
+# ---------------------------------------------------------------- downgrade
+
+
+def test_a_downgrade_really_lowers_the_level_until_the_preemption_quota_recovers():
+    run = Run(team_preempting_max=1)
+    run.at(0, node("n1"), node("n2"))
+    run.at(1000, submit("batch-1", 6, 8, team="batch", user="b", est_runtime_s=50 * 3600),
+           submit("batch-2", 6, 8, team="batch", user="b", est_runtime_s=50 * 3600))
+    start_all(run, 2000)
+    fresh_checkpoint(run, 10 * MIN, "batch-1", "batch-2")
+    events = run.at(10 * MIN + 1000, submit("ops-1", 0, 8, team="ops", user="o", est_runtime_s=3600))
+    assert of(events, T.PreemptionPlanned)
+    downgrades = run.events(T.TeamDowngraded)
+    assert [d.team for d in downgrades] == ["ops"]
+    # The quota recovers when the preemption leaves the fairness window.
+    assert downgrades[0].until_t == 10 * MIN + 1000 + run.state.c.policy.fairness_window_ms
+    later = run.at(20 * MIN, submit("ops-2", 0, 8, team="ops", user="o", est_runtime_s=3600))
+    submitted = of(later, T.JobSubmitted)[0]
+    assert submitted.requested_level == 0 and submitted.level == 2
+    assert run.job("ops-2").level == 2
