@@ -6,7 +6,7 @@ in no saga, past its restart protection, and not of a team or user protected fro
 
 from __future__ import annotations
 
-from .fairness import Guard, scaled_limit
+from .fairness import Guard, depth_limits, scaled_limit
 from .policy import Policy
 from .state import RUNNING, Job, State, window_count
 from .types import LEVELS
@@ -41,7 +41,9 @@ def victim_preemptible_now(state: State, victim: Job, preemptor: Job) -> bool:
     t = c.t
     if victim.state != RUNNING or not victim.preemptible or victim.saga:
         return False
-    if victim.protected_until_t > t:
+    if victim.protected_until_t > t and (preemptor.level >= p.urgent_levels or p.restart_protect_from_urgent):
+        # Bounded restart protection, never against the urgent levels by default (there the
+        # recovery boost prices the victim dearer instead: `core.pricing.priced_level`).
         return False
     if victim.team != preemptor.team and c.team_protected_until.get(victim.team, 0) > t:
         return False
@@ -74,8 +76,9 @@ def eligible_victims(state: State, job: Job, p: Policy, guard: Guard, models: li
         first_level, eligible_now = p.fair_share_from_level, reclaim_victim_eligible
     else:
         first_level, eligible_now = max(p.preempts_from_level[job.level], job.level + 1), victim_eligible
+    last_level = min(LEVELS, job.level + depth_limits(p, job)[1] + 1)  # levels down, at most
     return [c.jobs[victim_id]
-            for level in range(first_level, LEVELS)
+            for level in range(first_level, last_level)
             for victim_id in sorted(ix.holding_by_level[level])
             if (not own_only or c.jobs[victim_id].user == job.user)
             and eligible_now(state, job, c.jobs[victim_id])

@@ -119,6 +119,8 @@ def _start_requested(s: State, ev: T.JobStartRequested | T.JobResumeRequested) -
         s.c.rr_last_team[job.eff_level] = job.team
     elif job.state == RELEASED:  # a rolled-back victim gets its GPUs back
         hold_add(s.ix, job)
+        # It did not queue: its wait to this start begins now, not when it last queued.
+        job.queued_since_t = ev.t
     job.state = STARTING
     job.placement = list(ev.placement)
     job.saga = ""
@@ -133,8 +135,12 @@ def _job_running(s: State, ev: T.JobRunning) -> None:
     job.resume_pending = False
     if job.first_start_t == 0:
         job.first_start_t = ev.t
+    job.cascade_depth = 0  # it runs again: the cascade that displaced it is over
+    job.waited_total_ms += ev.waited_ms
     if job.preempt_count:
-        job.protected_until_t = ev.t + s.c.policy.min_run_after_restart_ms * job.preempt_count
+        p = s.c.policy
+        job.protected_until_t = ev.t + min(p.restart_protect_max_ms,
+                                           p.min_run_after_restart_ms * job.preempt_count)
     wait = s.c.level_wait[job.level]
     samples = min(wait.samples + 1, LEVEL_WAIT_HORIZON)
     s.c.level_wait[job.level] = LevelWait(
@@ -182,6 +188,8 @@ def _job_requeued(s: State, ev: T.JobRequeued) -> None:
     job.saga = ""
     job.state = QUEUED
     job.preempt_count = ev.preempt_count
+    if ev.reason == "preempted":
+        job.lost_total_ms += ev.lost_progress_ms
     job.boost = ev.boost
     job.eff_level = max(0, job.level - ev.boost)
     job.queued_since_t = ev.t
@@ -267,6 +275,7 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
         victim = c.jobs[victim_id]
         victim.state = PREEMPTING
         victim.saga = ev.saga
+        victim.cascade_depth = ev.depth
         if ev.own_work_counted or victim.team != preemptor.team:
             other_team = True
             if not ev.reclaim:
@@ -359,6 +368,7 @@ def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
             victim.run_started_t = ev.t
             victim.frozen_t = 0
             victim.state = RUNNING
+            victim.cascade_depth = 0
             victim.protected_until_t = max(victim.protected_until_t, retry_t)
 
 
@@ -377,9 +387,24 @@ def _team_downgraded(s: State, ev: T.TeamDowngraded) -> None:
     s.c.team_downgraded_until[ev.team] = ev.until_t
 
 
+def _level_restored(s: State, ev: T.JobLevelRestored) -> None:
+    job = s.c.jobs[ev.job]
+    queue_remove(s.ix, job)
+    job.level = ev.level
+    job.eff_level = min(job.eff_level, ev.level)
+    job.level_since_t = ev.t
+    queue_add(s.ix, job, s.c.policy.aging_levels_max)
+
+
 def _compensation(s: State, ev: T.CompensationGranted) -> None:
     entry = s.c.ledger.get(ev.team) or Ledger()
-    if ev.kind == "quota_gpu_hours":
+    if ev.kind == "quota_gpu_hours" and ev.until_t:
+        # A time-limited bonus: the newest grant's end holds for the sum (older logs: for good).
+        if entry.quota_bonus_until_t <= ev.t:
+            entry.quota_bonus_gpu_hours = 0.0
+        entry.quota_bonus_gpu_hours += ev.amount
+        entry.quota_bonus_until_t = max(entry.quota_bonus_until_t, ev.until_t)
+    elif ev.kind == "quota_gpu_hours":
         entry.quota_gpu_hours += ev.amount
     elif ev.kind == "fee_credit":
         entry.fee_credit += ev.amount
@@ -425,6 +450,7 @@ _HANDLERS = {
     T.PreemptionDeclined: _declined,
     T.TeamProtected: _team_protected,
     T.TeamDowngraded: _team_downgraded,
+    T.JobLevelRestored: _level_restored,
     T.CompensationGranted: _compensation,
     T.PolicyChanged: _policy_changed,
 }

@@ -1,7 +1,9 @@
 """The fairness limits on preemption: how many preemptions a team or user may suffer or
 cause in the fairness window (scaled to the pool and to the team's share of the demand),
-and the `Guard` on a victim set: the levels' guaranteed shares of the pool and, under the
-fair-share guarantee, no victim of another team that holds no more than its fair share.
+how deep a cascade of preemptions and how many levels down a team's or user's jobs may
+reach (`depth_limits`), and the `Guard` on a victim set: the levels' guaranteed shares of
+the pool in whole GPUs (`level_floors`) and, under the opt-in fair-share guarantee, no
+victim of another team that holds no more than its fair share.
 The limits guard a team or user against others, never against reordering their own work.
 """
 
@@ -31,6 +33,22 @@ def scaled_limit(state: State, per_100_gpus: int) -> int:
     return max(per_100_gpus, per_100_gpus * state.ix.total_gpus // 100)
 
 
+def level_floors(p: Policy, total_gpus: int) -> list[int]:
+    """Each level's guaranteed share of the pool in whole GPUs (rounded down: a share under
+    one GPU guarantees none, rather than shielding a whole GPU)."""
+    return [int(share * total_gpus + 1e-9) for share in p.guaranteed_share]
+
+
+def depth_limits(p: Policy, job: Job) -> tuple[int, int]:
+    """(cascade depth, levels down) the job may preempt at: the stricter of its team's and
+    its user's limits, each defaulting to the policy's."""
+    depth = min(p.team_preemption_depth_max.get(job.team, p.preemption_depth_max),
+                p.user_preemption_depth_max.get(job.user, p.preemption_depth_max))
+    down = min(p.team_preemption_levels_down_max.get(job.team, p.preemption_levels_down_max),
+               p.user_preemption_levels_down_max.get(job.user, p.preemption_levels_down_max))
+    return depth, down
+
+
 class Guard:
     """What a preemption may not take: GPUs a level holds within its guaranteed share of the
     pool and, when the policy guarantees fair shares, jobs of another team that holds no
@@ -40,7 +58,10 @@ class Guard:
     def __init__(self, state: State, preemptor: Job, p: Policy) -> None:
         self.state = state
         self.team = preemptor.team
-        self.level_floor = [share * state.ix.total_gpus for share in p.guaranteed_share]
+        self.level_floor = level_floors(p, state.ix.total_gpus)
+        if preemptor.level == 0:
+            # An emergency is never kept waiting by a guarantee smaller than its gang.
+            self.level_floor = [floor if floor >= preemptor.gpus else 0 for floor in self.level_floor]
         self.guarantees_teams = p.fair_share_guarantee and preemptor.level >= p.fair_share_from_level
         # Shares are only weighed for a preemptor the guarantee covers (an urgent one is not).
         self.shares = fair_shares(state) if self.guarantees_teams else {}

@@ -13,7 +13,6 @@ from .log_seal import Ctx, reject
 from .placement import placement_nodes
 from .policy import PolicyError, assign_variant, check_experiment, with_params
 from .saga import commit_if_complete, release_victim, requeue, rollback
-from .shares import above_share, fair_shares, holding
 from .state import (HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
                     job_progress_ms)
 from .types import LEVELS
@@ -84,8 +83,10 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
     if problem:
         return reject(ctx, *problem)
     level = inp.level
-    if c.team_downgraded_until.get(inp.team, 0) > inp.t and level < p.downgrade_applies_below_level \
-            and _over_quota(ctx.state, inp.team):
+    if c.team_downgraded_until.get(inp.team, 0) > inp.t and level < p.downgrade_applies_below_level:
+        # Truthful: while the team is downgraded its urgent jobs enter lower, until its
+        # preemption quota recovers (then `core.queues.restore_levels` gives queued ones
+        # their level back).
         level = min(LEVELS - 1, level + p.downgrade_levels)
     ctx.emit(T.JobSubmitted(
         t=inp.t, job=inp.job, team=inp.team, user=inp.user, level=level,
@@ -97,14 +98,6 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
         restore_cost_s=_or(inp.restore_cost_s, p.default_restore_cost_s),
         preemptible=inp.preemptible, command=list(inp.command),
         variant=assign_variant(p, inp.team, inp.job, inp.user)))
-
-
-def _over_quota(state: State, team: str) -> bool:
-    """Whether the team holds more than its fair share of the pool (core/shares.py): a
-    downgrade lasts until the team's quota recovers, so a team that preempted often but
-    is back within its share is not held down."""
-    held = holding(state).get(team, 0)
-    return held > 0 and above_share(held, fair_shares(state).get(team, 0.0))
 
 
 def _or(value: float | None, default: float) -> float:

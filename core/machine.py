@@ -18,8 +18,9 @@ from .eligibility import may_preempt
 from .inputs import HANDLERS, common_problem
 from .log_seal import Ctx, reject
 from .placement_pass import place_queued
-from .preemption_pass import preempt_blocked, preemption_candidates, reclaim_blocked, reclaim_candidates
-from .queues import age_queued, aging_threshold_ms
+from .preemption_pass import (preempt_blocked, preemption_candidates, reclaim_blocked, reclaim_candidates,
+                              urgent_candidates)
+from .queues import age_queued, aging_threshold_ms, downgrades_end_t, restore_levels
 from .saga import expire_sagas
 from .state import QUEUED, State
 from .types import LEVELS
@@ -85,9 +86,11 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
     """Deadlines, aging, placement, then preemption: for the blocked jobs at the head of the
     queues (`preempt_for="head"`), for one just-submitted job (its id), or for none ("")."""
     expire_sagas(ctx)
+    restore_levels(ctx)
     age_queued(ctx)
     place_queued(ctx)
     if preempt_for == "head":
+        preempt_blocked(ctx, urgent_candidates(ctx.state, ctx.inp.t), ctx.state.c.policy.urgent_candidates_max)
         preempt_blocked(ctx, preemption_candidates(ctx.state, ctx.inp.t))
         reclaim_blocked(ctx, reclaim_candidates(ctx.state, ctx.inp.t))
     elif preempt_for:
@@ -101,10 +104,14 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
 
 
 def next_due_t(state: State) -> int | None:
-    """The earliest time at which a tick would change something on its own (an aging step
-    or a saga deadline), so a simulator can jump there instead of ticking every second."""
+    """The earliest time at which a tick would change something on its own (an aging step,
+    a saga deadline, a downgraded job's level coming back), so a simulator can jump there
+    instead of ticking every second."""
     c = state.c
     due: list[int] = [saga.deadline_t + 1 for saga in c.sagas.values()]
+    restore_t = downgrades_end_t(state)
+    if restore_t is not None:
+        due.append(restore_t)
     for level in range(1, LEVELS):
         aging = state.ix.aging[level]
         if aging:

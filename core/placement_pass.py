@@ -11,6 +11,7 @@ import heapq
 from typing import Iterable, Iterator
 
 from . import types as T
+from .fairness import level_floors
 from .forecast import earliest_fit, expected_runtime_ms
 from .log_seal import Ctx
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
@@ -61,15 +62,17 @@ def place_queued(ctx: Ctx) -> None:
 
 
 def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
-    """(job, may get a head reservation), in the order a placement pass tries them: the
-    urgent levels' own jobs, then the jobs of teams below their fair shares that fit within
-    them, then every level in its serving order. A job aged into the urgent levels from a
-    level the guarantee covers is served in that last pass, at its effective level: aging
-    bounds a wait within the levels, it does not put a team's flood ahead of the teams
-    below their shares. Levels are read lazily, so a job placed earlier in the pass is not
-    offered again."""
+    """(job, may get a head reservation), in the order a placement pass tries them: first
+    the levels below their guaranteed shares, up to them; then, by default, every level in
+    order 0 -> 7, each in its own serving order (the model: levels in order, each by its
+    queue policy). With the opt-in cross-pool guarantee (`fair_share_guarantee`): the urgent
+    levels' own jobs, then the jobs of teams below their fair shares that fit within them,
+    then every level in its serving order; a job aged into the urgent levels from a level
+    the guarantee covers is served in that last pass, at its effective level. Levels are
+    read lazily, so a job placed earlier in the pass is not offered again."""
     p = state.c.policy
     jobs = state.c.jobs
+    yield from _below_guarantee(state)
     covered_from = p.fair_share_from_level if p.fair_share_guarantee else LEVELS
     for level in range(min(covered_from, LEVELS)):
         for job_id in serving_order(state, level):
@@ -83,6 +86,23 @@ def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
         for job_id in serving_order(state, level):
             if jobs[job_id].level >= covered_from:
                 yield job_id, True
+
+
+def _below_guarantee(state: State) -> Iterator[tuple[str, bool]]:
+    """Jobs of the levels holding less than their guaranteed share (whole GPUs) that fit
+    within it, each level in its serving order: a guarantee is kept by placement, not only
+    by sparing the level from preemption."""
+    ix = state.ix
+    floors = level_floors(state.c.policy, ix.total_gpus)
+    for level in range(LEVELS):
+        if not floors[level] or ix.level_gpus[level] >= floors[level] or not ix.queues[level]:
+            continue
+        for job_id in serving_order(state, level):
+            job = state.c.jobs[job_id]
+            if job.level == level and ix.level_gpus[level] + job.gpus <= floors[level]:
+                yield job_id, False
+            if ix.level_gpus[level] >= floors[level]:
+                break
 
 
 def _within_share(state: State, covered_from: int) -> Iterator[str]:

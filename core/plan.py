@@ -19,7 +19,7 @@ from __future__ import annotations
 import msgspec
 
 from .eligibility import eligible_victims, user_preempting_exhausted
-from .fairness import Guard
+from .fairness import Guard, depth_limits
 from .forecast import ReleaseCurve, expected_runtime_ms, natural_wait_ms
 from .placement import acceptable_models, place
 from .policy import Policy, with_params
@@ -39,6 +39,8 @@ class Plan(msgspec.Struct, kw_only=True):
     checkpoint_needed: dict[str, bool]
     reason: str
     reclaim: bool = False
+    depth: int = 1  # the cascade's depth (see core.policy: preemption_depth_max)
+    levels_down: int = 0  # how far below the preemptor its lowest victim is
 
 
 class Decline(msgspec.Struct, kw_only=True):
@@ -68,6 +70,9 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     if own_only and reclaim:
         return Decline(reason="user_preempting_limit")
     p = variant_policy(state, job)
+    if job.cascade_depth + 1 > depth_limits(p, job)[0]:
+        # Displaced by a cascade already as deep as its team or user may go: it waits.
+        return Decline(reason="preemption_depth_limit")
     guard = Guard(state, job, p)
     if reclaim and not guard.below_share_with(job):
         return Decline(reason="reclaim_beyond_share")
@@ -88,7 +93,7 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     victims, placement = choice
     if not victims:  # it fits on GPUs held for a starving job: it waits like everyone else
         return Decline(reason="held_back_by_reservation")
-    return judge(job, p, guard, costs, victims, placement, natural_wait, reclaim)
+    return judge(state, job, p, guard, costs, victims, placement, natural_wait, reclaim)
 
 
 def preemption_scope(state: State, job: Job) -> Scope | Decline:
@@ -118,7 +123,7 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     return Scope(models=models, nodes=nodes, held=held, runtime_ms=runtime)
 
 
-def judge(job: Job, p: Policy, guard: Guard, costs: dict[str, VictimCost], victims: list[str],
+def judge(state: State, job: Job, p: Policy, guard: Guard, costs: dict[str, VictimCost], victims: list[str],
           placement: list[Slot], natural_wait: int, reclaim: bool) -> Plan | Decline:
     """Preempt only when the preemptor's weighted wait saved exceeds the set's cost by more
     than `net_benefit_min`; the wait saved is its natural wait less the time the slowest
@@ -138,7 +143,8 @@ def judge(job: Job, p: Policy, guard: Guard, costs: dict[str, VictimCost], victi
         victims=victims, placement=placement, benefit=round(benefit, 3), cost=round(cost, 3),
         ready_ms=ready, natural_wait_ms=natural_wait,
         checkpoint_needed={v: costs[v].checkpoint_needed for v in victims},
-        reason=reason, reclaim=reclaim)
+        reason=reason, reclaim=reclaim, depth=job.cascade_depth + 1,
+        levels_down=max(0, max(state.c.jobs[v].level for v in victims) - job.level))
 
 
 def variant_policy(state: State, job: Job) -> Policy:

@@ -29,8 +29,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                ROUND_ROBIN, ROUND_ROBIN])
     # Team weights for fair share; a team not listed weighs 1.
     team_quota: dict[str, float] = {}
-    # Fraction of the pool each level keeps: a level's jobs are not preempted while the
-    # level holds no more than this share.
+    # Fraction of the pool each level keeps, counted in whole GPUs (rounded down): while a
+    # level with queued jobs holds less, placement serves it first up to that many GPUs,
+    # and its jobs are not preempted below it. A level-0 job is never kept waiting by a
+    # guarantee smaller than its gang (an emergency outranks a floor it would barely dent).
     guaranteed_share: list[float] = msgspec.field(default_factory=lambda: [0.0, 0.0, 0.0, 0.05, 0.05, 0.05, 0.0, 0.0])
     # Level L may preempt jobs of level >= preempts_from_level[L]; 8 means it may not preempt.
     # The urgent levels 0-1 may preempt any less urgent level (as Kubernetes priority
@@ -61,7 +63,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # such reservation raised Jain's index over teams' fair-share use from 0.67 to 0.72 and
     # the level 0-1 p99 wait by 13-40%).
     starvation_team_reservations_max: int = 0
-    # Teams keep their fair share: a team's max-min share of the pool, weighted by quota,
+    # Opt-in (off by default): the cross-pool team guarantee with reclaim, as Kueue's cohorts
+    # do it. By default team fair share works only inside levels 3-5 (who gets a level's next
+    # GPUs) and a job never preempts its own level or a more urgent one. With it on:
+    # teams keep their fair share: a team's max-min share of the pool, weighted by quota,
     # over the teams holding or asking for GPUs (see core/shares.py). While a team holds
     # no more than its share, other teams' jobs of levels `fair_share_from_level` and on do
     # not preempt it; and a team below its share reclaims: its blocked jobs may preempt
@@ -71,7 +76,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # or a queue's guaranteed capacity in YARN: priority decides within a team and over the
     # GPUs teams hold beyond their shares. The urgent levels below `fair_share_from_level`
     # stay outside it: they preempt by priority whatever the shares, and are never reclaimed.
-    fair_share_guarantee: bool = True
+    fair_share_guarantee: bool = False
     fair_share_from_level: int = 2
     # The first jobs of the serving order that do not fit get the same kind of reservation,
     # so a large gang at an urgent level is not starved by small jobs of less urgent
@@ -91,6 +96,24 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     # --- preemption decision
     victims_per_preemption_max: int = 8
+    # Preemption depth. A cascade: a job displaced by a preemption of depth d that preempts
+    # in turn, before it runs again, makes a preemption of depth d + 1 (a job never
+    # displaced preempts at depth 1). Levels down: how far below the preemptor's level its
+    # victims are. Both are recorded on every PreemptionPlanned and limited here, with
+    # per-team and per-user overrides (the stricter of a job's team and user limit holds).
+    preemption_depth_max: int = 2
+    team_preemption_depth_max: dict[str, int] = {}
+    user_preemption_depth_max: dict[str, int] = {}
+    preemption_levels_down_max: int = 7
+    team_preemption_levels_down_max: dict[str, int] = {}
+    user_preemption_levels_down_max: dict[str, int] = {}
+    # Every preemption costs each victim this much GPU time beyond lost progress, checkpoint
+    # save and restore (process teardown, relaunch, warm-up), priced as wasted work.
+    preemption_overhead_s: float = 10.0
+    # Jobs at the urgent levels (below this) are all tried for preemption on every pass;
+    # the budget `preemption_candidates_max` applies to the less urgent levels.
+    urgent_levels: int = 2
+    urgent_candidates_max: int = 64
     # How long a preemptor of each level waits for a victim to let go, at most (0: as long
     # as the save takes): a victim that cannot reach its safe point and save a checkpoint in
     # time lets go from its last checkpoint, and the progress since counts as lost in the
@@ -137,12 +160,22 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # --- recovery and compensation
     requeue_boost_per_preemption: int = 1
     requeue_boost_max: int = 3
-    # Protected from preemption for this long after a restart, times the preemption count.
+    # Protected from preemption for this long after a restart, times the preemption count,
+    # at most `restart_protect_max_ms`; and never against the urgent levels unless
+    # `restart_protect_from_urgent` (there the boost prices a recently preempted victim at
+    # its boosted level instead, which makes a second preemption less likely, not impossible).
     min_run_after_restart_ms: int = 900_000
+    restart_protect_max_ms: int = 3_600_000
+    restart_protect_from_urgent: bool = False
+    # The recovery boost grows with the preemption count and with the wait the job has
+    # already borne: one more level per this much time it has queued in all.
+    requeue_boost_wait_ms: int = 4 * 3_600_000
     checkpoints_kept: int = 3
     compensation_after_preemptions: int = 3
     compensation_quota_gpu_hours_per_lost: float = 1.0
     compensation_priority_boost: int = 1
+    # The quota bonus of a compensation raises the team's fair-share weight for this long.
+    compensation_quota_ms: int = 24 * 3_600_000
     fee_credit_per_gpu_hour: float = 2.5
 
     # --- A/B: named variants, each a set of overrides of the preemption decision's
@@ -181,6 +214,11 @@ def validate(policy: Policy) -> Policy:
                 f" levels, so it must be > {level}")
     if not 0 <= policy.fair_share_from_level <= LEVELS:
         raise PolicyError(f"fair_share_from_level must be 0..{LEVELS} ({LEVELS}: no level is covered)")
+    if policy.preemption_depth_max < 1 or any(v < 1 for v in policy.team_preemption_depth_max.values()) \
+            or any(v < 1 for v in policy.user_preemption_depth_max.values()):
+        raise PolicyError("preemption depth limits must be at least 1 (a job never displaced preempts at depth 1)")
+    if not 0 <= policy.urgent_levels <= LEVELS:
+        raise PolicyError(f"urgent_levels must be 0..{LEVELS}")
     if policy.victims_per_preemption_max < 1:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:

@@ -20,12 +20,13 @@ from .types import LEVELS
 
 
 def preemption_candidates(state: State, t: int) -> Iterator[str]:
-    """The queued jobs with the strongest right to preempt: by base level (aging and boosts
-    change the serving order, never the right to preempt), then submit time; not those
-    waiting out a retry backoff. At most `scan_jobs_max` looked at."""
+    """The queued jobs of the less urgent levels with the strongest right to preempt: by base
+    level (aging and boosts change the serving order, never the right to preempt), then
+    submit time; not those waiting out a retry backoff. At most `scan_jobs_max` looked at.
+    (The urgent levels' jobs are `urgent_candidates`, all tried on every pass.)"""
     p = state.c.policy
     scanned = 0
-    for level in range(LEVELS):
+    for level in range(p.urgent_levels, LEVELS):
         if p.preempts_from_level[level] >= LEVELS:
             continue
         for _, job_id in state.ix.waiting_by_level[level]:
@@ -36,7 +37,24 @@ def preemption_candidates(state: State, t: int) -> Iterator[str]:
                 yield job_id
 
 
-def preempt_blocked(ctx: Ctx, blocked: Iterable[str]) -> None:
+def urgent_candidates(state: State, t: int) -> Iterator[str]:
+    """Every queued job of the urgent levels (by base level, then submit time), past its
+    retry backoff, at most `urgent_candidates_max`: each is tried on every pass, so an old
+    blocked gang does not use up the attempts of the urgent jobs behind it."""
+    p = state.c.policy
+    scanned = 0
+    for level in range(min(p.urgent_levels, LEVELS)):
+        if p.preempts_from_level[level] >= LEVELS:
+            continue
+        for _, job_id in state.ix.waiting_by_level[level]:
+            scanned += 1
+            if scanned > p.urgent_candidates_max:
+                return
+            if state.c.jobs[job_id].preempt_retry_t <= t:
+                yield job_id
+
+
+def preempt_blocked(ctx: Ctx, blocked: Iterable[str], attempts_max: int | None = None) -> None:
     """Plan preemptions for up to `preemption_candidates_max` of the blocked jobs. Once a
     job finds no eligible victim, no other job of its level will in this step (eligibility
     depends on the preemptor's level only, and sagas only take victims away), so the rest
@@ -45,7 +63,7 @@ def preempt_blocked(ctx: Ctx, blocked: Iterable[str]) -> None:
     jobs can make this a little pessimistic for a shorter job; it only orders attempts.)"""
     state = ctx.state
     c = state.c
-    attempts_left = c.policy.preemption_candidates_max
+    attempts_left = c.policy.preemption_candidates_max if attempts_max is None else attempts_max
     futile: dict[tuple[int, tuple[str, ...]], None] = {}
     for job_id in blocked:
         job = c.jobs.get(job_id)

@@ -56,25 +56,26 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     t = state.c.t
     last = last_checkpoint(victim)
     since_ckpt = job_progress_ms(victim, t) - (last.progress_ms if last else 0)
-    weight = p.level_weight[victim.level]
+    weight = p.level_weight[priced_level(victim, t)]
     wasted_weight = victim.gpus * max(weight, p.wasted_work_weight_min, pricing.wasted_weight_min)
+    # Releasing from the last checkpoint (or scratch) is always possible; saving first, or
+    # finishing the save under way, only if the preemptor's level waits long enough for it.
+    options = [(since_ckpt, 0, False)]
     if victim.ckpt_started_t:
-        # A checkpoint is being written: wait for it rather than lose it.
-        save = max(0, victim.ckpt_started_t + victim.ckpt_cost_ms - t)
-        options = [(0, save, False)]
-    else:
-        options = [(since_ckpt, 0, False)]  # release from the last checkpoint (or scratch)
-        if can_checkpoint(victim):
-            options.append((0, victim.ckpt_cost_ms, True))
+        # A checkpoint is being written: waiting for it loses nothing.
+        options.append((0, max(0, victim.ckpt_started_t + victim.ckpt_cost_ms - t), False))
+    elif can_checkpoint(victim):
+        options.append((0, victim.ckpt_cost_ms, True))
     bound = pricing.release_wait_max_ms
     if bound and len(options) > 1 and pricing.safe_point_ms + options[1][1] > bound:
         options = options[:1]  # no time to save: it lets go from its last checkpoint
+    overhead = int(p.preemption_overhead_s * 1000)  # teardown, relaunch, warm-up
     best = None
     for lost, save, checkpoint_needed in options:
         has_checkpoint = last is not None or checkpoint_needed or save > 0
         restore = victim.restore_cost_ms if has_checkpoint else 0
         ready = pricing.safe_point_ms + save
-        wasted = wasted_weight * (lost + save + restore) / 1000.0
+        wasted = wasted_weight * (lost + save + restore + overhead) / 1000.0
         key = wasted + pricing.waiting_weight * ready
         if best is None or key < best[0]:
             best = (key, wasted, lost, save, restore, ready, checkpoint_needed)
@@ -95,16 +96,38 @@ def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> flo
     GPU of the pool (0 when nothing waits). The preemptor is not delayed by it: it starts
     on the victims' GPUs, and its own wait is the benefit side."""
     ix = state.ix
-    weighted = sum(gpus * p.level_weight[level] for level, gpus in enumerate(ix.queued_gpus))
+    # Queued jobs weigh at their own level: aging orders the queue, it is no claim on GPUs.
+    weighted = sum(gpus * p.level_weight[level] for level, gpus in enumerate(ix.queued_gpus_base))
     if preemptor is not None and preemptor.state == QUEUED:
-        weighted -= preemptor.gpus * p.level_weight[preemptor.eff_level]
-    return max(0.0, weighted) / max(ix.total_gpus, 1)
+        weighted -= preemptor.gpus * p.level_weight[preemptor.level]
+    pressure = max(0.0, weighted) / max(ix.total_gpus, 1)
+    if preemptor is not None:
+        # The same footing at any load: a wasted GPU-second delays the queue by one
+        # GPU-second, which is worth no more than a GPU-second of the preemptor's own wait
+        # (the jobs it delays are served after the preemptor, or they would have been
+        # placed first). Without the cap the backlog, not the trade, decides.
+        pressure = min(pressure, p.level_weight[preemptor.level])
+    return pressure
+
+
+def priced_level(victim: Job, t: int) -> int:
+    """The level a victim's losses are weighed at: its own, raised by its recovery boost
+    while its restart protection lasts (a job preempted lately is dearer to preempt again,
+    even by the urgent levels its protection does not cover)."""
+    if victim.protected_until_t > t and victim.boost:
+        return max(0, victim.level - victim.boost)
+    return victim.level
+
+
+def recovery_boost(p, count: int, waited_total_ms: int) -> int:
+    """Levels a requeued job rises: more for each preemption and for the wait it has borne."""
+    by_wait = waited_total_ms // p.requeue_boost_wait_ms if p.requeue_boost_wait_ms else 0
+    return min(p.requeue_boost_max, p.requeue_boost_per_preemption * count + by_wait)
 
 
 def requeue_level(state: State, victim: Job) -> int:
     """The queue level a victim returns to: its base level raised by the recovery boost."""
-    p = state.c.policy
-    boost = min(p.requeue_boost_max, p.requeue_boost_per_preemption * (victim.preempt_count + 1))
+    boost = recovery_boost(state.c.policy, victim.preempt_count + 1, victim.waited_total_ms)
     return max(0, victim.level - boost)
 
 

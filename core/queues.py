@@ -1,7 +1,8 @@
-"""The queues: in what order each level serves its queued jobs (`fcfs`, `fair_share`,
-`round_robin`, the level's own policy), and aging, which moves a job that waited past its
-level's threshold one level up (the threshold shrinks as the queue deepens and as the
-level's historical wait grows), so every wait within the levels is bounded.
+"""The queues: in what order each level serves its queued jobs (`fcfs`, `fair_share` by
+team quota over what teams hold at that level, `round_robin`: the level's own policy),
+aging, which moves a job that waited past its level's threshold one level up (the threshold
+shrinks as the queue deepens and as the level's historical wait grows), so every wait
+within the levels is bounded, and the return of downgraded jobs to their level.
 """
 
 from __future__ import annotations
@@ -55,6 +56,29 @@ def age_queued(ctx: Ctx) -> None:
                                     waited_ms=t - job.queued_since_t))
 
 
+def restore_levels(ctx: Ctx) -> None:
+    """Queued jobs that entered below their requested level under a team downgrade go back
+    to it once the team's preemption quota has recovered: a downgrade bounds a team's
+    preempting; it does not keep an urgent job waiting longer than the downgrade lasts."""
+    ix = ctx.state.ix
+    if not ix.downgraded_queued:
+        return
+    c = ctx.state.c
+    t = ctx.inp.t
+    for job_id in sorted(ix.downgraded_queued):
+        job = c.jobs[job_id]
+        if c.team_downgraded_until.get(job.team, 0) <= t:
+            ctx.emit(T.JobLevelRestored(t=t, job=job_id, level=job.requested_level,
+                                        waited_ms=t - job.queued_since_t))
+
+
+def downgrades_end_t(state: State) -> int | None:
+    """When the first downgrade holding a queued job's level down ends, if any does."""
+    c = state.c
+    ends = [c.team_downgraded_until.get(c.jobs[job_id].team, 0) for job_id in state.ix.downgraded_queued]
+    return min(ends) if ends else None
+
+
 def queue_order(state: State, level: int, limit: int) -> list[str]:
     """Up to `limit` queued jobs of one level in the order its policy serves them."""
     return list(itertools.islice(serving_order(state, level), max(0, limit)))
@@ -74,19 +98,21 @@ def serving_order(state: State, level: int) -> Iterator[str]:
     if policy == "fcfs":
         return (key[-1] for key in heapq.merge(*(teams[name] for name in names)))
     if policy == "fair_share":
-        return _fair_share_order(state, teams, names)
+        return _fair_share_order(state, level, teams, names)
     return _round_robin_order(state, level, teams, names)
 
 
-def _fair_share_order(state: State, teams, names: list[str]) -> Iterator[str]:
-    """Next from the team furthest below its quota (GPUs held / quota, counting the jobs
-    already offered in this pass), ties to the head of the higher own level and older
-    submit, then the team name."""
+def _fair_share_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
+    """Next from the team furthest below its quota inside the level (GPUs its jobs of this
+    level hold / quota, counting the jobs already offered in this pass: fair share decides
+    who gets the level's next GPUs, whatever the teams hold at other levels), ties to the
+    head of the higher own level and older submit, then the team name."""
     c = state.c
+    held = state.ix.level_team_gpus[level]
     usage: list[list] = []  # [used / quota, head key, name, cursor, used, quota]
     for name in names:
         quota = team_quota(state, name)
-        used = state.ix.team_gpus.get(name, 0)
+        used = held.get(name, 0)
         usage.append([used / quota, teams[name][0][:2], name, 0, used, quota])
     heap = [tuple(entry[:3]) + (i,) for i, entry in enumerate(usage)]
     heapq.heapify(heap)

@@ -13,6 +13,7 @@ from .fairness import team_limit
 from .log_seal import Ctx
 from .placement import placement_nodes
 from .placement_pass import request_start
+from .pricing import recovery_boost
 from .state import PREEMPTING, RELEASED, RUNNING, Job, job_progress_ms, last_checkpoint, window_count
 from .types import LEVELS
 
@@ -78,29 +79,36 @@ def requeue(ctx: Ctx, job: Job, reason: str, counts_as_preemption: bool) -> None
     p = c.policy
     t = ctx.inp.t
     count = job.preempt_count + (1 if counts_as_preemption else 0)
-    boost = min(p.requeue_boost_max, p.requeue_boost_per_preemption * count)
+    boost = recovery_boost(p, count, job.waited_total_ms)
     last = last_checkpoint(job)
     lost = job_progress_ms(job, t) - (last.progress_ms if last else 0)
     if counts_as_preemption and count >= p.compensation_after_preemptions:
         boost = min(LEVELS - 1, boost + p.compensation_priority_boost)
-        _compensate(ctx, job, count, lost)
+        _compensate(ctx, job, count, max(0, lost))
     ctx.emit(T.JobRequeued(t=t, job=job.id, boost=boost, reason=reason,
                            lost_progress_ms=max(0, lost), preempt_count=count))
 
 
 def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
+    """Past the threshold, a grant proportional to the progress lost: at the threshold, all
+    the job lost to its preemptions so far (and their checkpoint and restore overheads);
+    after it, what each further preemption loses. The quota bonus is for a while."""
     p = ctx.state.c.policy
     t = ctx.inp.t
-    overhead_ms = job.ckpt_cost_ms + job.restore_cost_ms
-    lost_gpu_hours = job.gpus * (max(0, lost_ms) + overhead_ms) / 3_600_000
+    at_threshold = count == p.compensation_after_preemptions
+    basis_ms = lost_ms + (job.lost_total_ms if at_threshold else 0)
+    overhead_ms = (job.ckpt_cost_ms + job.restore_cost_ms) * (count if at_threshold else 1)
+    lost_gpu_hours = job.gpus * (basis_ms + overhead_ms) / 3_600_000
     grants = [
         ("quota_gpu_hours", round(lost_gpu_hours * p.compensation_quota_gpu_hours_per_lost, 6)),
         ("priority_boost", float(p.compensation_priority_boost)),
         ("fee_credit", round(lost_gpu_hours * p.fee_credit_per_gpu_hour, 6)),
     ]
     for kind, amount in grants:
+        until = t + p.compensation_quota_ms if kind == "quota_gpu_hours" else 0
         ctx.emit(T.CompensationGranted(t=t, job=job.id, team=job.team, kind=kind, amount=amount,
-                                       preempt_count=count))
+                                       preempt_count=count, user=job.user, until_t=until,
+                                       lost_progress_ms=basis_ms))
 
 
 def start_saga(ctx: Ctx, job: Job, plan) -> None:
@@ -113,12 +121,15 @@ def start_saga(ctx: Ctx, job: Job, plan) -> None:
     ctx.emit(T.PreemptionPlanned(
         t=t, saga=saga_id, preemptor=job.id, victims=plan.victims, placement=plan.placement,
         deadline_t=deadline, benefit=plan.benefit, cost=plan.cost, reason=plan.reason,
-        victim_nodes=victim_nodes, reclaim=plan.reclaim, own_work_counted=False))
+        victim_nodes=victim_nodes, reclaim=plan.reclaim, own_work_counted=False,
+        depth=plan.depth, levels_down=plan.levels_down))
     for victim_id in plan.victims:
         victim = c.jobs[victim_id]
         ctx.emit(T.VictimNotified(t=t, saga=saga_id, job=victim_id,
                                   nodes=placement_nodes(victim.placement), deadline_t=deadline,
-                                  checkpoint_needed=plan.checkpoint_needed[victim_id]))
+                                  checkpoint_needed=plan.checkpoint_needed[victim_id],
+                                  reason=plan.reason, preemptor=job.id, preemptor_level=job.level,
+                                  gpus=list(victim.placement)))
     if not plan.reclaim:  # giving back GPUs above a team's share is no unfairness to count
         _fairness_after_plan(ctx, job, plan.victims)
 
@@ -139,7 +150,16 @@ def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
                                      preempted_in_window=count))
     win = c.team_windows.get(preemptor.team)
     count = window_count(win.preempting, t, p.fairness_window_ms) if win else 0
-    if count >= team_limit(ctx.state, preemptor.team, p.team_preempting_max) \
-            and c.team_downgraded_until.get(preemptor.team, 0) <= t:
-        ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=t + p.team_downgrade_ms,
-                                  preempting_in_window=count))
+    limit = team_limit(ctx.state, preemptor.team, p.team_preempting_max)
+    if count >= limit:
+        until = quota_recovers_t(win.preempting, limit, p.fairness_window_ms)
+        if until > c.team_downgraded_until.get(preemptor.team, 0):
+            ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=until,
+                                      preempting_in_window=count))
+
+
+def quota_recovers_t(times: list[int], limit: int, window_ms: int) -> int:
+    """When a team's preemptions in the window fall back below its limit: `times` holds the
+    window's entries, oldest first; once all but the newest `limit - 1` have left the
+    window (each leaves `window_ms` after it), the team is under its limit again."""
+    return times[len(times) - max(1, limit)] + window_ms

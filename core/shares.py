@@ -28,7 +28,12 @@ def above_share(held: float, share: float) -> bool:
 def team_quota(state: State, team: str) -> float:
     """A team's fair-share weight: its quota, raised by compensation grants."""
     c = state.c
-    bonus = c.ledger[team].quota_gpu_hours if team in c.ledger else 0.0
+    entry = c.ledger.get(team)
+    bonus = 0.0
+    if entry is not None:
+        bonus = entry.quota_gpu_hours
+        if entry.quota_bonus_until_t > c.t:
+            bonus += entry.quota_bonus_gpu_hours
     return c.policy.team_quota.get(team, 1.0) * (1.0 + bonus / 100.0)
 
 

@@ -77,6 +77,10 @@ class Job(msgspec.Struct, kw_only=True):
     resume_pending: bool = False
     compensations: int = 0
     first_start_t: int = 0
+    # Depth of the preemption cascade that displaced the job, until it runs again (0: none).
+    cascade_depth: int = 0
+    waited_total_ms: int = 0  # queue wait borne over all its starts (the recovery boost grows with it)
+    lost_total_ms: int = 0  # progress lost to every preemption (compensation pays for all of it)
 
 
 class Node(msgspec.Struct, kw_only=True):
@@ -121,7 +125,9 @@ class LevelWait(msgspec.Struct, kw_only=True):
 
 
 class Ledger(msgspec.Struct, kw_only=True):
-    quota_gpu_hours: float = 0.0
+    quota_gpu_hours: float = 0.0  # bonuses for good (granted by older versions)
+    quota_bonus_gpu_hours: float = 0.0  # time-limited bonus, until `quota_bonus_until_t`
+    quota_bonus_until_t: int = 0
     fee_credit: float = 0.0
     priority_boosts: int = 0
 
@@ -177,6 +183,12 @@ class Index:
         self.team_gpus: dict[str, int] = {}
         self.team_queued_gpus: dict[str, int] = {}  # GPUs asked for by each team's queued jobs
         self.level_gpus: list[int] = [0] * LEVELS
+        # level -> team -> GPUs its jobs of that (base) level hold: fair share inside a level
+        self.level_team_gpus: list[dict[str, int]] = [{} for _ in range(LEVELS)]
+        # GPUs asked for by queued jobs, per base level (what aging does not change)
+        self.queued_gpus_base: list[int] = [0] * LEVELS
+        # Queued jobs that entered below their requested level (a team downgrade)
+        self.downgraded_queued: dict[str, None] = {}
         # level -> {job id: None} of jobs holding GPUs, to find preemption victims by level
         self.holding_by_level: list[dict[str, None]] = [{} for _ in range(LEVELS)]
         self.total_gpus = 0
@@ -265,6 +277,9 @@ def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] += 1
     ix.queued_gpus[job.eff_level] += job.gpus
+    ix.queued_gpus_base[job.level] += job.gpus
+    if job.level > job.requested_level:
+        ix.downgraded_queued[job.id] = None
     ix.team_queued_gpus[job.team] = ix.team_queued_gpus.get(job.team, 0) + job.gpus
     bisect.insort(ix.queues[job.eff_level].setdefault(job.team, []), queue_key(job))
     if job.eff_level > 0 and job.level - job.eff_level < aging_levels_max:
@@ -283,6 +298,8 @@ def queue_remove(ix: Index, job: Job) -> None:
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] -= 1
     ix.queued_gpus[job.eff_level] -= job.gpus
+    ix.queued_gpus_base[job.level] -= job.gpus
+    ix.downgraded_queued.pop(job.id, None)
     ix.team_queued_gpus[job.team] -= job.gpus
     if ix.team_queued_gpus[job.team] == 0:
         del ix.team_queued_gpus[job.team]
@@ -307,6 +324,8 @@ def _remove_sorted(items: list, key: Any) -> None:
 def hold_add(ix: Index, job: Job) -> None:
     ix.team_gpus[job.team] = ix.team_gpus.get(job.team, 0) + job.gpus
     ix.level_gpus[job.level] += job.gpus
+    by_team = ix.level_team_gpus[job.level]
+    by_team[job.team] = by_team.get(job.team, 0) + job.gpus
     ix.holding_by_level[job.level][job.id] = None
 
 
@@ -316,6 +335,10 @@ def hold_remove(ix: Index, job: Job) -> None:
     if ix.team_gpus[job.team] == 0:
         del ix.team_gpus[job.team]
     ix.level_gpus[job.level] -= job.gpus
+    by_team = ix.level_team_gpus[job.level]
+    by_team[job.team] -= job.gpus
+    if by_team[job.team] == 0:
+        del by_team[job.team]
 
 
 def set_holder(c: Canonical, ix: Index, node_name: str, gpu: int, job_id: str) -> None:

@@ -253,6 +253,10 @@ class PreemptionPlanned(_Event, tag="PreemptionPlanned"):
     # The scheduler records False: the windows count what a team or user does to others.
     # Logs written before that rule lack the field and fold as they were written.
     own_work_counted: bool = True
+    # The cascade this preemption belongs to (1: the preemptor was never displaced) and how
+    # many levels below the preemptor its lowest victim is; 0 in logs from before.
+    depth: int = 0
+    levels_down: int = 0
 
 
 class VictimNotified(_Event, tag="VictimNotified"):
@@ -263,6 +267,11 @@ class VictimNotified(_Event, tag="VictimNotified"):
     nodes: list[str]
     deadline_t: int
     checkpoint_needed: bool
+    # Why, for whom, and which GPUs (empty in logs from before).
+    reason: str = ""
+    preemptor: str = ""
+    preemptor_level: int = -1
+    gpus: list[Slot] = []
 
 
 class VictimReleased(_Event, tag="VictimReleased"):
@@ -313,12 +322,24 @@ class TeamDowngraded(_Event, tag="TeamDowngraded"):
     preempting_in_window: int
 
 
+class JobLevelRestored(_Event, tag="JobLevelRestored"):
+    """A queued job entered below its requested level under a team downgrade; the team's
+    preemption quota has recovered, so it goes back to the level it asked for."""
+
+    job: str
+    level: int
+    waited_ms: int
+
+
 class CompensationGranted(_Event, tag="CompensationGranted"):
     job: str
     team: str
     kind: str  # quota_gpu_hours | priority_boost | fee_credit
     amount: float
     preempt_count: int
+    user: str = ""  # the job's user (logs from before: "")
+    until_t: int = 0  # a quota bonus lasts until then (0: for good, as logs from before)
+    lost_progress_ms: int = 0  # all progress the job lost to preemptions, the grant's basis
 
 
 class CheckpointBegan(_Event, tag="CheckpointBegan"):
@@ -367,7 +388,7 @@ Event = Union[
     PriorityAged, PreemptionPlanned, VictimNotified, VictimReleased, PreemptionCommitted,
     PreemptionRolledBack, NoticeWithdrawn, PreemptionDeclined, TeamProtected, TeamDowngraded,
     CompensationGranted, CheckpointBegan, CheckpointRecorded, CheckpointFailedRecorded,
-    CheckpointFallback, SafePointReached, PolicyChanged, StateDigest,
+    CheckpointFallback, SafePointReached, PolicyChanged, StateDigest, JobLevelRestored,
 ]
 
 

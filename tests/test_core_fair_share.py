@@ -1,4 +1,5 @@
-"""Scenario tests of the teams' fair-share guarantee: given inputs, expect events.
+"""Scenario tests of the teams' cross-pool fair-share guarantee, the operators' opt-in
+(`fair_share_guarantee = true`; off by default): given inputs, expect events.
 
 A team below its max-min fair share reclaims GPUs from teams above theirs; a team within
 its share is not preempted by other teams' non-urgent jobs; the urgent levels stay outside.
@@ -10,7 +11,14 @@ from core import types as T
 from core.policy import PolicyError, with_params
 from core.shares import fair_shares
 
-from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, submit, tick
+from scenario import HOUR, MIN, check_invariants, node, of, start_all, submit, tick
+from scenario import Run as ScenarioRun
+
+
+def Run(policy=None, **params) -> ScenarioRun:
+    """A scenario run with the opt-in guarantee on, which this module is about."""
+    params.setdefault("fair_share_guarantee", True)
+    return ScenarioRun(policy, **params)
 
 
 def big_team_holds_the_pool(level: int = 4, **params) -> Run:
@@ -182,28 +190,3 @@ def test_jobs_aged_into_the_urgent_levels_do_not_go_ahead_of_a_team_below_its_sh
     events = run.at(HOUR, T.Finished(job="busy", ok=True))
     assert [e.job for e in of(events, T.JobStartRequested)] == \
         ["urgent", "big-0", "small"] + [f"big-{i}" for i in range(1, 6)]
-
-
-def test_a_downgrade_lasts_while_the_team_holds_more_than_its_max_min_share():
-    """prod preempted two of research's three jobs and is downgraded. Once research asks
-    for only the 8 GPUs it holds, prod's 16 are its max-min share (not more than an even
-    split would say): its next urgent job keeps its level."""
-    run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
-              user_preempted_max=100)
-    run.at(0, *[node(f"n{i}") for i in range(3)])
-    run.at(1000, *[submit(f"bg-{i}", 6, 8, team="research", user=f"r{i}", est_runtime_s=36000)
-                   for i in range(3)])
-    start_all(run, 2000)
-    for i, t in enumerate((20 * MIN, 21 * MIN)):
-        plan = of(run.at(t, submit(f"p{i}", 1, 8, team="prod", user=f"u{i}", est_runtime_s=600)),
-                  T.PreemptionPlanned)[0]
-        run.at(t + 30_000, *[T.Released(job=v) for v in plan.victims])
-        start_all(run, t + 31_000)
-    assert [d.team for d in run.events(T.TeamDowngraded)] == ["prod"]
-    over = of(run.at(22 * MIN, submit("p2", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
-    assert over.level == 3  # research still asks for 24: prod's share is 12
-    run.at(23 * MIN, T.Cancel(job="p2"),
-           *[T.Cancel(job=j) for j in sorted(run.state.c.jobs) if run.job_state(j) == "queued"])
-    within = of(run.at(24 * MIN, submit("p3", 1, 8, team="prod", user="d")), T.JobSubmitted)[0]
-    assert within.level == 1
-    check_invariants(run.state)

@@ -80,8 +80,8 @@ def test_levels_0_to_2_serve_first_come_first_served_whatever_each_team_holds():
            submit("blocker", 5, 2, team="rich", user="r", est_runtime_s=600,
                   preemptible=False))
     start_all(run, 2000)
-    run.at(3000, submit("rich-2", 2, 2, team="rich", user="r", est_runtime_s=3600),
-           submit("poor-2", 2, 2, team="poor", user="p", est_runtime_s=3600))
+    run.at(3000, submit("rich-2", 2, 2, team="rich", user="r", est_runtime_s=3600))
+    run.at(3500, submit("poor-2", 2, 2, team="poor", user="p", est_runtime_s=3600))
     events = run.at(4000, T.Finished(job="blocker", ok=True))
     assert [e.job for e in of(events, T.JobStartRequested)] == ["rich-2"]
 
@@ -196,16 +196,17 @@ def test_a_level_0_gang_is_never_kept_waiting_by_a_guarantee_smaller_than_it():
 
 def _chain(**params) -> Run:
     """Three nodes of three models; b's level-2 job can run on X or Y, c's level-4 job on Y
-    or Z, d's level-6 job on Z. A level-0 job that needs X sets off a cascade."""
-    run = Run(**params)
+    or Z, d's level-7 job on Z. A level-0 job that needs X sets off a cascade. (No level
+    keeps a guaranteed share here: each level's only job is a victim.)"""
+    run = Run(guaranteed_share=[0.0] * 8, **params)
     run.at(0, node("nx", "X"), node("ny", "Y"), node("nz", "Z"))
     run.at(1000, submit("b-2", 2, 8, team="b", user="b", models=["X", "Y"], est_runtime_s=50 * 3600))
     start_all(run, 1500)
     run.at(2000, submit("c-4", 4, 8, team="c", user="c", models=["Y", "Z"], est_runtime_s=50 * 3600))
     start_all(run, 2500)
-    run.at(3000, submit("d-6", 6, 8, team="d", user="d", models=["Z"], est_runtime_s=50 * 3600))
+    run.at(3000, submit("d-7", 7, 8, team="d", user="d", models=["Z"], est_runtime_s=50 * 3600))
     start_all(run, 3500)
-    fresh_checkpoint(run, 10 * MIN, "b-2", "c-4", "d-6")
+    fresh_checkpoint(run, 10 * MIN, "b-2", "c-4", "d-7")
     return run
 
 
@@ -216,7 +217,7 @@ def _follow_the_cascade(run: Run) -> list[T.PreemptionPlanned]:
         t += 20_000
         release_all(run, t)
         start_all(run, t + 1000)
-        fresh_checkpoint(run, t + 2000, *[j for j in ("c-4", "d-6") if run.job_state(j) == "running"])
+        fresh_checkpoint(run, t + 2000, *[j for j in ("c-4", "d-7") if run.job_state(j) == "running"])
         t += 60_000
         run.at(t, tick(t))
     return run.events(T.PreemptionPlanned)
@@ -224,9 +225,9 @@ def _follow_the_cascade(run: Run) -> list[T.PreemptionPlanned]:
 
 def test_preemption_depth_is_recorded_on_every_plan():
     plans = _follow_the_cascade(_chain(preemption_depth_max=3))
-    assert [(p.preemptor, p.victims) for p in plans] == [("a-0", ["b-2"]), ("b-2", ["c-4"]), ("c-4", ["d-6"])]
+    assert [(p.preemptor, p.victims) for p in plans] == [("a-0", ["b-2"]), ("b-2", ["c-4"]), ("c-4", ["d-7"])]
     assert [p.depth for p in plans] == [1, 2, 3]
-    assert [p.levels_down for p in plans] == [2, 2, 2]
+    assert [p.levels_down for p in plans] == [2, 2, 3]
 
 
 def test_preemption_depth_is_limited_so_one_urgent_job_sets_off_no_long_cascade():
@@ -270,3 +271,120 @@ def test_a_downgrade_really_lowers_the_level_until_the_preemption_quota_recovers
     submitted = of(later, T.JobSubmitted)[0]
     assert submitted.requested_level == 0 and submitted.level == 2
     assert run.job("ops-2").level == 2
+
+
+# ---------------------------------------------------------------- recovery, compensation, notices
+
+
+def _victim_preempted(run: Run, t: int, preemptor: str, lose_ms: int) -> None:
+    """`victim` (8 GPUs, never checkpoints) is preempted by a new level-1 job at t after
+    `lose_ms` of run since its last start, and released at once."""
+    plans = of(run.at(t, submit(preemptor, 1, 8, team="safety", user=preemptor, est_runtime_s=600)),
+               T.PreemptionPlanned)
+    assert plans, f"{preemptor} did not preempt"
+    run.at(t + 20_000, T.Released(job="victim"))
+    start_all(run, t + 30_000)
+
+
+def test_compensation_pays_for_all_progress_lost_once_past_the_threshold():
+    """Two preemptions lose 1 h and then 2 h of 8-GPU work: at the threshold the grant covers
+    both, not only the second; the quota bonus lasts `compensation_quota_ms`, for the job's
+    own team and user."""
+    run = Run(compensation_after_preemptions=2, min_run_after_restart_ms=0, restart_protect_max_ms=0)
+    run.at(0, node("a1"))
+    run.at(1000, submit("victim", 6, 8, team="search", user="li", est_runtime_s=100 * 3600, ckpt_interval_s=0))
+    start_all(run, 1000)
+    _victim_preempted(run, HOUR + 1000, "p1", HOUR)
+    run.at(HOUR + 20 * MIN, T.Finished(job="p1", ok=True))
+    start_all(run, HOUR + 21 * MIN)
+    _victim_preempted(run, 3 * HOUR + 21 * MIN, "p2", 2 * HOUR)
+    quota = [g for g in run.events(T.CompensationGranted) if g.kind == "quota_gpu_hours"]
+    assert len(quota) == 1 and quota[0].user == "li" and quota[0].team == "search"
+    lost = [e.lost_progress_ms for e in run.events(T.JobRequeued)]
+    assert quota[0].lost_progress_ms == sum(lost) and sum(lost) > 2.9 * HOUR
+    assert quota[0].amount >= 8 * sum(lost) / HOUR  # GPU-hours of both losses
+    assert quota[0].until_t == quota[0].t + run.state.c.policy.compensation_quota_ms
+    from core.shares import team_quota
+    assert team_quota(run.state, "search") > 1.0
+    run.state.c.t = quota[0].until_t + 1  # read at a later time: the bonus has lapsed
+    assert team_quota(run.state, "search") == 1.0
+
+
+def test_the_recovery_boost_grows_with_the_wait_the_job_has_borne():
+    run = Run(requeue_boost_per_preemption=1, requeue_boost_wait_ms=HOUR, requeue_boost_max=5)
+    run.at(0, node("a1"))
+    run.at(1000, submit("blocker", 6, 8, team="x", user="x", est_runtime_s=3 * HOUR, preemptible=False))
+    start_all(run, 1000)
+    run.at(2000, submit("victim", 6, 8, team="search", user="li", est_runtime_s=100 * 3600))
+    run.at(3 * HOUR, T.Finished(job="blocker", ok=True))
+    start_all(run, 3 * HOUR + 1000)  # victim waited about 3 h
+    _victim_preempted(run, 4 * HOUR, "p1", HOUR)
+    assert run.events(T.JobRequeued)[-1].boost == 1 + 2  # one preemption, 3 h borne (2 ... 3)
+
+
+def test_a_victim_resumed_after_a_rollback_does_not_count_its_run_as_queue_wait():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("v1", 6, 4, team="s", user="s", est_runtime_s=20 * 3600),
+           submit("v2", 6, 4, team="s", user="s", est_runtime_s=20 * 3600))
+    start_all(run, 2000)
+    plan = of(run.at(5 * HOUR, submit("urgent", 1, 8, team="o", user="o")), T.PreemptionPlanned)[0]
+    run.at(5 * HOUR + 20_000, T.SafePoint(job="v1"),
+           T.CheckpointSaved(job="v1", step=1, digest="sha256:v1", bytes=1), T.Released(job="v1"))
+    run.at(plan.deadline_t + 1, tick(plan.deadline_t + 1))  # v2 never lets go: rolled back
+    assert run.events(T.PreemptionRolledBack)
+    resumed = run.at(plan.deadline_t + 5000, T.Started(job="v1"))
+    waited = [e.waited_ms for e in of(resumed, T.JobRunning)]
+    assert waited and waited[0] <= 5000 + (plan.deadline_t + 1 - plan.deadline_t)
+
+
+def test_a_notice_says_why_for_whom_which_gpus_and_by_when():
+    run = team_holds_the_pool(6)
+    events = run.at(10 * MIN + 1000, submit("fix", 0, 8, team="sre", user="o", est_runtime_s=600))
+    notices = of(events, T.VictimNotified)
+    assert len(notices) == 1
+    notice = notices[0]
+    assert notice.preemptor == "fix" and notice.preemptor_level == 0 and "level-0" in notice.reason
+    assert notice.gpus == run.job(notice.job).placement and notice.deadline_t > notice.t
+
+
+def test_the_preemption_overhead_term_is_priced_per_victim():
+    costs = []
+    for overhead_s in (0.0, 600.0):
+        run = team_holds_the_pool(6, preemption_overhead_s=overhead_s)
+        plan = of(run.at(10 * MIN + 1000, submit("fix", 0, 8, team="sre", user="o", est_runtime_s=600)),
+                  T.PreemptionPlanned)[0]
+        costs.append(plan.cost)
+    assert costs[1] - costs[0] >= 8 * 600 * run.state.c.policy.wasted_work_weight_min
+
+
+def test_an_urgent_preemptor_does_not_wait_past_its_bound_for_a_checkpoint_under_way():
+    """The victim began a 10-minute save just now: a level-1 job (30 s bound) has it let go
+    from its last checkpoint rather than wait out the save."""
+    run = team_holds_the_pool(6)
+    run.at(10 * MIN + 500, T.CheckpointStarted(job="big-1"), T.CheckpointStarted(job="big-2"))
+    run.state.c.jobs["big-1"].ckpt_cost_ms = run.state.c.jobs["big-2"].ckpt_cost_ms = 10 * MIN
+    events = run.at(10 * MIN + 1000, submit("fix", 1, 8, team="sre", user="o", est_runtime_s=600))
+    plan = of(events, T.PreemptionPlanned)[0]
+    assert plan.deadline_t - plan.t < 10 * MIN
+
+
+def test_every_urgent_job_is_tried_on_every_pass_whatever_blocks_ahead():
+    """Six old level-1 gangs are declined every tick (their only victim ends within minutes
+    and never saved its work); with two attempts a pass they would use up every attempt. A
+    later level-1 job, declined at submit while its victim had 40 h unsaved, plans on the
+    first tick after that victim saves a checkpoint."""
+    run = Run(preemption_candidates_max=2)
+    run.at(0, node("h1", "H100"), node("a1", "A100"))
+    run.at(1000, submit("h-low", 6, 8, team="b", user="b", models=["H100"], est_runtime_s=40 * 3600 + 600,
+                        ckpt_interval_s=0),
+           submit("batch", 6, 8, team="b", user="b2", models=["A100"], est_runtime_s=50 * 3600,
+                  ckpt_interval_s=0))
+    start_all(run, 2000)
+    run.at(39 * HOUR, *[submit(f"old-{i}", 1, 8, team="o", user=f"o{i}", models=["H100"], est_runtime_s=600)
+                        for i in range(6)])
+    late = run.at(40 * HOUR, submit("late", 1, 8, team="l", user="l", models=["A100"], est_runtime_s=600))
+    assert [e.reason for e in of(late, T.PreemptionDeclined)] == ["benefit_below_cost"]
+    fresh_checkpoint(run, 40 * HOUR + MIN, "batch")
+    run.at(40 * HOUR + 2 * MIN, tick(40 * HOUR + 2 * MIN))
+    assert [p.preemptor for p in run.events(T.PreemptionPlanned)] == ["late"]

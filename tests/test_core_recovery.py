@@ -40,7 +40,7 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one_and_reports_the_loss(
 
 
 def test_a_restarted_victim_is_protected_for_its_minimum_run_time():
-    run = Run()
+    run = Run(restart_protect_from_urgent=True)
     run.at(0, node("a1"))
     run.at(1000, submit("victim", 6, 8, team="search", est_runtime_s=100 * 3600))
     start_all(run, 1000)
@@ -88,3 +88,32 @@ def test_runtime_estimates_are_learned_from_finished_jobs():
     run.at(4 * HOUR, submit("train-9", 5, 8, est_runtime_s=10 * 3600))
     assert run.job("train-9").kind == "train"
     assert expected_runtime_ms(run.state, run.job("train-9")) == 20 * MIN
+
+
+def test_restart_protection_does_not_shield_from_the_urgent_levels_by_default():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("victim", 6, 8, team="search", est_runtime_s=100 * 3600))
+    start_all(run, 1000)
+    preempted_once(run, HOUR, "first", [(1, "sha256:a")])
+    run.at(HOUR + 20 * MIN, T.Finished(job="first", ok=True))
+    start_all(run, HOUR + 21 * MIN)
+    assert run.job("victim").protected_until_t > HOUR + 26 * MIN
+    urgent = run.at(HOUR + 26 * MIN, submit("second", 1, 8, team="safety", user="s2"))
+    assert of(urgent, T.PreemptionPlanned)
+    assert of(urgent, T.PreemptionPlanned)[0].victims == ["victim"]
+
+
+def test_restart_protection_is_capped_whatever_the_preemption_count():
+    run = Run(min_run_after_restart_ms=30 * MIN, restart_protect_max_ms=HOUR)
+    run.at(0, node("a1"))
+    run.at(1000, submit("victim", 6, 8, team="search", est_runtime_s=100 * 3600))
+    start_all(run, 1000)
+    t = HOUR
+    for i in range(4):
+        preempted_once(run, t, f"p{i}", [(i + 1, f"sha256:{i}")])
+        run.at(t + 20 * MIN, T.Finished(job=f"p{i}", ok=True))
+        start_all(run, t + 21 * MIN)
+        assert run.job("victim").protected_until_t <= t + 21 * MIN + HOUR
+        t += 3 * HOUR
+    assert run.job("victim").preempt_count == 4

@@ -11,7 +11,7 @@ simulated time) while jobs wait, so blocked jobs are reconsidered as running job
 progress. Rate-limiting aging to the tick period (a live scheduler ticks every few
 seconds) makes aging up to 60 s late; without the limit a deep queue asks for a tick
 almost every second, and each costs a full scheduling pass. While a job of an urgent level
-(below the policy's `fair_share_from_level`: 0-1) waits outside a saga, ticks come every `urgent_tick_s` (5 s) instead: one declined at
+(below the policy's `urgent_levels`: 0-1) waits outside a saga, ticks come every `urgent_tick_s` (5 s) instead: one declined at
 submit tries again as soon as a live scheduler would let it. No ticks when nothing waits.
 
 Config keys: those of `core.Policy` (as in a policy TOML file), or `policy` (a
@@ -87,9 +87,9 @@ class XirangPolicy:
         """When the first blocked job of an urgent level may plan again (past its retry
         backoff), or None when none waits outside a saga."""
         jobs = self.state.c.jobs
-        # The urgent levels are the policy's: those below `fair_share_from_level`, outside
-        # the team guarantee and served first.
-        urgent_levels = self.state.c.policy.fair_share_from_level
+        # The urgent levels are the policy's (`urgent_levels`): each of their jobs is tried
+        # for preemption on every pass.
+        urgent_levels = self.state.c.policy.urgent_levels
         waiting = [jobs[job_id].preempt_retry_t for level in range(urgent_levels)
                    for _, job_id in self.state.ix.waiting_by_level[level]]
         return min(waiting) - self.epoch_ms if waiting else None
