@@ -336,8 +336,8 @@ def _snapshot_sealed(meta: dict, body: bytes) -> bytes:
 
 async def save_snapshot(js, state: State, ev_seq: int, signer=None) -> None:
     store = await js.object_store(SNAP_BUCKET)
-    meta = {"ev_seq": ev_seq, "events_n": state.c.events_n}
-    body = snapshot_bytes(state.c)
+    meta = {"ev_seq": ev_seq, "events_n": state.canonical.events_n}
+    body = snapshot_bytes(state.canonical)
     if signer is not None:
         meta["seal"] = signer.sign_blob(_snapshot_sealed(meta, body))
     await store.put(SNAP_OBJECT, json.dumps(meta).encode() + b"\n" + body)

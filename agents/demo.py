@@ -331,7 +331,7 @@ def _verify_and_export(records: list[T.Record], path: Path, keyring_file: Path) 
     except ValueError as err:
         return f"VERIFICATION FAILED: {err}"
     return (f"hash chain, state digests and {verifier.signatures} scheduler signatures verified "
-            f"(head {state.c.chain[:16]}; `xirang audit --log {path} --public-key {keyring_file}`)")
+            f"(head {state.canonical.chain[:16]}; `xirang audit --log {path} --public-key {keyring_file}`)")
 
 
 def clean(path: str) -> None:

@@ -243,17 +243,17 @@ class Scheduler:
         if self.state is None:
             self.state, self.ev_seq = await bus.load_state(self.js, stats=stats, keyring=self.keyring)
         log.info("%s: state at record %d (snapshot at XR_EV seq %d + %d tail records), XR_EV seq %d,"
-                 " XR_IN seq %d, %d open sagas", self.instance, self.state.c.events_n,
+                 " XR_IN seq %d, %d open sagas", self.instance, self.state.canonical.events_n,
                  stats["snapshot_seq"], stats["tail_records"], self.ev_seq,
-                 self.state.c.last_input_seq, len(self.state.c.sagas))
-        for name in self.state.c.nodes:  # every host gets a full timeout after a takeover
+                 self.state.canonical.last_input_seq, len(self.state.canonical.sagas))
+        for name in self.state.canonical.nodes:  # every host gets a full timeout after a takeover
             self._heard.setdefault(name, started)
         queue: asyncio.Queue = asyncio.Queue()
         sub = await self.js.subscribe(
             f"{bus.IN_PREFIX}.>", stream=bus.IN_STREAM, ordered_consumer=True,
             cb=self._enqueue(queue), pending_msgs_limit=-1, pending_bytes_limit=-1,
             config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                      opt_start_seq=self.state.c.last_input_seq + 1))
+                                      opt_start_seq=self.state.canonical.last_input_seq + 1))
         self.leading.set()
         try:
             await self._ensure_policy()
@@ -289,7 +289,7 @@ class Scheduler:
     async def _ensure_policy(self) -> None:
         if not self.policy:
             return
-        if with_params(self.state.c.policy, self.policy) == self.state.c.policy:
+        if with_params(self.state.canonical.policy, self.policy) == self.state.canonical.policy:
             return
         tag = uuid.uuid5(uuid.NAMESPACE_URL, json.dumps(self.policy, sort_keys=True)).hex
         await bus.send_input(self.js, T.SetPolicy(params=self.policy, by=self.instance,
@@ -298,7 +298,7 @@ class Scheduler:
     async def _loop(self, queue: asyncio.Queue) -> None:
         next_tick = time.monotonic()
         next_renew = time.monotonic() + self.lease_ms / 3000
-        last_snapshot_n = self.state.c.events_n
+        last_snapshot_n = self.state.canonical.events_n
         last_snapshot_at = time.monotonic()
         while not self.stop_event.is_set():
             if self._reconnected:
@@ -311,13 +311,13 @@ class Scheduler:
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + self.tick_ms / 1000
-                pending = await self._apply(T.Tick(t=max(now_ms(), self.state.c.t)), pending)
+                pending = await self._apply(T.Tick(t=max(now_ms(), self.state.canonical.t)), pending)
                 await self._watch_hosts()
             await self._flush(pending)
             if time.monotonic() >= next_renew:
                 await self._renew_lease()
                 next_renew = time.monotonic() + self.lease_ms / 3000
-            n = self.state.c.events_n
+            n = self.state.canonical.events_n
             if n != last_snapshot_n and (n - last_snapshot_n >= self.snapshot_every_events or
                                          time.monotonic() - last_snapshot_at >= self.snapshot_every_ms / 1000):
                 await bus.save_snapshot(self.js, self.state, self.ev_seq, self.signer)
@@ -346,9 +346,9 @@ class Scheduler:
 
     async def _apply_input(self, msg, pending: list) -> list:
         seq = msg.metadata.sequence.stream
-        if seq <= self.state.c.last_input_seq:
+        if seq <= self.state.canonical.last_input_seq:
             return pending  # applied before a restart: skip, never apply twice
-        return await self._apply(stamped_input(msg.data, seq, now_ms(), self.state.c.t), pending)
+        return await self._apply(stamped_input(msg.data, seq, now_ms(), self.state.canonical.t), pending)
 
     async def _apply(self, inp: T.Input, pending: list) -> list:
         try:
@@ -412,7 +412,7 @@ class Scheduler:
     async def _watch_hosts(self) -> None:
         now = time.monotonic()
         timeout_s = self.node_timeout_ms / 1000
-        for name, node in sorted(self.state.c.nodes.items()):
+        for name, node in sorted(self.state.canonical.nodes.items()):
             if not node.up:
                 continue
             silent_s = now - self._heard.setdefault(name, now)
@@ -421,7 +421,7 @@ class Scheduler:
                 log.warning("%s: host %s silent for %.1f s: node_down", self.instance, name, silent_s)
                 await bus.send_input(self.js, T.NodeDown(
                     node=name, reason="heartbeat_lost",
-                    id=f"node_down-{name}-{self.state.c.events_n}"))
+                    id=f"node_down-{name}-{self.state.canonical.events_n}"))
 
     async def _sleep(self, seconds: float) -> None:
         try:

@@ -13,12 +13,12 @@ from .types import LEVELS
 
 
 def may_preempt(state: State, job: Job) -> bool:
-    return state.c.policy.preempts_from_level[job.level] < LEVELS
+    return state.canonical.policy.preempts_from_level[job.level] < LEVELS
 
 
 def victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
     """A victim by priority: of a level the preemptor's level may preempt."""
-    p = state.c.policy
+    p = state.canonical.policy
     if victim.level < p.preempts_from_level[preemptor.level] or victim.level <= preemptor.level:
         return False
     return victim_preemptible_now(state, victim, preemptor)
@@ -27,7 +27,7 @@ def victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
 def reclaim_victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
     """A victim of a reclaim: another team's job of a level reclaim may take (never the
     urgent levels), whatever the preemptor's level."""
-    if victim.level < state.c.policy.fair_share_from_level or victim.team == preemptor.team:
+    if victim.level < state.canonical.policy.fair_share_from_level or victim.team == preemptor.team:
         return False
     return victim_preemptible_now(state, victim, preemptor)
 
@@ -36,7 +36,7 @@ def victim_preemptible_now(state: State, victim: Job, preemptor: Job) -> bool:
     """Running, preemptible, in no saga, past its restart protection, and, unless the
     preemptor is of its own team (user), its team (user) not protected: the fairness
     limits protect a team and a user from others, not from reordering their own work."""
-    c = state.c
+    c = state.canonical
     p = c.policy
     t = c.t
     if victim.state != RUNNING or not victim.preemptible or victim.saga:
@@ -56,7 +56,7 @@ def victim_preemptible_now(state: State, victim: Job, preemptor: Job) -> bool:
 
 
 def user_preempting_exhausted(state: State, job: Job) -> bool:
-    c = state.c
+    c = state.canonical
     win = c.user_windows.get(job.user)
     if win is None:
         return False
@@ -69,8 +69,8 @@ def eligible_victims(state: State, job: Job, p: Policy, guard: Guard, models: li
     """The jobs a preemption (or reclaim) for `job` may take, by level then id: eligible by
     priority (or reclaim), only the user's own when the user is past the allowance, within
     the guard for a reclaim, with GPUs on a node of an accepted model not held for others."""
-    c = state.c
-    ix = state.ix
+    c = state.canonical
+    ix = state.index
     model_ok = dict.fromkeys(models)
     if reclaim:
         first_level, eligible_now = p.fair_share_from_level, reclaim_victim_eligible

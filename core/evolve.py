@@ -22,7 +22,7 @@ LEVEL_WAIT_HORIZON = 100  # samples in the running mean of a level's wait
 
 
 def evolve(state: State, ev: T.Event) -> None:
-    state.c.t = ev.t
+    state.canonical.t = ev.t
     handler = _HANDLERS.get(type(ev))
     if handler is not None:
         handler(state, ev)
@@ -43,13 +43,13 @@ def touched_jobs(ev: T.Event) -> list[str]:
 
 def _node_joined(s: State, ev: T.NodeJoined) -> None:
     node = Node(name=ev.node, gpu_model=ev.gpu_model, gpus=ev.gpus, holder=[""] * ev.gpus)
-    s.c.nodes[ev.node] = node
-    _index_node_capacity(s.ix, node)
+    s.canonical.nodes[ev.node] = node
+    _index_node_capacity(s.index, node)
 
 
 def _node_lost(s: State, ev: T.NodeLost) -> None:
-    node = s.c.nodes[ev.node]
-    ix = s.ix
+    node = s.canonical.nodes[ev.node]
+    ix = s.index
     model = node.gpu_model
     free = node_free_count(node)
     ix.capacity_by_model[model] -= node.gpus
@@ -59,7 +59,7 @@ def _node_lost(s: State, ev: T.NodeLost) -> None:
     del bucket[node.name]
     if not bucket:
         del ix.free_buckets[model][free]
-    sizes = [n.gpus for name, n in sorted(s.c.nodes.items())
+    sizes = [n.gpus for name, n in sorted(s.canonical.nodes.items())
              if n.up and n.gpu_model == model and name != node.name]
     ix.node_size_max_by_model[model] = max(sizes, default=0)
     node.up = False
@@ -81,44 +81,44 @@ def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
         command=list(ev.command), variant=ev.variant, submit_t=ev.t, queued_since_t=ev.t,
         level_since_t=ev.t,
     )
-    s.c.jobs[job.id] = job
-    queue_add(s.ix, job, s.c.policy.aging_levels_max)
+    s.canonical.jobs[job.id] = job
+    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
 
 
 def _occupy(s: State, job: Job, placement: list[T.Slot]) -> None:
     for slot in placement:
         for gpu in slot.gpus:
-            set_holder(s.c, s.ix, slot.node, gpu, job.id)
-        s.ix.jobs_by_node.setdefault(slot.node, {})[job.id] = None
-    forget_releases(s.ix, placement)
+            set_holder(s.canonical, s.index, slot.node, gpu, job.id)
+        s.index.jobs_by_node.setdefault(slot.node, {})[job.id] = None
+    forget_releases(s.index, placement)
 
 
 def _free_slots(s: State, slots: list[T.Slot], holder: str) -> None:
     """Free the GPUs of these slots that `holder` still holds."""
     for slot in slots:
-        node = s.c.nodes[slot.node]
+        node = s.canonical.nodes[slot.node]
         for gpu in slot.gpus:
             if node.holder[gpu] == holder:
-                set_holder(s.c, s.ix, slot.node, gpu, "")
+                set_holder(s.canonical, s.index, slot.node, gpu, "")
 
 
 def _vacate(s: State, job: Job) -> None:
     _free_slots(s, job.placement, job.id)
     for slot in job.placement:
-        on_node = s.ix.jobs_by_node.get(slot.node)
+        on_node = s.index.jobs_by_node.get(slot.node)
         if on_node is not None:
             on_node.pop(job.id, None)
-    forget_releases(s.ix, job.placement)
+    forget_releases(s.index, job.placement)
 
 
 def _start_requested(s: State, ev: T.JobStartRequested | T.JobResumeRequested) -> None:
-    job = s.c.jobs[ev.job]
+    job = s.canonical.jobs[ev.job]
     if job.state == QUEUED:
-        queue_remove(s.ix, job)
-        hold_add(s.ix, job)
-        s.c.rr_last_team[job.eff_level] = job.team
+        queue_remove(s.index, job)
+        hold_add(s.index, job)
+        s.canonical.rr_last_team[job.eff_level] = job.team
     elif job.state == RELEASED:  # a rolled-back victim gets its GPUs back
-        hold_add(s.ix, job)
+        hold_add(s.index, job)
         # It did not queue: its wait to this start begins now, not when it last queued.
         job.queued_since_t = ev.t
     job.state = STARTING
@@ -128,7 +128,7 @@ def _start_requested(s: State, ev: T.JobStartRequested | T.JobResumeRequested) -
 
 
 def _job_running(s: State, ev: T.JobRunning) -> None:
-    job = s.c.jobs[ev.job]
+    job = s.canonical.jobs[ev.job]
     job.state = RUNNING
     job.run_started_t = ev.t
     job.frozen_t = 0
@@ -138,36 +138,36 @@ def _job_running(s: State, ev: T.JobRunning) -> None:
     job.cascade_depth = 0  # it runs again: the cascade that displaced it is over
     job.waited_total_ms += ev.waited_ms
     if job.preempt_count:
-        p = s.c.policy
+        p = s.canonical.policy
         job.protected_until_t = ev.t + min(p.restart_protect_max_ms,
                                            p.min_run_after_restart_ms * job.preempt_count)
-    wait = s.c.level_wait[job.level]
+    wait = s.canonical.level_wait[job.level]
     samples = min(wait.samples + 1, LEVEL_WAIT_HORIZON)
-    s.c.level_wait[job.level] = LevelWait(
+    s.canonical.level_wait[job.level] = LevelWait(
         samples=wait.samples + 1, mean_ms=wait.mean_ms + (ev.waited_ms - wait.mean_ms) / samples)
 
 
 def _job_ended(s: State, ev: T.JobFinished | T.JobFailed | T.JobCancelled) -> None:
-    job = s.c.jobs.pop(ev.job)
+    job = s.canonical.jobs.pop(ev.job)
     if job.state == QUEUED:
-        queue_remove(s.ix, job)
+        queue_remove(s.index, job)
     elif job.state in HOLDING:
         _vacate(s, job)
-        hold_remove(s.ix, job)
+        hold_remove(s.index, job)
     if isinstance(ev, T.JobFinished):
         final = FINISHED
         _learn_runtime(s, job, ev.run_ms)
     else:
         final = "failed" if isinstance(ev, T.JobFailed) else "cancelled"
-    s.c.done[job.id] = final
-    s.c.done_count += 1
-    s.c.done_hash = hashlib.sha256(f"{s.c.done_hash}|{job.id}|{final}".encode()).hexdigest()
+    s.canonical.done[job.id] = final
+    s.canonical.done_count += 1
+    s.canonical.done_hash = hashlib.sha256(f"{s.canonical.done_hash}|{job.id}|{final}".encode()).hexdigest()
 
 
 def _learn_runtime(s: State, job: Job, run_ms: int) -> None:
     key = f"{job.team}/{job.kind}"
-    s.c.estimates[key] = _with_sample(s.c.estimates.get(key) or Estimate(), run_ms)
-    forget_remaining(s.ix)
+    s.canonical.estimates[key] = _with_sample(s.canonical.estimates.get(key) or Estimate(), run_ms)
+    forget_remaining(s.index)
 
 
 def _with_sample(est: Estimate, value_ms: int) -> Estimate:
@@ -176,10 +176,10 @@ def _with_sample(est: Estimate, value_ms: int) -> Estimate:
 
 
 def _job_requeued(s: State, ev: T.JobRequeued) -> None:
-    job = s.c.jobs[ev.job]
+    job = s.canonical.jobs[ev.job]
     if job.state in HOLDING:
         _vacate(s, job)
-        hold_remove(s.ix, job)
+        hold_remove(s.index, job)
     restored = job.checkpoints[-1].progress_ms if job.checkpoints else 0
     job.progress_ms = restored
     job.run_started_t = 0
@@ -196,42 +196,42 @@ def _job_requeued(s: State, ev: T.JobRequeued) -> None:
     job.level_since_t = ev.t
     job.resume_pending = bool(job.checkpoints)
     job.placement = []
-    queue_add(s.ix, job, s.c.policy.aging_levels_max)
+    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
 
 
 def _priority_aged(s: State, ev: T.PriorityAged) -> None:
-    job = s.c.jobs[ev.job]
-    queue_remove(s.ix, job)
+    job = s.canonical.jobs[ev.job]
+    queue_remove(s.index, job)
     job.eff_level = ev.to_level
     job.level_since_t = ev.t
-    queue_add(s.ix, job, s.c.policy.aging_levels_max)
+    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
 
 
 # ---------------------------------------------------------------- checkpoints
 
 
 def _checkpoint_began(s: State, ev: T.CheckpointBegan) -> None:
-    s.c.jobs[ev.job].ckpt_started_t = ev.t
+    s.canonical.jobs[ev.job].ckpt_started_t = ev.t
 
 
 def _checkpoint_recorded(s: State, ev: T.CheckpointRecorded) -> None:
-    job = s.c.jobs[ev.job]
+    job = s.canonical.jobs[ev.job]
     if job.ckpt_started_t and job.state in (RUNNING, PREEMPTING):
         # Training pauses while a checkpoint is written: that time is overhead, not progress.
         pause_end = job.frozen_t if job.frozen_t else ev.t
         job.progress_ms -= max(0, pause_end - max(job.ckpt_started_t, job.run_started_t))
     job.checkpoints = (job.checkpoints + [Checkpoint(
         step=ev.step, digest=ev.digest, bytes=ev.bytes, progress_ms=ev.progress_ms, t=ev.t,
-    )])[-s.c.policy.checkpoints_kept:]
+    )])[-s.canonical.policy.checkpoints_kept:]
     job.ckpt_started_t = 0
 
 
 def _checkpoint_failed(s: State, ev: T.CheckpointFailedRecorded) -> None:
-    s.c.jobs[ev.job].ckpt_started_t = 0
+    s.canonical.jobs[ev.job].ckpt_started_t = 0
 
 
 def _checkpoint_fallback(s: State, ev: T.CheckpointFallback) -> None:
-    job = s.c.jobs[ev.job]
+    job = s.canonical.jobs[ev.job]
     keep: list[Checkpoint] = []
     for ckpt in job.checkpoints:
         if ckpt.digest == ev.bad_digest:
@@ -243,22 +243,22 @@ def _checkpoint_fallback(s: State, ev: T.CheckpointFallback) -> None:
 
 
 def _safe_point(s: State, ev: T.SafePointReached) -> None:
-    job = s.c.jobs[ev.job]
+    job = s.canonical.jobs[ev.job]
     if job.frozen_t == 0:
         job.frozen_t = ev.t
-        saga = s.c.sagas.get(job.saga)
+        saga = s.canonical.sagas.get(job.saga)
         if saga is not None:
-            s.c.safe_point_latency = _with_sample(s.c.safe_point_latency, ev.t - saga.planned_t)
+            s.canonical.safe_point_latency = _with_sample(s.canonical.safe_point_latency, ev.t - saga.planned_t)
 
 
 # ---------------------------------------------------------------- sagas
 
 
 def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
-    c = s.c
+    c = s.canonical
     preemptor = c.jobs[ev.preemptor]
-    queue_remove(s.ix, preemptor)
-    hold_add(s.ix, preemptor)
+    queue_remove(s.index, preemptor)
+    hold_add(s.index, preemptor)
     preemptor.state = RESERVED
     preemptor.saga = ev.saga
     preemptor.placement = list(ev.placement)
@@ -266,7 +266,7 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
         node = c.nodes[slot.node]
         for gpu in slot.gpus:
             if node.holder[gpu] == "":
-                set_holder(c, s.ix, slot.node, gpu, preemptor.id)
+                set_holder(c, s.index, slot.node, gpu, preemptor.id)
     # The fairness windows count what a team or user does to others: reordering one's own
     # work (an urgent job displacing its own team's, or its own user's, batch job) is not
     # counted against either side (in logs that record so: `own_work_counted`).
@@ -316,18 +316,18 @@ def _prune_windows(c, t: int) -> None:
 
 
 def _victim_released(s: State, ev: T.VictimReleased) -> None:
-    c = s.c
+    c = s.canonical
     saga = c.sagas[ev.saga]
     victim = c.jobs[ev.job]
     victim.progress_ms = job_progress_ms(victim, ev.t)
     victim.run_started_t = 0
     victim.frozen_t = 0
     _vacate(s, victim)
-    hold_remove(s.ix, victim)
+    hold_remove(s.index, victim)
     victim.state = RELEASED
     for slot in victim.placement:
         for gpu in slot.gpus:
-            set_holder(c, s.ix, slot.node, gpu, saga.preemptor)
+            set_holder(c, s.index, slot.node, gpu, saga.preemptor)
     wanted = {(slot.node, gpu): None for slot in saga.placement for gpu in slot.gpus}
     for slot in victim.placement:
         extra = [gpu for gpu in slot.gpus if (slot.node, gpu) not in wanted]
@@ -341,23 +341,23 @@ def _free_held_extra(s: State, saga: Saga) -> None:
 
 
 def _preemption_committed(s: State, ev: T.PreemptionCommitted) -> None:
-    _free_held_extra(s, s.c.sagas.pop(ev.saga))
+    _free_held_extra(s, s.canonical.sagas.pop(ev.saga))
 
 
 def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
-    c = s.c
+    c = s.canonical
     saga = c.sagas.pop(ev.saga)
     _free_held_extra(s, saga)
     retry_t = ev.t + c.policy.preemption_retry_ms
     preemptor = c.jobs.get(saga.preemptor)
     if preemptor is not None and preemptor.state == RESERVED:
         _vacate(s, preemptor)
-        hold_remove(s.ix, preemptor)
+        hold_remove(s.index, preemptor)
         preemptor.state = QUEUED
         preemptor.saga = ""
         preemptor.placement = []
         preemptor.preempt_retry_t = retry_t
-        queue_add(s.ix, preemptor, s.c.policy.aging_levels_max)
+        queue_add(s.index, preemptor, s.canonical.policy.aging_levels_max)
     for victim_id in saga.victims:
         victim = c.jobs.get(victim_id)
         if victim is None:
@@ -376,28 +376,28 @@ def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
 
 
 def _declined(s: State, ev: T.PreemptionDeclined) -> None:
-    s.c.jobs[ev.job].last_decline = ev.reason
+    s.canonical.jobs[ev.job].last_decline = ev.reason
 
 
 def _team_protected(s: State, ev: T.TeamProtected) -> None:
-    s.c.team_protected_until[ev.team] = ev.until_t
+    s.canonical.team_protected_until[ev.team] = ev.until_t
 
 
 def _team_downgraded(s: State, ev: T.TeamDowngraded) -> None:
-    s.c.team_downgraded_until[ev.team] = ev.until_t
+    s.canonical.team_downgraded_until[ev.team] = ev.until_t
 
 
 def _level_restored(s: State, ev: T.JobLevelRestored) -> None:
-    job = s.c.jobs[ev.job]
-    queue_remove(s.ix, job)
+    job = s.canonical.jobs[ev.job]
+    queue_remove(s.index, job)
     job.level = ev.level
     job.eff_level = min(job.eff_level, ev.level)
     job.level_since_t = ev.t
-    queue_add(s.ix, job, s.c.policy.aging_levels_max)
+    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
 
 
 def _compensation(s: State, ev: T.CompensationGranted) -> None:
-    entry = s.c.ledger.get(ev.team) or Ledger()
+    entry = s.canonical.ledger.get(ev.team) or Ledger()
     if ev.kind == "quota_gpu_hours" and ev.until_t:
         # A time-limited bonus: the newest grant's end holds for the sum (older logs: for good).
         if entry.quota_bonus_until_t <= ev.t:
@@ -410,20 +410,20 @@ def _compensation(s: State, ev: T.CompensationGranted) -> None:
         entry.fee_credit += ev.amount
     else:
         entry.priority_boosts += int(ev.amount)
-    s.c.ledger[ev.team] = entry
-    job = s.c.jobs.get(ev.job)
+    s.canonical.ledger[ev.team] = entry
+    job = s.canonical.jobs.get(ev.job)
     if job is not None and ev.kind == "fee_credit":
         job.compensations += 1
 
 
 def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
-    before = s.c.policy
-    s.c.policy = with_params(before, ev.params)
-    s.ix.variant_policies.clear()
-    forget_remaining(s.ix)
-    s.ix.placement_dirty = True
-    if s.c.policy.aging_levels_max != before.aging_levels_max:
-        s.ix = rebuild_index(s.c)  # which jobs may still age changed
+    before = s.canonical.policy
+    s.canonical.policy = with_params(before, ev.params)
+    s.index.variant_policies.clear()
+    forget_remaining(s.index)
+    s.index.placement_dirty = True
+    if s.canonical.policy.aging_levels_max != before.aging_levels_max:
+        s.index = rebuild_index(s.canonical)  # which jobs may still age changed
 
 
 _HANDLERS = {

@@ -54,13 +54,13 @@ class Pending(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 def explain_queue(state: State) -> dict[str, Pending]:
     """Every queued (or preempting-for) job's reason, by job id, sorted."""
-    c = state.c
+    c = state.canonical
     return {job_id: explain(state, job_id) for job_id in sorted(c.jobs)
             if c.jobs[job_id].state in (QUEUED, RESERVED)}
 
 
 def explain(state: State, job_id: str) -> Pending:
-    c = state.c
+    c = state.canonical
     job = c.jobs[job_id]
     if job.state == RESERVED:
         saga = c.sagas.get(job.saga)
@@ -73,7 +73,7 @@ def explain(state: State, job_id: str) -> Pending:
         return impossible
     if getattr(job, "held", False):
         return Pending(job=job_id, code=HELD, reason="held: `xirang release` lets it be scheduled")
-    models = acceptable_models(job.gpu_models, state.ix)
+    models = acceptable_models(job.gpu_models, state.index)
     nodes = _nodes_of(state, models)
     start_in = natural_wait_ms(state, job, nodes)
     waiting = _why_no_gpus(state, job, models, start_in)
@@ -88,7 +88,7 @@ def explain(state: State, job_id: str) -> Pending:
 
 
 def _impossible(state: State, job: Job) -> Pending | None:
-    ix = state.ix
+    ix = state.index
     models = acceptable_models(job.gpu_models, ix)
     up = [m for m in models if ix.capacity_by_model.get(m, 0) > 0]
     if not up:
@@ -105,15 +105,15 @@ def _impossible(state: State, job: Job) -> Pending | None:
 
 
 def _nodes_of(state: State, models: list[str]) -> list:
-    c = state.c
+    c = state.canonical
     return [c.nodes[name] for name in sorted(c.nodes)
             if c.nodes[name].up and c.nodes[name].gpu_model in models]
 
 
 def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pending:
     """Why its gang does not start now, preemption aside."""
-    c = state.c
-    ix = state.ix
+    c = state.canonical
+    ix = state.index
     p = c.policy
     free = sum(ix.free_by_model.get(m, 0) for m in models)
     what = f"{job.gpus} GPU{'s' if job.gpus != 1 else ''} of {'/'.join(models)}"
@@ -150,8 +150,8 @@ def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pe
 
 def _starving_holder(state: State) -> str:
     """The oldest queued job past `starvation_wait_ms`, for which the scheduler holds nodes."""
-    c = state.c
-    oldest = min(((waiting[0][0], waiting[0][1]) for waiting in state.ix.waiting_by_level if waiting),
+    c = state.canonical
+    oldest = min(((waiting[0][0], waiting[0][1]) for waiting in state.index.waiting_by_level if waiting),
                  default=None)
     if oldest is None:
         return ""
@@ -160,7 +160,7 @@ def _starving_holder(state: State) -> str:
 
 
 def _team_at_share(state: State, job: Job) -> bool:
-    p = state.c.policy
+    p = state.canonical.policy
     if not p.fair_share_guarantee or job.level < p.fair_share_from_level:
         return False
     shares = fair_shares(state)
@@ -168,12 +168,12 @@ def _team_at_share(state: State, job: Job) -> bool:
     if within_share(held.get(job.team, 0), job.gpus, shares.get(job.team, 0.0)):
         return False
     return any(team != job.team and within_share(held.get(team, 0), 1, shares.get(team, 0.0))
-               for team in sorted(state.ix.waiting_by_team))
+               for team in sorted(state.index.waiting_by_team))
 
 
 def _why_no_preemption(state: State, job: Job) -> Pending | None:
     """For a job with a right to preempt (or to reclaim): what the decision model says now."""
-    c = state.c
+    c = state.canonical
     p = c.policy
     if job.preempt_retry_t > c.t:
         return Pending(job=job.id, code=RETRY_BACKOFF,
@@ -193,7 +193,7 @@ def _why_no_preemption(state: State, job: Job) -> Pending | None:
 
 
 def _may_reclaim(state: State, job: Job) -> bool:
-    p = state.c.policy
+    p = state.canonical.policy
     if not p.fair_share_guarantee or job.level < p.fair_share_from_level:
         return False
     shares = fair_shares(state)
@@ -203,7 +203,7 @@ def _may_reclaim(state: State, job: Job) -> bool:
 
 
 def _decline_reason(state: State, job: Job, decline: Decline) -> Pending | None:
-    c = state.c
+    c = state.canonical
     p = variant_policy(state, job)
     reason = decline.reason
     if reason == "benefit_below_cost":
@@ -233,13 +233,13 @@ def _decline_reason(state: State, job: Job, decline: Decline) -> Pending | None:
 
 def _no_eligible(state: State, job: Job, p) -> Pending:
     """No running job may be preempted by this one: say which rule or limit shields them."""
-    c = state.c
+    c = state.canonical
     t = c.t
     first = max(p.preempts_from_level[job.level], job.level + 1)
-    models = acceptable_models(job.gpu_models, state.ix)
+    models = acceptable_models(job.gpu_models, state.index)
     shielded: dict[str, list[str]] = {}
     for level in range(first, LEVELS):
-        for victim_id in sorted(state.ix.holding_by_level[level]):
+        for victim_id in sorted(state.index.holding_by_level[level]):
             victim = c.jobs[victim_id]
             if not any(c.nodes[s.node].gpu_model in models for s in victim.placement):
                 continue
@@ -278,7 +278,7 @@ SHIELDS = ("team_preempted_max", "user_preempted_max", "min_run_after_restart_ms
 def _shield(state: State, preemptor: Job, victim: Job) -> str:
     """The first rule that keeps a running job from being this preemptor's victim (the order
     of `victim_preemptible_now`)."""
-    c = state.c
+    c = state.canonical
     p = c.policy
     if victim.state != RUNNING or victim.saga:
         return "busy"
@@ -294,9 +294,9 @@ def _shield(state: State, preemptor: Job, victim: Job) -> str:
 def _no_set_within_limits(state: State, job: Job, p) -> Pending:
     """Victims exist, but no set of them frees a gang within the guarantees and the cap."""
     guard = Guard(state, job, p)
-    c = state.c
+    c = state.canonical
     first = max(p.preempts_from_level[job.level], job.level + 1)
-    candidates = [c.jobs[v] for level in range(first, LEVELS) for v in sorted(state.ix.holding_by_level[level])]
+    candidates = [c.jobs[v] for level in range(first, LEVELS) for v in sorted(state.index.holding_by_level[level])]
     guarded = [v for v in candidates if not guard.allows({}, v)]
     if guarded and len(guarded) * 2 >= len(candidates):
         by_share = [v for v in guarded if guard.guarantees_teams and v.team != job.team]

@@ -19,7 +19,7 @@ def team_limit(state: State, team: str, per_100_gpus: int) -> int:
     demand, times its own share (GPUs it holds and asks for, against the mean per team
     with demand). A team bringing half the work may preempt, and be preempted, as often
     as its size warrants; a small team is held to the base limit."""
-    ix = state.ix
+    ix = state.index
     base = scaled_limit(state, per_100_gpus)
     total = sum(ix.team_gpus.values()) + sum(ix.team_queued_gpus.values())
     own = ix.team_gpus.get(team, 0) + ix.team_queued_gpus.get(team, 0)
@@ -30,7 +30,7 @@ def team_limit(state: State, team: str, per_100_gpus: int) -> int:
 
 def scaled_limit(state: State, per_100_gpus: int) -> int:
     """A fairness count for a 100-GPU pool, scaled to this pool (never below the count)."""
-    return max(per_100_gpus, per_100_gpus * state.ix.total_gpus // 100)
+    return max(per_100_gpus, per_100_gpus * state.index.total_gpus // 100)
 
 
 def level_floors(p: Policy, total_gpus: int) -> list[int]:
@@ -58,7 +58,7 @@ class Guard:
     def __init__(self, state: State, preemptor: Job, p: Policy) -> None:
         self.state = state
         self.team = preemptor.team
-        self.level_floor = level_floors(p, state.ix.total_gpus)
+        self.level_floor = level_floors(p, state.index.total_gpus)
         if preemptor.level == 0:
             # An emergency is never kept waiting by a guarantee smaller than its gang.
             self.level_floor = [floor if floor >= preemptor.gpus else 0 for floor in self.level_floor]
@@ -69,7 +69,7 @@ class Guard:
 
     def allows(self, taken: dict, victim: Job) -> bool:
         floor = self.level_floor[victim.level]
-        if floor and self.state.ix.level_gpus[victim.level] - taken.get(victim.level, 0) - victim.gpus < floor:
+        if floor and self.state.index.level_gpus[victim.level] - taken.get(victim.level, 0) - victim.gpus < floor:
             return False
         if not self.guarantees_teams or victim.team == self.team:
             return True

@@ -19,8 +19,8 @@ LINDY_FLOOR_FRACTION = 10  # a job just past its estimate is expected to run 1/1
 
 def expected_runtime_ms(state: State, job: Job) -> int:
     """History of the same team and kind once it has enough samples, else the submitter's."""
-    est = state.c.estimates.get(f"{job.team}/{job.kind}")
-    if est is not None and est.samples >= state.c.policy.estimate_samples_min:
+    est = state.canonical.estimates.get(f"{job.team}/{job.kind}")
+    if est is not None and est.samples >= state.canonical.policy.estimate_samples_min:
         return int(est.mean_ms)
     return job.est_runtime_ms
 
@@ -30,7 +30,7 @@ def remaining_ms(state: State, job: Job) -> int:
     long: runtimes are heavy-tailed, so it is expected to run about as long again as it has
     overrun (the Lindy effect), and at least a tenth of the estimate, never zero."""
     total = expected_runtime_ms(state, job)
-    done = job_progress_ms(job, state.c.t)
+    done = job_progress_ms(job, state.canonical.t)
     if done < total:
         return total - done
     return max(done - total, total // LINDY_FLOOR_FRACTION, 1)
@@ -39,7 +39,7 @@ def remaining_ms(state: State, job: Job) -> int:
 def safe_point_ms(state: State, p: Policy) -> int:
     """How long a victim takes from the notice to its safe point: the victims' mean once
     enough have shown it, else the policy's figure."""
-    learned = state.c.safe_point_latency
+    learned = state.canonical.safe_point_latency
     if learned.samples >= p.estimate_samples_min:
         return int(learned.mean_ms)
     return p.safe_point_ms
@@ -53,7 +53,7 @@ def natural_wait_ms(state: State, job: Job, nodes, curve: "ReleaseCurve | None" 
     fit = earliest_fit(state, job, nodes)
     if fit is None:
         return 10 * expected_runtime_ms(state, job)
-    ahead = sum(state.ix.queued_gpus[:job.eff_level]) + _same_level_ahead(state, job)
+    ahead = sum(state.index.queued_gpus[:job.eff_level]) + _same_level_ahead(state, job)
     if ahead == 0:
         return fit[0]
     curve = curve or ReleaseCurve(state, nodes, expected_runtime_ms(state, job))
@@ -65,12 +65,12 @@ def _same_level_ahead(state: State, job: Job) -> int:
     own level, then submit time), whatever their team: in a burst of urgent jobs, the last
     one waits for the releases the first ones take. Counted up to the pool's size, beyond
     which no running job's end tells the wait anyway."""
-    c = state.c
+    c = state.canonical
     key = queue_key(job)
-    cap = state.ix.total_gpus
+    cap = state.index.total_gpus
     total = 0
-    for team in sorted(state.ix.queues[job.eff_level]):
-        team_queue = state.ix.queues[job.eff_level][team]
+    for team in sorted(state.index.queues[job.eff_level]):
+        team_queue = state.index.queues[job.eff_level][team]
         for _, _, other in team_queue[:bisect.bisect_left(team_queue, key)]:
             total += c.jobs[other].gpus
             if total >= cap:
@@ -81,7 +81,7 @@ def _same_level_ahead(state: State, job: Job) -> int:
 def queued_ahead(state: State, preemptor: Job, level: int) -> int:
     """GPUs asked for by jobs queued at `level` or more urgent, less the preemptor's own
     (it takes the victims' GPUs, not released ones)."""
-    ahead = sum(state.ix.queued_gpus[:level + 1])
+    ahead = sum(state.index.queued_gpus[:level + 1])
     return ahead - (preemptor.gpus if preemptor.eff_level <= level else 0)
 
 
@@ -116,13 +116,13 @@ class ReleaseCurve:
 def _remaining_or_runtime(state: State, job_id: str) -> int:
     """Until a holding job releases its GPUs: its remaining time when running, else its
     whole expected runtime. Memoised in the index for the current time (see Index)."""
-    ix = state.ix
-    if ix.remaining_memo_t != state.c.t:
+    ix = state.index
+    if ix.remaining_memo_t != state.canonical.t:
         ix.remaining_memo.clear()
-        ix.remaining_memo_t = state.c.t
+        ix.remaining_memo_t = state.canonical.t
     value = ix.remaining_memo.get(job_id)
     if value is None:
-        other = state.c.jobs[job_id]
+        other = state.canonical.jobs[job_id]
         value = remaining_ms(state, other) if other.state == RUNNING else expected_runtime_ms(state, other)
         ix.remaining_memo[job_id] = value
     return value
@@ -133,13 +133,13 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
     Memoised for the current time until an event changes the node's jobs (see Index): a
     scheduling pass asks for the same nodes' releases for every job it weighs (natural
     waits, release curves, reservations)."""
-    ix = state.ix
-    if ix.node_releases_t != state.c.t:
+    ix = state.index
+    if ix.node_releases_t != state.canonical.t:
         ix.node_releases.clear()
-        ix.node_releases_t = state.c.t
+        ix.node_releases_t = state.canonical.t
     releases = ix.node_releases.get(node.name)
     if releases is None:
-        jobs = state.c.jobs
+        jobs = state.canonical.jobs
         releases = sorted((_remaining_or_runtime(state, j), len(gpus_on(jobs[j], node.name)))
                           for j in ix.jobs_by_node.get(node.name, {}))
         ix.node_releases[node.name] = releases

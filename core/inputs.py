@@ -29,10 +29,10 @@ def common_problem(state: State, inp: T.Input) -> tuple[str, str] | None:
         return inp.reason, inp.error
     if inp.v != T.SCHEMA_VERSION:
         return "unsupported_schema_version", f"v={inp.v}; this scheduler reads v={T.SCHEMA_VERSION}"
-    if inp.t < state.c.t:
-        return "time_must_not_go_back", f"t={inp.t} is before the last recorded t={state.c.t}"
-    if state.c.last_input_seq and 0 < inp.seq <= state.c.last_input_seq:
-        return "input_already_applied", f"seq={inp.seq} <= last applied {state.c.last_input_seq}"
+    if inp.t < state.canonical.t:
+        return "time_must_not_go_back", f"t={inp.t} is before the last recorded t={state.canonical.t}"
+    if state.canonical.last_input_seq and 0 < inp.seq <= state.canonical.last_input_seq:
+        return "input_already_applied", f"seq={inp.seq} <= last applied {state.canonical.last_input_seq}"
     return None
 
 
@@ -43,7 +43,7 @@ def _on_node_up(ctx: Ctx, inp: T.NodeUp) -> None:
         return reject(ctx, "gpus_must_be_positive", f"node {inp.node} reported {inp.gpus} GPUs")
     if not inp.gpu_model:
         return reject(ctx, "gpu_model_must_be_set")
-    node = ctx.state.c.nodes.get(inp.node)
+    node = ctx.state.canonical.nodes.get(inp.node)
     if node is not None and node.up:
         if node.gpus == inp.gpus and node.gpu_model == inp.gpu_model:
             return  # a repeated report: nothing changes, nothing is logged
@@ -53,14 +53,14 @@ def _on_node_up(ctx: Ctx, inp: T.NodeUp) -> None:
 
 
 def _on_node_down(ctx: Ctx, inp: T.NodeDown) -> None:
-    node = ctx.state.c.nodes.get(inp.node)
+    node = ctx.state.canonical.nodes.get(inp.node)
     if node is None or not node.up:
         return reject(ctx, "unknown_node", f"{inp.node} is not up")
     lose_node(ctx, inp.node, inp.reason)
 
 
 def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
-    c = ctx.state.c
+    c = ctx.state.canonical
     t = ctx.inp.t
     for saga_id in sorted(c.sagas):
         saga = c.sagas[saga_id]
@@ -68,7 +68,7 @@ def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
             slot.node == node_name for v in saga.victims if v in c.jobs for slot in c.jobs[v].placement)
         if touched:
             rollback(ctx, saga_id, "node_lost", lost_node=node_name)
-    jobs = sorted(ctx.state.ix.jobs_by_node.get(node_name, {}))
+    jobs = sorted(ctx.state.index.jobs_by_node.get(node_name, {}))
     for job_id in jobs:
         job = c.jobs[job_id]
         if job.state in HOLDING:
@@ -77,7 +77,7 @@ def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
 
 
 def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
-    c = ctx.state.c
+    c = ctx.state.canonical
     p = c.policy
     problem = _submit_problem(c, inp)
     if problem:
@@ -129,9 +129,9 @@ def _submit_problem(c, inp: T.Submit) -> tuple[str, str] | None:
 
 
 def _job_or_reject(ctx: Ctx, inp, states: tuple[str, ...]) -> Job | None:
-    job = ctx.state.c.jobs.get(inp.job)
+    job = ctx.state.canonical.jobs.get(inp.job)
     if job is None:
-        done = ctx.state.c.done.get(inp.job)
+        done = ctx.state.canonical.done.get(inp.job)
         reject(ctx, "unknown_job" if done is None else f"job_already_{done}", inp.job)
         return None
     if job.state not in states:
@@ -151,8 +151,8 @@ def _on_cancel(ctx: Ctx, inp: T.Cancel) -> None:
     elif job.state == PREEMPTING:
         release_victim(ctx, job)
     ctx.emit(T.JobCancelled(t=inp.t, job=job.id, nodes=nodes))
-    if job.saga and job.saga in ctx.state.c.sagas:
-        commit_if_complete(ctx, ctx.state.c.sagas[job.saga].id)
+    if job.saga and job.saga in ctx.state.canonical.sagas:
+        commit_if_complete(ctx, ctx.state.canonical.sagas[job.saga].id)
 
 
 def _on_started(ctx: Ctx, inp: T.Started) -> None:
@@ -243,7 +243,7 @@ def _on_tick(ctx: Ctx, inp: T.Tick) -> None:
 
 def _on_set_policy(ctx: Ctx, inp: T.SetPolicy) -> None:
     try:
-        new = with_params(ctx.state.c.policy, inp.params)
+        new = with_params(ctx.state.canonical.policy, inp.params)
         if "ab_variants" in inp.params or "ab_split_by" in inp.params:
             check_experiment(new)
     except PolicyError as err:

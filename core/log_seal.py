@@ -33,7 +33,7 @@ class Ctx:
         self._seal(ev)
 
     def _seal(self, ev: T.Event) -> None:
-        c = self.state.c
+        c = self.state.canonical
         evolve(self.state, ev)
         data = T.encode(ev)
         prev = c.chain
@@ -53,5 +53,5 @@ def reject(ctx: Ctx, reason: str, detail: str = "") -> None:
     t = inp.t if isinstance(inp.t, int) and 0 <= inp.t <= T_MS_MAX else 0
     job = T.input_job(inp)
     job = job[:NAME_CHARS_MAX].encode("utf-8", "replace").decode("utf-8") if isinstance(job, str) else ""
-    ctx.emit(T.InputRejected(t=max(t, ctx.state.c.t), reason=reason, detail=detail[:TEXT_CHARS_MAX],
+    ctx.emit(T.InputRejected(t=max(t, ctx.state.canonical.t), reason=reason, detail=detail[:TEXT_CHARS_MAX],
                              input_type=type(inp).__struct_config__.tag, job=job))

@@ -37,7 +37,7 @@ def new_state(policy=None) -> State:
     """An empty scheduler state (no nodes, no jobs), under `policy` or the default one."""
     state = State()
     if policy is not None:
-        state.c.policy = policy
+        state.canonical.policy = policy
     return state
 
 
@@ -57,8 +57,8 @@ def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
     # Decisions read the clock from the state: let them see the input's time. Only events
     # move the recorded clock (replay sees nothing else), so an input that led to no event
     # leaves it where it was.
-    recorded_t = state.c.t
-    state.c.t = inp.t
+    recorded_t = state.canonical.t
+    state.canonical.t = inp.t
     handler = HANDLERS[type(inp)]
     handler(ctx, inp)
     if not (ctx.records and isinstance(ctx.records[-1].event, T.InputRejected) and not ctx.accepted):
@@ -69,7 +69,7 @@ def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
         else:
             schedule(ctx, preempt_for="")
     if not ctx.records:
-        state.c.t = recorded_t
+        state.canonical.t = recorded_t
     return state, ctx.records
 
 
@@ -90,11 +90,11 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
     age_queued(ctx)
     place_queued(ctx)
     if preempt_for == "head":
-        preempt_blocked(ctx, urgent_candidates(ctx.state, ctx.inp.t), ctx.state.c.policy.urgent_candidates_max)
+        preempt_blocked(ctx, urgent_candidates(ctx.state, ctx.inp.t), ctx.state.canonical.policy.urgent_candidates_max)
         preempt_blocked(ctx, preemption_candidates(ctx.state, ctx.inp.t))
         reclaim_blocked(ctx, reclaim_candidates(ctx.state, ctx.inp.t))
     elif preempt_for:
-        job = ctx.state.c.jobs.get(preempt_for)
+        job = ctx.state.canonical.jobs.get(preempt_for)
         if job is None or job.state != QUEUED or job.preempt_retry_t > ctx.inp.t:
             return
         if may_preempt(ctx.state, job):
@@ -107,13 +107,13 @@ def next_due_t(state: State) -> int | None:
     """The earliest time at which a tick would change something on its own (an aging step,
     a saga deadline, a downgraded job's level coming back), so a simulator can jump there
     instead of ticking every second."""
-    c = state.c
+    c = state.canonical
     due: list[int] = [saga.deadline_t + 1 for saga in c.sagas.values()]
     restore_t = downgrades_end_t(state)
     if restore_t is not None:
         due.append(restore_t)
     for level in range(1, LEVELS):
-        aging = state.ix.aging[level]
+        aging = state.index.aging[level]
         if aging:
             due.append(aging[0][0] + aging_threshold_ms(state, level))
     return min(due) if due else None

@@ -37,7 +37,7 @@ def place_queued(ctx: Ctx) -> None:
     """Start every queued job that fits, level by level in each level's serving order; the
     oldest starving job and the first jobs that do not fit get reservations (EASY backfill:
     later jobs may use reserved nodes only if expected to end before the holder starts)."""
-    ix = ctx.state.ix
+    ix = ctx.state.index
     if not ix.placement_dirty or not any(ix.free_by_model.values()):
         return
     reserved = _serve_the_starving(ctx)
@@ -49,7 +49,7 @@ def place_queued(ctx: Ctx) -> None:
         if placing.nothing_more_fits():
             ix.placement_dirty = False
             return
-        job = ctx.state.c.jobs[job_id]
+        job = ctx.state.canonical.jobs[job_id]
         if job.state != QUEUED:
             continue
         placement = placing.try_place(job)
@@ -70,8 +70,8 @@ def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
     then every level in its serving order; a job aged into the urgent levels from a level
     the guarantee covers is served in that last pass, at its effective level. Levels are
     read lazily, so a job placed earlier in the pass is not offered again."""
-    p = state.c.policy
-    jobs = state.c.jobs
+    p = state.canonical.policy
+    jobs = state.canonical.jobs
     yield from _below_guarantee(state)
     covered_from = p.fair_share_from_level if p.fair_share_guarantee else LEVELS
     for level in range(min(covered_from, LEVELS)):
@@ -92,13 +92,13 @@ def _below_guarantee(state: State) -> Iterator[tuple[str, bool]]:
     """Jobs of the levels holding less than their guaranteed share (whole GPUs) that fit
     within it, each level in its serving order: a guarantee is kept by placement, not only
     by sparing the level from preemption."""
-    ix = state.ix
-    floors = level_floors(state.c.policy, ix.total_gpus)
+    ix = state.index
+    floors = level_floors(state.canonical.policy, ix.total_gpus)
     for level in range(LEVELS):
         if not floors[level] or ix.level_gpus[level] >= floors[level] or not ix.queues[level]:
             continue
         for job_id in serving_order(state, level):
-            job = state.c.jobs[job_id]
+            job = state.canonical.jobs[job_id]
             if job.level == level and ix.level_gpus[level] + job.gpus <= floors[level]:
                 yield job_id, False
             if ix.level_gpus[level] >= floors[level]:
@@ -109,11 +109,11 @@ def _within_share(state: State, covered_from: int) -> Iterator[str]:
     """Queued jobs (of levels from `covered_from` on) of the teams below their fair shares
     that fit within them: next from the team furthest below its share (GPUs held, with
     what this pass started for it, over its share), each team's oldest jobs first."""
-    c = state.c
+    c = state.canonical
     shares, held, below = teams_below_share(state)
     heap = []
     for team in below:
-        jobs = [job_id for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
+        jobs = [job_id for _, job_id in state.index.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
                 if c.jobs[job_id].level >= covered_from]
         if jobs:
             heap.append((held.get(team, 0) / shares[team], team, jobs))
@@ -147,12 +147,12 @@ class _PlacementPass:
         self.t = ctx.inp.t
         self.reserved = reserved
         self.starts_by_node = _starts_by_node(reserved)
-        self.heads_left = self.state.c.policy.head_reservations_max
-        self.attempts_left = self.backfill_left = self.state.c.policy.scan_jobs_max
+        self.heads_left = self.state.canonical.policy.head_reservations_max
+        self.attempts_left = self.backfill_left = self.state.canonical.policy.scan_jobs_max
         self.models_of: dict[tuple[str, ...], list[str]] = {}
         self.blocked: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
-        self.free_open = sum(self.state.ix.free_by_model.values())
-        self.free_unheld = self.free_open - _free_on(self.state.c, reserved)
+        self.free_open = sum(self.state.index.free_by_model.values())
+        self.free_unheld = self.free_open - _free_on(self.state.canonical, reserved)
 
     def nothing_more_fits(self) -> bool:
         if self.free_unheld <= 0:
@@ -162,7 +162,7 @@ class _PlacementPass:
 
     def try_place(self, job: Job) -> list[T.Slot] | None:
         state = self.state
-        ix = state.ix
+        ix = state.index
         if job.gpus > self.free_open:
             return None
         key = tuple(job.gpu_models)
@@ -175,7 +175,7 @@ class _PlacementPass:
                 g <= job.gpus and e <= ends_t for g, e in self.blocked.get(shape, ())):
             return None
         self.attempts_left -= 1
-        placement = place(job.gpus, models, state.c.nodes, ix, self.starts_by_node, ends_t)
+        placement = place(job.gpus, models, state.canonical.nodes, ix, self.starts_by_node, ends_t)
         if placement is None:
             held = any(ends_t > start_t for start_t in self.starts_by_node.values())
             self.blocked.setdefault(shape, []).append((job.gpus, ends_t if held else ANY_END))
@@ -190,7 +190,7 @@ class _PlacementPass:
         if self.heads_left > 0 and _reserve(self.state, job, self.reserved):
             self.heads_left -= 1
             self.starts_by_node = _starts_by_node(self.reserved)
-            self.free_unheld = self.free_open - _free_on(self.state.c, self.reserved)
+            self.free_unheld = self.free_open - _free_on(self.state.canonical, self.reserved)
 
 
 def _starts_by_node(reserved: dict[str, tuple[int, str]]) -> dict[str, int]:
@@ -218,16 +218,16 @@ def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:
     The rest of the pool keeps serving by priority. Returns the reservations
     (node -> (start, job))."""
     state = ctx.state
-    p = state.c.policy
+    p = state.canonical.policy
     reserved: dict[str, tuple[int, str]] = {}
     served: dict[str, None] = {}
-    oldest = (job_id for _, job_id in heapq.merge(*state.ix.waiting_by_level))
+    oldest = (job_id for _, job_id in heapq.merge(*state.index.waiting_by_level))
     _serve_first_starving(ctx, oldest, p.starvation_reservations_max, reserved, served)
     if p.starvation_team_reservations_max > 0:
-        teams = sorted(state.ix.waiting_by_team,
-                       key=lambda team: (state.ix.team_gpus.get(team, 0) / team_quota(state, team), team))
+        teams = sorted(state.index.waiting_by_team,
+                       key=lambda team: (state.index.team_gpus.get(team, 0) / team_quota(state, team), team))
         heads = (job_id for team in teams
-                 for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT])
+                 for _, job_id in state.index.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT])
         _serve_first_starving(ctx, heads, p.starvation_team_reservations_max, reserved, served)
     return reserved
 
@@ -237,7 +237,7 @@ def _serve_first_starving(ctx: Ctx, candidates: Iterable[str], count: int,
     """Serve the first `count` starving jobs of `candidates` (at most `scan_jobs_max` looked
     at) not served yet: start each that fits, else reserve for it."""
     state = ctx.state
-    c = state.c
+    c = state.canonical
     p = c.policy
     t = ctx.inp.t
     scanned = 0
@@ -248,12 +248,12 @@ def _serve_first_starving(ctx: Ctx, candidates: Iterable[str], count: int,
         job = c.jobs[job_id]
         if job_id in served or job.state != QUEUED or t - job.queued_since_t < p.starvation_wait_ms:
             continue
-        models = acceptable_models(job.gpu_models, state.ix)
+        models = acceptable_models(job.gpu_models, state.index)
         if not _could_ever_fit(state, job, models):
             continue
         count -= 1
         served[job_id] = None
-        placement = place(job.gpus, models, c.nodes, state.ix, _starts_by_node(reserved),
+        placement = place(job.gpus, models, c.nodes, state.index, _starts_by_node(reserved),
                           t + expected_runtime_ms(state, job))
         if placement is not None:
             request_start(ctx, job, placement)
@@ -263,8 +263,8 @@ def _serve_first_starving(ctx: Ctx, candidates: Iterable[str], count: int,
 
 def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bool:
     """Hold the nodes where the job will fit soonest (not already held) for it."""
-    c = state.c
-    models = acceptable_models(job.gpu_models, state.ix)
+    c = state.canonical
+    models = acceptable_models(job.gpu_models, state.index)
     if not _could_ever_fit(state, job, models):
         return False
     nodes = [c.nodes[name] for name in sorted(c.nodes)
@@ -279,4 +279,4 @@ def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bo
 
 def _could_ever_fit(state: State, job: Job, models: list[str]) -> bool:
     """A job bigger than the pool of its models must not hold everyone else back."""
-    return job.gpus <= sum(state.ix.capacity_by_model.get(m, 0) for m in models)
+    return job.gpus <= sum(state.index.capacity_by_model.get(m, 0) for m in models)

@@ -99,8 +99,8 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
 def preemption_scope(state: State, job: Job) -> Scope | Decline:
     """The nodes a preemption may free GPUs on, or why there are none (no node of the job's
     models; it fits without preempting; only nodes held for others)."""
-    c = state.c
-    ix = state.ix
+    c = state.canonical
+    ix = state.index
     models = acceptable_models(job.gpu_models, ix)
     nodes = [c.nodes[name] for name in sorted(c.nodes)
              if c.nodes[name].up and c.nodes[name].gpu_model in models]
@@ -144,17 +144,17 @@ def judge(state: State, job: Job, p: Policy, guard: Guard, costs: dict[str, Vict
         ready_ms=ready, natural_wait_ms=natural_wait,
         checkpoint_needed={v: costs[v].checkpoint_needed for v in victims},
         reason=reason, reclaim=reclaim, depth=job.cascade_depth + 1,
-        levels_down=max(0, max(state.c.jobs[v].level for v in victims) - job.level))
+        levels_down=max(0, max(state.canonical.jobs[v].level for v in victims) - job.level))
 
 
 def variant_policy(state: State, job: Job) -> Policy:
     """The policy an A/B variant's jobs are decided by: the base policy with the variant's
     overrides. Cached per variant until the next PolicyChanged."""
-    base = state.c.policy
+    base = state.canonical.policy
     overrides = base.ab_variants.get(job.variant)
     if not overrides:
         return base
-    cache = state.ix.variant_policies
+    cache = state.index.variant_policies
     if job.variant not in cache:
         cache[job.variant] = with_params(base, overrides)
     return cache[job.variant]

@@ -24,16 +24,16 @@ def preemption_candidates(state: State, t: int) -> Iterator[str]:
     level (aging and boosts change the serving order, never the right to preempt), then
     submit time; not those waiting out a retry backoff. At most `scan_jobs_max` looked at.
     (The urgent levels' jobs are `urgent_candidates`, all tried on every pass.)"""
-    p = state.c.policy
+    p = state.canonical.policy
     scanned = 0
     for level in range(p.urgent_levels, LEVELS):
         if p.preempts_from_level[level] >= LEVELS:
             continue
-        for _, job_id in state.ix.waiting_by_level[level]:
+        for _, job_id in state.index.waiting_by_level[level]:
             scanned += 1
             if scanned > p.scan_jobs_max:
                 return
-            if state.c.jobs[job_id].preempt_retry_t <= t:
+            if state.canonical.jobs[job_id].preempt_retry_t <= t:
                 yield job_id
 
 
@@ -41,16 +41,16 @@ def urgent_candidates(state: State, t: int) -> Iterator[str]:
     """Every queued job of the urgent levels (by base level, then submit time), past its
     retry backoff, at most `urgent_candidates_max`: each is tried on every pass, so an old
     blocked gang does not use up the attempts of the urgent jobs behind it."""
-    p = state.c.policy
+    p = state.canonical.policy
     scanned = 0
     for level in range(min(p.urgent_levels, LEVELS)):
         if p.preempts_from_level[level] >= LEVELS:
             continue
-        for _, job_id in state.ix.waiting_by_level[level]:
+        for _, job_id in state.index.waiting_by_level[level]:
             scanned += 1
             if scanned > p.urgent_candidates_max:
                 return
-            if state.c.jobs[job_id].preempt_retry_t <= t:
+            if state.canonical.jobs[job_id].preempt_retry_t <= t:
                 yield job_id
 
 
@@ -62,7 +62,7 @@ def preempt_blocked(ctx: Ctx, blocked: Iterable[str], attempts_max: int | None =
     jobs that could preempt, not to the same futile heads every tick. (Nodes held for other
     jobs can make this a little pessimistic for a shorter job; it only orders attempts.)"""
     state = ctx.state
-    c = state.c
+    c = state.canonical
     attempts_left = c.policy.preemption_candidates_max if attempts_max is None else attempts_max
     futile: dict[tuple[int, tuple[str, ...]], None] = {}
     for job_id in blocked:
@@ -87,7 +87,7 @@ def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[st
     """Per team below its fair share (furthest below first), the oldest of its first few
     queued jobs of the levels the guarantee covers that fits within its share; none while
     no team holds GPUs above its share."""
-    p = state.c.policy
+    p = state.canonical.policy
     if not p.fair_share_guarantee or p.fair_share_from_level >= LEVELS:
         return
     shares, held, below = teams_below_share(state)
@@ -97,8 +97,8 @@ def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[st
     for team in sorted(below, key=lambda team: (held.get(team, 0) / shares[team], team)):
         if team_only and team != team_only:
             continue
-        for _, job_id in state.ix.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
-            job = state.c.jobs[job_id]
+        for _, job_id in state.index.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
+            job = state.canonical.jobs[job_id]
             if job.level >= p.fair_share_from_level \
                     and within_share(held.get(team, 0), job.gpus, shares[team]) \
                     and job.gpus <= lent + SHARE_EPSILON and job.preempt_retry_t <= t:
@@ -111,7 +111,7 @@ def reclaim_blocked(ctx: Ctx, candidates: Iterable[str]) -> None:
     recorded only for a job with no right to preempt by priority, so a job tried both ways
     every tick does not record two alternating reasons."""
     state = ctx.state
-    c = state.c
+    c = state.canonical
     attempts_left = c.policy.preemption_candidates_max
     for job_id in candidates:
         job = c.jobs[job_id]

@@ -53,7 +53,7 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     releasing it the cheaper way: at its next safe point from its last checkpoint (losing
     the progress since), or after saving a fresh one (the preemptor waits for the save).
     An urgent preemptor makes a victim with little unsaved work release without saving."""
-    t = state.c.t
+    t = state.canonical.t
     last = last_checkpoint(victim)
     since_ckpt = job_progress_ms(victim, t) - (last.progress_ms if last else 0)
     weight = p.level_weight[priced_level(victim, t)]
@@ -95,7 +95,7 @@ def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> flo
     job by its share of the pool, so it weighs the queued GPUs' level weights summed, per
     GPU of the pool (0 when nothing waits). The preemptor is not delayed by it: it starts
     on the victims' GPUs, and its own wait is the benefit side."""
-    ix = state.ix
+    ix = state.index
     # Queued jobs weigh at their own level: aging orders the queue, it is no claim on GPUs.
     weighted = sum(gpus * p.level_weight[level] for level, gpus in enumerate(ix.queued_gpus_base))
     if preemptor is not None and preemptor.state == QUEUED:
@@ -127,7 +127,7 @@ def recovery_boost(p, count: int, waited_total_ms: int) -> int:
 
 def requeue_level(state: State, victim: Job) -> int:
     """The queue level a victim returns to: its base level raised by the recovery boost."""
-    boost = recovery_boost(state.c.policy, victim.preempt_count + 1, victim.waited_total_ms)
+    boost = recovery_boost(state.canonical.policy, victim.preempt_count + 1, victim.waited_total_ms)
     return max(0, victim.level - boost)
 
 

@@ -26,10 +26,10 @@ TEAM_OLDEST_LOOKED_AT = 4
 
 def aging_threshold_ms(state: State, level: int) -> int:
     """Shrinks as the level's queue deepens and as its historical wait grows."""
-    p = state.c.policy
+    p = state.canonical.policy
     base = p.aging_threshold_ms[level]
-    depth = queue_depth(state.ix, level)
-    history = state.c.level_wait[level].mean_ms
+    depth = queue_depth(state.index, level)
+    history = state.canonical.level_wait[level].mean_ms
     speedup = (1.0 + p.aging_depth_factor * math.log2(1 + depth)
                + p.aging_history_factor * history / max(base, 1))
     return max(p.aging_threshold_min_ms, int(base / speedup))
@@ -39,7 +39,7 @@ def age_queued(ctx: Ctx) -> None:
     state = ctx.state
     t = ctx.inp.t
     for level in range(1, LEVELS):
-        aging = state.ix.aging[level]
+        aging = state.index.aging[level]
         if not aging:
             continue
         threshold = aging_threshold_ms(state, level)
@@ -47,11 +47,11 @@ def age_queued(ctx: Ctx) -> None:
         for since, job_id in aging:
             if since + threshold > t:
                 break
-            job = state.c.jobs[job_id]
-            if job.level - level < state.c.policy.aging_levels_max:
+            job = state.canonical.jobs[job_id]
+            if job.level - level < state.canonical.policy.aging_levels_max:
                 due.append(job_id)
         for job_id in due:
-            job = state.c.jobs[job_id]
+            job = state.canonical.jobs[job_id]
             ctx.emit(T.PriorityAged(t=t, job=job_id, from_level=level, to_level=level - 1,
                                     waited_ms=t - job.queued_since_t))
 
@@ -60,10 +60,10 @@ def restore_levels(ctx: Ctx) -> None:
     """Queued jobs that entered below their requested level under a team downgrade go back
     to it once the team's preemption quota has recovered: a downgrade bounds a team's
     preempting; it does not keep an urgent job waiting longer than the downgrade lasts."""
-    ix = ctx.state.ix
+    ix = ctx.state.index
     if not ix.downgraded_queued:
         return
-    c = ctx.state.c
+    c = ctx.state.canonical
     t = ctx.inp.t
     for job_id in sorted(ix.downgraded_queued):
         job = c.jobs[job_id]
@@ -74,8 +74,8 @@ def restore_levels(ctx: Ctx) -> None:
 
 def downgrades_end_t(state: State) -> int | None:
     """When the first downgrade holding a queued job's level down ends, if any does."""
-    c = state.c
-    ends = [c.team_downgraded_until.get(c.jobs[job_id].team, 0) for job_id in state.ix.downgraded_queued]
+    c = state.canonical
+    ends = [c.team_downgraded_until.get(c.jobs[job_id].team, 0) for job_id in state.index.downgraded_queued]
     return min(ends) if ends else None
 
 
@@ -86,15 +86,15 @@ def queue_order(state: State, level: int, limit: int) -> list[str]:
 
 def serving_order(state: State, level: int) -> Iterator[str]:
     """The queued jobs of one level, lazily, in the order its policy serves them."""
-    live = state.ix.queues[level]
+    live = state.index.queues[level]
     if not live:
         return iter(())
     # Placing a job removes it from these lists while we iterate: serve from copies of each
     # team's head, which is all a pass can reach within its scan budget.
-    depth = state.c.policy.scan_jobs_max
+    depth = state.canonical.policy.scan_jobs_max
     names = sorted(live)
     teams = {name: live[name][:depth] for name in names}
-    policy = state.c.policy.queue_policy[level]
+    policy = state.canonical.policy.queue_policy[level]
     if policy == "fcfs":
         return (key[-1] for key in heapq.merge(*(teams[name] for name in names)))
     if policy == "fair_share":
@@ -107,8 +107,8 @@ def _fair_share_order(state: State, level: int, teams, names: list[str]) -> Iter
     level hold / quota, counting the jobs already offered in this pass: fair share decides
     who gets the level's next GPUs, whatever the teams hold at other levels), ties to the
     head of the higher own level and older submit, then the team name."""
-    c = state.c
-    held = state.ix.level_team_gpus[level]
+    c = state.canonical
+    held = state.index.level_team_gpus[level]
     usage: list[list] = []  # [used / quota, head key, name, cursor, used, quota]
     for name in names:
         quota = team_quota(state, name)
@@ -131,7 +131,7 @@ def _fair_share_order(state: State, level: int, teams, names: list[str]) -> Iter
 
 def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
     """One job per team in turn, starting after the team served last at this level."""
-    last = state.c.rr_last_team[level]
+    last = state.canonical.rr_last_team[level]
     start = next((i for i, name in enumerate(names) if name > last), 0)
     rotation = names[start:] + names[:start]
     for rank in itertools.count():

@@ -31,7 +31,7 @@ class DigestMismatch(ChainError):
 
 
 def apply_record(state: State, record: T.Record) -> None:
-    c = state.c
+    c = state.canonical
     expected_n = c.events_n + 1
     if record.n != expected_n:
         raise ChainError(record.n, f"expected record {expected_n} here (dropped or reordered)")
@@ -80,7 +80,7 @@ def step_guarded(state: State, inp: T.Input,
 def run_inputs(inputs: Iterable[T.Input], state: State | None = None) -> Iterator[T.Record]:
     state = state or new_state()
     # Kept so that an input that makes `step` raise can be undone by folding them again.
-    start = snapshot_bytes(state.c) if state.c.events_n else b""
+    start = snapshot_bytes(state.canonical) if state.canonical.events_n else b""
     done: list[T.Record] = []
 
     def restore() -> State:

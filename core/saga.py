@@ -26,7 +26,7 @@ def release_victim(ctx: Ctx, job: Job) -> None:
 
 
 def commit_if_complete(ctx: Ctx, saga_id: str) -> None:
-    c = ctx.state.c
+    c = ctx.state.canonical
     saga = c.sagas.get(saga_id)
     if saga is None:
         return
@@ -44,7 +44,7 @@ def commit_if_complete(ctx: Ctx, saga_id: str) -> None:
 
 
 def rollback(ctx: Ctx, saga_id: str, reason: str, lost_node: str = "") -> None:
-    c = ctx.state.c
+    c = ctx.state.canonical
     saga = c.sagas[saga_id]
     t = ctx.inp.t
     ctx.emit(T.PreemptionRolledBack(t=t, saga=saga_id, reason=reason, preemptor=saga.preemptor,
@@ -68,14 +68,14 @@ def rollback(ctx: Ctx, saga_id: str, reason: str, lost_node: str = "") -> None:
 
 
 def expire_sagas(ctx: Ctx) -> None:
-    c = ctx.state.c
+    c = ctx.state.canonical
     for saga_id in sorted(c.sagas):
         if c.sagas[saga_id].deadline_t < ctx.inp.t:
             rollback(ctx, saga_id, "deadline_passed")
 
 
 def requeue(ctx: Ctx, job: Job, reason: str, counts_as_preemption: bool) -> None:
-    c = ctx.state.c
+    c = ctx.state.canonical
     p = c.policy
     t = ctx.inp.t
     count = job.preempt_count + (1 if counts_as_preemption else 0)
@@ -93,7 +93,7 @@ def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
     """Past the threshold, a grant proportional to the progress lost: at the threshold, all
     the job lost to its preemptions so far (and their checkpoint and restore overheads);
     after it, what each further preemption loses. The quota bonus is for a while."""
-    p = ctx.state.c.policy
+    p = ctx.state.canonical.policy
     t = ctx.inp.t
     at_threshold = count == p.compensation_after_preemptions
     basis_ms = lost_ms + (job.lost_total_ms if at_threshold else 0)
@@ -112,7 +112,7 @@ def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
 
 
 def start_saga(ctx: Ctx, job: Job, plan) -> None:
-    c = ctx.state.c
+    c = ctx.state.canonical
     p = c.policy
     t = ctx.inp.t
     saga_id = f"saga-{c.saga_count + 1}"
@@ -135,7 +135,7 @@ def start_saga(ctx: Ctx, job: Job, plan) -> None:
 
 
 def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
-    c = ctx.state.c
+    c = ctx.state.canonical
     p = c.policy
     t = ctx.inp.t
     teams = sorted(dict.fromkeys(c.jobs[v].team for v in victims

@@ -27,7 +27,7 @@ def above_share(held: float, share: float) -> bool:
 
 def team_quota(state: State, team: str) -> float:
     """A team's fair-share weight: its quota, raised by compensation grants."""
-    c = state.c
+    c = state.canonical
     entry = c.ledger.get(team)
     bonus = 0.0
     if entry is not None:
@@ -39,7 +39,7 @@ def team_quota(state: State, team: str) -> float:
 
 def fair_shares(state: State) -> dict[str, float]:
     """Team -> GPUs of its max-min fair share (weighted by quota) of the pool."""
-    ix = state.ix
+    ix = state.index
     teams = teams_with_demand(ix)
     demand = {team: ix.team_gpus.get(team, 0) + ix.team_queued_gpus.get(team, 0) for team in teams}
     weight = {team: team_quota(state, team) for team in teams}
@@ -58,8 +58,8 @@ def fair_shares(state: State) -> dict[str, float]:
 def holding(state: State) -> dict[str, int]:
     """Team -> GPUs it holds and keeps: victims already told to let go count as gone, so
     two reclaims in a row do not both take a team's last GPUs above its share."""
-    c = state.c
-    held = dict(state.ix.team_gpus)
+    c = state.canonical
+    held = dict(state.index.team_gpus)
     for saga_id in sorted(c.sagas):
         saga = c.sagas[saga_id]
         for victim_id in saga.victims:
@@ -74,6 +74,6 @@ def teams_below_share(state: State) -> tuple[dict[str, float], dict[str, int], l
     jobs that have room for at least one more GPU within their shares, sorted."""
     shares = fair_shares(state)
     held = holding(state)
-    below = [team for team in sorted(state.ix.waiting_by_team)
+    below = [team for team in sorted(state.index.waiting_by_team)
              if within_share(held.get(team, 0), 1, shares.get(team, 0.0))]
     return shares, held, below

@@ -215,19 +215,22 @@ class Index:
 
 
 class State:
-    __slots__ = ("c", "ix")
+    """The scheduler state: `canonical` (the entities a snapshot stores and a digest
+    covers) and `index` (lookups derived from them, rebuilt on load)."""
+
+    __slots__ = ("canonical", "index")
 
     def __init__(self, canonical: Canonical | None = None) -> None:
-        self.c = canonical or Canonical()
-        self.ix = rebuild_index(self.c)
+        self.canonical = canonical or Canonical()
+        self.index = rebuild_index(self.canonical)
 
     @property
     def policy(self) -> Policy:
-        return self.c.policy
+        return self.canonical.policy
 
     @property
     def t(self) -> int:
-        return self.c.t
+        return self.canonical.t
 
 
 def rebuild_index(c: Canonical) -> Index:
@@ -398,15 +401,15 @@ def state_digest(c: Canonical, jobs_sum: int | None = None) -> str:
 
 
 def live_digest(state: "State") -> str:
-    return state_digest(state.c, state.ix.jobs_sum)
+    return state_digest(state.canonical, state.index.jobs_sum)
 
 
 def touch_job(state: "State", job_id: str) -> None:
     """Keep the jobs' hash sum in step after an event changed (or removed) a job."""
-    ix = state.ix
+    ix = state.index
     ix.remaining_memo.pop(job_id, None)
     old = ix.job_hashes.pop(job_id, 0)
-    job = state.c.jobs.get(job_id)
+    job = state.canonical.jobs.get(job_id)
     if job is not None:
         forget_releases(ix, job.placement)
     new = job_hash(job) if job is not None else 0

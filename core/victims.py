@@ -18,13 +18,13 @@ def choose_victims(state: State, job: Job, models: list[str], nodes, costs: dict
                    pricing: Pricing, guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
     """The victim set and the preemptor's placement, or None when no set within the guard
     and the cap frees enough GPUs."""
-    c = state.c
+    c = state.canonical
     victim_nodes = dict.fromkeys(slot.node for v in costs for slot in c.jobs[v].placement)
     candidate_nodes = [node for node in nodes if node.name in victim_nodes]
     # Victims are chosen by their cost plus the preemptor's weighted wait while they reach a
     # safe point (and save): an urgent job prefers victims that can let go quickly.
     rank = {v: vc.cost + pricing.waiting_weight * vc.ready_ms for v, vc in costs.items()}
-    if job.gpus <= node_size_max(models, state.ix):
+    if job.gpus <= node_size_max(models, state.index):
         return _cheapest_single_node(state, job, candidate_nodes, rank, guard, cap)
     return _cheapest_across_nodes_of_one_model(state, job, nodes, rank, guard, cap)
 
@@ -37,16 +37,16 @@ def _cheapest_single_node(state: State, job: Job, nodes, rank: dict[str, float],
         need = job.gpus - len(free)
         if need <= 0 or node.gpus < job.gpus:
             continue
-        on_node = sorted((rank[v], v) for v in state.ix.jobs_by_node.get(node.name, {})
+        on_node = sorted((rank[v], v) for v in state.index.jobs_by_node.get(node.name, {})
                          if v in rank)
-        chosen = _greedy_minimal(state, [(score, v, len(gpus_on(state.c.jobs[v], node.name)))
+        chosen = _greedy_minimal(state, [(score, v, len(gpus_on(state.canonical.jobs[v], node.name)))
                                          for score, v in on_node], need, guard)
         if chosen is None or len(chosen) > cap:
             continue
         total = sum(rank[v] for v in chosen)
         key = (total, len(chosen), node.name)
         if best is None or key < best[0]:
-            freed = sorted(free + [g for v in chosen for g in gpus_on(state.c.jobs[v], node.name)])
+            freed = sorted(free + [g for v in chosen for g in gpus_on(state.canonical.jobs[v], node.name)])
             best = (key, sorted(chosen), [Slot(node=node.name, gpus=freed[:job.gpus])])
     return None if best is None else (best[1], best[2])
 
@@ -72,7 +72,7 @@ def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float]
     node_names = {node.name: None for node in nodes}
     units = []
     for v in sorted(rank):
-        victim = state.c.jobs[v]
+        victim = state.canonical.jobs[v]
         usable = sum(len(s.gpus) for s in victim.placement if s.node in node_names)
         units.append((rank[v] / max(usable, 1), v, usable))
     units.sort()
@@ -102,7 +102,7 @@ def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int
     taken: dict = {}
     freed = 0
     for unit in units:
-        victim = state.c.jobs[unit[1]]
+        victim = state.canonical.jobs[unit[1]]
         if not guard.allows(taken, victim):
             continue
         chosen.append(unit)

@@ -96,7 +96,7 @@ class Audit:
         try:
             record = self._decoder.decode(payload)
         except msgspec.DecodeError as err:
-            self.problem = Problem(self.state.c.events_n + 1, pos, f"not a log record: {err}")
+            self.problem = Problem(self.state.canonical.events_n + 1, pos, f"not a log record: {err}")
             return False
         if (self.to_n is not None and record.n > self.to_n) or (
                 self.to_t is not None and record.event.t > self.to_t):
@@ -135,7 +135,7 @@ class Audit:
 
     def _explain(self, record: T.Record, err: ChainError) -> str:
         """Say which record is missing or displaced, not only where the chain broke."""
-        expected = self.state.c.events_n + 1
+        expected = self.state.canonical.events_n + 1
         if record.n > expected:
             missing = f"record {expected}" if record.n == expected + 1 else f"records {expected}..{record.n - 1}"
             return f"{missing} missing just before it (dropped, or moved later)"
@@ -153,7 +153,7 @@ class Audit:
             except SignatureError as err:
                 self.problem = Problem(err.n, err.pos, err.problem)
         elif self.signed_records:
-            self.problem = Problem(self.state.c.events_n, self.last_pos,
+            self.problem = Problem(self.state.canonical.events_n, self.last_pos,
                                    "the log is signed, but no public key was given to verify it: "
                                    "pass --public-key FILE (or set XIRANG_PUBLIC_KEY)")
 
@@ -164,7 +164,7 @@ class Audit:
         return f"{self.verifier.signatures} verified (keys {keys})"
 
     def summary(self, pos_name: str) -> dict:
-        c = self.state.c
+        c = self.state.canonical
         out = {
             "ok": self.problem is None,
             "records_verified": self.records,

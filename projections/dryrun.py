@@ -15,10 +15,10 @@ from core.state import last_checkpoint, load_snapshot, snapshot_bytes
 
 def dry_run(state, inp: T.Submit, now_ms: int) -> dict:
     """The outcome of submitting `inp` now, on a copy of `state` (which is left as it was)."""
-    copy = load_snapshot(snapshot_bytes(state.c))
-    t = max(now_ms, copy.c.t)
+    copy = load_snapshot(snapshot_bytes(state.canonical))
+    t = max(now_ms, copy.canonical.t)
     inp = msgspec.structs.replace(inp, t=t, seq=0)
-    victims_before = {j: _victim_row(copy, j) for j in sorted(copy.c.jobs)}
+    victims_before = {j: _victim_row(copy, j) for j in sorted(copy.canonical.jobs)}
     _, records = step(copy, inp)
     events = [r.event for r in records]
     rejected = next((e for e in events if isinstance(e, T.InputRejected)), None)
@@ -54,9 +54,9 @@ def dry_run(state, inp: T.Submit, now_ms: int) -> dict:
 def _victim_row(state, job_id: str) -> dict:
     from core.state import job_progress_ms
 
-    job = state.c.jobs[job_id]
+    job = state.canonical.jobs[job_id]
     ckpt = last_checkpoint(job)
-    progress = job_progress_ms(job, state.c.t)
+    progress = job_progress_ms(job, state.canonical.t)
     saved = ckpt.progress_ms if ckpt else 0
     return {"job": job_id, "team": job.team, "user": job.user, "level": job.level, "gpus": job.gpus,
             "lost_s": round(max(0, progress - saved) / 1000, 1)}

@@ -18,7 +18,7 @@ def job_rows(state) -> list[dict]:
     expected to start."""
     reasons = explain_queue(state)
     rows = []
-    c = state.c
+    c = state.canonical
     for job_id in sorted(c.jobs):
         job = c.jobs[job_id]
         ckpt = last_checkpoint(job)
@@ -46,7 +46,7 @@ def queue_levels(state, rows: list[dict] | None = None) -> list[dict]:
     and the jobs holding GPUs there."""
     from core.queues import queue_order
 
-    c = state.c
+    c = state.canonical
     by_job = {r["job"]: r for r in (rows if rows is not None else job_rows(state))}
     levels = []
     for level in range(T.LEVELS):
@@ -64,7 +64,7 @@ def queue_levels(state, rows: list[dict] | None = None) -> list[dict]:
 
 def node_rows(state) -> list[dict]:
     """Each node: model, GPUs free and used, its jobs, up or down (Slurm's sinfo)."""
-    c = state.c
+    c = state.canonical
     rows = []
     for name in sorted(c.nodes):
         node = c.nodes[name]
@@ -72,7 +72,7 @@ def node_rows(state) -> list[dict]:
         used = sum(1 for h in node.holder if h)
         rows.append({"node": name, "gpu_model": node.gpu_model, "gpus": node.gpus, "used": used,
                      "free": node.gpus - used if node.up else 0, "jobs": jobs,
-                     "state": _node_state(node, used, state.ix.reserved_nodes)})
+                     "state": _node_state(node, used, state.index.reserved_nodes)})
     return rows
 
 
@@ -89,8 +89,8 @@ def share_rows(state) -> list[dict]:
     whether it is protected or downgraded and until when, compensation (Slurm's sshare)."""
     from core.shares import fair_shares, holding, team_quota
 
-    c = state.c
-    ix = state.ix
+    c = state.canonical
+    ix = state.index
     shares = fair_shares(state)
     held = holding(state)
     teams = sorted(dict.fromkeys([*shares, *c.ledger, *c.team_protected_until, *c.team_downgraded_until]))

@@ -80,7 +80,7 @@ class Driver:
             due = next_due_t(self.state)
             if due is not None and due < t:
                 self._feed(T.Tick(t=due))
-            self._feed(_with_t(inp, max(t, self.state.c.t)))
+            self._feed(_with_t(inp, max(t, self.state.canonical.t)))
         self._drain_ticks()
         return self
 
@@ -94,7 +94,7 @@ class Driver:
                 t, _, inp, job, token = heapq.heappop(self.heap)
                 if job and token != self.jobs[job].token:
                     continue
-                self._feed(_with_t(inp, max(t, self.state.c.t)))
+                self._feed(_with_t(inp, max(t, self.state.canonical.t)))
 
     def _plan_arrivals(self) -> None:
         spec, rng = self.spec, self.rng
@@ -158,7 +158,7 @@ class Driver:
     def _plan_run(self, job_id: str, t: int) -> None:
         """Schedule the job's next checkpoint and its finish, superseding earlier plans."""
         job = self._bump(job_id)
-        core_job = self.state.c.jobs.get(job_id)
+        core_job = self.state.canonical.jobs.get(job_id)
         done_ms = core_job.progress_ms if core_job else 0
         remaining = max(SEC, job.duration_ms - done_ms)
         ckpt_t = t + job.ckpt_interval_ms

@@ -41,7 +41,7 @@ class World:
         rng = self.rng
         self.t += rng.choice([0, 1000, 5000, 30_000, 120_000, 600_000])
         t = self.t
-        jobs = self.state.c.jobs
+        jobs = self.state.canonical.jobs
         by_state: dict[str, list[str]] = {}
         for job_id in sorted(jobs):
             by_state.setdefault(jobs[job_id].state, []).append(job_id)
@@ -69,7 +69,7 @@ class World:
             return T.Cancel(t=t, job=rng.choice(sorted(jobs))) if jobs else T.Tick(t=t)
         if roll < 0.815:
             name = rng.choice(self.nodes)[0]
-            node = self.state.c.nodes.get(name)
+            node = self.state.canonical.nodes.get(name)
             if node is not None and node.up:
                 return T.NodeDown(t=t, node=name)
             spec = next(n for n in self.nodes if n[0] == name)
@@ -124,7 +124,7 @@ class World:
     def settle(self, check=None) -> None:
         """End every open saga: victims release, then time passes the deadlines. A tick may
         plan new sagas, so repeat, for a bounded number of rounds."""
-        c = self.state.c
+        c = self.state.canonical
         for _ in range(20):
             if not c.sagas:
                 return

@@ -43,11 +43,11 @@ class Run:
         return [e for e in evs if kind is None or isinstance(e, kind)]
 
     def job(self, job_id: str):
-        return self.state.c.jobs.get(job_id)
+        return self.state.canonical.jobs.get(job_id)
 
     def job_state(self, job_id: str) -> str:
-        job = self.state.c.jobs.get(job_id)
-        return job.state if job else self.state.c.done.get(job_id, "unknown")
+        job = self.state.canonical.jobs.get(job_id)
+        return job.state if job else self.state.canonical.done.get(job_id, "unknown")
 
 
 def node(name: str, model: str = "A100", gpus: int = 8, t: int = 0) -> T.NodeUp:
@@ -70,8 +70,8 @@ def tick(t: int) -> T.Tick:
 
 def start_all(run: Run, t: int) -> None:
     """Report `started` for every job that was asked to start."""
-    for job_id in sorted(run.state.c.jobs):
-        if run.state.c.jobs[job_id].state == "starting":
+    for job_id in sorted(run.state.canonical.jobs):
+        if run.state.canonical.jobs[job_id].state == "starting":
             run.at(t, started(job_id))
 
 
@@ -81,7 +81,7 @@ def of(events: list[T.Event], kind: type) -> list:
 
 def check_invariants(state: State) -> None:
     """What must hold after every step, whatever the workload."""
-    c = state.c
+    c = state.canonical
     seen: dict[tuple[str, int], str] = {}
     for job_id in sorted(c.jobs):
         job = c.jobs[job_id]

@@ -47,7 +47,7 @@ def test_replay_run_prints_a_summary_and_writes_a_verifiable_log(tmp_path):
     records = [decode_record(line) for line in events.read_bytes().splitlines()]
     assert len(records) == summary["events"]
     state = rebuild(records)
-    assert state.c.chain == summary["chain_head"]
+    assert state.canonical.chain == summary["chain_head"]
 
 
 def test_replay_run_reads_the_shared_example_scenario(tmp_path):
@@ -82,4 +82,4 @@ def test_a_policy_file_enters_the_log_so_the_log_audits(tmp_path):
     assert out.returncode == 0, out.stderr
     records = [decode_record(line) for line in events.read_bytes().splitlines()]
     state = rebuild(records)
-    assert state.c.policy.victims_per_preemption_max == 1
+    assert state.canonical.policy.victims_per_preemption_max == 1

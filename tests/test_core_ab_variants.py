@@ -68,7 +68,7 @@ def test_set_policy_refuses_a_variant_override_that_would_be_ignored_by_its_name
     assert rejected and rejected[0].reason == "invalid_policy"
     assert "aging_threshold_ms" in rejected[0].detail and "cannot change" in rejected[0].detail
     assert not of(events, T.PolicyChanged)
-    assert run.state.c.policy.ab_variants == {}
+    assert run.state.canonical.policy.ab_variants == {}
 
 
 def test_set_policy_refuses_an_experiment_without_a_control():

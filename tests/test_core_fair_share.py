@@ -137,7 +137,7 @@ def test_a_reclaim_counts_toward_no_teams_fairness_window():
         t = (20 + i) * MIN
         plan = of(run.at(t, submit(f"small-{i}", 6, 4, team="small", user=f"s{i}")), T.PreemptionPlanned)[0]
         run.at(t + 30_000, *[T.Released(job=v) for v in plan.victims])
-    windows = run.state.c.team_windows
+    windows = run.state.canonical.team_windows
     assert "big" not in windows or not windows["big"].preempted
     assert "small" not in windows or not windows["small"].preempting
     assert not run.events(T.TeamProtected) and not run.events(T.TeamDowngraded)
@@ -145,7 +145,7 @@ def test_a_reclaim_counts_toward_no_teams_fairness_window():
 
 def test_a_bad_fair_share_level_is_refused_with_what_to_fix():
     with pytest.raises(PolicyError, match="fair_share_from_level must be 0..8"):
-        with_params(Run().state.c.policy, {"fair_share_from_level": 9})
+        with_params(Run().state.canonical.policy, {"fair_share_from_level": 9})
 
 
 def test_a_team_asking_for_one_gpu_reclaims_it():

@@ -30,7 +30,7 @@ def submit_json(**fields) -> bytes:
 
 def fed(state, raw: bytes, seq: int, t: int = T0) -> list[T.Record]:
     """The scheduler's input path, in process: decode and stamp, then a guarded step."""
-    inp = stamped_input(raw, seq, t, state.c.t)
+    inp = stamped_input(raw, seq, t, state.canonical.t)
     _, records, _ = step_guarded(state, inp, lambda: None)
     return records
 
@@ -122,27 +122,27 @@ def test_an_input_that_makes_step_raise_is_rejected_and_the_state_is_as_before(m
     records_so_far = []
 
     def explode(ctx, inp):
-        ctx.state.c.t += 12345  # half a change, then a crash
-        ctx.state.c.jobs.clear()
+        ctx.state.canonical.t += 12345  # half a change, then a crash
+        ctx.state.canonical.jobs.clear()
         raise ZeroDivisionError("division by zero in a handler")
     monkeypatch.setitem(inputs.HANDLERS, T.Cancel, explode)
     log = [*step(new_state(), T.NodeUp(t=T0, node="n1", gpu_model="H100", gpus=8, seq=1))[1]]
     state = rebuild(log)
-    _, more = step(state, stamped_input(submit_json(job="ok1"), 2, T0, state.c.t))
+    _, more = step(state, stamped_input(submit_json(job="ok1"), 2, T0, state.canonical.t))
     log += more
-    before = state_digest(state.c)
+    before = state_digest(state.canonical)
     records_so_far = list(log)
-    state, records, words = step_guarded(state, stamped_input(b'{"type":"cancel","job":"ok1"}', 3, T0 + 5, state.c.t),
+    state, records, words = step_guarded(state, stamped_input(b'{"type":"cancel","job":"ok1"}', 3, T0 + 5, state.canonical.t),
                                          lambda: rebuild(records_so_far))
     assert "ZeroDivisionError" in words
     assert rejection(records)[0] == INTERNAL_ERROR and "division by zero" in records[0].event.detail
     log += records
-    assert state.c.jobs["ok1"].state != "" and state.c.last_input_seq == 3
-    assert state_digest(rebuild(log).c) == state_digest(state.c)
-    assert before != state_digest(state.c)  # only the rejection was added
-    assert state_digest(rebuild(log[:-1]).c) == before
+    assert state.canonical.jobs["ok1"].state != "" and state.canonical.last_input_seq == 3
+    assert state_digest(rebuild(log).canonical) == state_digest(state.canonical)
+    assert before != state_digest(state.canonical)  # only the rejection was added
+    assert state_digest(rebuild(log[:-1]).canonical) == before
     monkeypatch.undo()
-    _, later = step(state, stamped_input(submit_json(job="ok2"), 4, T0 + 10, state.c.t))
+    _, later = step(state, stamped_input(submit_json(job="ok2"), 4, T0 + 10, state.canonical.t))
     assert any(isinstance(r.event, T.JobStartRequested) and r.event.job == "ok2" for r in later)
 
 
@@ -228,12 +228,12 @@ def test_10000_random_and_malformed_inputs_never_escape_the_input_path(seed):
     state = new_state()
     log: list[T.Record] = []
     for inp in (T.NodeUp(node="n1", gpu_model="H100", gpus=8), T.NodeUp(node="n2", gpu_model="A100", gpus=4)):
-        log += step(state, stamped_input(T.encode(inp), len(log) + 1, T0, state.c.t))[1]
+        log += step(state, stamped_input(T.encode(inp), len(log) + 1, T0, state.canonical.t))[1]
     t = T0
     for seq in range(10, 210):
         raw = nasty_input(rng)
         t += rng.choice([0, 1, 500, 60_000])
-        inp = stamped_input(raw, seq, t, state.c.t)
+        inp = stamped_input(raw, seq, t, state.canonical.t)
         state, records, words = step_guarded(state, inp, lambda: rebuild(log))
         assert not words, f"step raised on {raw[:300]!r}: {words}"
         # As the log keeps them: encoded, then decoded by whoever reads.
@@ -241,7 +241,7 @@ def test_10000_random_and_malformed_inputs_never_escape_the_input_path(seed):
         check_invariants(state)
         for record in records:
             assert len(T.encode(record)) < bounds.INPUT_BYTES_MAX + 16 * 1024
-    assert state_digest(rebuild(log).c) == state_digest(state.c)
+    assert state_digest(rebuild(log).canonical) == state_digest(state.canonical)
 
 
 def test_a_policy_number_that_would_overflow_later_steps_is_refused():

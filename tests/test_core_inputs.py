@@ -33,13 +33,13 @@ def test_bad_input_is_rejected_with_a_named_reason_and_loses_nothing(line, reaso
     run.at(1, node("a1"))
     run.at(2, submit("ok-job", 3, 8))
     run.at(3, submit("blocked", 3, 8, team="b"))
-    before = state_digest(run.state.c)
-    jobs_before = msgspec.json.encode(run.state.c.jobs)
+    before = state_digest(run.state.canonical)
+    jobs_before = msgspec.json.encode(run.state.canonical.jobs)
     events = run.feed(parse_input(line))
     assert rejected(events) == [reason]
     assert len(events) == 1
-    assert msgspec.json.encode(run.state.c.jobs) == jobs_before
-    assert state_digest(run.state.c) != before  # only the chain head moved
+    assert msgspec.json.encode(run.state.canonical.jobs) == jobs_before
+    assert state_digest(run.state.canonical) != before  # only the chain head moved
     assert run.job_state("ok-job") == "starting"
 
 
@@ -65,15 +65,15 @@ def test_an_input_already_applied_is_skipped():
     run.feed(T.NodeUp(t=1, seq=7, node="a1", gpu_model="A100", gpus=8))
     events = run.feed(T.NodeUp(t=2, seq=7, node="a2", gpu_model="A100", gpus=8))
     assert rejected(events) == ["input_already_applied"]
-    assert "a2" not in run.state.c.nodes
+    assert "a2" not in run.state.canonical.nodes
 
 
 def test_a_quiet_tick_changes_nothing_and_logs_nothing():
     run = Run()
     run.at(1, node("a1"))
-    before = state_digest(run.state.c)
+    before = state_digest(run.state.canonical)
     assert run.at(1000, T.Tick()) == []
-    assert state_digest(run.state.c) == before
+    assert state_digest(run.state.canonical) == before
     assert run.at(2000, node("a1")) == []  # a repeated node report is quiet too
 
 
@@ -82,7 +82,7 @@ def test_set_policy_changes_the_policy_through_an_event():
     events = run.at(1, T.SetPolicy(params={"victims_per_preemption_max": 3}, by="tuner"))
     changed = of(events, T.PolicyChanged)
     assert changed and changed[0].by == "tuner"
-    assert run.state.c.policy.victims_per_preemption_max == 3
+    assert run.state.canonical.policy.victims_per_preemption_max == 3
 
 
 def test_policy_toml_errors_name_the_file_and_the_field(tmp_path):

@@ -13,8 +13,8 @@ def release_all(run: Run, t: int) -> list[T.Event]:
     """Every notified victim reaches its safe point, saves if asked, and lets go."""
     events: list[T.Event] = []
     notices = {e.job: e for e in run.events(T.VictimNotified)}
-    for job_id in sorted(run.state.c.jobs):
-        if run.state.c.jobs[job_id].state != "preempting":
+    for job_id in sorted(run.state.canonical.jobs):
+        if run.state.canonical.jobs[job_id].state != "preempting":
             continue
         inputs = [T.SafePoint(job=job_id)]
         if notices[job_id].checkpoint_needed:
@@ -266,7 +266,7 @@ def test_a_downgrade_really_lowers_the_level_until_the_preemption_quota_recovers
     downgrades = run.events(T.TeamDowngraded)
     assert [d.team for d in downgrades] == ["ops"]
     # The quota recovers when the preemption leaves the fairness window.
-    assert downgrades[0].until_t == 10 * MIN + 1000 + run.state.c.policy.fairness_window_ms
+    assert downgrades[0].until_t == 10 * MIN + 1000 + run.state.canonical.policy.fairness_window_ms
     later = run.at(20 * MIN, submit("ops-2", 0, 8, team="ops", user="o", est_runtime_s=3600))
     submitted = of(later, T.JobSubmitted)[0]
     assert submitted.requested_level == 0 and submitted.level == 2
@@ -303,10 +303,10 @@ def test_compensation_pays_for_all_progress_lost_once_past_the_threshold():
     lost = [e.lost_progress_ms for e in run.events(T.JobRequeued)]
     assert quota[0].lost_progress_ms == sum(lost) and sum(lost) > 2.9 * HOUR
     assert quota[0].amount >= 8 * sum(lost) / HOUR  # GPU-hours of both losses
-    assert quota[0].until_t == quota[0].t + run.state.c.policy.compensation_quota_ms
+    assert quota[0].until_t == quota[0].t + run.state.canonical.policy.compensation_quota_ms
     from core.shares import team_quota
     assert team_quota(run.state, "search") > 1.0
-    run.state.c.t = quota[0].until_t + 1  # read at a later time: the bonus has lapsed
+    run.state.canonical.t = quota[0].until_t + 1  # read at a later time: the bonus has lapsed
     assert team_quota(run.state, "search") == 1.0
 
 
@@ -355,7 +355,7 @@ def test_the_preemption_overhead_term_is_priced_per_victim():
         plan = of(run.at(10 * MIN + 1000, submit("fix", 0, 8, team="sre", user="o", est_runtime_s=600)),
                   T.PreemptionPlanned)[0]
         costs.append(plan.cost)
-    assert costs[1] - costs[0] >= 8 * 600 * run.state.c.policy.wasted_work_weight_min
+    assert costs[1] - costs[0] >= 8 * 600 * run.state.canonical.policy.wasted_work_weight_min
 
 
 def test_an_urgent_preemptor_does_not_wait_past_its_bound_for_a_checkpoint_under_way():
@@ -363,7 +363,7 @@ def test_an_urgent_preemptor_does_not_wait_past_its_bound_for_a_checkpoint_under
     from its last checkpoint rather than wait out the save."""
     run = team_holds_the_pool(6)
     run.at(10 * MIN + 500, T.CheckpointStarted(job="big-1"), T.CheckpointStarted(job="big-2"))
-    run.state.c.jobs["big-1"].ckpt_cost_ms = run.state.c.jobs["big-2"].ckpt_cost_ms = 10 * MIN
+    run.state.canonical.jobs["big-1"].ckpt_cost_ms = run.state.canonical.jobs["big-2"].ckpt_cost_ms = 10 * MIN
     events = run.at(10 * MIN + 1000, submit("fix", 1, 8, team="sre", user="o", est_runtime_s=600))
     plan = of(events, T.PreemptionPlanned)[0]
     assert plan.deadline_t - plan.t < 10 * MIN

@@ -71,7 +71,7 @@ def test_missed_deadline_rolls_everything_back_and_no_gpu_is_held_twice():
     assert run.job_state("urgent") == "queued"
     assert run.job_state("low-2") == "running"
     check_invariants(run.state)
-    holders = run.state.c.nodes["a1"].holder
+    holders = run.state.canonical.nodes["a1"].holder
     assert holders == ["low-1"] * 4 + ["low-2"] * 4
 
 
@@ -157,7 +157,7 @@ def test_a_user_past_the_preempting_allowance_may_still_displace_only_their_own_
     assert first.victims == ["bg-0"]  # another user's job: the allowance is used up
     second = preempt_cycle(run, 21 * MIN, "p2", "prod", "a")
     assert second.victims == ["mine"]  # bg-1 is as cheap, but only their own job may go
-    assert len(run.state.c.user_windows["a"].preempting) == 1
+    assert len(run.state.canonical.user_windows["a"].preempting) == 1
     assert preempt_cycle(run, 22 * MIN, "p3", "prod", "a") is None
     assert run.job("p3").last_decline == "user_preempting_limit"
     assert run.job_state("bg-1") == "running"
@@ -180,13 +180,13 @@ def test_a_log_written_before_own_work_went_uncounted_folds_as_it_was_written():
     fill_nodes(run, 2, team="prod")
     for i, minute in enumerate((20, 21)):
         preempt_cycle(run, minute * MIN, f"p{i}", "prod", "a")
-    assert "prod" not in run.state.c.team_windows
-    old_style = new_state(run.state.c.policy)
+    assert "prod" not in run.state.canonical.team_windows
+    old_style = new_state(run.state.canonical.policy)
     for record in run.records:  # the field absent, as an older scheduler wrote it
         event = T.decode_event(T.encode(record.event).replace(b',"own_work_counted":false', b""))
         evolve(old_style, event)
-    assert len(old_style.c.team_windows["prod"].preempting) == 2
-    assert len(old_style.c.team_windows["prod"].preempted) == 2
+    assert len(old_style.canonical.team_windows["prod"].preempting) == 2
+    assert len(old_style.canonical.team_windows["prod"].preempted) == 2
 
 
 def prod_preempted_twice() -> Run:
@@ -268,7 +268,7 @@ def test_job_larger_than_any_node_is_one_gang_across_nodes_or_not_at_all():
     too_big = run.at(3000, submit("bigger", 5, 12, user="u3"))
     assert not of(too_big, T.JobStartRequested)
     assert run.job_state("bigger") == "queued"
-    assert all(h == "" for h in run.state.c.nodes["n1"].holder[4:])
+    assert all(h == "" for h in run.state.canonical.nodes["n1"].holder[4:])
 
 
 def test_preemptor_cancelled_mid_saga_rolls_back():
@@ -290,7 +290,7 @@ def test_lost_node_rolls_back_its_saga_and_requeues_its_jobs():
     assert sorted(e.job for e in of(events, T.JobRequeued)) == ["low-1", "low-2"]
     assert of(events, T.NodeLost)[0].jobs == ["low-1", "low-2"]
     check_invariants(run.state)
-    assert run.state.ix.free_by_model.get("A100", 0) == 0
+    assert run.state.index.free_by_model.get("A100", 0) == 0
 
 
 def test_a_gang_across_nodes_never_mixes_gpu_models():
@@ -315,7 +315,7 @@ def test_gpus_held_for_a_blocked_gang_do_not_count_as_free_for_an_urgent_job():
            submit("level3", 3, 6, team="ops", user="o", est_runtime_s=600))
     start_all(run, 2)
     run.at(10, submit("gang", 0, 8, team="g", user="g", est_runtime_s=3600))
-    assert run.state.ix.reserved_nodes["a2"][1] == "gang"
+    assert run.state.index.reserved_nodes["a2"][1] == "gang"
     events = run.at(20, submit("urgent", 1, 2, team="u", user="u", est_runtime_s=3600))
     plan = of(events, T.PreemptionPlanned)
     assert [(p.preemptor, p.victims) for p in plan] == [("urgent", ["long"])]
@@ -351,7 +351,7 @@ def test_a_job_past_its_estimate_is_expected_to_run_as_long_again_as_it_has_over
     run.at(2, started("long"))  # runs from t=2 ms
 
     def remaining_at(t: int) -> int:
-        run.state.c.t = t  # the clock decisions read (step sets it to the input's time)
+        run.state.canonical.t = t  # the clock decisions read (step sets it to the input's time)
         return remaining_ms(run.state, run.job("long"))
     assert remaining_at(2) == HOUR
     assert remaining_at(2 + HOUR // 2) == HOUR // 2
@@ -453,7 +453,7 @@ def test_a_queue_wait_is_bounded_by_the_pools_pace_not_its_longest_job():
     run.at(1, *[submit(f"j{m}", 6, 1, team="x", user=f"u{m}", est_runtime_s=m * 60)
                 for m in (10, 20, 30, 6000)])
     run.at(1, *[started(f"j{m}") for m in (10, 20, 30, 6000)])
-    curve = ReleaseCurve(run.state, [run.state.c.nodes["a1"]], HOUR)
+    curve = ReleaseCurve(run.state, [run.state.canonical.nodes["a1"]], HOUR)
     assert curve.wait_for(2) == 20 * MIN
     assert curve.wait_for(5) == 50 * MIN
 
@@ -475,7 +475,7 @@ def test_a_tick_decides_with_its_own_time_not_the_last_recorded_event():
     idle = Run()
     idle.at(0, node("a1", gpus=1))
     assert idle.at(HOUR, tick(HOUR)) == []
-    assert idle.state.c.t == 0
+    assert idle.state.canonical.t == 0
 
 
 def test_an_urgent_preemptor_lets_a_victim_with_little_unsaved_work_go_without_saving():
@@ -512,7 +512,7 @@ def test_a_victim_is_charged_at_most_the_wait_the_preemptor_saves_on_the_gpus_it
     events = run.at(10, submit("urgent", 1, 1, team="u", user="u", est_runtime_s=10 * 3600))
     plan = of(events, T.PreemptionPlanned)
     assert [p.victims for p in plan] == [["victim"]]
-    weight = run.state.c.policy.level_weight
+    weight = run.state.canonical.policy.level_weight
     assert plan[0].cost <= weight[6] * 30 * 60  # it has no work to lose yet
     assert plan[0].benefit < weight[6] * 10 * 3600  # what the queue's depth would have cost
 
@@ -525,7 +525,7 @@ def test_a_burst_of_urgent_jobs_expects_the_later_ones_to_wait_for_the_earlier()
            *[submit(f"long-{i}", 6, 1, user=f"u{i}", est_runtime_s=10 * 3600) for i in range(7)])
     start_all(run, 2)
     run.at(10, submit("first", 1, 1, team="ops", user="o"), submit("second", 1, 1, team="ops", user="o"))
-    nodes = [run.state.c.nodes["a1"]]
+    nodes = [run.state.canonical.nodes["a1"]]
     first = natural_wait_ms(run.state, run.job("first"), nodes)
     second = natural_wait_ms(run.state, run.job("second"), nodes)
     assert first <= 2 * MIN
@@ -551,7 +551,7 @@ def test_the_time_victims_take_to_reach_a_safe_point_is_learned():
     run = Run(team_preempting_max=100, team_preempted_max=100, user_preempting_max=100,
               user_preempted_max=100)
     fill_nodes(run, 4)
-    policy = run.state.c.policy
+    policy = run.state.canonical.policy
     for i in range(3):
         t = (20 + i) * MIN
         assert safe_point_ms(run.state, policy) == policy.safe_point_ms  # not yet enough victims
@@ -567,7 +567,7 @@ def test_a_downgrade_lasts_until_the_teams_preemption_quota_recovers():
     level back then, so its wait is bounded by the downgrade."""
     run = prod_preempted_twice()
     until = run.events(T.TeamDowngraded)[0].until_t
-    assert until == 20 * MIN + run.state.c.policy.fairness_window_ms
+    assert until == 20 * MIN + run.state.canonical.policy.fairness_window_ms
     run.at(23 * MIN, T.Cancel(job="p1"), T.Cancel(job="p2"))
     # p4 asks for a model the pool lacks: it stays queued, downgraded, until the quota recovers.
     during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])),

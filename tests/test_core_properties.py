@@ -29,23 +29,23 @@ def index_view(ix) -> tuple:
 def check_step(state, inp, records, before) -> None:
     check_invariants(state)
     if not records:
-        assert snapshot_bytes(state.c) == before, f"{inp} emitted nothing but changed the state"
+        assert snapshot_bytes(state.canonical) == before, f"{inp} emitted nothing but changed the state"
     for record in records:
         ev = record.event
         if isinstance(ev, T.PreemptionPlanned):
-            preemptor = state.c.jobs[ev.preemptor]
+            preemptor = state.canonical.jobs[ev.preemptor]
             held = holding(state)  # the victims count as gone already
             shares = fair_shares(state)
             for victim_id in ev.victims:
-                victim = state.c.jobs[victim_id]
+                victim = state.canonical.jobs[victim_id]
                 if ev.reclaim:
                     assert victim.team != preemptor.team, "a team reclaimed from itself"
-                    assert victim.level >= state.c.policy.fair_share_from_level, "urgent job reclaimed"
+                    assert victim.level >= state.canonical.policy.fair_share_from_level, "urgent job reclaimed"
                 else:
                     assert victim.level > preemptor.level, "same or higher level preempted"
             if ev.reclaim:  # the reclaiming team stays within its share: nothing to move back
                 assert held.get(preemptor.team, 0) <= shares[preemptor.team] + 1e-6, "reclaimed past share"
-            assert len(ev.victims) <= state.c.policy.victims_per_preemption_max
+            assert len(ev.victims) <= state.canonical.policy.victims_per_preemption_max
 
 
 def check_invariants_only(state, inp, records, before) -> None:
@@ -58,7 +58,7 @@ def run_checked(seed: int, steps: int) -> World:
         world.feed(inp)
     for _ in range(steps):
         inp = world.next_input()
-        world.feed(inp, check_step, before=snapshot_bytes(world.state.c))
+        world.feed(inp, check_step, before=snapshot_bytes(world.state.canonical))
     return world
 
 
@@ -67,15 +67,15 @@ def run_checked(seed: int, steps: int) -> World:
 def test_invariants_hold_after_every_step_of_a_random_workload(seed):
     world = run_checked(seed, 1500)
     world.settle(check_invariants_only)
-    assert not world.state.c.sagas, "a saga neither committed nor rolled back"
+    assert not world.state.canonical.sagas, "a saga neither committed nor rolled back"
     planned = {r.event.saga for r in world.records if isinstance(r.event, T.PreemptionPlanned)}
     ended = [r.event.saga for r in world.records
              if isinstance(r.event, (T.PreemptionCommitted, T.PreemptionRolledBack))]
     assert sorted(ended) == sorted(planned), "every saga ends exactly once"
-    assert index_view(rebuild_index(world.state.c)) == index_view(world.state.ix)
+    assert index_view(rebuild_index(world.state.canonical)) == index_view(world.state.index)
     replayed = rebuild(world.records)
-    assert state_digest(replayed.c) == state_digest(world.state.c)
-    assert live_digest(world.state) == state_digest(world.state.c), "kept job hashes went stale"
+    assert state_digest(replayed.canonical) == state_digest(world.state.canonical)
+    assert live_digest(world.state) == state_digest(world.state.canonical), "kept job hashes went stale"
 
 
 def test_random_workloads_do_preempt_and_roll_back():
@@ -95,7 +95,7 @@ def test_replaying_a_log_reproduces_every_state_digest():
     digests = [r for r in world.records if isinstance(r.event, T.StateDigest)]
     assert len(digests) >= 3
     replayed = rebuild(world.records)  # raises DigestMismatch on any difference
-    assert replayed.c.chain == world.state.c.chain
+    assert replayed.canonical.chain == world.state.canonical.chain
 
 
 def test_same_scenario_under_two_hash_seeds_gives_byte_identical_logs():

@@ -74,7 +74,7 @@ def test_aging_lifts_a_job_at_most_aging_levels_max_above_its_level():
     run.at(10, submit("waiter", 7, 1, team="a"))
     for hour in range(1, 12):
         run.at(hour * HOUR, tick(hour * HOUR))
-    assert run.job("waiter").eff_level == 7 - run.state.c.policy.aging_levels_max
+    assert run.job("waiter").eff_level == 7 - run.state.canonical.policy.aging_levels_max
 
 
 def test_aged_jobs_do_not_gain_the_right_to_preempt():
@@ -94,7 +94,7 @@ def test_aging_starts_a_starved_level_7_job_within_its_bound():
     """A stream of small level-5 jobs keeps one node busy; the big level-7 job must still
     start within: the sum of aging thresholds + the starvation guard + one job's runtime."""
     run = Run()
-    p = run.state.c.policy
+    p = run.state.canonical.policy
     run.at(0, node("a1"))
     run.at(1000, submit("big-batch", 7, 8, team="explore", est_runtime_s=3600))
     job_ms = 30 * MIN
@@ -111,8 +111,8 @@ def test_aging_starts_a_starved_level_7_job_within_its_bound():
             n += 1
             run.at(t, submit(f"small-{n}", 5, 1, team=f"team{n % 3}", user=f"u{n}",
                              est_runtime_s=job_ms / 1000))
-        for job_id in sorted(run.state.c.jobs):
-            job = run.state.c.jobs[job_id]
+        for job_id in sorted(run.state.canonical.jobs):
+            job = run.state.canonical.jobs[job_id]
             if job.state == "starting":
                 run.at(t, T.Started(job=job_id))
                 if job_id == "big-batch":
@@ -172,7 +172,7 @@ def test_the_first_blocked_gang_gets_a_node_held_for_it_against_less_urgent_jobs
     one that ends before may."""
     run = _gang_behind_small_jobs()
     assert run.job_state("filler") == "queued"
-    assert run.state.ix.reserved_nodes["a2"][1] == "gang"
+    assert run.state.index.reserved_nodes["a2"][1] == "gang"
     backfill = run.at(30, submit("tiny", 5, 2, team="f", est_runtime_s=60))
     assert started_order(backfill) == ["tiny"]
     start_all(run, 31)
@@ -204,6 +204,6 @@ def test_a_small_teams_starving_job_does_not_wait_out_a_big_teams_backlog():
                      for i in range(5)])
         run.at(10 * MIN, submit("small", 6, 8, team="small", user="s", est_runtime_s=3600))
         run.at(3 * HOUR, tick(3 * HOUR))
-        return sorted(holder for _, holder in run.state.ix.reserved_nodes.values())
+        return sorted(holder for _, holder in run.state.index.reserved_nodes.values())
     assert reserved_for(1) == ["backlog-0", "small"]
     assert reserved_for(0) == ["backlog-0"]

@@ -50,7 +50,7 @@ def test_a_restarted_victim_is_protected_for_its_minimum_run_time():
     restarted_t = HOUR + 21 * MIN
     protected = run.at(restarted_t + 5 * MIN, submit("second", 1, 8, team="safety", user="s2"))
     assert not of(protected, T.PreemptionPlanned)
-    min_run = run.state.c.policy.min_run_after_restart_ms
+    min_run = run.state.canonical.policy.min_run_after_restart_ms
     later = run.at(restarted_t + min_run + 1, submit("third", 1, 8, team="safety", user="s3"))
     assert of(later, T.PreemptionPlanned)
 
@@ -70,7 +70,7 @@ def test_compensation_is_granted_past_the_preemption_threshold():
     assert all(g.team == "search" and g.job == "victim" and g.preempt_count == 2 for g in grants)
     fee = next(g for g in grants if g.kind == "fee_credit")
     assert fee.amount > 0
-    ledger = run.state.c.ledger["search"]
+    ledger = run.state.canonical.ledger["search"]
     assert ledger.fee_credit == fee.amount and ledger.priority_boosts == 1
     requeued = run.events(T.JobRequeued)[-1]
     assert requeued.preempt_count == 2 and requeued.boost == 3

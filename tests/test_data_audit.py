@@ -39,7 +39,7 @@ def test_audit_verifies_an_untouched_log_and_every_state_digest(tmp_path):
     assert summary["records_verified"] == len(records)
     assert summary["state_digests_verified"] == digests > 5
     assert summary["chain_head"] == records[-1].hash
-    assert summary["state_digest"] == state_digest(rebuild(records).c)
+    assert summary["state_digest"] == state_digest(rebuild(records).canonical)
 
 
 def test_audit_detects_and_locates_a_modified_event(tmp_path):
@@ -98,7 +98,7 @@ def test_audit_to_seq_and_to_time_rebuild_the_state_of_that_moment(tmp_path):
     path = write_jsonl(str(tmp_path / "log.jsonl"), records)
     rc, summary = _audit("--log", path, "--to-seq", "2000")
     assert rc == 0 and summary["last_record"] == 2000
-    assert summary["state_digest"] == state_digest(rebuild(records[:2000]).c)
+    assert summary["state_digest"] == state_digest(rebuild(records[:2000]).canonical)
     cut_t = records[3000].event.t
     rc, summary = _audit("--log", path, "--to-time", str(cut_t))
     assert summary["last_t"] == cut_t

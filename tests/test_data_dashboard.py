@@ -71,7 +71,7 @@ def wait_for(predicate, timeout_s: float = 30.0):
 
 def expected_numbers(records) -> dict:
     """What the dashboard must show, from the core's own state (not the projection)."""
-    c = rebuild(records).c
+    c = rebuild(records).canonical
     return {"events": len(records),
             "queued": sum(j.state == QUEUED for j in c.jobs.values()),
             "running-gpus": sum(j.gpus for j in c.jobs.values() if j.state in HOLDING),
@@ -139,7 +139,7 @@ def test_metrics_endpoint_speaks_prometheus_text(live_dashboard):
     sample = re.compile(r'^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? -?[0-9.e+-]+$')
     for line in text.splitlines():
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
-    c = rebuild(records[:cut]).c
+    c = rebuild(records[:cut]).canonical
     for level in range(T.LEVELS):
         queued = sum(j.state == QUEUED and j.eff_level == level for j in c.jobs.values())
         assert f'xirang_queue_depth{{level="{level}"}} {queued}\n' in text or queued == 0

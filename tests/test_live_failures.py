@@ -146,13 +146,13 @@ def test_restarted_scheduler_starts_from_its_snapshot_and_the_tail(tmp_path):
         async def snapshot(nc, js):
             return await bus.load_snapshot_obj(js)
         state, covered = c._run(snapshot)
-        assert state is not None and 0 < covered and state.c.events_n >= 20
+        assert state is not None and 0 < covered and state.canonical.events_n >= 20
         c.kill(s1)
         c.send(*[T.Submit(job=f"k{i}", team="a", user="u", level=7, gpus=16) for i in range(5)])
         c.scheduler("s2")
         records = c.wait_for(T.JobSubmitted, count=35)
         full = rebuild(records)
-        assert sorted(j for j in full.c.jobs) == sorted([f"j{i}" for i in range(30)] + [f"k{i}" for i in range(5)])
+        assert sorted(j for j in full.canonical.jobs) == sorted([f"j{i}" for i in range(30)] + [f"k{i}" for i in range(5)])
         assert f"(snapshot at XR_EV seq {covered} + " in (c.logs / "s2.log").read_text()
 
 

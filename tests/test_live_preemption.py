@@ -107,8 +107,8 @@ def test_victim_that_never_releases_rolls_everything_back(cluster):
     assert not matching(records, T.PreemptionCommitted)
     records = cluster.wait(lambda rs: len(matching(rs, T.JobRunning, job="good")) == 2, what="good resumed")
     state = rebuild(records)
-    assert state.c.jobs["stuck"].state == "running" and state.c.jobs["urgent"].state == "queued"
-    assert state.c.jobs["good"].state == "running"
+    assert state.canonical.jobs["stuck"].state == "running" and state.canonical.jobs["urgent"].state == "queued"
+    assert state.canonical.jobs["good"].state == "running"
 
 
 def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):

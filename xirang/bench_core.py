@@ -102,7 +102,7 @@ def _answer(ev, t, rng, durations, later, state) -> None:
         later(t + 2_000, T.Started(job=ev.job))
         if ev.job not in durations:
             durations[ev.job] = int(rng.expovariate(1 / 3_600_000)) + 60_000
-        job = state.c.jobs[ev.job]
+        job = state.canonical.jobs[ev.job]
         remaining = max(1_000, durations[ev.job] - job.progress_ms)
         later(t + 2_000 + remaining, T.Finished(job=ev.job, ok=True))
     elif isinstance(ev, T.VictimNotified):

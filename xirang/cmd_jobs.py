@@ -213,7 +213,7 @@ def cmd_jobs(args) -> int:
         state = _state(args)
         rows = _filtered(args, job_rows(state))
         if args.json:
-            print(json.dumps({"t": state.c.t, "jobs": rows, "done": dict(sorted(state.c.done.items()))},
+            print(json.dumps({"t": state.canonical.t, "jobs": rows, "done": dict(sorted(state.canonical.done.items()))},
                              sort_keys=True))
             return 0
         print(f"{'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'STATE':<10} {'GPUS':>4} {'WHERE':<16} "
@@ -225,7 +225,7 @@ def cmd_jobs(args) -> int:
             why = r["reason"] or (f"checkpoint step {r['checkpoint_step']}" if r["checkpoint_step"] is not None else "")
             print(f"{r['job']:<18} {r['team']:<9} {r['user']:<8} {lvl:>3} {r['state']:<10} {r['gpus']:>4} "
                   f"{where:<16} {_dur(r['progress_s']):>8} {r['preempt_count']:>7} {start:>8}  {why}")
-        print(f"{len(rows)} open, {state.c.done_count} done")
+        print(f"{len(rows)} open, {state.canonical.done_count} done")
         return 0
     return _repeat(args, draw)
 
@@ -243,7 +243,7 @@ def cmd_queue(args) -> int:
         for lv in levels:
             lv["holding"] = [h for h in lv["holding"] if h["job"] in shown]
         if args.json:
-            print(json.dumps({"t": state.c.t, "levels": levels}, sort_keys=True))
+            print(json.dumps({"t": state.canonical.t, "levels": levels}, sort_keys=True))
             return 0
         print(f"{'LVL':>3} {'POLICY':<11} {'POS':>3} {'JOB':<18} {'TEAM':<9} {'USER':<8} {'GPUS':>4} "
               f"{'STATE':<10} {'WAIT':>7} {'START':>8}  REASON")
@@ -255,7 +255,7 @@ def cmd_queue(args) -> int:
             for h in lv["holding"]:
                 print(f"{lv['level']:>3} {lv['policy']:<11} {'-':>3} {h['job']:<18} {h['team']:<9} "
                       f"{h['user']:<8} {h['gpus']:>4} {h['state']:<10} {'':>7} {'':>8}")
-        c = state.c
+        c = state.canonical
         free = sum(n.holder.count("") for n in c.nodes.values() if n.up)
         total = sum(n.gpus for n in c.nodes.values() if n.up)
         print(f"GPUs free {free}/{total}; sagas open {len(c.sagas)}")

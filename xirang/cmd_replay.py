@@ -76,7 +76,7 @@ def run_lines(lines, policy_params: dict | None = None, out=None) -> dict:
                                  "detail": record.event.detail})
             if out is not None:
                 out.write(encode(record) + b"\n")
-    c = state.c
+    c = state.canonical
     return {
         "inputs": inputs,
         "events": c.events_n,

@@ -86,12 +86,12 @@ class XirangPolicy:
     def _urgent_retry_t(self) -> int | None:
         """When the first blocked job of an urgent level may plan again (past its retry
         backoff), or None when none waits outside a saga."""
-        jobs = self.state.c.jobs
+        jobs = self.state.canonical.jobs
         # The urgent levels are the policy's (`urgent_levels`): each of their jobs is tried
         # for preemption on every pass.
-        urgent_levels = self.state.c.policy.urgent_levels
+        urgent_levels = self.state.canonical.policy.urgent_levels
         waiting = [jobs[job_id].preempt_retry_t for level in range(urgent_levels)
-                   for _, job_id in self.state.ix.waiting_by_level[level]]
+                   for _, job_id in self.state.index.waiting_by_level[level]]
         return min(waiting) - self.epoch_ms if waiting else None
 
     def summary(self) -> dict:
@@ -134,13 +134,13 @@ class XirangPolicy:
     def _plan_wake(self, t: int) -> None:
         """Saga deadlines exactly; aging and re-evaluation at most once per tick period.
         (In simulated time: the core's times less `epoch_ms`.)"""
-        c = self.state.c
+        c = self.state.canonical
         epoch = self.epoch_ms
         t -= epoch
         due = next_due_t(self.state)
         due = None if due is None else due - epoch
         deadline = min((saga.deadline_t + 1 - epoch for saga in c.sagas.values()), default=None)
-        if any(self.state.ix.aging):
+        if any(self.state.index.aging):
             periodic = self.last_tick_t + self.tick_ms
             due = periodic if due is None else min(due, periodic)
         if due is not None:
