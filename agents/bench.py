@@ -25,7 +25,7 @@ from nats.js import api
 
 from core import types as T
 
-from . import bus
+from transport import bus
 from .testing import FAST_POLICY, Cluster, matching, sleep_command, train_command
 
 RAW_STREAM = "XR_BENCH_RAW"

@@ -12,7 +12,7 @@ from typing import Any
 
 from core import types as T
 
-from . import bus
+from transport import bus
 
 OUTCOME_TIMEOUT_S = 15.0
 

@@ -26,9 +26,9 @@ from nats.js import api
 from core import rebuild
 from core import types as T
 
-from . import bus
+from transport import bus
 from .host import stop_job_processes
-from .natsd import EmbeddedNats
+from transport.natsd import EmbeddedNats
 
 DEMO_TIMEOUT_S = 150.0
 H100_NODE = "gpu-h100-1"

@@ -41,7 +41,7 @@ from core import types as T
 
 from trust.signing import KeyRing, verify_one
 
-from . import bus
+from transport import bus
 from .gpus import Inventory
 from .outbox import Outbox
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from core import types as T
 
-from .bus import node_token
+from transport.bus import node_token
 
 
 def job_output_paths(records, job: str, hosts_dir: Path) -> list[Path] | None:

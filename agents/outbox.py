@@ -19,7 +19,7 @@ from pathlib import Path
 
 from core import types as T
 
-from . import bus
+from transport import bus
 
 log = logging.getLogger("xirang.outbox")
 

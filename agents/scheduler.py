@@ -39,7 +39,7 @@ from core.policy import PolicyError
 
 from trust.signing import SignatureError
 
-from . import bus
+from transport import bus
 
 log = logging.getLogger("xirang.scheduler")
 

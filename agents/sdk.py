@@ -45,7 +45,7 @@ from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from core import types as T
 
-from . import bus
+from transport import bus
 from .outbox import Outbox
 
 CHECKPOINTS_KEPT = 3

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from core import types as T
 
-from . import bus
+from transport import bus
 from .host import stop_job_processes
-from .natsd import EmbeddedNats
+from transport.natsd import EmbeddedNats
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,8 @@ import os
 import tempfile
 import time
 
-from agents import bus
-from agents.natsd import EmbeddedNats
+from transport import bus
+from transport.natsd import EmbeddedNats
 from core import types as T
 
 from .logsource import publish_records, read_batches

@@ -3,7 +3,7 @@
 file (one `T.encode(record)` a line, as `xirang replay run --events-out` writes).
 
 The stream set-up, the embedded server and the atomic batch publisher are the agents'
-(`agents.bus`, `agents.natsd`); this module only adds batched reading for projections
+(`transport.bus`, `transport.natsd`); this module only adds batched reading for projections
 and a publisher of ready-made records for tests and benchmarks.
 """
 
@@ -15,7 +15,7 @@ from typing import AsyncIterator, Iterator
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api
 
-from agents import bus
+from transport import bus
 from core import types as T
 
 LOG_SUBJECTS = f"{bus.LOG_PREFIX}.>"

@@ -13,8 +13,8 @@ from functools import lru_cache
 
 import duckdb
 
-from agents import bus
-from agents.natsd import EmbeddedNats
+from transport import bus
+from transport.natsd import EmbeddedNats
 from core import types as T
 from projections import logsource
 from projections.workload import Spec, generate

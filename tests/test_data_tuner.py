@@ -10,7 +10,7 @@ import json
 import msgspec
 import pytest
 
-from agents import bus
+from transport import bus
 from core import rebuild, step
 from core import types as T
 from core.policy import Policy, with_params

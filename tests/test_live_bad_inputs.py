@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from agents import bus
+from transport import bus
 from agents.testing import Cluster, matching, sleep_command
 from core import types as T
 

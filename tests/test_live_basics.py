@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agents import bus
+from transport import bus
 from agents.testing import REPO, Cluster, matching, sleep_command
 from core import new_state, rebuild, step
 from core import types as T

@@ -16,8 +16,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from agents import bus
-from agents.natsd import free_port, nats_server_binary
+from transport import bus
+from transport.natsd import free_port, nats_server_binary
 from agents.testing import REPO, matching, sleep_command
 from core import types as T
 

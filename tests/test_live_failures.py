@@ -10,7 +10,7 @@ import time
 import pytest
 from nats.js import api
 
-from agents import bus
+from transport import bus
 from agents.host import pid_alive
 from agents.testing import Cluster, matching, sleep_command, train_command
 from core import rebuild

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agents.natsd import EmbeddedNats
+from transport.natsd import EmbeddedNats
 from agents.testing import REPO, Cluster, matching, sleep_command, train_command
 from core import types as T
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agents import bus
+from transport import bus
 from agents.testing import Cluster, matching, metrics, sleep_command, stuck_command, train_command
 from core import rebuild
 from core import types as T

@@ -13,7 +13,7 @@ import time
 import msgspec
 import pytest
 
-from agents import bus
+from transport import bus
 from agents.testing import Cluster, matching
 from core import types as T
 from projections.testing import workload_records, write_jsonl, xirang

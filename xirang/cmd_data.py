@@ -160,7 +160,7 @@ def _progress(args, proj) -> None:
 
 
 async def _project_nats(args) -> int:
-    from agents import bus
+    from transport import bus
     from projections.logsource import read_batches
     from projections.projector import ProjectionError
 
@@ -181,7 +181,7 @@ async def _project_nats(args) -> int:
 
 
 async def connect_or_explain(url: str):
-    from agents import bus
+    from transport import bus
 
     try:
         nc, js = await bus.connect(url, reconnects=2)
@@ -599,7 +599,7 @@ def _tune_once(args, objective) -> None:
 
 
 async def _send_inputs(url: str, inputs) -> list[int]:
-    from agents import bus
+    from transport import bus
 
     try:
         nc, js = await bus.connect(url, reconnects=2)

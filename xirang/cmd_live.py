@@ -95,7 +95,7 @@ def server_url(args):
     url = args.nats or os.environ.get("XIRANG_NATS")
     if url:
         return url, None
-    from agents.natsd import EmbeddedNats
+    from transport.natsd import EmbeddedNats
 
     data = Path(args.data_dir)
     server = EmbeddedNats(data / "nats").start()
