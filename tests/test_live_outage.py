@@ -20,8 +20,9 @@ pytestmark = pytest.mark.timeout(180)
 OUTAGE_S = 30
 
 
-def audit(url: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "xirang.cli", "audit", "--nats", url, "--json"],
+def audit(url: str, keys) -> dict:
+    out = subprocess.run([sys.executable, "-m", "xirang.cli", "audit", "--nats", url, "--json",
+                          "--public-key", str(keys / "scheduler.pub")],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout)
@@ -48,6 +49,6 @@ def test_a_30_second_nats_outage_is_waited_out_and_nothing_is_lost(tmp_path):
                         est_runtime_s=5, command=sleep_command(0.2)))
         c.wait_for(T.JobFinished, job="after", timeout_s=30)
         assert sched.poll() is None and agent.poll() is None
-        summary = audit(c.url)
+        summary = audit(c.url, c.root / "keys")
         assert summary.get("problem") in (None, ""), summary
         assert not list((c.root / "h1" / "outbox").glob("*.fact")), "facts left undelivered"
