@@ -58,7 +58,7 @@ COUNTER_MAX = 2**63 - 1
 
 # Field name -> limit, for the fields whose bound is not their kind's default.
 _DURATION_FIELDS = ("est_runtime_s", "ckpt_interval_s", "ckpt_cost_s", "restore_cost_s")
-_TEXT_FIELDS = ("reason", "by", "error", "raw")
+_TEXT_FIELDS = ("reason", "by", "error", "raw", "comment")
 _INT_RANGES = {
     "t": (0, T_MS_MAX),
     "seq": (0, COUNTER_MAX),

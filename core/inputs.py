@@ -251,6 +251,25 @@ def _on_set_policy(ctx: Ctx, inp: T.SetPolicy) -> None:
     ctx.emit(T.PolicyChanged(t=inp.t, params=inp.params, by=inp.by, reason=inp.reason))
 
 
+FEEDBACK_SCORE_MIN = 1
+FEEDBACK_SCORE_MAX = 5
+FEEDBACK_COMMENT_CHARS_MAX = 500
+
+
+def _on_feedback(ctx: Ctx, inp: T.Feedback) -> None:
+    c = ctx.state.canonical
+    if inp.job not in c.jobs and inp.job not in c.done:
+        return reject(ctx, "unknown_job", f"no job {inp.job!r} was submitted; give feedback on one that was")
+    if not inp.user:
+        return reject(ctx, "user_must_be_set", "feedback is attributed to the user who sends it")
+    if not FEEDBACK_SCORE_MIN <= inp.score <= FEEDBACK_SCORE_MAX:
+        return reject(ctx, "score_must_be_1_to_5", f"score {inp.score}: 1 (bad) .. 5 (good)")
+    if len(inp.comment) > FEEDBACK_COMMENT_CHARS_MAX:
+        return reject(ctx, "comment_too_long",
+                      f"{len(inp.comment)} characters; at most {FEEDBACK_COMMENT_CHARS_MAX}")
+    ctx.emit(T.FeedbackRecorded(t=inp.t, job=inp.job, user=inp.user, score=inp.score, comment=inp.comment))
+
+
 HANDLERS = {
     T.NodeUp: _on_node_up,
     T.NodeDown: _on_node_down,
@@ -265,4 +284,5 @@ HANDLERS = {
     T.Finished: _on_finished,
     T.Tick: _on_tick,
     T.SetPolicy: _on_set_policy,
+    T.Feedback: _on_feedback,
 }

@@ -107,6 +107,16 @@ class SetPolicy(_Input, tag="set_policy"):
     reason: str = ""
 
 
+class Feedback(_Input, tag="feedback"):
+    """A user's satisfaction with how a job was treated: a score 1 (bad) .. 5 (good), an
+    optional comment, attributed to the user who sent it."""
+
+    job: str
+    user: str
+    score: int
+    comment: str = ""
+
+
 class Malformed(_Input, tag="malformed"):
     """Not sent by anyone: a line that failed to decode, carried into the machine so that
     its rejection is recorded like any other."""
@@ -119,7 +129,7 @@ class Malformed(_Input, tag="malformed"):
 
 Input = Union[
     NodeUp, NodeDown, Submit, Cancel, Started, CheckpointStarted, CheckpointSaved,
-    CheckpointFailed, SafePoint, Released, Finished, Tick, SetPolicy, Malformed,
+    CheckpointFailed, SafePoint, Released, Finished, Tick, SetPolicy, Malformed, Feedback,
 ]
 
 
@@ -377,6 +387,15 @@ class PolicyChanged(_Event, tag="PolicyChanged"):
     reason: str = ""
 
 
+class FeedbackRecorded(_Event, tag="FeedbackRecorded"):
+    """A survey answer about a job (`feedback` input); the state keeps nothing of it."""
+
+    job: str
+    user: str
+    score: int
+    comment: str = ""
+
+
 class StateDigest(_Event, tag="StateDigest"):
     digest: str
     events: int
@@ -389,6 +408,7 @@ Event = Union[
     PreemptionRolledBack, NoticeWithdrawn, PreemptionDeclined, TeamProtected, TeamDowngraded,
     CompensationGranted, CheckpointBegan, CheckpointRecorded, CheckpointFailedRecorded,
     CheckpointFallback, SafePointReached, PolicyChanged, StateDigest, JobLevelRestored,
+    FeedbackRecorded,
 ]
 
 

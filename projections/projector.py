@@ -28,12 +28,15 @@ import numpy as np
 from core import types as T
 
 from . import schema
+from .notices import derive as derive_notices
 
 log = logging.getLogger("xirang.projector")
 
 TERMINAL = ("finished", "failed", "cancelled")
 APPEND_TABLES = ("events", "job_events", "queue_wait", "ledger", "team_limits", "declines",
-                 "policy_changes")
+                 "policy_changes", "feedback", "notices")
+NOTICE_EVENTS = (T.VictimNotified, T.NoticeWithdrawn, T.JobRequeued, T.CheckpointFallback,
+                 T.CompensationGranted, T.JobSubmitted, T.JobLevelRestored)
 _record_decoder = msgspec.json.Decoder(T.Record)
 
 
@@ -192,6 +195,13 @@ class Projector:
         handler = _HANDLERS.get(type(ev))
         if handler is not None:
             handler(self, seq, record.n, ev)
+        if isinstance(ev, NOTICE_EVENTS):
+            for notice in derive_notices(seq, ev, self._job_user):
+                self._append("notices", seq, notice.t, notice.user, notice.job, notice.kind, notice.message)
+
+    def _job_user(self, job_id: str) -> tuple[str, str, int] | None:
+        row = self.jobs.get(job_id) or self._fetch("jobs", job_id)
+        return None if row is None else (row["user"], row["team"], row["level"])
 
     def job_event(self, seq: int, n: int, ev: T.Event, job: str, detail: str, saga: str = "") -> None:
         self._append("job_events", seq, n, ev.t, job, ev.__struct_config__.tag, saga, detail)
@@ -494,6 +504,12 @@ def _policy(p: Projector, seq: int, n: int, ev: T.PolicyChanged) -> None:
     p._append("policy_changes", seq, ev.t, ev.by, ev.reason, T.encode(ev.params).decode())
 
 
+def _feedback(p: Projector, seq: int, n: int, ev: T.FeedbackRecorded) -> None:
+    p._append("feedback", seq, ev.t, ev.job, ev.user, ev.score, ev.comment)
+    p.job_event(seq, n, ev, ev.job, f"feedback from {ev.user}: {ev.score}/5"
+                + (f" ({ev.comment})" if ev.comment else ""))
+
+
 def _rejected(p: Projector, seq: int, n: int, ev: T.InputRejected) -> None:
     if ev.job:
         p.job_event(seq, n, ev, ev.job, f"{ev.input_type} input rejected: {ev.reason} {ev.detail}".strip())
@@ -513,7 +529,7 @@ _HANDLERS = {
     T.CheckpointFallback: _fallback, T.CompensationGranted: _compensation,
     T.PreemptionDeclined: _declined, T.TeamProtected: _team_limit,
     T.TeamDowngraded: _team_limit, T.NodeJoined: _node_joined, T.NodeLost: _node_lost,
-    T.PolicyChanged: _policy, T.InputRejected: _rejected,
+    T.PolicyChanged: _policy, T.InputRejected: _rejected, T.FeedbackRecorded: _feedback,
     T.CheckpointFailedRecorded: _ckpt_failed,
 }
 

@@ -38,7 +38,14 @@ Tables
 - `nodes`: node, gpu_model, gpus, up, joined_t, lost_t, lost_reason.
 - `team_limits`: TeamProtected and TeamDowngraded events: seq, t, team, kind, until_t, count.
 - `declines`: PreemptionDeclined: seq, t, job, reason, benefit, cost.
-- `policy_changes`: PolicyChanged: seq, t, by, reason, params (JSON).
+- `policy_changes`: PolicyChanged: seq, t, by, reason, params (JSON; a tuner's reason
+  carries its evidence as JSON after "evidence: ").
+- `feedback`: FeedbackRecorded (`xirang feedback`): seq, t, job, user (who answered),
+  score 1..5, comment. View `satisfaction`: per team and level of the job, answers and
+  mean score.
+- `notices`: what each user is told (projections/notices.py): seq, t, user, job, kind
+  (preemption_notice, preemption_called_off, preempted, checkpoint_fallback, compensation,
+  downgraded, level_restored), message.
 - `projector_position`: one row: stream, last_seq, last_n, last_hash, updated_t.
 
 Views
@@ -93,6 +100,10 @@ CREATE TABLE IF NOT EXISTS declines (
     seq BIGINT, t BIGINT, job VARCHAR, reason VARCHAR, benefit DOUBLE, cost DOUBLE);
 CREATE TABLE IF NOT EXISTS policy_changes (
     seq BIGINT, t BIGINT, "by" VARCHAR, reason VARCHAR, params VARCHAR);
+CREATE TABLE IF NOT EXISTS feedback (
+    seq BIGINT, t BIGINT, job VARCHAR, "user" VARCHAR, score INTEGER, comment VARCHAR);
+CREATE TABLE IF NOT EXISTS notices (
+    seq BIGINT, t BIGINT, "user" VARCHAR, job VARCHAR, kind VARCHAR, message VARCHAR);
 CREATE TABLE IF NOT EXISTS projector_position (
     stream VARCHAR, last_seq BIGINT, last_n BIGINT, last_hash VARCHAR, updated_t BIGINT);
 """
@@ -118,6 +129,11 @@ CREATE OR REPLACE VIEW preemption_stats AS
     FROM preemptions GROUP BY ALL;
 CREATE OR REPLACE VIEW team_ledger AS
     SELECT team, kind, sum(amount) AS amount, count(*) AS grants FROM ledger GROUP BY ALL;
+CREATE OR REPLACE VIEW satisfaction AS
+    SELECT j.team, j.requested_level AS level, count(*) AS answers, avg(f.score) AS score_mean,
+           count(*) FILTER (f.score <= 2) AS unhappy
+    FROM (SELECT job, arg_max(score, seq) AS score FROM feedback GROUP BY job) f
+    JOIN jobs j USING (job) GROUP BY ALL ORDER BY ALL;
 """
 
 # Mutable tables: rows are replaced by key when they change in a batch.

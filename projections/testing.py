@@ -22,7 +22,8 @@ from xirang import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 COMPARED_TABLES = ("events", "job_events", "jobs", "sagas", "preemptions", "queue_wait",
-                   "team_usage", "ledger", "nodes", "team_limits", "declines", "policy_changes")
+                   "team_usage", "ledger", "nodes", "team_limits", "declines", "policy_changes",
+                   "feedback", "notices")
 
 
 @lru_cache(maxsize=8)

@@ -20,6 +20,7 @@ OPTIONAL_COMMAND_MODULES = [
     "xirang.cmd_sweep",
     "xirang.cmd_data",
     "xirang.cmd_security",
+    "xirang.cmd_tuning",
 ]
 
 

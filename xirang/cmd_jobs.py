@@ -180,6 +180,22 @@ def _dry_run(args, inp) -> int:
 # ---------------------------------------------------------------- jobs and queue
 
 
+def _unread_notices(args, state) -> dict[str, int]:
+    """Open jobs with notices their user has not read (`xirang notices` marks them read)."""
+    from agents.client import records
+    from projections.notices import ReadMarks, state_lookup, unread_jobs
+
+    marks = ReadMarks()
+    users = sorted({job.user for job in state.canonical.jobs.values()}) if not args.user else [args.user]
+    after = min((marks.get(u) for u in users), default=0)
+    items = records(client_url(args), start_seq=after + 1)
+    counts: dict[str, int] = {}
+    for user in users:
+        for job, n in unread_jobs(items, state_lookup(state), marks.get(user), user).items():
+            counts[job] = counts.get(job, 0) + n
+    return counts
+
+
 def _state(args):
     from agents.client import load_state
 
@@ -212,20 +228,27 @@ def cmd_jobs(args) -> int:
 
         state = _state(args)
         rows = _filtered(args, job_rows(state))
+        unread = _unread_notices(args, state)
+        for r in rows:
+            r["unread_notices"] = unread.get(r["job"], 0)
         if args.json:
             print(json.dumps({"t": state.canonical.t, "jobs": rows, "done": dict(sorted(state.canonical.done.items()))},
                              sort_keys=True))
             return 0
-        print(f"{'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'STATE':<10} {'GPUS':>4} {'WHERE':<16} "
+        print(f"  {'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'STATE':<10} {'GPUS':>4} {'WHERE':<16} "
               f"{'PROGRESS':>8} {'PREEMPT':>7} {'START':>8}  REASON")
         for r in rows:
             lvl = f"{r['level']}" + (f"^{r['eff_level']}" if r["eff_level"] != r["level"] else "")
             where = " ".join(r["placement"]) or "-"
             start = _dur(r["start_in_s"], "in ") if r["reason_code"] else "-"
             why = r["reason"] or (f"checkpoint step {r['checkpoint_step']}" if r["checkpoint_step"] is not None else "")
-            print(f"{r['job']:<18} {r['team']:<9} {r['user']:<8} {lvl:>3} {r['state']:<10} {r['gpus']:>4} "
+            mark = "! " if r["unread_notices"] else "  "
+            print(f"{mark}{r['job']:<18} {r['team']:<9} {r['user']:<8} {lvl:>3} {r['state']:<10} {r['gpus']:>4} "
                   f"{where:<16} {_dur(r['progress_s']):>8} {r['preempt_count']:>7} {start:>8}  {why}")
         print(f"{len(rows)} open, {state.canonical.done_count} done")
+        if unread:
+            print(f"! = unread notices ({sum(unread.values())}): `xirang notices"
+                  f"{' --user ' + args.user if args.user else ''}` shows them")
         return 0
     return _repeat(args, draw)
 

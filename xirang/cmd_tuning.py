@@ -1,0 +1,122 @@
+"""The tuning loop's user-facing commands: the survey, the notices, the quarterly review.
+
+    xirang feedback JOB --score 1..5 [--comment TEXT] [--user U]
+    xirang notices  [--user U] [--all] [--follow] (--log FILE | --nats URL)
+    xirang review   [--quarter 2026Q4 | --from T --to T] [--db FILE] (--log FILE | --nats URL) [--out FILE.html]
+
+The logic lives in projections/ (notices.py, review.py); this module parses, calls, prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from xirang.cmd_jobs import _send_and_answer, common
+from xirang.errors import UserError
+
+DEFAULT_USER = os.environ.get("USER", "user")
+
+
+def register(sub) -> None:
+    _register_feedback(sub)
+    _register_notices(sub)
+    _register_review(sub)
+
+
+# ---------------------------------------------------------------- feedback
+
+
+def _register_feedback(sub) -> None:
+    p = sub.add_parser("feedback", help="tell how a job was treated: a score 1 (bad) .. 5 (good)")
+    common(p)
+    p.add_argument("job")
+    p.add_argument("--score", type=int, required=True, choices=range(1, 6), metavar="1..5",
+                   help="1 (bad) .. 5 (good)")
+    p.add_argument("--comment", default="", help="what went well or badly (at most 500 characters)")
+    p.add_argument("--user", default=DEFAULT_USER, help="who answers (default $USER)")
+    p.set_defaults(func=cmd_feedback)
+
+
+def cmd_feedback(args) -> int:
+    from core import types as T
+
+    return _send_and_answer(args, T.Feedback(job=args.job, user=args.user, score=args.score,
+                                              comment=args.comment))
+
+
+# ---------------------------------------------------------------- notices
+
+
+def _register_notices(sub) -> None:
+    from xirang.cmd_data import add_source
+
+    p = sub.add_parser("notices", help="what you were told about your jobs: preemptions, checkpoint"
+                       " fallbacks, compensation, downgrades")
+    add_source(p)
+    p.add_argument("--user", default=DEFAULT_USER, help="whose notices (default $USER)")
+    p.add_argument("--all", action="store_true", help="every notice, not only the unread ones")
+    p.add_argument("--everyone", action="store_true", help="every user's notices (operators)")
+    p.add_argument("--follow", action="store_true", help="keep printing new notices (NATS)")
+    p.add_argument("--json", action="store_true", help="one JSON object a line")
+    p.set_defaults(func=cmd_notices)
+
+
+def cmd_notices(args) -> int:
+    from projections.notices import Notifier, ReadMarks
+    from xirang.cmd_data import resolve_source
+
+    resolve_source(args)
+    if args.follow and not args.nats:
+        raise UserError("--follow reads the live log: give --nats URL (or run `xirang up`)")
+    marks = ReadMarks()
+    user = None if args.everyone else args.user
+    after = 0 if (args.all or args.everyone) else marks.get(args.user)
+    notifier = Notifier()
+    shown = 0
+
+    def show(seq: int, record) -> None:
+        nonlocal shown
+        for notice in notifier.feed(seq, record):
+            if (user is None or notice.user == user) and seq > after:
+                print(json.dumps(notice.as_dict(), sort_keys=True) if args.json else notice.line(), flush=True)
+                shown += 1
+                if user is not None:
+                    marks.set(user, seq)
+
+    if args.log:
+        from core import types as T
+        from projections.logsource import jsonl_batches
+
+        for batch in jsonl_batches(args.log):
+            for pos, data in batch:
+                show(pos, T.decode_record(data))
+    else:
+        import asyncio
+
+        asyncio.run(_read_nats(args.nats, args.follow, show))
+    if not shown and not args.json:
+        who = "anyone" if user is None else user
+        print(f"no {'' if args.all or args.everyone else 'unread '}notices for {who}")
+    return 0
+
+
+async def _read_nats(url: str, follow: bool, show) -> None:
+    from core import types as T
+    from projections.logsource import read_batches
+    from xirang.cmd_data import connect_or_explain
+
+    nc, js = await connect_or_explain(url)
+    try:
+        async for batch in read_batches(js, 1, follow=follow):
+            for seq, data in batch:
+                show(seq, T.decode_record(data))
+    finally:
+        await nc.close()
+
+
+# ---------------------------------------------------------------- review
+
+
+def _register_review(sub) -> None:
+    pass
