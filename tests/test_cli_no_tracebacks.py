@@ -35,6 +35,8 @@ NO_CLUSTER = {
     "export": [["export", "--parquet", "out"]],
     "ab": [["ab", "report"]],
     "report": [["report", "--from", "0", "--to", "1", "--out", "r.html"]],
+    "feedback": [["feedback", "j", "--score", "4"]],
+    "notices": [["notices"], ["notices", "--follow"]],
 }
 BAD_ARGUMENTS = {
     "replay": [["replay", "run", "missing.jsonl"], ["replay"]],
@@ -63,6 +65,9 @@ BAD_ARGUMENTS = {
     "tune": [["tune", "--apply"]],
     "whatif": [["whatif", "--policy", "missing.toml", "--log", "missing.jsonl"]],
     "report": [["report", "--from", "x", "--to", "y"]],
+    "feedback": [["feedback", "j", "--score", "9"], ["feedback", "j"]],
+    "notices": [["notices", "--log", "missing.jsonl"]],
+    "sweep": [["sweep", "--bogus"]],
     "key": [["key", "show", "--dir", "missing"], ["key", "rotate", "--dir", "missing"], ["key"]],
 }
 
