@@ -14,6 +14,8 @@ every size at once, overloaded pools included. `bursts` is generated for the cas
 
 from __future__ import annotations
 
+import os
+import pickle
 import time
 from dataclasses import asdict, dataclass
 
@@ -54,12 +56,20 @@ def case_workload(case: Case) -> Workload:
     return Workload(f"{workload.name}[{start}:+{count}]", jobs, workload.seed, workload.defaulted)
 
 
-def run_case(case: Case, policies: list[str], xirang_config: dict | None = None) -> dict:
-    """Every policy on the case; the scorecard and a summary row."""
+def run_case(case: Case, policies: list[str], xirang_config: dict | None = None,
+             cache_dir: str | None = None) -> dict:
+    """Every policy on the case; the scorecard and a summary row. With `cache_dir`, the
+    peers' results (every policy but xirang, which is the code under test) are kept there
+    and reused: they do not change when xirang's rules do."""
     cluster = Cluster.uniform(case.gpus, case.node_gpus)
     results = []
     began = time.perf_counter()
     for name in policies:
+        cached = _cache_path(cache_dir, case, name) if cache_dir and name != "xirang" else None
+        if cached and os.path.exists(cached):
+            with open(cached, "rb") as fh:
+                results.append(pickle.load(fh))
+            continue
         workload = case_workload(case)  # fresh: the simulator owns its jobs
         too_big = [j.id for j in workload.jobs if j.gpus > case.gpus]
         if too_big:
@@ -67,9 +77,19 @@ def run_case(case: Case, policies: list[str], xirang_config: dict | None = None)
                                 workload.seed, workload.defaulted)
         config = dict(xirang_config or {}) if name == "xirang" else {}
         results.append(simulate(workload, cluster, name, config, case.seed))
+        if cached:
+            os.makedirs(cache_dir, exist_ok=True)
+            with open(cached, "wb") as fh:
+                pickle.dump(results[-1], fh)
     card = scorecard(results)
     return {"case": asdict(case), "label": case.label, "wall_s": round(time.perf_counter() - began, 1),
-            "dropped_too_big": len(too_big), "row": summary_row(card), "card": card}
+            "dropped_too_big": len([j for j in case_workload(case).jobs if j.gpus > case.gpus]), "row": summary_row(card), "card": card}
+
+
+def _cache_path(cache_dir: str, case: Case, policy: str) -> str:
+    window = "all" if case.window is None else f"{case.window[0]}-{case.window[1]}"
+    trace = "".join(ch if ch.isalnum() else "_" for ch in case.trace)
+    return os.path.join(cache_dir, f"{trace}_{window}_{case.gpus}_{case.node_gpus}_{case.seed}_{policy}.pickle")
 
 
 def summary_row(card: dict) -> dict:

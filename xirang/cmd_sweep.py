@@ -27,6 +27,8 @@ def register(sub) -> None:
     sweep.add_argument("--policies", default=POLICIES_DEFAULT, help=f"default {POLICIES_DEFAULT}")
     sweep.add_argument("--policy", help="xirang policy TOML")
     sweep.add_argument("--out", required=True, help="folder for sweep.json and sweep.md")
+    sweep.add_argument("--cache", help="folder keeping the peers' results (none, k8s, slurm) for "
+                                       "reuse: they do not change with xirang's rules")
     sweep.set_defaults(func=cmd_sweep)
 
 
@@ -86,7 +88,7 @@ def cmd_sweep(args) -> int:
     for case in cases:
         print(f"running {case.label} ...", file=sys.stderr, flush=True)
         try:
-            rows.append(run_case(case, policies, config))
+            rows.append(run_case(case, policies, config, args.cache))
         except ValueError as err:
             raise UserError(str(err)) from err
         table = sweep_table(rows)
