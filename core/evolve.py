@@ -78,6 +78,7 @@ def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
         gpu_models=list(ev.gpu_models), est_runtime_ms=int(ev.est_runtime_s * 1000),
         ckpt_interval_ms=int(ev.ckpt_interval_s * 1000), ckpt_cost_ms=int(ev.ckpt_cost_s * 1000),
         restore_cost_ms=int(ev.restore_cost_s * 1000), preemptible=ev.preemptible,
+        safe_point_interval_ms=int(ev.safe_point_interval_s * 1000),
         command=list(ev.command), variant=ev.variant, submit_t=ev.t, queued_since_t=ev.t,
         level_since_t=ev.t,
     )

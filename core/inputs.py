@@ -96,6 +96,7 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
         ckpt_interval_s=_or(inp.ckpt_interval_s, p.default_ckpt_interval_s),
         ckpt_cost_s=_or(inp.ckpt_cost_s, p.default_ckpt_cost_s),
         restore_cost_s=_or(inp.restore_cost_s, p.default_restore_cost_s),
+        safe_point_interval_s=_or(inp.safe_point_interval_s, p.default_safe_point_interval_s),
         preemptible=inp.preemptible, command=list(inp.command),
         variant=assign_variant(p, inp.team, inp.job, inp.user)))
 
@@ -119,7 +120,7 @@ def _submit_problem(c, inp: T.Submit) -> tuple[str, str] | None:
         return "level_must_be_0_to_7", f"got level {inp.level}"
     if inp.gpus <= 0:
         return "gpus_must_be_positive", f"got gpus {inp.gpus}"
-    for name in ("est_runtime_s", "ckpt_interval_s", "ckpt_cost_s", "restore_cost_s"):
+    for name in ("est_runtime_s", "ckpt_interval_s", "ckpt_cost_s", "restore_cost_s", "safe_point_interval_s"):
         value = getattr(inp, name)
         if value is not None and (value < 0 or math.isnan(value) or math.isinf(value)):
             return f"{name}_must_be_non_negative", f"got {name} {value}"

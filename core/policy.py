@@ -133,6 +133,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     default_ckpt_interval_s: float = 1800.0
     default_ckpt_cost_s: float = 30.0
     default_restore_cost_s: float = 30.0
+    # How often a job reaches a safe point when its submitter does not say (0: unknown; the
+    # time victims have taken from notice to safe point is used, see `safe_point_ms`). A
+    # victim with a known interval is expected at its next safe point in half of it.
+    default_safe_point_interval_s: float = 0.0
     # Finished jobs of one (team, kind) needed before history replaces the submitter's estimate.
     estimate_samples_min: int = 3
     # Net benefit (benefit - cost) must exceed this, in weighted GPU-seconds.

@@ -67,14 +67,15 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     elif can_checkpoint(victim):
         options.append((0, victim.ckpt_cost_ms, True))
     bound = pricing.release_wait_max_ms
-    if bound and len(options) > 1 and pricing.safe_point_ms + options[1][1] > bound:
+    if bound and len(options) > 1 and victim_safe_point_ms(victim, pricing.safe_point_ms) + options[1][1] > bound:
         options = options[:1]  # no time to save: it lets go from its last checkpoint
     overhead = int(p.preemption_overhead_s * 1000)  # teardown, relaunch, warm-up
+    to_safe_point = victim_safe_point_ms(victim, pricing.safe_point_ms)
     best = None
     for lost, save, checkpoint_needed in options:
         has_checkpoint = last is not None or checkpoint_needed or save > 0
         restore = victim.restore_cost_ms if has_checkpoint else 0
-        ready = pricing.safe_point_ms + save
+        ready = to_safe_point + save
         wasted = wasted_weight * (lost + save + restore + overhead) / 1000.0
         key = wasted + pricing.waiting_weight * ready
         if best is None or key < best[0]:
@@ -108,6 +109,14 @@ def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> flo
         # placed first). Without the cap the backlog, not the trade, decides.
         pressure = min(pressure, p.level_weight[preemptor.level])
     return pressure
+
+
+def victim_safe_point_ms(victim: Job, learned_ms: int) -> int:
+    """Notice to safe point for this victim: half its safe-point interval when known (it is
+    somewhere inside an iteration), else what victims have been seen to take."""
+    if victim.safe_point_interval_ms:
+        return victim.safe_point_interval_ms // 2
+    return learned_ms
 
 
 def priced_level(victim: Job, t: int) -> int:

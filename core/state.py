@@ -55,6 +55,7 @@ class Job(msgspec.Struct, kw_only=True):
     ckpt_interval_ms: int
     ckpt_cost_ms: int
     restore_cost_ms: int
+    safe_point_interval_ms: int = 0  # 0: unknown, the victims' learned notice-to-safe-point time holds
     preemptible: bool
     command: list[str] = []
     variant: str = ""

@@ -56,6 +56,8 @@ class Submit(_Input, tag="submit"):
     kind: str = ""
     # Free-form command line for the host agent to run (live system).
     command: list[str] = []
+    # How often the job reaches a safe point (an iteration boundary), if the submitter knows.
+    safe_point_interval_s: float | None = None
 
 
 class Cancel(_Input, tag="cancel"):
@@ -189,6 +191,7 @@ class JobSubmitted(_Event, tag="JobSubmitted"):
     preemptible: bool
     command: list[str] = []
     variant: str = ""
+    safe_point_interval_s: float = 0.0  # 0: unknown (logs from before)
 
 
 class JobStartRequested(_Event, tag="JobStartRequested"):

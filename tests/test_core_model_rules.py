@@ -388,3 +388,18 @@ def test_every_urgent_job_is_tried_on_every_pass_whatever_blocks_ahead():
     fresh_checkpoint(run, 40 * HOUR + MIN, "batch")
     run.at(40 * HOUR + 2 * MIN, tick(40 * HOUR + 2 * MIN))
     assert [p.preemptor for p in run.events(T.PreemptionPlanned)] == ["late"]
+
+
+def test_a_victims_safe_point_interval_sets_how_long_the_preemptor_waits_for_it():
+    """Two identical victims but one reaches a safe point every 20 min: an urgent job takes
+    the one that lets go in seconds, and its plan is ready sooner."""
+    run = Run()
+    run.at(0, node("n1", gpus=4), node("n2", gpus=4))
+    run.at(1000, submit("slow", 6, 4, team="b", user="b", est_runtime_s=50 * 3600, safe_point_interval_s=1200),
+           submit("quick", 6, 4, team="b", user="b2", est_runtime_s=50 * 3600, safe_point_interval_s=10))
+    start_all(run, 2000)
+    fresh_checkpoint(run, 10 * MIN, "slow", "quick")
+    plan = of(run.at(10 * MIN + 1000, submit("fix", 1, 4, team="sre", user="o", est_runtime_s=600)),
+              T.PreemptionPlanned)[0]
+    assert plan.victims == ["quick"]
+    assert run.job("slow").safe_point_interval_ms == 1_200_000
