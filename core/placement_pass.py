@@ -12,6 +12,7 @@ from typing import Iterable, Iterator
 
 from . import types as T
 from .fairness import level_floors
+from .substitutes import substitute_placement
 from .forecast import earliest_fit, expected_runtime_ms
 from .log_seal import Ctx
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
@@ -161,10 +162,18 @@ class _PlacementPass:
                 or (1, ANY_END) in self.blocked.get(ANY_MODEL_ONE_NODE, ()))
 
     def try_place(self, job: Job) -> list[T.Slot] | None:
-        state = self.state
-        ix = state.index
+        """A placement on the job's own models or, when the policy lists compatible models
+        and it pays, on one of those (core/substitutes.py)."""
         if job.gpus > self.free_open:
             return None
+        placement = self._place_own(job)
+        if placement is None and self.state.canonical.policy.gpu_substitutes:
+            placement = substitute_placement(self.state, job, self.starts_by_node)
+        return placement
+
+    def _place_own(self, job: Job) -> list[T.Slot] | None:
+        state = self.state
+        ix = state.index
         key = tuple(job.gpu_models)
         models = self.models_of.get(key)
         if models is None:

@@ -26,6 +26,7 @@ from .policy import Policy, with_params
 from .pricing import VictimCost, price_victims, pricing_for
 from .state import QUEUED, Job, Node, State
 from .types import Slot
+from .substitutes import substitute_penalty, substitutes
 from .victims import choose_victims
 
 
@@ -79,21 +80,48 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     scope = preemption_scope(state, job)
     if isinstance(scope, Decline):
         return scope
-    eligible = eligible_victims(state, job, p, guard, scope.models, scope.held, reclaim, own_only)
+    stand_ins = substitutes(p, job)
+    eligible = eligible_victims(state, job, p, guard, scope.models + list(stand_ins), scope.held,
+                                reclaim, own_only)
     if not eligible:
         return Decline(reason="user_preempting_limit" if own_only else "no_eligible_victims")
     curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
     natural_wait = natural_wait_ms(state, job, scope.nodes, curve)
     pricing = pricing_for(state, job, p, scope.runtime_ms, natural_wait)
     costs = price_victims(state, job, eligible, p, pricing, curve, reclaim)
-    choice = choose_victims(state, job, scope.models, scope.nodes, costs, pricing, guard,
-                            p.victims_per_preemption_max)
+    choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")
     victims, placement = choice
     if not victims:  # it fits on GPUs held for a starving job: it waits like everyone else
         return Decline(reason="held_back_by_reservation")
-    return judge(state, job, p, guard, costs, victims, placement, natural_wait, reclaim)
+    return judge(state, job, p, guard, costs, victims, placement, natural_wait, reclaim, penalty)
+
+
+def _choose_with_substitutes(state: State, job: Job, p: Policy, scope: "Scope", stand_ins: dict[str, float],
+                             costs: dict[str, VictimCost], pricing, guard: Guard):
+    """The cheapest victim set on the job's own models or, priced with the extra run time
+    (core/substitutes.py), on a compatible model; (choice, that extra cost)."""
+    cap = p.victims_per_preemption_max
+    if not stand_ins:
+        return choose_victims(state, job, scope.models, scope.nodes, costs, pricing, guard, cap), 0.0
+    c = state.canonical
+    nodes_of = {model: [c.nodes[name] for name in sorted(c.nodes)
+                        if c.nodes[name].up and c.nodes[name].gpu_model == model and name not in scope.held]
+                for model in stand_ins}
+    best = None
+    groups = [(scope.models, scope.nodes, 0.0)] + [([m], nodes_of[m], stand_ins[m]) for m in stand_ins]
+    for models, nodes, slowdown in groups:
+        if not nodes:
+            continue
+        choice = choose_victims(state, job, models, nodes, costs, pricing, guard, cap)
+        if choice is None:
+            continue
+        penalty = substitute_penalty(p, job, scope.runtime_ms, slowdown) if slowdown else 0.0
+        key = (sum(costs[v].cost for v in choice[0]) + penalty, models)
+        if best is None or key < best[0]:
+            best = (key, choice, penalty)
+    return (None, 0.0) if best is None else (best[1], best[2])
 
 
 def preemption_scope(state: State, job: Job) -> Scope | Decline:
@@ -124,11 +152,11 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
 
 
 def judge(state: State, job: Job, p: Policy, guard: Guard, costs: dict[str, VictimCost], victims: list[str],
-          placement: list[Slot], natural_wait: int, reclaim: bool) -> Plan | Decline:
+          placement: list[Slot], natural_wait: int, reclaim: bool, substitute_cost: float = 0.0) -> Plan | Decline:
     """Preempt only when the preemptor's weighted wait saved exceeds the set's cost by more
     than `net_benefit_min`; the wait saved is its natural wait less the time the slowest
     victim takes to let go."""
-    cost = sum(costs[v].cost for v in victims)
+    cost = sum(costs[v].cost for v in victims) + substitute_cost
     ready = max(costs[v].ready_ms for v in victims)
     level_weight = p.level_weight[job.level]
     benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
@@ -136,6 +164,8 @@ def judge(state: State, job: Job, p: Policy, guard: Guard, costs: dict[str, Vict
         return Decline(reason="benefit_below_cost", benefit=round(benefit, 3), cost=round(cost, 3))
     reason = (f"saves {natural_wait - ready} ms of level-{job.level} wait on {job.gpus} GPUs;"
               f" victims lose {sum(costs[v].lost_ms for v in victims)} ms of progress")
+    if substitute_cost:
+        reason += f"; on a compatible GPU model, priced {substitute_cost:.0f} for the longer run"
     if reclaim:
         reason = (f"reclaim: team {job.team} holds {guard.held.get(job.team, 0)} of its fair share"
                   f" {guard.shares[job.team]:.1f} GPUs; {reason}")

@@ -133,6 +133,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     default_ckpt_interval_s: float = 1800.0
     default_ckpt_cost_s: float = 30.0
     default_restore_cost_s: float = 30.0
+    # Compatible GPU models: model -> {model that may stand in for it: slowdown}, e.g.
+    # {"H100": {"A100": 0.6}} (an H100 job runs 1.6 times as long on an A100). Taken only
+    # when it pays: see core/substitutes.py. Empty: a job runs only on the models it lists.
+    gpu_substitutes: dict[str, dict[str, float]] = {}
     # How often a job reaches a safe point when its submitter does not say (0: unknown; the
     # time victims have taken from notice to safe point is used, see `safe_point_ms`). A
     # victim with a known interval is expected at its next safe point in half of it.
@@ -223,6 +227,10 @@ def validate(policy: Policy) -> Policy:
         raise PolicyError("preemption depth limits must be at least 1 (a job never displaced preempts at depth 1)")
     if not 0 <= policy.urgent_levels <= LEVELS:
         raise PolicyError(f"urgent_levels must be 0..{LEVELS}")
+    for model in sorted(policy.gpu_substitutes):
+        for other, slowdown in sorted(policy.gpu_substitutes[model].items()):
+            if not slowdown >= 0:
+                raise PolicyError(f"gpu_substitutes[{model!r}][{other!r}] must be a slowdown >= 0, got {slowdown}")
     if policy.victims_per_preemption_max < 1:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:

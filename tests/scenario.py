@@ -92,10 +92,11 @@ def check_invariants(state: State) -> None:
             for slot in job.placement:
                 node = c.nodes[slot.node]
                 assert node.up, f"{job_id} placed on lost node {slot.node}"
+                stand_ins = [m for asked in job.gpu_models for m in c.policy.gpu_substitutes.get(asked, {})]
                 if job.state == RESERVED:
-                    assert node.gpu_model in job.gpu_models or not job.gpu_models
+                    assert node.gpu_model in job.gpu_models + stand_ins or not job.gpu_models
                 else:
-                    assert node.gpu_model in job.gpu_models or not job.gpu_models, \
+                    assert node.gpu_model in job.gpu_models + stand_ins or not job.gpu_models, \
                         f"{job_id} on wrong GPU model"
                 for gpu in slot.gpus:
                     key = (slot.node, gpu)

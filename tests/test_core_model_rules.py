@@ -403,3 +403,56 @@ def test_a_victims_safe_point_interval_sets_how_long_the_preemptor_waits_for_it(
               T.PreemptionPlanned)[0]
     assert plan.victims == ["quick"]
     assert run.job("slow").safe_point_interval_ms == 1_200_000
+
+
+# ---------------------------------------------------------------- compatible GPU models
+
+
+SUBSTITUTES = {"H100": {"A100": 0.5}}  # an H100 job runs 1.5x as long on an A100
+
+
+def _h100_busy_for(hours: float, **params) -> Run:
+    run = Run(**params)
+    run.at(0, node("h1", "H100"), node("a1", "A100"))
+    run.at(1000, submit("h-busy", 5, 8, team="x", user="x", models=["H100"], est_runtime_s=hours * 3600,
+                        preemptible=False))
+    start_all(run, 2000)
+    return run
+
+
+def test_a_job_starts_on_a_compatible_model_when_the_longer_run_beats_the_wait():
+    run = _h100_busy_for(10, gpu_substitutes=SUBSTITUTES)
+    events = run.at(3000, submit("train", 4, 8, team="t", user="t", models=["H100"], est_runtime_s=3600))
+    starts = of(events, T.JobStartRequested)
+    assert [(s.job, s.nodes) for s in starts] == [("train", ["a1"])]
+    check_invariants(run.state)
+
+
+def test_a_job_waits_for_its_own_model_when_that_is_sooner_than_the_slowdown():
+    run = _h100_busy_for(0.1, gpu_substitutes=SUBSTITUTES)  # H100 free in 6 min; 10 h x 0.5 extra
+    events = run.at(3000, submit("train", 4, 8, team="t", user="t", models=["H100"], est_runtime_s=10 * 3600))
+    assert not of(events, T.JobStartRequested)
+
+
+def test_without_a_substitutes_table_a_job_runs_only_on_the_models_it_lists():
+    run = _h100_busy_for(10)
+    events = run.at(3000, submit("train", 4, 8, team="t", user="t", models=["H100"], est_runtime_s=3600))
+    assert not of(events, T.JobStartRequested)
+
+
+def test_a_preemption_may_free_a_compatible_model_and_prices_the_longer_run():
+    """The H100 holds work that cannot be preempted; the A100 holds a level-6 job at a fresh
+    checkpoint: the urgent H100 job takes the A100, its plan's cost counting the slowdown."""
+    run = Run(gpu_substitutes=SUBSTITUTES)
+    run.at(0, node("h1", "H100"), node("a1", "A100"))
+    run.at(1000, submit("h-busy", 5, 8, team="x", user="x", models=["H100"], est_runtime_s=20 * 3600,
+                        preemptible=False),
+           submit("a-low", 6, 8, team="y", user="y", models=["A100"], est_runtime_s=20 * 3600))
+    start_all(run, 2000)
+    fresh_checkpoint(run, 10 * MIN, "a-low")
+    events = run.at(10 * MIN + 1000, submit("fix", 1, 8, team="s", user="s", models=["H100"], est_runtime_s=600))
+    plans = of(events, T.PreemptionPlanned)
+    assert plans and plans[0].victims == ["a-low"] and plans[0].placement[0].node == "a1"
+    weight = run.state.canonical.policy.level_weight[1]
+    assert plans[0].cost >= weight * 8 * 600 * 0.5  # the longer run on the A100
+    assert "compatible GPU model" in plans[0].reason
