@@ -55,6 +55,8 @@ BAD_ARGUMENTS = {
     "nodes": [["nodes", "--frobnicate"]],
     "shares": [["shares", "extra"]],
     "sim": [["sim", "--out", "o", "--trace", "missing.csv"], ["sim", "--out", "o", "--gpus", "-5"]],
+    "sweep": [["sweep", "--out", "o", "--trace", "missing.csv"], ["sweep", "--out", "o", "--gpus", "-8"],
+              ["sweep", "--out", "o", "--windows", "x"]],
     "project": [["project", "--log", "missing.jsonl"], ["project", "--batch", "0", "--log", "x"]],
     "sql": [["sql", "SELEKT nonsense"]],
     "export": [["export"]],
