@@ -27,6 +27,7 @@ from core import rebuild
 from core import types as T
 
 from transport import bus
+from .cluster import start_cluster, stop_children
 from .host import stop_job_processes
 from transport.natsd import EmbeddedNats
 
@@ -43,7 +44,8 @@ deadline_min_ms = 30000
 min_run_after_restart_ms = 20000
 """
 
-TRAIN = [sys.executable, "examples/train_numpy.py"]
+DEMO_SCRIPT = "examples/train_numpy.py"  # relative to the repository root
+TRAIN = [sys.executable, DEMO_SCRIPT]
 
 
 def _train(steps: int, seed: int, step_ms: int = 10, ckpt_s: float = 6.0) -> list[str]:
@@ -276,13 +278,9 @@ def _print_summary(s: dict) -> None:
 
 
 def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
-    from xirang.cmd_live import _stop_children, start_cluster
-
     out = Path(out_dir or tempfile.mkdtemp(prefix="xirang-demo-")).resolve()
-    if not Path("examples/train_numpy.py").exists():
-        from xirang.cli import UserError
-
-        raise UserError("run the demo from the repository root (it runs examples/train_numpy.py)")
+    if not Path(DEMO_SCRIPT).exists():
+        raise FileNotFoundError(f"run the demo from the repository root (it runs {DEMO_SCRIPT})")
     out.mkdir(parents=True, exist_ok=True)
     (out / "policy.toml").write_text(DEMO_POLICY)
     started = time.monotonic()
@@ -302,7 +300,7 @@ def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
         except RuntimeError as err:
             outcome = {"error": str(err)}
     finally:
-        _stop_children([proc for _, proc in children])
+        stop_children([proc for _, proc in children])
         stop_job_processes(out)  # none are left when the demo ran to its end
         server.stop()
     verify = _verify_and_export(timeline.records, out / "events.jsonl", out / "keys" / "scheduler.pub")

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -108,19 +107,6 @@ def _logging(args) -> None:
                         stream=sys.stderr)
 
 
-def _stop_children(children: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
-    for proc in children:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for proc in children:
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-
-
 # ---------------------------------------------------------------- server commands
 
 
@@ -199,6 +185,8 @@ def cmd_up(args) -> int:
     if args.hosts < 0 or not specs:
         raise _user_error("--hosts must be >= 0 and --simulate must name at least one inventory")
     url, server = server_url(args)
+    from agents.cluster import start_cluster, stop_children
+
     children = start_cluster(url, args.data_dir, args.hosts, specs, policy=args.policy, tick_ms=args.tick_ms)
     info = {"nats": url, "data_dir": str(Path(args.data_dir).resolve()),
             "pids": {name: proc.pid for name, proc in children},
@@ -219,42 +207,16 @@ def cmd_up(args) -> int:
     finally:
         from agents.host import stop_job_processes
 
-        _stop_children([proc for _, proc in children])
+        stop_children([proc for _, proc in children])
         stop_job_processes(args.data_dir)  # the simulated hosts' jobs go with them
         if server:
             server.stop()
     return 0
 
 
-def start_cluster(url: str, data_dir, hosts: int, specs: list[str], policy: str | None = None,
-                  tick_ms: int = 1000, log_dir: Path | None = None, node_names: list[str] | None = None,
-                  extra_sched: list[str] | None = None) -> list[tuple[str, subprocess.Popen]]:
-    """Start the scheduler and simulated hosts as OS processes; their output goes to files."""
-    log_dir = Path(log_dir or Path(data_dir) / "logs")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    base = [sys.executable, "-m", "xirang.cli"]
-    children = []
-    cmd = base + ["scheduler", "--nats", url, "--data-dir", str(data_dir), "--tick-ms", str(tick_ms)]
-    if policy:
-        cmd += ["--policy", policy]
-    children.append(("scheduler", _spawn(cmd + (extra_sched or []), log_dir / "scheduler.log")))
-    for i in range(hosts):
-        spec = specs[i % len(specs)]
-        name = node_names[i] if node_names else f"host-{i + 1}"
-        cmd = base + ["agent", "--nats", url, "--data-dir", str(data_dir), "--node", name,
-                      "--simulate", spec, "--grace-s", "5"]
-        children.append((name, _spawn(cmd, log_dir / f"{name}.log")))
-    return children
-
-
-def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    out = open(log_path, "ab")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    out.close()
-    return proc
-
-
 def cmd_demo(args) -> int:
-    from agents.demo import run_demo
+    from agents.demo import DEMO_SCRIPT, run_demo
 
+    if not Path(DEMO_SCRIPT).exists():
+        raise _user_error(f"run the demo from the repository root (it runs {DEMO_SCRIPT})")
     return run_demo(out_dir=args.out, as_json=args.json)
