@@ -52,7 +52,8 @@ from core import types as T
 from core.bounds import TEXT_CHARS_MAX
 from core.policy import Policy, PolicyError, with_params
 from replay.scorecard import policy_card
-from replay.sim import XIRANG_TICK_MS, Cluster, SimResult, simulate
+from replay.peers.xirang import TICK_MS as XIRANG_TICK_MS
+from replay.sim import Cluster, SimResult, simulate
 from replay.workload import Workload
 
 from . import whatif

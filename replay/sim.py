@@ -17,7 +17,7 @@ happen. `progress(done_jobs, total_jobs, sim_t_ms)` is called now and then.
 The clock jumps from one due moment to the next (a heap of (t, seq) entries): a trace
 arrival, a host timer (a launch completing, a checkpoint finishing, a job ending, a
 safe point), a fact reaching the scheduler, or a policy's wake-up (for xirang:
-`core.next_due_t`, and a re-evaluation tick every `XIRANG_TICK_MS` while jobs wait).
+`core.next_due_t`, and a re-evaluation tick every `replay.peers.xirang.TICK_MS` while jobs wait).
 Nothing ticks once a second.
 
 The job model (the hosts are the truth; policies only see facts):
@@ -51,10 +51,6 @@ from core import types as T
 
 from .workload import TraceJob, Workload
 
-XIRANG_TICK_MS = 60_000  # re-evaluation period while jobs wait (simulated time)
-# ... and while a job of an urgent level (0-1) waits outside a saga: a live scheduler ticks
-# every second, and an urgent job declined at submit should not wait a minute for its next try.
-XIRANG_URGENT_TICK_MS = 5_000
 PROGRESS_EVERY_JOBS = 500
 CKPT_BYTES_PER_GPU = 1 << 30
 

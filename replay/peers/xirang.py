@@ -35,8 +35,12 @@ import msgspec
 from core import Policy, new_state, next_due_t, step, with_params
 from core import types as T
 
-from ..sim import XIRANG_TICK_MS, XIRANG_URGENT_TICK_MS
 from ..workload import TraceJob
+
+TICK_MS = 60_000  # re-evaluation period while jobs wait (simulated time)
+# ... and while a job of an urgent level (0-1) waits outside a saga: a live scheduler ticks
+# every second, and an urgent job declined at submit should not wait a minute for its next try.
+URGENT_TICK_MS = 5_000
 
 ADAPTER_KEYS = ("policy", "tick_s", "urgent_tick_s", "report_periodic_checkpoints", "log_path", "epoch_ms")
 
@@ -47,8 +51,8 @@ class XirangPolicy:
     def __init__(self, config: dict, cluster, seed: int) -> None:
         config = dict(config)
         policy = config.pop("policy", None) or Policy()
-        self.tick_ms = int(1000 * float(config.pop("tick_s", XIRANG_TICK_MS / 1000)))
-        self.urgent_tick_ms = int(1000 * float(config.pop("urgent_tick_s", XIRANG_URGENT_TICK_MS / 1000)))
+        self.tick_ms = int(1000 * float(config.pop("tick_s", TICK_MS / 1000)))
+        self.urgent_tick_ms = int(1000 * float(config.pop("urgent_tick_s", URGENT_TICK_MS / 1000)))
         self.wants_periodic_checkpoints = bool(config.pop("report_periodic_checkpoints", True))
         self.epoch_ms = int(config.pop("epoch_ms", 0))
         log_path = config.pop("log_path", None)
