@@ -11,7 +11,7 @@ import pytest
 from core import types as T
 from core.policy import Policy, assign_variant, with_params
 from projections.projector import Projector
-from projections.testing import workload_records, xirang
+from data_helpers import workload_records, xirang
 from projections.workload import Spec, generate
 
 AB_POLICY = {"ab_variants": {"control": {}, "b": {"net_benefit_min": 1e12}}, "ab_split_by": "job"}

@@ -12,7 +12,7 @@ import pytest
 from core import rebuild, state_digest
 from core import types as T
 from core.policy import Policy, with_params
-from projections.testing import publish, start_nats, workload_records, write_jsonl, xirang
+from data_helpers import publish, start_nats, workload_records, write_jsonl, xirang
 from projections.workload import Spec, generate
 
 

@@ -23,7 +23,7 @@ from core import types as T
 from core.state import HOLDING, QUEUED
 from projections import alerts, dashboard, metrics
 from projections.projector import Projector
-from projections.testing import REPO, publish, start_nats, workload_records
+from data_helpers import REPO, publish, start_nats, workload_records
 from projections.workload import Spec, generate
 
 HOUR = 3_600_000

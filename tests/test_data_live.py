@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from agents.testing import xirang_up
-from projections.testing import xirang
+from data_helpers import xirang
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 
 from projections.projector import ProjectionError, Projector
-from projections.testing import (
+from data_helpers import (
     REPO, position, publish, start_nats, table_rows, workload_records, write_jsonl, xirang,
 )
 from core import types as T

@@ -15,7 +15,7 @@ from core import rebuild, step
 from core import types as T
 from core.policy import Policy, with_params
 from projections import tuner
-from projections.testing import publish, start_nats, xirang
+from data_helpers import publish, start_nats, xirang
 from projections.workload import Spec, generate
 from replay.sim import Cluster, simulate
 from replay.workload import TraceJob, Workload

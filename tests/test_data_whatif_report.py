@@ -10,7 +10,7 @@ import pytest
 from core import types as T
 from core.policy import Policy, with_params
 from projections.projector import Projector
-from projections.testing import workload_records, write_jsonl, xirang, xirang_process
+from data_helpers import workload_records, write_jsonl, xirang, xirang_process
 from replay.scorecard import policy_card
 from replay.sim import Cluster, simulate
 from replay.workload import TraceJob, Workload

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from projections import windows
-from projections.testing import workload_records, write_jsonl, xirang
+from data_helpers import workload_records, write_jsonl, xirang
 
 EPOCH_2026_11_01_MS = 1_793_491_200_000
 

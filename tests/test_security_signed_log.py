@@ -16,7 +16,7 @@ import pytest
 from transport import bus
 from agents.testing import Cluster, matching
 from core import types as T
-from projections.testing import workload_records, write_jsonl, xirang
+from data_helpers import workload_records, write_jsonl, xirang
 from trust.signing import LogVerifier, SignatureError, Signer, create_key, sign_records
 
 pytestmark = pytest.mark.timeout(120)
