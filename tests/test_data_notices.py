@@ -10,7 +10,7 @@ import duckdb
 from core import types as T
 from projections.notices import Notifier
 from projections.projector import Projector
-from projections.testing import publish, start_nats, write_jsonl, xirang
+from data_helpers import publish, start_nats, write_jsonl, xirang
 from projections.workload import Spec, generate
 
 HOUR = 3_600_000
