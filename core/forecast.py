@@ -113,7 +113,7 @@ class ReleaseCurve:
         return on_curve if self.pace is None else min(on_curve, int(need / self.pace))
 
 
-def _remaining_or_runtime(state: State, job_id: str) -> int:
+def remaining_or_runtime(state: State, job_id: str) -> int:
     """Until a holding job releases its GPUs: its remaining time when running, else its
     whole expected runtime. Memoised in the index for the current time (see Index)."""
     ix = state.index
@@ -140,7 +140,7 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
     releases = ix.node_releases.get(node.name)
     if releases is None:
         jobs = state.canonical.jobs
-        releases = sorted((_remaining_or_runtime(state, j), len(gpus_on(jobs[j], node.name)))
+        releases = sorted((remaining_or_runtime(state, j), len(gpus_on(jobs[j], node.name)))
                           for j in ix.jobs_by_node.get(node.name, {}))
         ix.node_releases[node.name] = releases
     return releases

@@ -11,6 +11,7 @@ import heapq
 from typing import Iterable, Iterator
 
 from . import types as T
+from .drain import drain_fit
 from .fairness import level_floors
 from .substitutes import substitute_placement
 from .forecast import earliest_fit, expected_runtime_ms
@@ -278,7 +279,11 @@ def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bo
         return False
     nodes = [c.nodes[name] for name in sorted(c.nodes)
              if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved]
-    fit = earliest_fit(state, job, nodes)
+    fit = None
+    if job.level < c.policy.urgent_levels and job.gpus <= node_size_max(models, state.index):
+        fit = drain_fit(state, job, nodes)  # the node its unpreemptible neighbours leave first
+    if fit is None:
+        fit = earliest_fit(state, job, nodes)
     if fit is None:
         return False
     for name in fit[1]:

@@ -456,3 +456,38 @@ def test_a_preemption_may_free_a_compatible_model_and_prices_the_longer_run():
     weight = run.state.canonical.policy.level_weight[1]
     assert plans[0].cost >= weight * 8 * 600 * 0.5  # the longer run on the A100
     assert "compatible GPU model" in plans[0].reason
+
+
+# ---------------------------------------------------------------- draining a node for an urgent gang
+
+
+def _mixed_nodes(**params) -> Run:
+    """Two nodes, each with a level-0 job (which a level-1 job may not preempt) on 2 GPUs and
+    a level-6 job at a fresh checkpoint on 6; n2's level-0 job ends in an hour, n1's in five.
+    A stream of non-preemptible one-GPU jobs waits for any GPU that frees."""
+    run = Run(**params)
+    run.at(0, node("n1"), node("n2"))
+    run.at(1000, submit("u1", 0, 2, team="ops", user="o", est_runtime_s=5 * 3600),
+           submit("b1", 6, 6, team="b", user="b", est_runtime_s=20 * 3600))
+    run.at(1200, submit("u2", 0, 2, team="ops", user="o", est_runtime_s=3600),
+           submit("b2", 6, 6, team="b", user="b2", est_runtime_s=20 * 3600))
+    start_all(run, 2500)
+    assert [s.node for s in run.job("b1").placement] == ["n1"] and [s.node for s in run.job("u2").placement] == ["n2"]
+    run.at(3000, *[submit(f"s{i}", 4, 1, team="s", user="s", est_runtime_s=10 * 3600, preemptible=False)
+                   for i in range(4)])
+    fresh_checkpoint(run, 10 * MIN, "b1", "b2")
+    return run
+
+
+def test_an_urgent_whole_node_gang_gets_a_node_drained_and_preempts_as_soon_as_a_set_exists():
+    run = _mixed_nodes()
+    events = run.at(10 * MIN + 1000, submit("gang", 1, 8, team="sre", user="g", est_runtime_s=3600))
+    assert not of(events, T.PreemptionPlanned)  # no node can be freed by preemption now
+    run.at(HOUR + 1000, T.Finished(job="u2", ok=True))
+    holder = {name: job for name, (_, job) in run.state.index.reserved_nodes.items()}
+    assert holder.get("n2") == "gang"  # drained: the waiting one-GPU jobs do not take n2
+    assert [e.job for e in run.events(T.JobStartRequested) if e.job.startswith("s")] == []
+    t = HOUR + 6000
+    run.at(t, tick(t))
+    plans = run.events(T.PreemptionPlanned)
+    assert [(p.preemptor, p.victims) for p in plans] == [("gang", ["b2"])]
