@@ -25,9 +25,11 @@ from nats.js import api
 
 from core import rebuild
 from core import types as T
+from core.explain import human_duration
 
 from transport import bus
 from .cluster import start_cluster, stop_children
+from .examples import EXAMPLES_DIR
 from .host import stop_job_processes
 from transport.natsd import EmbeddedNats
 
@@ -44,8 +46,8 @@ deadline_min_ms = 30000
 min_run_after_restart_ms = 20000
 """
 
-DEMO_SCRIPT = "examples/train_numpy.py"  # relative to the repository root
-TRAIN = [sys.executable, DEMO_SCRIPT]
+# The example shipped with xirang, found through the package: the demo runs from anywhere.
+TRAIN = [sys.executable, str(EXAMPLES_DIR / "train_numpy.py")]
 
 
 def _train(steps: int, seed: int, step_ms: int = 10, ckpt_s: float = 6.0) -> list[str]:
@@ -79,8 +81,9 @@ URGENT = T.Submit(job="safety-hotfix", team="safety", user="kim", level=0, gpus=
 class Timeline:
     """Follows the log and the jobs' metrics; prints what happens as it happens."""
 
-    def __init__(self, started: float) -> None:
+    def __init__(self, started: float, out=None) -> None:
         self.started = started
+        self.out = out or sys.stdout  # stderr under --json, so stdout is the JSON alone
         self.records: list[T.Record] = []
         self.loss: dict[str, list[tuple[int, float, bool]]] = {}
         self.loss_at_release: dict[str, tuple[int, float]] = {}
@@ -92,7 +95,7 @@ class Timeline:
         return next((name for name, proc in self.children if proc.poll() is not None), "")
 
     def say(self, tag: str, text: str) -> None:
-        print(f"  {time.monotonic() - self.started:6.1f}s  {tag:<9} {text}", flush=True)
+        print(f"  {time.monotonic() - self.started:6.1f}s  {tag:<9} {text}", flush=True, file=self.out)
 
     async def on_record(self, msg) -> None:
         record = T.decode_record(msg.data)
@@ -141,7 +144,7 @@ class Timeline:
             history = self.loss.get(ev.job)
             if history:
                 self.loss_at_release[ev.job] = history[-1][:2]
-            say("RELEASED", f"{ev.job} ({ev.saga}), lost progress {ev.lost_progress_ms} ms")
+            say("RELEASED", f"{ev.job} ({ev.saga}), lost progress {human_duration(ev.lost_progress_ms)}")
         elif isinstance(ev, T.PreemptionCommitted):
             say("COMMIT", f"{ev.saga}: all {len(ev.victims)} victims released; {ev.preemptor} gets its GPUs")
         elif isinstance(ev, T.PreemptionRolledBack):
@@ -152,8 +155,17 @@ class Timeline:
             say("FINISHED", f"{ev.job} after {ev.run_ms / 1000:.1f}s of run time")
         elif isinstance(ev, T.JobFailed):
             say("FAILED", f"{ev.job}: {ev.reason}")
-        elif isinstance(ev, (T.CompensationGranted, T.CheckpointFallback, T.NodeLost, T.PreemptionDeclined)):
-            say(T.type_name(ev)[:9].upper(), str(ev))
+        elif isinstance(ev, T.CompensationGranted):
+            say("COMPENSATE", f"{ev.job} ({ev.team}) gets {ev.amount:g} {ev.kind.replace('_', ' ')}"
+                f" after {ev.preempt_count} preemptions")
+        elif isinstance(ev, T.CheckpointFallback):
+            say("FALLBACK", f"{ev.job}: checkpoint {ev.bad_digest[:12]} did not verify; back to step"
+                f" {ev.to_step} (loses {human_duration(ev.lost_progress_ms)})")
+        elif isinstance(ev, T.NodeLost):
+            say("NODE", f"{ev.node} lost ({ev.reason}); requeued {', '.join(ev.jobs) or 'no job'}")
+        elif isinstance(ev, T.PreemptionDeclined):
+            numbers = f": benefit {ev.benefit:.0f} vs cost {ev.cost:.0f}" if ev.benefit or ev.cost else ""
+            say("WAIT", f"{ev.job} does not preempt ({ev.reason.replace('_', ' ')}{numbers})")
 
 
 def _slots(placement) -> str:
@@ -262,13 +274,13 @@ def _print_summary(s: dict) -> None:
         print("DEMO INCOMPLETE: not every job finished within the time limit")
     for saga in s["sagas"]:
         print(f"{saga['saga']}: {saga['preemptor']} preempted {', '.join(saga['victims'])}: {saga['outcome']}"
-              f" in {saga['plan_to_end_ms']} ms")
+              f" in {human_duration(saga['plan_to_end_ms'])}")
         print(f"  why: benefit {saga['benefit']} vs cost {saga['cost']} (weighted GPU-seconds); {saga['reason']}")
     for v in s["victims"]:
         before = v["loss_when_preempted"]
         after = v["loss_on_resume"]
         final = v["final_loss"]
-        print(f"  {v['job']}: lost {v['lost_progress_ms']} ms of progress; resumed from step {v['resumed_from_step']}"
+        print(f"  {v['job']}: lost {human_duration(v['lost_progress_ms'] or 0)} of progress; resumed from step {v['resumed_from_step']}"
               + (f"; loss {before[1]:.4f} @ {before[0]} -> {after[1]:.4f} @ {after[0]} on resume" if before and after else "")
               + (f" -> {final[1]:.4f} @ {final[0]} final" if final else "")
               + ("" if v["finished"] else " (not finished)"))
@@ -279,21 +291,20 @@ def _print_summary(s: dict) -> None:
 
 def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
     out = Path(out_dir or tempfile.mkdtemp(prefix="xirang-demo-")).resolve()
-    if not Path(DEMO_SCRIPT).exists():
-        raise FileNotFoundError(f"run the demo from the repository root (it runs {DEMO_SCRIPT})")
+    say = sys.stderr if as_json else sys.stdout
     out.mkdir(parents=True, exist_ok=True)
     (out / "policy.toml").write_text(DEMO_POLICY)
     started = time.monotonic()
-    print(f"xirang demo: files in {out}", flush=True)
+    print(f"xirang demo: files in {out}", flush=True, file=say)
     server = EmbeddedNats(out / "nats").start()
     children = []
-    timeline = Timeline(started)
+    timeline = Timeline(started, say)
     try:
         children = start_cluster(server.url, out, 2, ["8xH100", "8xA100"], policy=str(out / "policy.toml"),
                                  tick_ms=500, log_dir=out / "logs", node_names=[H100_NODE, A100_NODE])
         print(f"  NATS {server.url} (pid {server.proc.pid}); scheduler pid {children[0][1].pid}; "
               f"hosts {H100_NODE} (8xH100) pid {children[1][1].pid}, {A100_NODE} (8xA100) pid {children[2][1].pid}",
-              flush=True)
+              flush=True, file=say)
         timeline.children = children
         try:
             outcome = asyncio.run(_drive(server.url, timeline, started + DEMO_TIMEOUT_S))

@@ -304,6 +304,8 @@ class HostAgent:
             self._withdraw(ev.job)
         elif isinstance(ev, T.JobCancelled):
             self._stop_run(ev.job, "cancelled")
+        elif isinstance(ev, T.JobStopRequested):
+            self._stop_run(ev.job, ev.reason)
         elif isinstance(ev, (T.JobFinished, T.JobFailed)):
             self._stop_run(ev.job, "finished_elsewhere")
         elif isinstance(ev, T.NodeLost) and ev.node == self.node:
@@ -462,7 +464,7 @@ class HostAgent:
         elif run.notified:
             await self._report(T.Released(job=run.job), f"{marker}:released")
         else:
-            await self._report(T.Finished(job=run.job, ok=rc == 0), f"{marker}:finished")
+            await self._report(T.Finished(job=run.job, ok=rc == 0, exit_code=rc), f"{marker}:finished")
         log.info("host %s: %s exited (status %s)%s", self.node, run.job, rc,
                  f", {run.stopping}" if run.stopping else "")
         self._drop_run(run)

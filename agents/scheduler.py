@@ -48,11 +48,12 @@ LEASE_KEY = "scheduler"
 LINGER_MS = 5.0
 
 
-def stamped_input(data: bytes, seq: int, now: int, state_t: int) -> T.Input:
+def stamped_input(data: bytes, seq: int, now: int, state_t: int, subject: str = "") -> T.Input:
     """An input as the scheduler steps it: decoded (never raising: bytes out of bounds or
     undecodable become `Malformed`), stamped with its XR_IN sequence and the time it is
-    taken, never earlier than the state's."""
-    inp = parse_input(data)
+    taken, never earlier than the state's, and with `operator` as its subject vouches
+    (operators' requests arrive on `xr.in.op.>`)."""
+    inp = bus.vouched(parse_input(data), subject)
     return msgspec.structs.replace(inp, t=max(now, state_t), seq=seq)
 
 
@@ -348,7 +349,7 @@ class Scheduler:
         seq = msg.metadata.sequence.stream
         if seq <= self.state.canonical.last_input_seq:
             return pending  # applied before a restart: skip, never apply twice
-        return await self._apply(stamped_input(msg.data, seq, now_ms(), self.state.canonical.t), pending)
+        return await self._apply(stamped_input(msg.data, seq, now_ms(), self.state.canonical.t, msg.subject), pending)
 
     async def _apply(self, inp: T.Input, pending: list) -> list:
         try:

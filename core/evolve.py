@@ -12,7 +12,7 @@ import hashlib
 from . import types as T
 from .policy import with_params
 from .state import (
-    FINISHED, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING,
+    FINISHED, HELD, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING,
     Checkpoint, Job, Ledger, LevelWait, Node, Saga, State, Window, Estimate,
     forget_releases, forget_remaining, hold_add, hold_remove, job_progress_ms, queue_add,
     queue_remove, set_holder, touch_job, _index_node_capacity, node_free_count, rebuild_index,
@@ -198,6 +198,38 @@ def _job_requeued(s: State, ev: T.JobRequeued) -> None:
     job.resume_pending = bool(job.checkpoints)
     job.placement = []
     queue_add(s.index, job, s.canonical.policy.aging_levels_max)
+
+
+def _job_held(s: State, ev: T.JobHeld) -> None:
+    job = s.canonical.jobs[ev.job]
+    queue_remove(s.index, job)
+    job.state = HELD
+
+
+def _job_hold_released(s: State, ev: T.JobHoldReleased) -> None:
+    job = s.canonical.jobs[ev.job]
+    job.state = QUEUED
+    job.level_since_t = ev.t
+    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
+
+
+def _job_level_set(s: State, ev: T.JobLevelSet) -> None:
+    """The new level is the job's base level: its queue, what it may preempt and be
+    preempted by; aging starts over from it."""
+    job = s.canonical.jobs[ev.job]
+    queued = job.state == QUEUED
+    holding = job.state in HOLDING
+    if queued:
+        queue_remove(s.index, job)
+    if holding:
+        hold_remove(s.index, job)
+    job.level = ev.level
+    job.eff_level = max(0, ev.level - job.boost)
+    job.level_since_t = ev.t
+    if queued:
+        queue_add(s.index, job, s.canonical.policy.aging_levels_max)
+    if holding:
+        hold_add(s.index, job)
 
 
 def _priority_aged(s: State, ev: T.PriorityAged) -> None:
@@ -454,4 +486,7 @@ _HANDLERS = {
     T.JobLevelRestored: _level_restored,
     T.CompensationGranted: _compensation,
     T.PolicyChanged: _policy_changed,
+    T.JobHeld: _job_held,
+    T.JobHoldReleased: _job_hold_released,
+    T.JobLevelSet: _job_level_set,
 }

@@ -21,6 +21,7 @@ from .placement import acceptable_models, place
 from .preemption import (Decline, Guard, expected_runtime_ms, may_preempt, natural_wait_ms,
                          plan_preemption, scaled_limit, team_limit, variant_policy)
 from .shares import above_share, fair_shares, holding, within_share
+from .state import HELD as HELD_STATE
 from .state import QUEUED, RESERVED, RUNNING, Job, State, window_count
 from .types import LEVELS
 
@@ -52,11 +53,13 @@ class Pending(msgspec.Struct, kw_only=True, omit_defaults=True):
     cost: float | None = None
 
 
-def explain_queue(state: State) -> dict[str, Pending]:
-    """Every queued (or preempting-for) job's reason, by job id, sorted."""
+def explain_queue(state: State, job_ids: list[str] | None = None) -> dict[str, Pending]:
+    """Every waiting (queued, held, or preempting-for) job's reason, by job id, sorted; or
+    those of `job_ids`."""
     c = state.canonical
-    return {job_id: explain(state, job_id) for job_id in sorted(c.jobs)
-            if c.jobs[job_id].state in (QUEUED, RESERVED)}
+    names = sorted(c.jobs) if job_ids is None else job_ids
+    return {job_id: explain(state, job_id) for job_id in names
+            if c.jobs[job_id].state in (QUEUED, RESERVED, HELD_STATE)}
 
 
 def explain(state: State, job_id: str) -> Pending:
@@ -68,11 +71,11 @@ def explain(state: State, job_id: str) -> Pending:
         return Pending(job=job_id, code=PREEMPTING, start_in_ms=max(0, saga.deadline_t - c.t) if saga else 0,
                        reason=f"its preemption {job.saga} is under way: waiting for {left} victim(s) to"
                               " reach a safe point and release")
+    if job.state == HELD_STATE:
+        return Pending(job=job_id, code=HELD, reason=f"held: `xirang release {job_id}` lets it be scheduled")
     impossible = _impossible(state, job)
     if impossible:
         return impossible
-    if getattr(job, "held", False):
-        return Pending(job=job_id, code=HELD, reason="held: `xirang release` lets it be scheduled")
     models = acceptable_models(job.gpu_models, state.index)
     nodes = _nodes_of(state, models)
     start_in = natural_wait_ms(state, job, nodes)
@@ -96,11 +99,11 @@ def _impossible(state: State, job: Job) -> Pending | None:
         return Pending(job=job.id, code=NO_NODE_OF_MODEL,
                        reason=f"no node of model {' or '.join(job.gpu_models) or 'any'} is up"
                               f" (models up: {have}): it starts when one joins")
-    capacity = sum(ix.capacity_by_model.get(m, 0) for m in up)
+    capacity = max(ix.capacity_by_model.get(m, 0) for m in up)  # a gang stays on one model
     if job.gpus > capacity:
         return Pending(job=job.id, code=GANG_TOO_LARGE,
-                       reason=f"asks for {job.gpus} GPUs but the nodes of {', '.join(up)} hold"
-                              f" {capacity} in all: it cannot start until more join")
+                       reason=f"asks for {job.gpus} GPUs but the nodes up of any one model ({', '.join(up)})"
+                              f" hold at most {capacity}: it cannot start until more join")
     return None
 
 
@@ -320,6 +323,8 @@ def _window(win, field: str, t: int, window_ms: int) -> int:
 
 def _human(ms: int) -> str:
     """A duration as people say it: 45s, 12m, 1h12m, 2d3h."""
+    if 0 < ms < 10_000 and ms % 1000:
+        return f"{ms / 1000:.1f}s"
     seconds = max(0, int(ms // 1000))
     if seconds < 60:
         return f"{seconds}s"

@@ -13,8 +13,8 @@ from .log_seal import Ctx, reject
 from .placement import placement_nodes
 from .policy import PolicyError, assign_variant, check_experiment, with_params
 from .saga import commit_if_complete, release_victim, requeue, rollback
-from .state import (HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job, State,
-                    job_progress_ms)
+from .state import (HELD, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job,
+                    State, job_progress_ms)
 from .types import LEVELS
 
 
@@ -126,6 +126,28 @@ def _submit_problem(c, inp: T.Submit) -> tuple[str, str] | None:
             return f"{name}_must_be_non_negative", f"got {name} {value}"
     if inp.est_runtime_s is not None and inp.est_runtime_s == 0:
         return "est_runtime_s_must_be_positive", "leave it out if unknown"
+    return _never_fits(c, inp)
+
+
+def _never_fits(c, inp: T.Submit) -> tuple[str, str] | None:
+    """A job no node the pool has known could ever hold: of a model no node has, or a gang
+    larger than all the nodes of any one model it accepts (a gang stays on one model). An
+    empty pool refuses nothing: the nodes have not joined yet."""
+    if not c.nodes:
+        return None
+    capacity: dict[str, int] = {}
+    for name in sorted(c.nodes):
+        node = c.nodes[name]
+        capacity[node.gpu_model] = capacity.get(node.gpu_model, 0) + node.gpus
+    models = sorted(inp.gpu_models) or sorted(capacity)
+    known = [m for m in models if m in capacity]
+    if not known:
+        return ("no_node_of_model", f"no node of {', '.join(models)} in the pool (it has"
+                f" {', '.join(sorted(capacity))}): name one of those with --gpu-model")
+    largest = max(capacity[m] for m in known)
+    if inp.gpus > largest:
+        return ("gang_larger_than_pool", f"{inp.gpus} GPUs asked; the most any one model has is"
+                f" {largest} ({', '.join(f'{m}: {capacity[m]}' for m in known)}): ask for at most {largest}")
     return None
 
 
@@ -143,7 +165,7 @@ def _job_or_reject(ctx: Ctx, inp, states: tuple[str, ...]) -> Job | None:
 
 
 def _on_cancel(ctx: Ctx, inp: T.Cancel) -> None:
-    job = _job_or_reject(ctx, inp, (QUEUED, STARTING, RUNNING, RESERVED, PREEMPTING, RELEASED))
+    job = _job_or_reject(ctx, inp, (QUEUED, HELD, STARTING, RUNNING, RESERVED, PREEMPTING, RELEASED))
     if job is None:
         return
     nodes = placement_nodes(job.placement) if job.state in (STARTING, RUNNING, PREEMPTING) else []
@@ -233,9 +255,57 @@ def _on_finished(ctx: Ctx, inp: T.Finished) -> None:
     if inp.ok:
         ctx.emit(T.JobFinished(t=inp.t, job=job.id, run_ms=run_ms, nodes=nodes))
     else:
-        ctx.emit(T.JobFailed(t=inp.t, job=job.id, run_ms=run_ms, reason="exited_with_error", nodes=nodes))
+        reason = "exited_with_error" if inp.exit_code is None else f"exit_code_{inp.exit_code}"
+        ctx.emit(T.JobFailed(t=inp.t, job=job.id, run_ms=run_ms, reason=reason, nodes=nodes))
     if saga_id:
         commit_if_complete(ctx, saga_id)
+
+
+def _allowed(ctx: Ctx, inp, job: Job) -> bool:
+    """A person's request about a job: from its owner or an operator."""
+    if not inp.by:
+        reject(ctx, "by_must_be_set", "say who asks (the user name)")
+        return False
+    if inp.by != job.user and not inp.operator:
+        reject(ctx, "not_your_job", f"{job.id} belongs to {job.user}; an operator may act on others' jobs")
+        return False
+    return True
+
+
+def _on_hold(ctx: Ctx, inp: T.Hold) -> None:
+    job = _job_or_reject(ctx, inp, (QUEUED,))
+    if job is not None and _allowed(ctx, inp, job):
+        ctx.emit(T.JobHeld(t=inp.t, job=job.id, by=inp.by))
+
+
+def _on_release_hold(ctx: Ctx, inp: T.ReleaseHold) -> None:
+    job = _job_or_reject(ctx, inp, (HELD,))
+    if job is not None and _allowed(ctx, inp, job):
+        ctx.emit(T.JobHoldReleased(t=inp.t, job=job.id, by=inp.by))
+
+
+def _on_requeue(ctx: Ctx, inp: T.Requeue) -> None:
+    job = _job_or_reject(ctx, inp, (STARTING, RUNNING))
+    if job is None or not _allowed(ctx, inp, job):
+        return
+    ctx.emit(T.JobStopRequested(t=inp.t, job=job.id, nodes=placement_nodes(job.placement),
+                                reason="requeue_requested"))
+    requeue(ctx, job, "requeue_requested", counts_as_preemption=False)
+
+
+def _on_set_level(ctx: Ctx, inp: T.SetLevel) -> None:
+    job = _job_or_reject(ctx, inp, (QUEUED, HELD, STARTING, RUNNING))
+    if job is None or not _allowed(ctx, inp, job):
+        return
+    if not 0 <= inp.level < LEVELS:
+        return reject(ctx, "level_must_be_0_to_7", f"got level {inp.level}")
+    if inp.level < min(job.level, job.requested_level) and not inp.operator:
+        return reject(ctx, "raising_priority_needs_operator",
+                      f"{job.id} was submitted at level {job.requested_level}; only an operator may"
+                      f" make it more urgent than that")
+    if inp.level == job.level:
+        return reject(ctx, "level_unchanged", f"{job.id} is at level {job.level} already")
+    ctx.emit(T.JobLevelSet(t=inp.t, job=job.id, level=inp.level, from_level=job.level, by=inp.by))
 
 
 def _on_tick(ctx: Ctx, inp: T.Tick) -> None:
@@ -286,4 +356,8 @@ HANDLERS = {
     T.Tick: _on_tick,
     T.SetPolicy: _on_set_policy,
     T.Feedback: _on_feedback,
+    T.Hold: _on_hold,
+    T.ReleaseHold: _on_release_hold,
+    T.Requeue: _on_requeue,
+    T.SetLevel: _on_set_level,
 }

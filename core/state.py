@@ -28,6 +28,7 @@ RELEASED = "released"  # victim released inside an open saga
 FINISHED = "finished"
 FAILED = "failed"
 CANCELLED = "cancelled"
+HELD = "held"  # queued, but kept out of the queues by a `hold` until `release`
 TERMINAL = (FINISHED, FAILED, CANCELLED)
 # States in which a job holds GPUs (its placement).
 HOLDING = (STARTING, RUNNING, RESERVED, PREEMPTING)

@@ -97,6 +97,37 @@ class Released(_Input, tag="released"):
 class Finished(_Input, tag="finished"):
     job: str
     ok: bool
+    # The process's exit status, when the host saw it (None: killed, or an older agent).
+    exit_code: int | None = None
+
+
+class _JobRequest(_Input, kw_only=True):
+    """A request about one job by a person: its owner (`by` is the job's user) or an
+    operator. `operator` is set by whoever vouches for the sender's role (the scheduler,
+    from the sender's NATS identity); a client's own claim is worth what its credentials are."""
+
+    job: str
+    by: str = ""
+    operator: bool = False
+
+
+class Hold(_JobRequest, tag="hold"):
+    """Keep a queued job from being scheduled until `release`."""
+
+
+class ReleaseHold(_JobRequest, tag="release"):
+    """Let a held job be scheduled again, in its place by submit time."""
+
+
+class Requeue(_JobRequest, tag="requeue"):
+    """Stop a running job and queue it again (it resumes from its last checkpoint)."""
+
+
+class SetLevel(_JobRequest, tag="set_level", kw_only=True):
+    """Change a job's level. Its owner may make it less urgent (or restore the level it was
+    submitted at); only an operator may make it more urgent."""
+
+    level: int
 
 
 class Tick(_Input, tag="tick"):
@@ -132,6 +163,7 @@ class Malformed(_Input, tag="malformed"):
 Input = Union[
     NodeUp, NodeDown, Submit, Cancel, Started, CheckpointStarted, CheckpointSaved,
     CheckpointFailed, SafePoint, Released, Finished, Tick, SetPolicy, Malformed, Feedback,
+    Hold, ReleaseHold, Requeue, SetLevel,
 ]
 
 
@@ -399,6 +431,31 @@ class FeedbackRecorded(_Event, tag="FeedbackRecorded"):
     comment: str = ""
 
 
+class JobHeld(_Event, tag="JobHeld"):
+    job: str
+    by: str
+
+
+class JobHoldReleased(_Event, tag="JobHoldReleased"):
+    job: str
+    by: str
+
+
+class JobLevelSet(_Event, tag="JobLevelSet"):
+    job: str
+    level: int
+    from_level: int
+    by: str
+
+
+class JobStopRequested(_Event, tag="JobStopRequested"):
+    """Host-directed: stop the job's processes (a requeue follows; nothing is reported)."""
+
+    job: str
+    nodes: list[str]
+    reason: str
+
+
 class StateDigest(_Event, tag="StateDigest"):
     digest: str
     events: int
@@ -412,6 +469,7 @@ Event = Union[
     CompensationGranted, CheckpointBegan, CheckpointRecorded, CheckpointFailedRecorded,
     CheckpointFallback, SafePointReached, PolicyChanged, StateDigest, JobLevelRestored,
     FeedbackRecorded,
+    JobHeld, JobHoldReleased, JobLevelSet, JobStopRequested,
 ]
 
 

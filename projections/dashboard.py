@@ -122,6 +122,20 @@ def _timeline_table(rows: list[dict]) -> str:
             f"{body}</table>")
 
 
+def _pending_table(rows: list[dict]) -> str:
+    if not rows:
+        return '<h2>Why jobs wait</h2><p class="note" id="pending">No job is waiting.</p>'
+    body = "".join(
+        f'<tr data-job="{_e(r["job"])}"><td>{_e(r["job"])}</td><td>{_e(r["team"])}</td><td>{_e(r["user"])}</td>'
+        f'<td>{r["level"]}{"^" + str(r["eff_level"]) if r["eff_level"] != r["level"] else ""}</td>'
+        f'<td>{r["gpus"]}</td><td>{_dur(r["wait_ms"])}</td>'
+        f'<td>{"never as the pool stands" if r["start_in_ms"] is None else "in " + _dur(r["start_in_ms"])}</td>'
+        f'<td class="code">{_e(r["code"])}</td><td class="reason">{_e(r["reason"])}</td></tr>' for r in rows)
+    return ('<h2>Why jobs wait</h2><table id="pending"><tr><th>job</th><th>team</th><th>user</th><th>level</th>'
+            '<th>GPUs</th><th>waiting</th><th>expected start</th><th>reason</th><th>why</th></tr>'
+            f'{body}</table>')
+
+
 def render_fragment(snap: dict) -> str:
     t = snap["totals"]
     kpis = [("log time", fmt_t(snap["now_t"]), "now"), ("events projected", t["events"], "events"),
@@ -140,6 +154,7 @@ def render_fragment(snap: dict) -> str:
     else:
         alerts = '<div class="ok" id="alerts">No alerts: preemption rates within their recent history, no team at its limits.</div>'
     return (f'<header><h1>xirang</h1>{header}</header><main>{alerts}'
+            f'{_pending_table(snap.get("pending", []))}'
             f'{_group_table(snap["levels"], "level", "By level")}'
             '<p class="note">Queued jobs count at their queue level (after aging and boosts);'
             ' everything else at the level they were submitted at (victims: their own level,'

@@ -113,8 +113,21 @@ def snapshot(con, now: int | None = None) -> dict:
         "teams": by_group(con, "team", now),
         "users": by_group(con, "user", now),
         "timeline": timeline(con),
+        "pending": pending(con),
         "alerts": [a.as_dict() for a in alerts.evaluate(con, now)],
     }
+
+
+PENDING_SHOWN_MAX = 50
+
+
+def pending(con, limit: int = PENDING_SHOWN_MAX) -> list[dict]:
+    """Why the most urgent waiting jobs wait (the `pending` table), in serving order."""
+    cur = con.execute('SELECT job, team, "user", level, eff_level, gpus, state, wait_ms, code, reason,'
+                      ' "limit", start_in_ms FROM pending ORDER BY eff_level, wait_ms DESC, job LIMIT ?',
+                      [limit])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
 # ---------------------------------------------------------------- Prometheus

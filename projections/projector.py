@@ -44,11 +44,21 @@ class ProjectionError(RuntimeError):
     """The log cannot be projected as it is (a gap or a broken link): names the record."""
 
 
+# Waiting jobs whose reasons the `pending` table holds, most urgent first: explaining one
+# weighs a preemption, so a flood of queued jobs does not slow every batch down.
+PENDING_ROWS_MAX = 500
+
+
 class Projector:
-    def __init__(self, db: str | duckdb.DuckDBPyConnection, stream: str = "XR_EV") -> None:
+    def __init__(self, db: str | duckdb.DuckDBPyConnection, stream: str = "XR_EV",
+                 pending_reasons: bool = False) -> None:
         self.con = duckdb.connect(db) if isinstance(db, str) else db
         self.stream = stream
         self.skipped = 0  # undecodable messages passed over
+        # With `pending_reasons`, the scheduler's state is folded alongside (core.replay) so
+        # that each commit can write why each queued job waits (`pending`, core/explain.py).
+        self.pending_reasons = pending_reasons
+        self.state = None
         schema.create(self.con)
         self._cols = {t: schema.columns(self.con, t) for t in APPEND_TABLES + tuple(schema.KEYS)}
         self._dtypes = {t: schema.numpy_dtypes(self.con, t) for t in self._cols}
@@ -105,12 +115,15 @@ class Projector:
                     continue
                 self._check_link(seq, record)
                 self._project(seq, record, data)
+                if self.pending_reasons:
+                    self._fold(record)
                 self.last_seq, self.last_n, self.last_hash = seq, record.n, record.hash
                 applied += 1
             if applied or applied_or_skipped:
                 self._commit()
         except BaseException:
             self._load()  # drop half-applied memory: the database holds the truth
+            self.state = None  # folded again from the stored records when next needed
             raise
         self._evict()
         return applied
@@ -132,6 +145,8 @@ class Projector:
             for table, rows in self.dirty.items():
                 if rows:
                     self._replace(table, rows)
+            if self.pending_reasons:
+                self._write_pending()
             con.execute("DELETE FROM projector_position WHERE stream = ?", [self.stream])
             con.execute("INSERT INTO projector_position VALUES (?, ?, ?, ?, ?)",
                         [self.stream, self.last_seq, self.last_n, self.last_hash,
@@ -141,6 +156,41 @@ class Projector:
             con.execute("ROLLBACK")
             raise
         self._reset_buffers()
+
+    def _fold(self, record: T.Record) -> None:
+        from core.replay import apply_record
+
+        if self.state is None:
+            self.state = self._state_from_events()
+        apply_record(self.state, record)
+
+    def _state_from_events(self):
+        """The state as of the committed position, folded from the stored records (once,
+        when a projection that did not fold goes on with pending reasons)."""
+        from core import new_state
+        from core.replay import apply_record
+
+        state = new_state()
+        for (body,) in self.con.execute("SELECT body FROM events ORDER BY seq").fetchall():
+            apply_record(state, _record_decoder.decode(body))
+        return state
+
+    def _write_pending(self) -> None:
+        from core.explain import explain_queue
+
+        state = self.state
+        self.con.execute("DELETE FROM pending")
+        if state is None:
+            return
+        jobs = state.canonical.jobs
+        waiting = sorted((job for job in jobs.values() if job.state in ("queued", "held", "reserved")),
+                         key=lambda job: (job.eff_level, job.submit_t, job.id))[:PENDING_ROWS_MAX]
+        reasons = explain_queue(state, [job.id for job in waiting])
+        rows = [(job.id, job.team, job.user, job.level, job.eff_level, job.gpus, job.state,
+                 state.canonical.t - job.queued_since_t, reasons[job.id].code, reasons[job.id].reason,
+                 reasons[job.id].limit, reasons[job.id].start_in_ms, state.canonical.t) for job in waiting]
+        if rows:
+            self.con.executemany("INSERT INTO pending VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
     def _insert(self, table: str, columns: dict[str, list]) -> None:
         cols = self._cols[table]
@@ -519,7 +569,29 @@ def _ckpt_failed(p: Projector, seq: int, n: int, ev: T.CheckpointFailedRecorded)
     p.job_event(seq, n, ev, ev.job, f"checkpoint failed: {ev.reason}")
 
 
+def _held(p: Projector, seq: int, n: int, ev: T.JobHeld) -> None:
+    p.job(ev.job)["state"] = "held"
+    p.job_event(seq, n, ev, ev.job, f"held by {ev.by}")
+
+
+def _hold_released(p: Projector, seq: int, n: int, ev: T.JobHoldReleased) -> None:
+    p.job(ev.job)["state"] = "queued"
+    p.job_event(seq, n, ev, ev.job, f"released from hold by {ev.by}")
+
+
+def _level_set(p: Projector, seq: int, n: int, ev: T.JobLevelSet) -> None:
+    row = p.job(ev.job)
+    row.update(level=ev.level, eff_level=ev.level)
+    p.job_event(seq, n, ev, ev.job, f"level set from {ev.from_level} to {ev.level} by {ev.by}")
+
+
+def _stop_requested(p: Projector, seq: int, n: int, ev: T.JobStopRequested) -> None:
+    p.job_event(seq, n, ev, ev.job, f"stop requested on {', '.join(ev.nodes) or 'no node'} ({ev.reason})")
+
+
 _HANDLERS = {
+    T.JobHeld: _held, T.JobHoldReleased: _hold_released, T.JobLevelSet: _level_set,
+    T.JobStopRequested: _stop_requested,
     T.JobSubmitted: _submitted, T.JobStartRequested: _start_requested,
     T.JobResumeRequested: _start_requested, T.JobRunning: _running, T.JobFinished: _ended,
     T.JobFailed: _ended, T.JobCancelled: _ended, T.JobRequeued: _requeued,

@@ -46,6 +46,11 @@ Tables
 - `notices`: what each user is told (projections/notices.py): seq, t, user, job, kind
   (preemption_notice, preemption_called_off, preempted, checkpoint_fallback, compensation,
   downgraded, level_restored), message.
+- `pending`: why each waiting job waits, as of the last committed record (written by a
+  projector folding the state, as `xirang project` and `xirang dashboard` do): job, team,
+  user, level, eff_level, gpus, state (queued, held, reserved), wait_ms, code, reason,
+  limit (the policy parameter that blocks it), start_in_ms (expected start; NULL when it
+  never can as the pool stands), t. The most urgent `PENDING_ROWS_MAX` (500) jobs.
 - `projector_position`: one row: stream, last_seq, last_n, last_hash, updated_t.
 
 Views
@@ -104,6 +109,10 @@ CREATE TABLE IF NOT EXISTS feedback (
     seq BIGINT, t BIGINT, job VARCHAR, "user" VARCHAR, score INTEGER, comment VARCHAR);
 CREATE TABLE IF NOT EXISTS notices (
     seq BIGINT, t BIGINT, "user" VARCHAR, job VARCHAR, kind VARCHAR, message VARCHAR);
+CREATE TABLE IF NOT EXISTS pending (
+    job VARCHAR, team VARCHAR, "user" VARCHAR, level INTEGER, eff_level INTEGER, gpus INTEGER,
+    state VARCHAR, wait_ms BIGINT, code VARCHAR, reason VARCHAR, "limit" VARCHAR,
+    start_in_ms BIGINT, t BIGINT);
 CREATE TABLE IF NOT EXISTS projector_position (
     stream VARCHAR, last_seq BIGINT, last_n BIGINT, last_hash VARCHAR, updated_t BIGINT);
 """

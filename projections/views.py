@@ -160,9 +160,21 @@ def history_rows(records) -> list[dict]:
             row["end_t"] = ev.t
             row["run_s"] = getattr(ev, "run_ms", 0) / 1000
             row["reason"] = getattr(ev, "reason", "")
-            code = getattr(ev, "exit_code", None)
-            row["exit_code"] = code if code is not None else (0 if isinstance(ev, T.JobFinished) else None)
+            row["exit_code"] = _exit_code(ev)
     return [jobs[j] for j in sorted(jobs, key=lambda j: (jobs[j]["submit_t"], j))]
+
+
+def _exit_code(ev) -> int | None:
+    """0 for a finished job; a failed job's status from its reason (`exit_code_N`)."""
+    if isinstance(ev, T.JobFinished):
+        return 0
+    reason = getattr(ev, "reason", "")
+    if reason.startswith("exit_code_"):
+        try:
+            return int(reason.removeprefix("exit_code_"))
+        except ValueError:
+            return None
+    return None
 
 
 def keep(rows: list[dict], team: str | None = None, user: str | None = None,

@@ -80,13 +80,32 @@ def test_jobs_behind_more_urgent_levels_and_their_expected_start():
     assert why.start_in_ms is not None and why.start_in_ms > 0
 
 
-def test_a_job_no_node_could_hold_says_so():
+def test_a_job_no_node_could_ever_hold_is_refused_at_submit_with_the_reason():
     run = Run()
-    run.at(0, node("a1"))
-    run.at(1000, submit("wrong-model", 5, 1, models=["B200"]), submit("huge", 5, 64))
-    assert explain(run.state, "wrong-model").code == "no_node_of_model"
-    huge = explain(run.state, "huge")
-    assert huge.code == "gang_too_large" and huge.start_in_ms is None and "8 in all" in huge.reason
+    run.at(0, node("a1"), node("a2"), node("h1", "H100"))
+    events = run.at(1000, submit("wrong-model", 5, 1, models=["B200"]), submit("huge", 5, 17),
+                    submit("across", 5, 16), submit("any-model-huge", 5, 24, models=[]))
+    rejected = {e.job: e for e in of(events, T.InputRejected)}
+    assert rejected["wrong-model"].reason == "no_node_of_model" and "A100, H100" in rejected["wrong-model"].detail
+    assert rejected["huge"].reason == "gang_larger_than_pool" and "at most 16" in rejected["huge"].detail
+    assert rejected["any-model-huge"].reason == "gang_larger_than_pool"  # a gang stays on one model
+    assert "across" not in rejected and run.job("across") is not None
+
+
+def test_an_empty_pool_refuses_nothing_yet():
+    run = Run()
+    assert not of(run.at(1000, submit("early", 5, 8)), T.InputRejected)
+
+
+def test_a_job_whose_models_nodes_are_gone_says_so():
+    run = Run()
+    run.at(0, node("a1"), node("h1", "H100"))
+    run.at(1000, submit("on-h100", 5, 8, models=["H100"]), submit("big", 6, 16, models=["A100"]),
+           submit("fill-h", 5, 8, team="x", models=["H100"]))
+    run.at(2000, T.NodeDown(node="h1"))
+    gone = explain(run.state, "fill-h")
+    assert gone.code == "no_node_of_model" and gone.start_in_ms is None and "H100" in gone.reason
+    assert "models up: A100" in gone.reason
 
 
 def test_explaining_changes_neither_the_state_nor_the_next_decision():

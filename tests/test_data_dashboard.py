@@ -20,6 +20,7 @@ import pytest
 
 from core import rebuild
 from core import types as T
+from core.explain import explain
 from core.state import HOLDING, QUEUED
 from projections import alerts, dashboard, metrics
 from projections.projector import Projector
@@ -118,10 +119,17 @@ def test_dashboard_renders_live_numbers_in_headless_chromium(live_dashboard, tmp
         want = expected_numbers(records[:cut])
         wait_for(lambda: json.loads(get(url + "/api/snapshot"))["totals"]["events"] == cut)
         # when a browser opens the dashboard
-        shown = kpis(run_chromium(url + "/", tmp_path, "--dump-dom"))
+        dom = run_chromium(url + "/", tmp_path, "--dump-dom")
+        shown = kpis(dom)
         # then it shows the live numbers of the log so far
         for key, value in want.items():
             assert shown[key] == value, (key, shown, want)
+        # and why each waiting job waits, as core/explain.py says from the core's own state
+        reasons = dict(re.findall(r'<tr data-job="([^"]+)">(?:<td>[^<]*</td>){7}<td class="code">([a-z_]+)</td>', dom))
+        state = rebuild(records[:cut])
+        waiting = sum(j.state in (QUEUED, "reserved", "held") for j in state.canonical.jobs.values())
+        assert reasons and len(reasons) == min(metrics.PENDING_SHOWN_MAX, waiting)
+        assert reasons == {job: explain(state, job).code for job in reasons}
     assert want["queued"] + want["running-gpus"] > 0 and want["preemptions"] > 0
     png = tmp_path / "dashboard.png"
     run_chromium(url + "/", tmp_path, f"--screenshot={png}")

@@ -52,11 +52,14 @@ def test_bad_submission_answers_with_the_reason_and_loses_nothing(cluster):
     bad = xirang("submit", "j2", "--nats", cluster.url, "--team", "a", "--level", "9", "--gpus", "1")
     assert bad.returncode == 1
     assert "rejected: level_must_be_0_to_7" in bad.stdout
-    good = xirang("submit", "j3", "--nats", cluster.url, "--team", "a", "--level", "7", "--gpus", "64",
+    never = xirang("submit", "j4", "--nats", cluster.url, "--team", "a", "--level", "7", "--gpus", "64")
+    assert never.returncode == 1 and "rejected: gang_larger_than_pool" in never.stdout
+    assert "ask for at most 8" in never.stdout
+    good = xirang("submit", "j3", "--nats", cluster.url, "--team", "a", "--level", "7", "--gpus", "8",
                   "--json")
     assert json.loads(good.stdout)["outcome"] == "accepted"
-    queue = json.loads(xirang("queue", "--nats", cluster.url, "--json").stdout)
-    assert [q["job"] for q in queue["levels"][7]["queued"]] == ["j3"]
+    jobs = json.loads(xirang("jobs", "--nats", cluster.url, "--json").stdout)
+    assert [r["job"] for r in jobs["jobs"]] == ["j3"]
 
 
 def test_duplicated_input_is_applied_once(cluster):

@@ -63,14 +63,18 @@ def test_dry_run_tells_what_would_happen_and_submits_nothing(cluster, capsys):
     url = cluster.url
     answer = as_json(capsys, "submit", "urgent-dry", "--nats", url, "--team", "safety", "--level", "1",
                      "--gpus", "8", "--est-runtime-s", "60", "--dry-run")
-    assert answer["outcome"] in ("preempts", "waits")
+    # big-1 runs on every GPU with no checkpoint: an urgent one-minute job is worth preempting it
+    # only if the decision model says so; either way the answer says why, in numbers.
+    assert answer["outcome"] in ("preempts", "waits"), answer
     if answer["outcome"] == "preempts":
         assert [v["job"] for v in answer["victims"]] == ["big-1"] and answer["benefit"] > answer["cost"]
     else:
         assert answer["reason"] and answer["start_in_s"] is not None
-    refused = as_json(capsys, "submit", "never", "--nats", url, "--team", "safety", "--level", "1",
-                      "--gpus", "1", "--gpu-model", "B200", "--dry-run")
-    assert refused["outcome"] in ("rejected", "waits")
+    print(answer["summary"], file=sys.stderr)
+    code, out, _ = xirang(capsys, "submit", "never", "--nats", url, "--team", "safety", "--level", "1",
+                          "--gpus", "1", "--gpu-model", "B200", "--dry-run", "--json")
+    refused = json.loads(out)
+    assert code == 1 and (refused["outcome"], refused["reason"]) == ("rejected", "no_node_of_model")
     jobs = as_json(capsys, "jobs", "--nats", url)["jobs"]
     assert "urgent-dry" not in {r["job"] for r in jobs} and "never" not in {r["job"] for r in jobs}
 
@@ -102,3 +106,33 @@ def test_history_shows_finished_jobs_with_filters(cluster, capsys):
     assert as_json(capsys, "history", "--nats", url, "--team", "nobody")["jobs"] == []
     code, out, _ = xirang(capsys, "history", "--nats", url)
     assert "big-1" in out and "cancelled" in out
+    fail = f"{sys.executable} -c \"import sys; sys.exit(3)\""
+    xirang(capsys, "submit", "fail-1", "--nats", url, "--team", "nlp", "--level", "5", "--gpus", "1",
+           "--command", fail)
+    cluster.wait_for(T.JobFailed, job="fail-1")
+    failed = as_json(capsys, "history", "--nats", url, "--state", "failed")["jobs"]
+    assert [(r["job"], r["exit_code"]) for r in failed] == [("fail-1", 3)]
+
+
+def test_hold_release_set_level_and_requeue(cluster, capsys):
+    url = cluster.url
+    as_json(capsys, "submit", "later", "--nats", url, "--team", "nlp", "--user", "bo", "--level", "7",
+            "--gpus", "8")
+    code, out, _ = xirang(capsys, "hold", "later", "--nats", url, "--user", "bo")
+    assert code == 0 and out.startswith("accepted")
+    jobs = {r["job"]: r for r in as_json(capsys, "jobs", "--nats", url)["jobs"]}
+    assert jobs["later"]["state"] == "held" and jobs["later"]["reason_code"] == "held"
+    code, out, _ = xirang(capsys, "release", "later", "--nats", url, "--user", "cy")
+    assert code == 1 and "rejected: not_your_job" in out
+    code, out, _ = xirang(capsys, "set-level", "later", "6", "--nats", url, "--user", "bo")
+    assert code == 1 and "raising_priority_needs_operator" in out
+    code, out, _ = xirang(capsys, "set-level", "later", "6", "--nats", url, "--user", "ops", "--operator")
+    assert code == 0, out
+    code, _, _ = xirang(capsys, "release", "later", "--nats", url, "--user", "bo")
+    assert code == 0
+    jobs = {r["job"]: r for r in as_json(capsys, "jobs", "--nats", url)["jobs"]}
+    assert jobs["later"]["state"] == "queued" and jobs["later"]["level"] == 6
+    code, _, _ = xirang(capsys, "requeue", "small-1", "--nats", url, "--user", "bo")
+    assert code == 0
+    records = cluster.wait_for(T.JobRequeued, job="small-1", reason="requeue_requested")
+    assert [r for r in records if isinstance(r.event, T.JobStopRequested) and r.event.job == "small-1"]

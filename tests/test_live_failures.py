@@ -93,13 +93,13 @@ def test_second_scheduler_beside_the_first_never_appends(tmp_path):
         c.agent("h1", "8xH100")
         c.wait_for(T.NodeJoined, node="h1")  # s1 leads: it has appended
         c.scheduler("s2")
-        c.send(*[T.Submit(job=f"j{i}", team="a", user="u", level=7, gpus=16) for i in range(30)])
+        c.send(*[T.Submit(job=f"j{i}", team="a", user="u", level=7, gpus=8) for i in range(30)])
         c.wait_for(T.JobSubmitted, count=30)
         time.sleep(1.0)  # several lease renewals and ticks of both
         assert {h.get(bus.WRITER_HEADER) for _, _, h in c.raw_log()} == {"s1"}
         # The standby takes over when the leader stops, and only then appends.
         c.terminate(s1)
-        c.send(T.Submit(job="after", team="a", user="u", level=7, gpus=16))
+        c.send(T.Submit(job="after", team="a", user="u", level=7, gpus=8))
         records = c.wait_for(T.JobSubmitted, job="after")
         writers = [h.get(bus.WRITER_HEADER) for _, _, h in c.raw_log()]
         assert writers[-1] == "s2" and set(writers) == {"s1", "s2"}
@@ -140,7 +140,7 @@ def test_restarted_scheduler_starts_from_its_snapshot_and_the_tail(tmp_path):
     with Cluster(tmp_path) as c:
         s1 = c.scheduler("s1", "--snapshot-every-events", "20")
         c.send(T.NodeUp(node="n1", gpu_model="H100", gpus=8))
-        c.send(*[T.Submit(job=f"j{i}", team="a", user="u", level=7, gpus=16) for i in range(30)])
+        c.send(*[T.Submit(job=f"j{i}", team="a", user="u", level=7, gpus=8) for i in range(30)])
         c.wait_for(T.JobSubmitted, count=30)
 
         async def snapshot(nc, js):
@@ -148,7 +148,7 @@ def test_restarted_scheduler_starts_from_its_snapshot_and_the_tail(tmp_path):
         state, covered = c._run(snapshot)
         assert state is not None and 0 < covered and state.canonical.events_n >= 20
         c.kill(s1)
-        c.send(*[T.Submit(job=f"k{i}", team="a", user="u", level=7, gpus=16) for i in range(5)])
+        c.send(*[T.Submit(job=f"k{i}", team="a", user="u", level=7, gpus=8) for i in range(5)])
         c.scheduler("s2")
         records = c.wait_for(T.JobSubmitted, count=35)
         full = rebuild(records)

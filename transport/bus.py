@@ -162,8 +162,23 @@ async def _ensure_stream(js, config: api.StreamConfig) -> None:
 # ---------------------------------------------------------------- inputs
 
 
+# Operators' requests about others' jobs arrive here: NATS permissions decide who may
+# publish on it, and the scheduler believes an input's `operator` flag only from it.
+OPERATOR_PREFIX = f"{IN_PREFIX}.op"
+
+
 def input_subject(inp: T.Input) -> str:
+    if getattr(inp, "operator", False):
+        return f"{OPERATOR_PREFIX}.{T.type_name(inp)}"
     return f"{IN_PREFIX}.{T.type_name(inp)}"
+
+
+def vouched(inp: T.Input, subject: str) -> T.Input:
+    """The input with its `operator` flag as the subject it came on says, not as it claims."""
+    if not hasattr(inp, "operator"):
+        return inp
+    operator = subject.startswith(OPERATOR_PREFIX + ".")
+    return inp if inp.operator == operator else msgspec.structs.replace(inp, operator=operator)
 
 
 async def send_input(js, inp: T.Input) -> tuple[str, int, bool]:

@@ -123,7 +123,7 @@ def open_projector(db: str, rebuild: bool = False, stream: str = "XR_EV"):
                 os.remove(path)
     os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
     try:
-        return Projector(db, stream=stream)
+        return Projector(db, stream=stream, pending_reasons=True)
     except duckdb.IOException as err:
         raise _user_error(f"cannot open {db}: {err} (is another projector or dashboard"
                           " using it?)") from err

@@ -8,6 +8,11 @@
     xirang logs JOB [--follow]             the job's output on its host (slurm-N.out)
     xirang nodes                           nodes: model, GPUs free/used, jobs, state (sinfo)
     xirang shares                          teams: quota, fair share, held, limits (sshare)
+    xirang hold|release|requeue JOB        keep from scheduling, let go, stop and queue again
+    xirang set-level JOB LEVEL             (scontrol hold/release/requeue, update Priority)
+
+The last four act on the user's own jobs; `--operator` sends them on the operators' subject
+(`xr.in.op.>`, which NATS permissions reserve for operators) to act on anyone's.
 
 Every command takes `--nats URL` (default `$XIRANG_NATS`, else the server `xirang up`
 started) and `--json` (JSON only on stdout). This module only parses, calls and prints:
@@ -70,6 +75,19 @@ def register(sub) -> None:
                             " compensation (sshare-like)")
     common(shares)
     shares.set_defaults(func=cmd_shares)
+
+    for name, what in (("hold", "keep a queued job from being scheduled until `release`"),
+                       ("release", "let a held job be scheduled again"),
+                       ("requeue", "stop a running job and queue it again (it resumes from its checkpoint)"),
+                       ("set-level", "change a job's level (more urgent needs --operator)")):
+        p = sub.add_parser(name, help=what)
+        common(p)
+        p.add_argument("job")
+        if name == "set-level":
+            p.add_argument("level", type=int, help="0 (emergency) .. 7 (exploration)")
+        p.add_argument("--user", default=os.environ.get("USER", "user"), help="who asks (default $USER)")
+        p.add_argument("--operator", action="store_true", help="act as an operator (on anyone's job)")
+        p.set_defaults(func=cmd_job_request, request=name)
 
 
 def common(p) -> None:
@@ -145,6 +163,16 @@ def cmd_cancel(args) -> int:
     from core import types as T
 
     return _send_and_answer(args, T.Cancel(job=args.job))
+
+
+def cmd_job_request(args) -> int:
+    from core import types as T
+
+    kind = {"hold": T.Hold, "release": T.ReleaseHold, "requeue": T.Requeue, "set-level": T.SetLevel}[args.request]
+    fields = {"job": args.job, "by": args.user, "operator": args.operator}
+    if args.request == "set-level":
+        fields["level"] = args.level
+    return _send_and_answer(args, kind(**fields))
 
 
 def _send_and_answer(args, inp) -> int:

@@ -215,8 +215,6 @@ def cmd_up(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from agents.demo import DEMO_SCRIPT, run_demo
+    from agents.demo import run_demo
 
-    if not Path(DEMO_SCRIPT).exists():
-        raise _user_error(f"run the demo from the repository root (it runs {DEMO_SCRIPT})")
     return run_demo(out_dir=args.out, as_json=args.json)

@@ -1,0 +1,72 @@
+"""A person's requests about a job: hold, release, requeue, set_level. The owner may act on
+their own jobs, an operator on anyone's; a refused request says why and changes nothing;
+the exit status of a failed job is kept."""
+
+from core import types as T
+from core.explain import explain
+from core.replay import rebuild
+
+from scenario import Run, node, of, start_all, submit
+
+
+def busy_pool() -> Run:
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("runner", 5, 8, user="ana", est_runtime_s=600))
+    start_all(run, 2000)
+    run.at(3000, submit("waiter", 6, 4, user="bo"), submit("other", 6, 4, team="t2", user="cy"))
+    return run
+
+
+def test_a_held_job_is_not_scheduled_until_released():
+    run = busy_pool()
+    events = run.at(4000, T.Hold(job="waiter", by="bo"))
+    assert of(events, T.JobHeld) and run.job_state("waiter") == "held"
+    assert explain(run.state, "waiter").code == "held"
+    run.at(5000, T.Finished(job="runner", ok=True))
+    assert run.job_state("waiter") == "held" and run.job_state("other") == "starting"
+    events = run.at(6000, T.ReleaseHold(job="waiter", by="bo"))
+    assert of(events, T.JobHoldReleased) and run.job_state("waiter") == "starting"
+    rebuild(run.records)  # the log folds back with every digest
+
+
+def test_only_the_owner_or_an_operator_may_act_on_a_job():
+    run = busy_pool()
+    before = run.state.index.jobs_sum  # the jobs, not the log position
+    refused = of(run.at(4000, T.Hold(job="waiter", by="cy")), T.InputRejected)
+    assert refused[0].reason == "not_your_job" and "operator" in refused[0].detail
+    assert run.state.index.jobs_sum == before
+    assert of(run.at(4000, T.Hold(job="waiter")), T.InputRejected)[0].reason == "by_must_be_set"
+    assert of(run.at(4000, T.Hold(job="waiter", by="root", operator=True)), T.JobHeld)
+
+
+def test_requeue_stops_the_job_on_its_hosts_and_queues_it_again():
+    run = busy_pool()
+    events = run.at(4000, T.Requeue(job="runner", by="ana"))
+    stop = of(events, T.JobStopRequested)[0]
+    assert stop.nodes == ["a1"] and stop.reason == "requeue_requested"
+    requeued = of(events, T.JobRequeued)[0]
+    assert requeued.reason == "requeue_requested" and requeued.preempt_count == 0
+    assert run.job_state("runner") == "queued"  # the two waiting jobs took its GPUs
+    assert of(run.at(4500, T.Requeue(job="runner", by="ana")), T.InputRejected)[0].reason == "job_is_queued"
+
+
+def test_an_owner_may_lower_a_level_but_only_an_operator_may_raise_it():
+    run = busy_pool()
+    lowered = of(run.at(4000, T.SetLevel(job="waiter", level=7, by="bo")), T.JobLevelSet)[0]
+    assert (lowered.from_level, lowered.level) == (6, 7) and run.job("waiter").level == 7
+    back = of(run.at(4100, T.SetLevel(job="waiter", level=6, by="bo")), T.JobLevelSet)
+    assert back and run.job("waiter").level == 6
+    refused = of(run.at(4200, T.SetLevel(job="waiter", level=2, by="bo")), T.InputRejected)[0]
+    assert refused.reason == "raising_priority_needs_operator"
+    assert of(run.at(4300, T.SetLevel(job="waiter", level=2, by="ops", operator=True)), T.JobLevelSet)
+    assert run.job("waiter").level == 2 and run.job("waiter").eff_level == 2
+    assert of(run.at(4400, T.SetLevel(job="runner", level=9, by="ana")), T.InputRejected)[0].reason \
+        == "level_must_be_0_to_7"
+    rebuild(run.records)
+
+
+def test_a_failed_job_keeps_its_exit_code():
+    run = busy_pool()
+    failed = of(run.at(4000, T.Finished(job="runner", ok=False, exit_code=3)), T.JobFailed)[0]
+    assert failed.reason == "exit_code_3"
