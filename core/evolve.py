@@ -214,8 +214,8 @@ def _job_hold_released(s: State, ev: T.JobHoldReleased) -> None:
 
 
 def _job_level_set(s: State, ev: T.JobLevelSet) -> None:
-    """The new level is the job's base level: its queue, what it may preempt and be
-    preempted by; aging starts over from it."""
+    """The new level is the job's base level and the level it asks for (it is no downgrade
+    to restore): its queue, what it may preempt and be preempted by; aging starts over."""
     job = s.canonical.jobs[ev.job]
     queued = job.state == QUEUED
     holding = job.state in HOLDING
@@ -223,7 +223,7 @@ def _job_level_set(s: State, ev: T.JobLevelSet) -> None:
         queue_remove(s.index, job)
     if holding:
         hold_remove(s.index, job)
-    job.level = ev.level
+    job.level = job.requested_level = ev.level
     job.eff_level = max(0, ev.level - job.boost)
     job.level_since_t = ev.t
     if queued:

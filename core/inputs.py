@@ -299,10 +299,9 @@ def _on_set_level(ctx: Ctx, inp: T.SetLevel) -> None:
         return
     if not 0 <= inp.level < LEVELS:
         return reject(ctx, "level_must_be_0_to_7", f"got level {inp.level}")
-    if inp.level < min(job.level, job.requested_level) and not inp.operator:
+    if inp.level < job.level and not inp.operator:
         return reject(ctx, "raising_priority_needs_operator",
-                      f"{job.id} was submitted at level {job.requested_level}; only an operator may"
-                      f" make it more urgent than that")
+                      f"{job.id} is at level {job.level}; only an operator may make it more urgent")
     if inp.level == job.level:
         return reject(ctx, "level_unchanged", f"{job.id} is at level {job.level} already")
     ctx.emit(T.JobLevelSet(t=inp.t, job=job.id, level=inp.level, from_level=job.level, by=inp.by))

@@ -124,8 +124,8 @@ class Requeue(_JobRequest, tag="requeue"):
 
 
 class SetLevel(_JobRequest, tag="set_level", kw_only=True):
-    """Change a job's level. Its owner may make it less urgent (or restore the level it was
-    submitted at); only an operator may make it more urgent."""
+    """Change a job's level. Its owner may make it less urgent; only an operator may make
+    it more urgent."""
 
     level: int
 

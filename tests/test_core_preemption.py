@@ -569,7 +569,9 @@ def test_a_downgrade_lasts_until_the_teams_preemption_quota_recovers():
     until = run.events(T.TeamDowngraded)[0].until_t
     assert until == 20 * MIN + run.state.canonical.policy.fairness_window_ms
     run.at(23 * MIN, T.Cancel(job="p1"), T.Cancel(job="p2"))
-    # p4 asks for a model the pool lacks: it stays queued, downgraded, until the quota recovers.
+    # p4 asks for a model whose only node is down: it stays queued, downgraded, until the
+    # quota recovers (a model no node ever had would be refused at submit).
+    run.at(24 * MIN, node("h9", "H100"), T.NodeDown(node="h9"))
     during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])),
                 T.JobSubmitted)[0]
     assert (during.requested_level, during.level) == (1, 3)
