@@ -253,7 +253,7 @@ def _summary(timeline: Timeline, out: Path, outcome: dict, verify: str) -> dict:
             released = next((r.event for r in records if isinstance(r.event, T.VictimReleased) and r.event.job == job), None)
             resumed = next((r.event for r in records if isinstance(r.event, T.JobResumeRequested) and r.event.job == job), None)
             history = timeline.loss.get(job, [])
-            after = next(((s, l) for s, l, res in history if res), None)
+            after = next(((s, loss) for s, loss, res in history if res), None)
             victims.append({
                 "job": job, "lost_progress_ms": released.lost_progress_ms if released else None,
                 "resumed_from_step": resumed.ckpt_step if resumed else None,

@@ -177,7 +177,6 @@ def _team_at_share(state: State, job: Job) -> bool:
 def _why_no_preemption(state: State, job: Job) -> Pending | None:
     """For a job with a right to preempt (or to reclaim): what the decision model says now."""
     c = state.canonical
-    p = c.policy
     if job.preempt_retry_t > c.t:
         return Pending(job=job.id, code=RETRY_BACKOFF,
                        reason=f"its last preemption rolled back: it tries again in"
@@ -282,7 +281,6 @@ def _shield(state: State, preemptor: Job, victim: Job) -> str:
     """The first rule that keeps a running job from being this preemptor's victim (the order
     of `victim_preemptible_now`)."""
     c = state.canonical
-    p = c.policy
     if victim.state != RUNNING or victim.saga:
         return "busy"
     if not victim.preemptible:

@@ -78,7 +78,7 @@ class Units:
 
     def __init__(self, rows: list[tuple], split_by: str) -> None:
         by_unit: dict[str, list[tuple]] = {}
-        for variant, team, user, job, slowdown, *values in rows:
+        for _variant, team, user, job, slowdown, *values in rows:
             by_unit.setdefault(assignment_unit(split_by, team, user, job), []).append((team, slowdown, values))
         self.names = sorted(by_unit)
         self.jobs = [by_unit[u] for u in self.names]

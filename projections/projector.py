@@ -297,7 +297,7 @@ class Projector:
     def open_preemption_of(self, victim: str) -> dict | None:
         """The victim's latest preemption still waiting for the victim to run again."""
         best = None
-        for (saga, job), row in self.preemptions.items():
+        for (_saga, job), row in self.preemptions.items():
             if job == victim and (best is None or row["planned_t"] >= best["planned_t"]):
                 best = row
         if best is not None:

@@ -107,8 +107,8 @@ def charts(d: dict) -> dict[str, str]:
     out["slowdown"] = _png(fig)
     fig, ax = plt.subplots(figsize=(7, 3))
     levels = [w[0] for w in d["waits"]]
-    ax.bar([l - 0.2 for l in levels], [w[1] / 60000 for w in d["waits"]], width=0.4, label="mean")
-    ax.bar([l + 0.2 for l in levels], [w[2] / 60000 for w in d["waits"]], width=0.4, label="p95")
+    ax.bar([level - 0.2 for level in levels], [w[1] / 60000 for w in d["waits"]], width=0.4, label="mean")
+    ax.bar([level + 0.2 for level in levels], [w[2] / 60000 for w in d["waits"]], width=0.4, label="p95")
     ax.set(title="Queue wait per level", xlabel="level", ylabel="minutes")
     ax.legend()
     out["waits"] = _png(fig)

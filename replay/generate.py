@@ -2,8 +2,8 @@
 mid and low priority work, and bursts of urgent jobs (levels 0-1) with whole-node and
 multi-node gangs among them.
 
-    from replay.generate import bursts_workload
-    workload = bursts_workload(seed=0, gpus_total=256)   # scaled to the pool
+    from replay.workload import load_trace
+    workload = load_trace("bursts:256", seed=0)   # scaled to the pool (rows: bursts_rows)
 
 The background's offered load is `load` times the pool (1.3: overloaded, the queue grows
 while the bursts come), so every policy must preempt to keep urgent jobs fast, and the
@@ -38,11 +38,10 @@ URGENT_MEDIAN_S = 1800.0
 USERS_PER_TEAM = 6
 
 
-def bursts_workload(seed: int = 0, gpus_total: int = 256, load: float = 1.3,
-                    node_gpus: int = 8, hours: float = BURSTS_HOURS):
-    """The generated workload for a pool of `gpus_total` GPUs (see the module doc)."""
-    from .workload import _complete
-
+def bursts_rows(seed: int = 0, gpus_total: int = 256, load: float = 1.3,
+                node_gpus: int = 8, hours: float = BURSTS_HOURS) -> tuple[str, list[dict]]:
+    """The generated workload's name and trace rows for a pool of `gpus_total` GPUs (see
+    the module doc); `replay.workload` completes them into a `Workload`."""
     rng = {name: random.Random(f"bursts/{seed}/{name}")
            for name in ("arrival", "size", "duration", "level", "team", "user", "burst")}
     size_cap = max(1, gpus_total // 4)
@@ -71,8 +70,7 @@ def bursts_workload(seed: int = 0, gpus_total: int = 256, load: float = 1.3,
     raw.sort(key=lambda item: (item["submit_s"], item["job"]))
     for i, item in enumerate(raw):
         item["job"] = f"gen-{i:06d}"
-    name = f"bursts:{gpus_total}:{load:g}"
-    return _complete(name, raw, seed, name)
+    return f"bursts:{gpus_total}:{load:g}", raw
 
 
 def _row(rng, t: float, gpus: int, level: int, median_s: float) -> dict:

@@ -147,13 +147,14 @@ def load_trace(spec: str, seed: int = 0, limit: int | None = None, philly_path: 
     if spec == "philly":
         return load_philly(philly_path or default_philly_path(), seed, limit)
     if spec.startswith("bursts:"):
-        from .generate import bursts_workload, parse_bursts_spec
+        from .generate import bursts_rows, parse_bursts_spec
 
         try:
             gpus, load = parse_bursts_spec(spec)
         except ValueError as err:
             raise TraceError(str(err)) from None
-        return bursts_workload(seed, gpus, load).limit(limit)
+        name, raw = bursts_rows(seed, gpus, load)
+        return _complete(name, raw, seed, name).limit(limit)
     return load_canonical(spec, seed, limit)
 
 

@@ -64,7 +64,7 @@ BAD_ARGUMENTS = {
     "set-level": [["set-level", "j", "urgent"]],
     "sim": [["sim", "--out", "o", "--trace", "missing.csv"], ["sim", "--out", "o", "--gpus", "-5"]],
     "sweep": [["sweep", "--out", "o", "--trace", "missing.csv"], ["sweep", "--out", "o", "--gpus", "-8"],
-              ["sweep", "--out", "o", "--windows", "x"]],
+              ["sweep", "--out", "o", "--windows", "x"], ["sweep", "--bogus"]],
     "project": [["project", "--log", "missing.jsonl"], ["project", "--batch", "0", "--log", "x"]],
     "sql": [["sql", "SELEKT nonsense"]],
     "export": [["export"]],
@@ -77,7 +77,6 @@ BAD_ARGUMENTS = {
     "report": [["report", "--from", "x", "--to", "y"]],
     "feedback": [["feedback", "j", "--score", "9"], ["feedback", "j"]],
     "notices": [["notices", "--log", "missing.jsonl"]],
-    "sweep": [["sweep", "--bogus"]],
     "key": [["key", "show", "--dir", "missing"], ["key", "rotate", "--dir", "missing"], ["key"]],
 }
 

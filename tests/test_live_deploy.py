@@ -18,7 +18,7 @@ import pytest
 
 from transport import bus
 from transport.natsd import free_port, nats_server_binary
-from agents.testing import REPO, matching, sleep_command
+from agents.testing import REPO, sleep_command
 from core import types as T
 
 pytestmark = pytest.mark.timeout(120)

@@ -4,7 +4,6 @@ plain hash chain was recomputed by the forger."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import sys

@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from xirang.errors import UserError, debugging, explain_failure  # noqa: F401  (UserError re-exported)
+
 # Modules that register subcommands, in the order their help is listed.
 COMMAND_MODULES = [
     "xirang.cmd_replay",
@@ -22,9 +24,6 @@ OPTIONAL_COMMAND_MODULES = [
     "xirang.cmd_security",
     "xirang.cmd_tuning",
 ]
-
-
-from xirang.errors import UserError, debugging, explain_failure  # noqa: F401  (UserError re-exported)
 
 
 def build_parser() -> argparse.ArgumentParser:
