@@ -25,6 +25,9 @@ import sys
 import threading
 
 DEFAULT_DB = os.path.join(".xirang", "projection.duckdb")
+# The dashboard projects into its own copy: DuckDB lets one process write a file and no
+# other open it meanwhile, so sharing the analysts' file would lock them out while it runs.
+DASHBOARD_DB = os.path.join(".xirang", "dashboard.duckdb")
 
 
 def _user_error(message: str):
@@ -70,8 +73,8 @@ def resolve_source(args) -> None:
                           " or start the system with `xirang up`)")
 
 
-def add_db(parser) -> None:
-    parser.add_argument("--db", default=DEFAULT_DB, help=f"DuckDB file (default {DEFAULT_DB})")
+def add_db(parser, default: str = DEFAULT_DB) -> None:
+    parser.add_argument("--db", default=default, help=f"DuckDB file (default {default})")
 
 
 def parse_time(text: str | None) -> int | None:
@@ -211,17 +214,31 @@ def _register_sql(sub) -> None:
     p.set_defaults(func=cmd_sql)
 
 
+READ_WAIT_S = 5.0  # how long a reader waits for a writer's batch to end
+
+
 def open_readonly(db: str):
     import duckdb
 
     if not os.path.exists(db):
         raise _user_error(f"no projection at {db}: run `xirang project --log FILE` or"
                           " `xirang project --nats URL` first (or pass --db)")
-    try:
-        return duckdb.connect(db, read_only=True)
-    except duckdb.Error as err:
-        raise _user_error(f"cannot open {db}: {err} (a running projector or dashboard holds"
-                          " it; query the dashboard's /api/sql instead)") from err
+    import time
+
+    deadline = time.monotonic() + READ_WAIT_S
+    while True:
+        try:
+            return duckdb.connect(db, read_only=True)
+        except duckdb.IOException as err:
+            # A projector writing a batch holds the file for a moment: wait it out.
+            if time.monotonic() > deadline:
+                raise _user_error(f"cannot open {db}: another process holds it for writing (a"
+                                  " `xirang project --follow`, or a dashboard given this --db); stop"
+                                  " it, or read the dashboard's own copy (--db .xirang/dashboard.duckdb"
+                                  " is written by it, /api/sql serves it)") from err
+            time.sleep(0.2)
+        except duckdb.Error as err:
+            raise _user_error(f"cannot open {db}: {err}") from err
 
 
 def cmd_sql(args) -> int:
@@ -392,9 +409,10 @@ def _print_audit(args, audit, summary: dict) -> None:
 
 
 def _register_dashboard(sub) -> None:
-    p = sub.add_parser("dashboard", help="live web dashboard and /metrics, projecting as it goes")
+    p = sub.add_parser("dashboard", help="live web dashboard and /metrics, projecting as it goes"
+                       " (into its own copy: sql, alerts, report and project keep working)")
     add_source(p)
-    add_db(p)
+    add_db(p, DASHBOARD_DB)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8321, help="port (0 picks a free one; default 8321)")
     p.add_argument("--sql-token-file", metavar="FILE",
