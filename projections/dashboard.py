@@ -187,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path == "/fragment":
                 self._send(200, "text/html; charset=utf-8", render_fragment(metrics.snapshot(cur)))
             elif url.path == "/metrics":
-                self._send(200, "text/plain; version=0.0.4; charset=utf-8", metrics.prometheus(cur))
+                self._send(200, "text/plain; version=0.0.4; charset=utf-8", metrics.prometheus(cur, self.live.get("input_backlog")))
             elif url.path == "/api/snapshot":
                 self._send(200, "application/json", json.dumps(metrics.snapshot(cur), default=str))
             elif url.path == "/api/sql":
@@ -223,11 +223,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def serve(con: duckdb.DuckDBPyConnection, host: str = "127.0.0.1", port: int = 0,
-          sql: AnalystSql | None = None) -> ThreadingHTTPServer:
+          sql: AnalystSql | None = None, live: dict | None = None) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; `server.server_address` has the port. The database
-    is locked down first (no file access, configuration locked) for `/api/sql`'s sake."""
+    is locked down first (no file access, configuration locked) for `/api/sql`'s sake.
+    `live` holds what the follower learns beside the log (`input_backlog`: inputs on XR_IN
+    not answered in the log yet), for /metrics."""
     lock_down(con)
-    handler = type("DashboardHandler", (_Handler,), {"con": con, "sql": sql or AnalystSql(token="")})
+    handler = type("DashboardHandler", (_Handler,), {"con": con, "sql": sql or AnalystSql(token=""),
+                                                     "live": live if live is not None else {}})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()

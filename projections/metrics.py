@@ -131,50 +131,103 @@ def pending(con, limit: int = PENDING_SHOWN_MAX) -> list[dict]:
 
 
 # ---------------------------------------------------------------- Prometheus
+#
+# Conventions (prometheus.io/docs/practices/naming): every name starts with `xirang_`, is in
+# base units (seconds, GPUs), counters end in `_total`, and each grouping has a family of its
+# own (`xirang_level_*`, `xirang_team_*`, `xirang_user_*`), so summing one family never counts
+# a job three times. Waits are histograms. No label carries a job id (unbounded cardinality).
 
-_GAUGES = [
-    # (metric, help, row field, scale)
-    ("xirang_queue_depth", "Jobs waiting in the queue", "queued", 1),
-    ("xirang_queue_oldest_wait_seconds", "Longest current wait in the queue", "oldest_wait_ms", 1e-3),
-    ("xirang_queue_wait_seconds_mean", "Mean wait of jobs started in the last hour", "wait_ms_mean", 1e-3),
-    ("xirang_running_gpus", "GPUs held by running, starting or reserved jobs", "running_gpus", 1),
-    ("xirang_preempted_total", "Times jobs were chosen as preemption victims", "preempted", 1),
-    ("xirang_preemptions_total", "Preemptions started (by the preemptor's group)", "preemptions_started", 1),
-    ("xirang_preemption_success_ratio", "Committed over ended preemptions", "preemption_success_rate", 1),
-    ("xirang_preemption_wait_seconds_mean", "Planned to committed, mean", "preemption_wait_ms_mean", 1e-3),
-    ("xirang_victim_recovery_seconds_mean", "Notice to running again, mean", "victim_recovery_ms_mean", 1e-3),
-    ("xirang_lost_progress_gpu_hours_total", "Progress lost by victims, GPU-hours", "lost_gpu_hours", 1),
-    ("xirang_compensation_fee_credit_total", "Fee credit granted", "fee_credit", 1),
+# (name after the grouping's prefix, help, row field, scale, type)
+_GROUP_SERIES = [
+    ("queue_jobs", "Jobs waiting in the queue", "queued", 1, "gauge"),
+    ("queue_oldest_wait_seconds", "Longest current wait in the queue", "oldest_wait_ms", 1e-3, "gauge"),
+    ("running_gpus", "GPUs held by starting, running, reserved or preempting jobs", "running_gpus", 1, "gauge"),
+    ("preempted_total", "Times jobs were chosen as preemption victims", "preempted", 1, "counter"),
+    ("preemptions_total", "Preemptions started by the group's jobs", "preemptions_started", 1, "counter"),
+    ("preemptions_committed_total", "Preemptions by the group's jobs that committed", "preemptions_committed", 1,
+     "counter"),
+    ("lost_progress_gpu_seconds_total", "Progress victims of the group lost, in GPU-seconds", "lost_gpu_hours", 3600,
+     "counter"),
+    ("compensation_fee_credit_total", "Fee credit granted to the group's jobs", "fee_credit", 1, "counter"),
 ]
+# Upper bounds of the wait histograms, in seconds: from a second to a day.
+WAIT_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 
 
 def _esc(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def prometheus(con) -> str:
+def _family(lines: list[str], name: str, help_text: str, kind: str) -> None:
+    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+
+
+def _histogram(lines: list[str], name: str, help_text: str, label: str, rows: list[tuple]) -> None:
+    """rows: (label value, [observations in ms]) -> a cumulative histogram per label value."""
+    _family(lines, name, help_text, "histogram")
+    for key, observations in rows:
+        seconds = sorted(v / 1000 for v in observations)
+        at = f'{label}="{_esc(key)}",' if label else ""
+        i = 0
+        for bound in WAIT_BUCKETS_S:
+            while i < len(seconds) and seconds[i] <= bound:
+                i += 1
+            lines.append(f'{name}_bucket{{{at}le="{bound}"}} {i}')
+        lines.append(f'{name}_bucket{{{at}le="+Inf"}} {len(seconds)}')
+        braces = f"{{{at.rstrip(',')}}}" if label else ""
+        lines.append(f"{name}_sum{braces} {sum(seconds):.6g}")
+        lines.append(f"{name}_count{braces} {len(seconds)}")
+
+
+def _grouped(con, column: str) -> list[tuple]:
+    rows = con.execute(f"SELECT {column}, list(waited_ms) FROM queue_wait GROUP BY 1 ORDER BY 1").fetchall()
+    return [(key, values) for key, values in rows]
+
+
+def prometheus(con, input_backlog: int | None = None) -> str:
     now = now_t(con)
-    groups = {g: by_group(con, g, now) for g in ("level", "team", "user")}
     lines: list[str] = []
-    for metric, help_text, field, scale in _GAUGES:
-        kind = "counter" if metric.endswith("_total") else "gauge"
-        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
-        for group, rows in groups.items():
+    for group in ("level", "team", "user"):
+        rows = by_group(con, group, now)
+        for suffix, help_text, field, scale, kind in _GROUP_SERIES:
+            name = f"xirang_{group}_{suffix}"
+            _family(lines, name, f"{help_text}, per {group}", kind)
             for row in rows:
                 value = row[field]
-                if value is None:
-                    continue
-                lines.append(f'{metric}{{{group}="{_esc(row[group])}"}} {float(value) * scale:.6g}')
-    fired = alerts.evaluate(con, now)
-    lines += ["# HELP xirang_alert_firing Alerts firing now (1 per alert)",
-              "# TYPE xirang_alert_firing gauge"]
-    for alert in fired:
-        lines.append(f'xirang_alert_firing{{kind="{alert.kind}",subject="{_esc(alert.subject)}"}} 1')
+                if value is not None:
+                    lines.append(f'{name}{{{group}="{_esc(row[group])}"}} {float(value) * scale:.6g}')
+    _histogram(lines, "xirang_level_queue_wait_seconds", "Time each start waited in the queue, per level",
+               "level", _grouped(con, "level"))
+    _histogram(lines, "xirang_team_queue_wait_seconds", "Time each start waited in the queue, per team",
+               "team", _grouped(con, "team"))
+    sagas = con.execute("SELECT wait_ms FROM sagas WHERE outcome = 'committed' AND wait_ms IS NOT NULL").fetchall()
+    _histogram(lines, "xirang_preemption_duration_seconds", "Planned to committed, per committed preemption",
+               "", [("", [w for (w,) in sagas])] if sagas else [])
+    recovery = con.execute("SELECT recovery_ms FROM preemptions WHERE recovery_ms IS NOT NULL").fetchall()
+    _histogram(lines, "xirang_victim_recovery_seconds", "Notice to running again, per preempted job",
+               "", [("", [r for (r,) in recovery])] if recovery else [])
     t = totals(con)
-    lines += ["# HELP xirang_projected_events_total Records in the projection",
-              "# TYPE xirang_projected_events_total counter", f"xirang_projected_events_total {t['events']}",
-              "# HELP xirang_projector_last_seq Stream sequence of the last projected record",
-              "# TYPE xirang_projector_last_seq gauge", f"xirang_projector_last_seq {t['last_seq']}",
-              "# HELP xirang_log_time_seconds Newest log time", "# TYPE xirang_log_time_seconds gauge",
-              f"xirang_log_time_seconds {now / 1000:.3f}"]
+    nodes = con.execute("SELECT count(*) FILTER (up), count(*) FILTER (NOT up), count(*) FILTER (lost_t IS NOT NULL)"
+                        " FROM nodes").fetchone()
+    for name, help_text, kind, value in (
+            ("xirang_preemptions_total", "Preemptions started", "counter", t["preemptions"]),
+            ("xirang_preemptions_committed_total", "Preemptions committed", "counter", t["committed"]),
+            ("xirang_preemptions_rolled_back_total", "Preemptions rolled back", "counter", t["rolled_back"]),
+            ("xirang_queue_jobs", "Jobs waiting in the queue", "gauge", t["queued"]),
+            ("xirang_running_gpus", "GPUs held by jobs", "gauge", t["running_gpus"]),
+            ("xirang_pool_gpus", "GPUs of the nodes up", "gauge", t["pool_gpus"]),
+            ("xirang_nodes_up", "Nodes up", "gauge", nodes[0]),
+            ("xirang_nodes_down", "Nodes lost and not back", "gauge", nodes[1]),
+            ("xirang_jobs_done_total", "Jobs finished, failed or cancelled", "counter", t["jobs_done"]),
+            ("xirang_projected_events_total", "Records in the projection", "counter", t["events"]),
+            ("xirang_projector_last_seq", "Stream sequence of the last projected record", "gauge", t["last_seq"]),
+            ("xirang_log_time_seconds", "Newest log time (Unix seconds)", "gauge", round(now / 1000, 3))):
+        _family(lines, name, help_text, kind)
+        lines.append(f"{name} {value}")
+    if input_backlog is not None:
+        _family(lines, "xirang_input_backlog", "Inputs on XR_IN the log has not answered yet", "gauge")
+        lines.append(f"xirang_input_backlog {input_backlog}")
+    _family(lines, "xirang_alert_firing", "Alerts firing now (1 per alert)", "gauge")
+    for alert in alerts.evaluate(con, now):
+        lines.append(f'xirang_alert_firing{{kind="{alert.kind}",subject="{_esc(alert.subject)}"}} 1')
     return "\n".join(lines) + "\n"

@@ -150,9 +150,18 @@ def test_metrics_endpoint_speaks_prometheus_text(live_dashboard):
     c = rebuild(records[:cut]).canonical
     for level in range(T.LEVELS):
         queued = sum(j.state == QUEUED and j.eff_level == level for j in c.jobs.values())
-        assert f'xirang_queue_depth{{level="{level}"}} {queued}\n' in text or queued == 0
+        assert f'xirang_level_queue_jobs{{level="{level}"}} {queued}\n' in text or queued == 0
+    assert f"xirang_queue_jobs {sum(j.state == QUEUED for j in c.jobs.values())}\n" in text
     assert f"xirang_projected_events_total {cut}\n" in text
-    assert "# TYPE xirang_preemption_success_ratio gauge" in text
+    assert "# TYPE xirang_level_queue_wait_seconds histogram" in text
+    # conventions: one family per grouping, counters end in _total, no job ids in labels
+    families = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    assert all(name.startswith("xirang_") for name in families)
+    assert all(name.endswith("_total") for name, kind in families.items() if kind == "counter")
+    assert not re.search(r'\{[^}]*job=', text)
+    for line in text.splitlines():
+        if line.startswith("xirang_level_"):
+            assert "team=" not in line and "user=" not in line, line
 
 
 def _sql(url: str, query: str, token: str | None = SQL_TOKEN) -> tuple[int, object]:

@@ -436,8 +436,9 @@ def cmd_dashboard(args) -> int:
     except OSError as err:
         raise _user_error(f"cannot read --sql-token-file: {err}") from err
     proj = open_projector(args.db, stream=stream)
+    live: dict = {}
     try:
-        server = dashboard.serve(proj.con, args.host, args.port, sql)
+        server = dashboard.serve(proj.con, args.host, args.port, sql, live)
     except OSError as err:
         raise _user_error(f"cannot listen on {args.host}:{args.port}: {err.strerror}"
                           " (pick another --port, or 0 for a free one)") from err
@@ -450,7 +451,7 @@ def cmd_dashboard(args) -> int:
             print(f"projected {args.log} up to record {proj.last_n}; serving until Ctrl-C", flush=True)
             threading.Event().wait()
         else:
-            asyncio.run(_follow(args.nats, proj))
+            asyncio.run(_follow(args.nats, proj, live))
     except KeyboardInterrupt:
         pass
     finally:
@@ -458,15 +459,36 @@ def cmd_dashboard(args) -> int:
     return 0
 
 
-async def _follow(url: str, proj) -> None:
+async def _follow(url: str, proj, live: dict | None = None) -> None:
     from projections.logsource import read_batches
 
     nc, js = await connect_or_explain(url)
+    watcher = asyncio.create_task(_watch_input_backlog(js, proj, live)) if live is not None else None
     try:
         async for batch in read_batches(js, proj.last_seq + 1, follow=True):
             await asyncio.to_thread(proj.apply, batch)
     finally:
+        if watcher:
+            watcher.cancel()
         await nc.close()
+
+
+INPUT_BACKLOG_EVERY_S = 5.0
+
+
+async def _watch_input_backlog(js, proj, live: dict) -> None:
+    """Inputs on XR_IN the log has not answered (the newest input sequence an event names
+    against XR_IN's last sequence): a backlog that stays is a stuck scheduler."""
+    from transport import bus
+
+    while True:
+        try:
+            last_in = await bus.stream_last_seq(js, bus.IN_STREAM)
+            answered = proj.state.canonical.last_input_seq if proj.state is not None else 0
+            live["input_backlog"] = max(0, last_in - answered)
+        except Exception:  # noqa: BLE001 - a missed sample only leaves the gauge as it was
+            pass
+        await asyncio.sleep(INPUT_BACKLOG_EVERY_S)
 
 
 def _register_alerts(sub) -> None:
