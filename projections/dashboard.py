@@ -162,7 +162,17 @@ def render_fragment(snap: dict) -> str:
             f'{_group_table(snap["teams"], "team", "By team")}'
             f'{_group_table(snap["users"], "user", "By user")}'
             f'<h2>Recent preemptions</h2>{_timeline_svg(snap["timeline"], snap["now_t"])}'
-            f'{_timeline_table(snap["timeline"])}</main>')
+            f'{_timeline_table(snap["timeline"])}{_satisfaction_table(snap.get("satisfaction", []))}</main>')
+
+
+def _satisfaction_table(rows: list[dict]) -> str:
+    """Survey answers per team and level (`xirang feedback`)."""
+    if not rows:
+        return '<h2>Satisfaction</h2><p class="note" id="satisfaction">No survey answers yet (`xirang feedback JOB --score 1..5`).</p>'
+    body = "".join(f'<tr><td>{_e(r["team"])}</td><td>{_e(r["level"])}</td><td>{_e(r["answers"])}</td>'
+                   f'<td>{_num(float(r["score_mean"]), 2)}</td><td>{_e(r["unhappy"])}</td></tr>' for r in rows)
+    return ('<h2>Satisfaction</h2><table id="satisfaction"><tr><th>team</th><th>level</th><th>answers</th>'
+            f'<th>mean score (1..5)</th><th>unhappy (1-2)</th></tr>{body}</table>')
 
 
 def render_page(snap: dict) -> str:

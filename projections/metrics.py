@@ -115,6 +115,7 @@ def snapshot(con, now: int | None = None) -> dict:
         "timeline": timeline(con),
         "pending": pending(con),
         "alerts": [a.as_dict() for a in alerts.evaluate(con, now)],
+        "satisfaction": satisfaction(con),
     }
 
 
@@ -126,6 +127,13 @@ def pending(con, limit: int = PENDING_SHOWN_MAX) -> list[dict]:
     cur = con.execute('SELECT job, team, "user", level, eff_level, gpus, state, wait_ms, code, reason,'
                       ' "limit", start_in_ms FROM pending ORDER BY eff_level, wait_ms DESC, job LIMIT ?',
                       [limit])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def satisfaction(con) -> list[dict]:
+    """Survey answers (`xirang feedback`) per team and level of the jobs they are about."""
+    cur = con.execute("SELECT team, level, answers, score_mean, unhappy FROM satisfaction")
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
 

@@ -18,7 +18,8 @@ each run with one stated objective, in GPU-hours:
   share (`jain_teams_share`) falls below the no-preemption run's (0 when it does not).
 
 A candidate is kept only when it beats the current policy by `margin`, a share
-(`MARGIN_SHARE`) of the window's GPU-hours of work, so noise and ties change nothing.
+(`MARGIN_SHARE`, 1%) of the urgent jobs' GPU-hours of wait in the no-preemption replay (all
+that preemption could save), so noise and ties change nothing.
 
 Four parameter groups, each searched on its own, greedily in turn, on top of the changes
 kept so far (`GROUPS`): the levels' guaranteed shares, the decision model's weights and bar,
@@ -59,7 +60,10 @@ from replay.workload import Workload
 from . import whatif
 
 URGENT_LEVEL_MAX = 2
-MARGIN_SHARE = 0.002  # of the window's GPU-hours of work
+# A candidate must beat the current policy by this share of the urgent wait there is to save
+# (the urgent jobs' GPU-hours of wait with no preemption), plus a floor.
+MARGIN_SHARE = 0.01
+MARGIN_MIN_GPU_H = 0.01
 STEP_MIN = 1.05  # a multiplicative step below this ends a pattern search
 FLAT_WIDENINGS_MAX = 4
 BRACKET_STEPS = 12  # from 0: try start x 2^k, k < this
@@ -119,10 +123,13 @@ class Replay:
         self.runs = 0
         self._memo: dict[bytes, tuple[SimResult, dict]] = {}
         self.work_gpu_h = sum(j.gpus * j.duration_ms for j in workload.jobs) / HOUR_MS
-        self.margin_gpu_h = MARGIN_SHARE * self.work_gpu_h
         # With no preemption an urgent job has nothing to retry, so its 5-second re-evaluation
         # ticks change nothing: the baseline ticks at the adapter's usual period.
         self.baseline = self._run(with_params(policy, NO_PREEMPTION), {"urgent_tick_s": XIRANG_TICK_MS / 1000})
+        base = self.baseline[0]
+        self.urgent_wait_gpu_h = sum(j.gpus * _wait_ms(j, base.end_ms) for j in base.jobs
+                                     if j.level <= URGENT_LEVEL_MAX) / HOUR_MS
+        self.margin_gpu_h = MARGIN_SHARE * self.urgent_wait_gpu_h + MARGIN_MIN_GPU_H
 
     @classmethod
     def from_log(cls, records, from_t: int, to_t: int, objective: Objective | None = None,
@@ -144,8 +151,13 @@ class Replay:
 
     def score(self, policy: Policy) -> Score:
         result, card = self._run(policy)
+        return self.score_result(result, card)
+
+    def score_result(self, result: SimResult, card: dict | None = None) -> Score:
+        """Any run of this window's jobs (e.g. what the log recorded) against no preemption."""
         base_result, base_card = self.baseline
-        return _score(self.objective, result, card, base_result, base_card, self.work_gpu_h)
+        return _score(self.objective, result, card or policy_card(result), base_result, base_card,
+                      self.work_gpu_h)
 
 
 def _wait_ms(job, end_ms: int) -> int:

@@ -136,6 +136,16 @@ def cluster(win: Window) -> Cluster:
     return Cluster(tuple((name, model, gpus) for name, (model, gpus) in sorted(win.nodes.items())))
 
 
+def recorded_result(records, win: Window, wl: Workload, cl: Cluster, seed: int = 0) -> SimResult:
+    """What really happened to the window's jobs, as the simulator's result type (so the
+    scorecard and the tuner's objective read it like a simulated run)."""
+    _held_spans(records, win)
+    return SimResult(policy="recorded", workload=wl.name, seed=seed, total_gpus=cl.total_gpus,
+                     jobs=[win.outcomes[j.id] for j in wl.jobs],
+                     end_ms=max(1, win.last_t - win.from_t, win.fate_end_t - win.from_t),
+                     wall_s=0.0, steps=0, events=0)
+
+
 def run(records: list[T.Record], alt: Policy, from_t: int | None = None, to_t: int | None = None,
         seed: int = 0) -> dict:
     """Recorded, simulated-as-recorded and simulated-alternative scorecards of a window
@@ -146,12 +156,8 @@ def run(records: list[T.Record], alt: Policy, from_t: int | None = None, to_t: i
         raise ValueError("no job was submitted in this window")
     if not win.nodes:
         raise ValueError("no node joined before the window's end: nothing to run jobs on")
-    _held_spans(records, win)
     wl, cl = workload(win), cluster(win)
-    recorded = SimResult(policy="recorded", workload=wl.name, seed=seed, total_gpus=cl.total_gpus,
-                         jobs=[win.outcomes[j.id] for j in wl.jobs],
-                         end_ms=max(1, win.last_t - win.from_t, win.fate_end_t - win.from_t),
-                         wall_s=0.0, steps=0, events=0)
+    recorded = recorded_result(records, win, wl, cl, seed)
     as_recorded = simulate(wl, cl, "xirang", {"policy": win.policy}, seed=seed)
     as_recorded.policy = "simulated_recorded_policy"
     alternative = simulate(wl, cl, "xirang", {"policy": alt}, seed=seed)

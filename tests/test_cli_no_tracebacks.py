@@ -41,6 +41,7 @@ NO_CLUSTER = {
     "report": [["report", "--from", "0", "--to", "1", "--out", "r.html"]],
     "feedback": [["feedback", "j", "--score", "4"]],
     "notices": [["notices"], ["notices", "--follow"]],
+    "review": [["review", "--out", "r.html"]],
 }
 BAD_ARGUMENTS = {
     "replay": [["replay", "run", "missing.jsonl"], ["replay"]],
@@ -77,6 +78,7 @@ BAD_ARGUMENTS = {
     "report": [["report", "--from", "x", "--to", "y"]],
     "feedback": [["feedback", "j", "--score", "9"], ["feedback", "j"]],
     "notices": [["notices", "--log", "missing.jsonl"]],
+    "review": [["review", "--quarter", "2026Q9"], ["review", "--to", "5"], ["review", "--tune-param", "nope"]],
     "key": [["key", "show", "--dir", "missing"], ["key", "rotate", "--dir", "missing"], ["key"]],
 }
 

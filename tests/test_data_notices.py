@@ -90,3 +90,16 @@ def test_jobs_marks_open_jobs_with_unread_notices_until_they_are_read(tmp_path, 
         assert all(j["unread_notices"] == 0 for j in after)
     finally:
         server.stop()
+
+
+def test_the_dashboard_shows_satisfaction_per_team_and_level():
+    from projections import dashboard, metrics
+
+    records = _storm_log()
+    proj = Projector(duckdb.connect())
+    proj.apply([(i, T.encode(r)) for i, r in enumerate(records, 1)])
+    snap = metrics.snapshot(proj.con)
+    answered = {(r.event.job) for r in records if isinstance(r.event, T.FeedbackRecorded)}
+    assert sum(row["answers"] for row in snap["satisfaction"]) == len(answered)
+    page = dashboard.render_page(snap)
+    assert 'id="satisfaction"' in page and "mean score" in page

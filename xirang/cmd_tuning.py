@@ -119,4 +119,67 @@ async def _read_nats(url: str, follow: bool, show) -> None:
 
 
 def _register_review(sub) -> None:
-    pass
+    from xirang.cmd_data import add_source
+
+    p = sub.add_parser("review", help="the quarterly review as HTML: net benefit against no preemption,"
+                       " per level, fairness, satisfaction, recommended changes")
+    add_source(p)
+    window = p.add_mutually_exclusive_group()
+    window.add_argument("--quarter", metavar="YYYYQn", help="e.g. 2026Q4 (default: the last full quarter in the log)")
+    window.add_argument("--from", dest="from_t", metavar="T", help="period start (log ms or ISO time)")
+    p.add_argument("--to", dest="to_t", metavar="T", help="period end (with --from; default the log's end)")
+    p.add_argument("--out", default="xirang-review.html", help="HTML file to write (default xirang-review.html)")
+    p.add_argument("--tune-evals", type=int, default=2, help="replays per parameter for the recommendations"
+                   " (0: none; default 2)")
+    p.add_argument("--tune-param", action="append", metavar="P", help="only these parameters (default: all groups)")
+    p.add_argument("--urgent-tick-s", type=float, default=5.0, help="replays: re-evaluation period of a waiting"
+                   " urgent job (default 5 s)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    p.set_defaults(func=cmd_review)
+
+
+def cmd_review(args) -> int:
+    from projections import review, tuner, windows
+    from xirang.cmd_data import load_records, parse_time
+
+    if args.to_t and not args.from_t:
+        raise UserError("--to goes with --from (or give --quarter)")
+    if args.tune_evals < 0 or args.urgent_tick_s <= 0:
+        raise UserError("--tune-evals must be >= 0 and --urgent-tick-s > 0")
+    for label in args.tune_param or []:
+        try:
+            tuner.param_by_label(label)
+        except KeyError as err:
+            raise UserError(str(err.args[0])) from err
+    quarter = None
+    if args.quarter:
+        try:
+            quarter = windows.quarter_bounds(args.quarter)
+        except ValueError as err:
+            raise UserError(str(err)) from err
+    records = load_records(args)
+    first_t, last_t = windows.record_span(records)
+    if quarter:
+        span = windows.Span(quarter[0], quarter[1], f"the quarter {args.quarter.upper()}")
+    elif args.from_t:
+        span = windows.resolve(parse_time(args.from_t), parse_time(args.to_t), first_t, last_t)
+    else:
+        span = windows.last_full_quarter(first_t, last_t)
+    if span.to_t <= span.from_t:
+        raise UserError("--to must be after --from")
+    try:
+        data = review.gather(records, span, tune_evals=args.tune_evals, tune_params=args.tune_param,
+                             sim_options={"urgent_tick_s": args.urgent_tick_s})
+    except ValueError as err:
+        raise UserError(f"review: {err}") from err
+    with open(args.out, "w", encoding="utf-8") as fh:
+        fh.write(review.render(data))
+    if args.json:
+        print(json.dumps(dict(data, out=args.out), indent=1, default=str))
+    else:
+        rec = data["net_benefit"]["recorded"]
+        print(f"review of the {span.describe()}: {data['jobs']} jobs; net benefit of preemption"
+              f" {rec['objective_gpu_h']:+.2f} GPU-h against no preemption;"
+              f" {len(data['recommendations'])} recommended change(s)")
+        print(f"wrote {args.out}")
+    return 0

@@ -59,7 +59,10 @@ class XirangPolicy:
         self.log = open(log_path, "wb") if log_path else None  # closed by summary(), at the end
         if config:
             policy = with_params(policy, config)  # PolicyError names a bad key
-        self.state = new_state(policy)
+        # A kept log must say which policy it ran under, so that it folds back to the same
+        # state: it starts from the defaults and records the differences as a set_policy.
+        self.initial_params = _differences(policy) if self.log is not None else {}
+        self.state = new_state(Policy() if self.initial_params else policy)
         self.cluster = cluster
         self.steps = 0
         self.last_tick_t = 0
@@ -70,6 +73,9 @@ class XirangPolicy:
 
     def bind(self, sim) -> None:
         self.sim = sim
+        if self.initial_params:
+            self._step(T.SetPolicy(t=self.epoch_ms, params=self.initial_params, by="simulator",
+                                   reason="the policy of the simulated run"))
         for name, model, gpus in self.cluster.nodes:
             self._step(T.NodeUp(t=self.epoch_ms, node=name, gpu_model=model, gpus=gpus))
 
@@ -157,3 +163,9 @@ class XirangPolicy:
             due = deadline if due is None else min(due, deadline)
         if due is not None:
             self.sim.wake_at(max(due, t))
+
+
+def _differences(policy: Policy) -> dict:
+    """The parameters where `policy` differs from the defaults."""
+    mine, default = msgspec.structs.asdict(policy), msgspec.structs.asdict(Policy())
+    return {name: mine[name] for name in sorted(mine) if mine[name] != default[name]}
