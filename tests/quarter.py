@@ -30,20 +30,56 @@ def quarter_workload(seed: int = 3, jobs_per_day: int = 6) -> Workload:
             level = rng.choice((3, 4, 5, 6, 6, 7))
             gpus = rng.choice((2, 4, 4, 8))
             duration = rng.randint(2 * HOUR, 10 * HOUR)
-            jobs.append(TraceJob(
-                id=f"{team}-{day:02d}-{k}", submit_ms=day * DAY + rng.randint(0, DAY - 1), duration_ms=duration,
-                gpus=gpus, team=team, user=f"{team}-u{rng.randint(1, 3)}", level=level, gpu_models=[],
-                ckpt_interval_ms=rng.choice((60, 90, 120)) * MIN, ckpt_cost_ms=60_000, restore_cost_ms=60_000,
-                est_runtime_ms=int(duration * rng.uniform(0.8, 1.5))))
+            jobs.append(
+                TraceJob(
+                    id=f"{team}-{day:02d}-{k}",
+                    submit_ms=day * DAY + rng.randint(0, DAY - 1),
+                    duration_ms=duration,
+                    gpus=gpus,
+                    team=team,
+                    user=f"{team}-u{rng.randint(1, 3)}",
+                    level=level,
+                    gpu_models=[],
+                    ckpt_interval_ms=rng.choice((60, 90, 120)) * MIN,
+                    ckpt_cost_ms=60_000,
+                    restore_cost_ms=60_000,
+                    est_runtime_ms=int(duration * rng.uniform(0.8, 1.5)),
+                )
+            )
         if rng.random() < 0.5:
-            jobs.append(TraceJob(
-                id=f"fix-{day:02d}", submit_ms=day * DAY + rng.randint(0, DAY - 1), duration_ms=rng.randint(20, 90) * MIN,
-                gpus=rng.choice((4, 8)), team="ops", user="oncall", level=rng.choice((0, 1)), gpu_models=[],
-                ckpt_interval_ms=0, ckpt_cost_ms=0, restore_cost_ms=0, est_runtime_ms=60 * MIN))
+            jobs.append(
+                TraceJob(
+                    id=f"fix-{day:02d}",
+                    submit_ms=day * DAY + rng.randint(0, DAY - 1),
+                    duration_ms=rng.randint(20, 90) * MIN,
+                    gpus=rng.choice((4, 8)),
+                    team="ops",
+                    user="oncall",
+                    level=rng.choice((0, 1)),
+                    gpu_models=[],
+                    ckpt_interval_ms=0,
+                    ckpt_cost_ms=0,
+                    restore_cost_ms=0,
+                    est_runtime_ms=60 * MIN,
+                )
+            )
     # one long job from the last evening runs into the next quarter, so the log covers Q3 whole
-    jobs.append(TraceJob(id="vision-closing", submit_ms=QUARTER_DAYS * DAY - 2 * HOUR, duration_ms=8 * HOUR, gpus=4,
-                         team="vision", user="vision-u1", level=6, gpu_models=[], ckpt_interval_ms=60 * MIN,
-                         ckpt_cost_ms=60_000, restore_cost_ms=60_000, est_runtime_ms=8 * HOUR))
+    jobs.append(
+        TraceJob(
+            id="vision-closing",
+            submit_ms=QUARTER_DAYS * DAY - 2 * HOUR,
+            duration_ms=8 * HOUR,
+            gpus=4,
+            team="vision",
+            user="vision-u1",
+            level=6,
+            gpu_models=[],
+            ckpt_interval_ms=60 * MIN,
+            ckpt_cost_ms=60_000,
+            restore_cost_ms=60_000,
+            est_runtime_ms=8 * HOUR,
+        )
+    )
     jobs.sort(key=lambda j: (j.submit_ms, j.id))
     return Workload("quarter-2026Q3", jobs, seed)
 
@@ -51,8 +87,12 @@ def quarter_workload(seed: int = 3, jobs_per_day: int = 6) -> Workload:
 def simulated_quarter_log(path: str, policy: Policy | None = None, seed: int = 3) -> list[T.Record]:
     """Run the quarter, keep its log at `path`, then append survey answers (one per tenth
     job, scored by how long it waited) through the core; returns the records."""
-    simulate(quarter_workload(seed), Cluster.uniform(16, 8), "xirang",
-             {"policy": policy or Policy(), "log_path": path, "epoch_ms": Q3_START_MS, "urgent_tick_s": 60})
+    simulate(
+        quarter_workload(seed),
+        Cluster.uniform(16, 8),
+        "xirang",
+        {"policy": policy or Policy(), "log_path": path, "epoch_ms": Q3_START_MS, "urgent_tick_s": 60},
+    )
     with open(path, "rb") as fh:
         records = [T.decode_record(line) for line in fh.read().splitlines()]
     state = rebuild(records)

@@ -40,14 +40,19 @@ def test_the_review_defaults_to_the_last_full_quarter_and_weighs_preemption_agai
     start, end = quarter_bounds("2026Q3")
     assert (review["window"]["from_t"], review["window"]["to_t"]) == (start, end)
     assert "2026Q3" in review["window"]["chosen"]
-    submitted = [r.event for r in records if isinstance(r.event, T.JobSubmitted) and start <= r.event.t <= end]
+    submitted = [
+        r.event for r in records if isinstance(r.event, T.JobSubmitted) and start <= r.event.t <= end
+    ]
     assert review["jobs"] == len(submitted)
     net = review["net_benefit"]
     assert net["no_preemption"]["objective_gpu_h"] == 0  # the yardstick itself
     assert net["recorded"]["urgent_wait_saved_gpu_h"] > 0 and net["recorded"]["lost_gpu_h"] > 0
     assert net["recorded"]["objective_gpu_h"] == pytest.approx(
-        net["recorded"]["urgent_wait_saved_gpu_h"] - net["recorded"]["lost_gpu_h"]
-        - net["recorded"]["fairness_penalty_gpu_h"], abs=1e-3)
+        net["recorded"]["urgent_wait_saved_gpu_h"]
+        - net["recorded"]["lost_gpu_h"]
+        - net["recorded"]["fairness_penalty_gpu_h"],
+        abs=1e-3,
+    )
     urgent = [row for row in review["levels"] if row["level"] <= 1]
     assert urgent and all(row["speedup"] > 1 for row in urgent)
     lower = [row for row in review["levels"] if row["level"] >= 3]
@@ -66,8 +71,14 @@ def test_the_review_shows_fairness_satisfaction_and_a_recommendation_with_eviden
     assert rec["params"]["net_benefit_min"] < CAUTIOUS == rec["before"]["net_benefit_min"]
     assert rec["evidence"]["after"]["objective_gpu_h"] > rec["evidence"]["before"]["objective_gpu_h"]
     page = open(out, encoding="utf-8").read()
-    for marker in ("id='net-benefit'", "id='levels'", "id='fairness-teams'", "id='satisfaction'",
-                   "net_benefit_min: 300000.0 → 150000.0", "no preemption (what-if)"):
+    for marker in (
+        "id='net-benefit'",
+        "id='levels'",
+        "id='fairness-teams'",
+        "id='satisfaction'",
+        "net_benefit_min: 300000.0 → 150000.0",
+        "no preemption (what-if)",
+    ):
         assert marker in page, marker
 
 
@@ -82,12 +93,20 @@ def test_the_review_renders_in_headless_chromium(quarter, tmp_path):
     _, _, out, review = quarter
     shot = tmp_path / "review.png"
     profile = tmp_path / "chromium"
-    run = subprocess.run([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}",
-                          f"file://{out}"], capture_output=True, text=True, timeout=90)
+    run = subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}", f"file://{out}"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert shot.exists(), run.stderr[-2000:]
     assert _png_size(shot) == (1280, 900)
-    dom = subprocess.run([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}-dom", "--dump-dom",
-                          f"file://{out}"], capture_output=True, text=True, timeout=90).stdout
+    dom = subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}-dom", "--dump-dom", f"file://{out}"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    ).stdout
     assert dom.count("<img") == 4 and "data:image/png;base64," in dom  # the four charts, embedded
     assert f"{review['net_benefit']['recorded']['objective_gpu_h']:+.2f}" in dom
     assert "Recommended changes" in dom and "decision_model" in dom
@@ -95,7 +114,9 @@ def test_the_review_renders_in_headless_chromium(quarter, tmp_path):
 
 def test_a_period_without_jobs_is_refused_with_what_to_do(quarter, tmp_path):
     _, log, _, _ = quarter
-    result = xirang("review", "--log", log, "--quarter", "2026Q4", "--out", str(tmp_path / "r.html"), *REVIEW_ARGS)
+    result = xirang(
+        "review", "--log", log, "--quarter", "2026Q4", "--out", str(tmp_path / "r.html"), *REVIEW_ARGS
+    )
     assert result.returncode == 2 and "no job was submitted" in result.stderr
     bad = xirang("review", "--log", log, "--quarter", "Q4-2026")
     assert bad.returncode == 2 and "YEARQn" in bad.stderr
@@ -119,8 +140,12 @@ def test_the_review_is_scheduled_at_the_start_of_each_quarter():
     assert argv[:3] == ["exec", "/opt/xirang/.venv/bin/xirang", "review"]
     assert build_parser().parse_args(argv[2:]).func.__name__ == "cmd_review"
     if shutil.which("systemd-analyze"):
-        out = subprocess.run(["systemd-analyze", "calendar", "--iterations=4", calendar],
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["systemd-analyze", "calendar", "--iterations=4", calendar],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         import re
 
         months = sorted({m.group(1) for m in re.finditer(r"\d{4}-(\d{2})-01 06:00:00", out)})
