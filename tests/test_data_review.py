@@ -13,7 +13,7 @@ import pytest
 
 from core import types as T
 from core.policy import Policy, with_params
-from projections.testing import xirang
+from tests.data_helpers import xirang
 from projections.windows import quarter_bounds
 from tests.quarter import simulated_quarter_log
 from tests.test_data_dashboard import CHROMIUM_FLAGS, chromium
@@ -127,7 +127,7 @@ def test_the_review_is_scheduled_at_the_start_of_each_quarter():
     import shlex
     import shutil
 
-    from projections.testing import REPO
+    from tests.data_helpers import REPO
     from xirang.cli import build_parser
 
     timer = configparser.ConfigParser(strict=False)
