@@ -48,6 +48,8 @@ from .outbox import Outbox
 log = logging.getLogger("xirang.host")
 
 HEARTBEAT_S = 1.0
+# A heartbeat loop that wakes this late means the agent was paused.
+PAUSE_DETECT_S = 3 * HEARTBEAT_S
 MONITOR_S = 0.2
 # The outbox sender also looks for facts the job SDK left there this often.
 OUTBOX_POLL_S = 0.1
@@ -141,6 +143,7 @@ class HostAgent:
     async def run(self) -> None:
         self._load()
         self._outbox_wake = asyncio.Event()
+        self._caught_up = asyncio.Event()
         # Outages are waited out: the client reconnects forever, jobs keep running, facts
         # wait in the outbox, the consumer's fetches are retried.
         self.nc, self.js = await bus.connect_forever(self.url, name=f"host-{self.node}", stop=self.stop_event)
@@ -190,6 +193,8 @@ class HostAgent:
         delay = 0.1
         while True:
             self._outbox_wake.clear()
+            # After a start or a pause, the runs given away meanwhile are stopped first.
+            await self._caught_up.wait()
             try:
                 await self.outbox.deliver(self.js)
                 delay = 0.1
@@ -220,7 +225,16 @@ class HostAgent:
 
     async def _heartbeats(self) -> None:
         subject = f"{bus.HB_PREFIX}.{self.token}"
+        last = time.monotonic()
         while True:
+            now = time.monotonic()
+            if now - last > PAUSE_DETECT_S:
+                # We were stopped (SIGSTOP, a frozen VM): our node may have been declared
+                # down and our jobs given away. Read the decisions first; report after.
+                log.warning("host %s: paused for %.1f s; catching up on decisions before reporting",
+                            self.node, now - last)
+                self._caught_up.clear()
+            last = now
             body = {"node": self.node, "gpu_model": self.inventory.model,
                     "gpus": len(self.inventory.gpus), "jobs": sorted(self.runs), "t": int(time.time() * 1000)}
             try:
@@ -234,6 +248,7 @@ class HostAgent:
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=0.5)
             except (asyncio.TimeoutError, TimeoutError):
+                self._caught_up.set()  # nothing pending: every decision so far is acted on
                 continue
             except Exception as err:  # noqa: BLE001 - connection trouble: retry shortly
                 log.warning("host %s: fetch failed: %r", self.node, err)
@@ -241,6 +256,8 @@ class HostAgent:
                 continue
             for msg in msgs:
                 await self._handle(msg)
+            if len(msgs) < FETCH_BATCH:
+                self._caught_up.set()  # a short batch: nothing more was pending
 
     async def _handle(self, msg) -> None:
         """Act on one decision, once. A message that does not decode, or whose action
@@ -335,7 +352,7 @@ class HostAgent:
         if primary and not resume:
             # An SDK job restoring a checkpoint reports `started` itself, after checking
             # the checkpoint's digest (a bad one must be reported before it starts).
-            await self._report(T.Started(job=ev.job), f"{marker}:started")
+            await self._report(T.Started(job=ev.job, attempt=n), f"{marker}:started")
 
     def _spawn(self, run: Run, marker: str, gpus: list[int], ev) -> int:
         command = list(ev.command) or list(self.default_command)
@@ -462,9 +479,10 @@ class HostAgent:
         elif released_by_sdk and not run.withdrawn:
             pass  # the SDK reported safe_point, checkpoint and released
         elif run.notified:
-            await self._report(T.Released(job=run.job), f"{marker}:released")
+            await self._report(T.Released(job=run.job, attempt=run.n), f"{marker}:released")
         else:
-            await self._report(T.Finished(job=run.job, ok=rc == 0, exit_code=rc), f"{marker}:finished")
+            await self._report(T.Finished(job=run.job, ok=rc == 0, exit_code=rc, attempt=run.n),
+                               f"{marker}:finished")
         log.info("host %s: %s exited (status %s)%s", self.node, run.job, rc,
                  f", {run.stopping}" if run.stopping else "")
         self._drop_run(run)

@@ -72,6 +72,8 @@ class Job:
         self.keep = keep
         self.dir = Path(os.environ.get("XR_JOB_DIR", "."))
         self.run = os.environ.get("XR_RUN", "")
+        # The run's fencing token: the record that started it (XR_RUN is node/job/n).
+        self.attempt = int(self.run.rsplit("/", 1)[-1]) if self.run.rsplit("/", 1)[-1].isdigit() else 0
         self.primary = os.environ.get("XR_PRIMARY", "1") == "1"
         self._notice = False
         self._last_ckpt = time.monotonic()
@@ -116,7 +118,7 @@ class Job:
         host's durable outbox instead, which the host agent delivers in order."""
         if not self.primary:
             return
-        inp = msgspec.structs.replace(inp, id=f"{self.run}:{suffix}")
+        inp = msgspec.structs.replace(inp, id=f"{self.run}:{suffix}", attempt=self.attempt)
         if self.outbox is not None and (not self._connected() or len(self.outbox)):
             self.outbox.put(inp)
             return

@@ -125,6 +125,7 @@ def _start_requested(s: State, ev: T.JobStartRequested | T.JobResumeRequested) -
     job.state = STARTING
     job.placement = list(ev.placement)
     job.saga = ""
+    job.run = s.canonical.events_n + 1  # this start's own record n: the run's fencing token
     _occupy(s, job, job.placement)
 
 

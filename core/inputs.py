@@ -157,6 +157,12 @@ def _job_or_reject(ctx: Ctx, inp, states: tuple[str, ...]) -> Job | None:
         done = ctx.state.canonical.done.get(inp.job)
         reject(ctx, "unknown_job" if done is None else f"job_already_{done}", inp.job)
         return None
+    attempt = getattr(inp, "attempt", 0)
+    if attempt and job.run and attempt != job.run:
+        tag = type(inp).__struct_config__.tag
+        reject(ctx, "stale_run", f"{tag} for {job.id} comes from run {attempt}; its current run is"
+                                 f" {job.run} (the host must stop the old run)")
+        return None
     if job.state not in states:
         tag = type(inp).__struct_config__.tag
         reject(ctx, f"job_is_{job.state}", f"{tag} for {job.id} needs it {' or '.join(states)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import re
 from typing import Any
 
 import msgspec
@@ -83,6 +84,10 @@ class Job(msgspec.Struct, kw_only=True):
     cascade_depth: int = 0
     waited_total_ms: int = 0  # queue wait borne over all its starts (the recovery boost grows with it)
     lost_total_ms: int = 0  # progress lost to every preemption (compensation pays for all of it)
+    # The current run: the record n of the start that began it (facts of other runs are
+    # stale). Outside the state digest (job_hash leaves it out), so logs written before
+    # runs were fenced keep their digests.
+    run: int = 0
 
 
 class Node(msgspec.Struct, kw_only=True):
@@ -381,8 +386,15 @@ def queue_depth(ix: Index, level: int) -> int:
 DIGEST_MODULUS = 1 << 256
 
 
+_RUN_FIELD = re.compile(rb',"run":\d+')
+
+
 def job_hash(job: Job) -> int:
-    return int.from_bytes(hashlib.sha256(msgspec.json.encode(job, order="sorted")).digest(), "big")
+    data = msgspec.json.encode(job, order="sorted")
+    # `run` stays out of the digest (see Job.run). Inside a string a quote is escaped, so
+    # this pattern matches only the field itself.
+    data = _RUN_FIELD.sub(b"", data, count=1)
+    return int.from_bytes(hashlib.sha256(data).digest(), "big")
 
 
 def jobs_hash_sum(c: Canonical) -> int:

@@ -29,6 +29,15 @@ class _Input(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True)
     seq: int = 0
 
 
+class _RunFact(_Input, kw_only=True):
+    """A fact about one run of a job, from its host or the job itself. `attempt` names the
+    run: the log position (record n) of the JobStartRequested/JobResumeRequested that
+    started it. A fact of an earlier run is refused (`stale_run`); 0 means unfenced (a
+    fact from a client that does not know its run, as before runs were fenced)."""
+
+    attempt: int = 0
+
+
 class NodeUp(_Input, tag="node_up"):
     node: str
     gpu_model: str
@@ -64,37 +73,37 @@ class Cancel(_Input, tag="cancel"):
     job: str
 
 
-class Started(_Input, tag="started"):
+class Started(_RunFact, tag="started"):
     job: str
 
 
-class CheckpointStarted(_Input, tag="checkpoint_started"):
+class CheckpointStarted(_RunFact, tag="checkpoint_started"):
     job: str
 
 
-class CheckpointSaved(_Input, tag="checkpoint_saved"):
+class CheckpointSaved(_RunFact, tag="checkpoint_saved"):
     job: str
     step: int
     digest: str
     bytes: int
 
 
-class CheckpointFailed(_Input, tag="checkpoint_failed"):
+class CheckpointFailed(_RunFact, tag="checkpoint_failed"):
     job: str
     reason: str
     # When a restore finds this checkpoint corrupt, the digest that failed to verify.
     digest: str = ""
 
 
-class SafePoint(_Input, tag="safe_point"):
+class SafePoint(_RunFact, tag="safe_point"):
     job: str
 
 
-class Released(_Input, tag="released"):
+class Released(_RunFact, tag="released"):
     job: str
 
 
-class Finished(_Input, tag="finished"):
+class Finished(_RunFact, tag="finished"):
     job: str
     ok: bool
     # The process's exit status, when the host saw it (None: killed, or an older agent).
