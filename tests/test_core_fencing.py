@@ -6,14 +6,19 @@ from core import types as T
 
 
 def run_of(records, job: str) -> int:
-    return [r.n for r in records if isinstance(r.event, (T.JobStartRequested, T.JobResumeRequested))
-            and r.event.job == job][-1]
+    return [
+        r.n
+        for r in records
+        if isinstance(r.event, (T.JobStartRequested, T.JobResumeRequested)) and r.event.job == job
+    ][-1]
 
 
 def test_a_fact_of_a_run_given_away_is_refused_and_the_new_run_counts():
     state, log = new_state(), []
-    for inp in (T.NodeUp(t=1, node="a", gpu_model="H100", gpus=8),
-                T.Submit(t=2, job="j", team="t", user="u", level=3, gpus=8)):
+    for inp in (
+        T.NodeUp(t=1, node="a", gpu_model="H100", gpus=8),
+        T.Submit(t=2, job="j", team="t", user="u", level=3, gpus=8),
+    ):
         log += step(state, inp)[1]
     first = run_of(log, "j")
     log += step(state, T.Started(t=3, job="j", attempt=first))[1]

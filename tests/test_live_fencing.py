@@ -23,8 +23,18 @@ def test_a_host_back_after_being_declared_down_stops_its_old_run_and_only_the_ne
         c.scheduler("s1")
         h1 = c.agent("h1", "8xH100")
         c.wait_for(T.NodeJoined, node="h1")
-        c.send(T.Submit(job="j", team="ml", user="ana", level=3, gpus=8, gpu_models=["H100"],
-                        est_runtime_s=30, command=sleep_command(12, trace)))
+        c.send(
+            T.Submit(
+                job="j",
+                team="ml",
+                user="ana",
+                level=3,
+                gpus=8,
+                gpu_models=["H100"],
+                est_runtime_s=30,
+                command=sleep_command(12, trace),
+            )
+        )
         records = c.wait_for(T.JobRunning, job="j")
         first_run = matching(records, T.JobStartRequested, job="j")[0].n
         c.agent("h2", "8xH100")
@@ -33,8 +43,10 @@ def test_a_host_back_after_being_declared_down_stops_its_old_run_and_only_the_ne
         os.kill(h1.pid, signal.SIGSTOP)
         try:
             c.wait_for(T.NodeLost, node="h1", timeout_s=20)
-            records = c.wait(lambda rs: len(matching(rs, T.JobStartRequested, job="j")) == 2,
-                             what="the job restarted elsewhere")
+            records = c.wait(
+                lambda rs: len(matching(rs, T.JobStartRequested, job="j")) == 2,
+                what="the job restarted elsewhere",
+            )
             second = matching(records, T.JobStartRequested, job="j")[1]
             assert second.event.nodes == ["h2"]
             assert pid_alive(old_pid), "the old run lives on while its host is stopped"
