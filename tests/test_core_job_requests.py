@@ -60,8 +60,10 @@ def test_an_owner_may_lower_a_level_but_only_an_operator_may_raise_it():
     assert refused.reason == "raising_priority_needs_operator" and run.job("waiter").level == 7
     assert of(run.at(4300, T.SetLevel(job="waiter", level=2, by="ops", operator=True)), T.JobLevelSet)
     assert run.job("waiter").level == 2 and run.job("waiter").eff_level == 2
-    assert of(run.at(4400, T.SetLevel(job="runner", level=9, by="ana")), T.InputRejected)[0].reason \
+    assert (
+        of(run.at(4400, T.SetLevel(job="runner", level=9, by="ana")), T.InputRejected)[0].reason
         == "level_must_be_0_to_7"
+    )
     rebuild(run.records)
 
 

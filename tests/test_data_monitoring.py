@@ -35,7 +35,12 @@ def test_alert_rules_use_exported_series_and_cover_the_operators_pages():
     exprs = re.findall(r"^\s+expr: (.+)$", rules, re.M)
     assert exprs and used_series("\n".join(exprs)) <= exported_families()
     names = set(re.findall(r"^\s+- alert: (\S+)$", rules, re.M))
-    assert {"XirangUrgentJobWaiting", "XirangPreemptionRolledBack", "XirangNodeLost", "XirangInputStuck"} <= names
+    assert {
+        "XirangUrgentJobWaiting",
+        "XirangPreemptionRolledBack",
+        "XirangNodeLost",
+        "XirangInputStuck",
+    } <= names
 
 
 def test_grafana_dashboard_is_json_whose_queries_use_exported_series():

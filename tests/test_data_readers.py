@@ -21,9 +21,14 @@ pytestmark = pytest.mark.timeout(120)
 def test_analyst_commands_work_while_the_dashboard_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     log = write_jsonl(str(tmp_path / "events.jsonl"), workload_records(jobs=60))
-    dash = subprocess.Popen([sys.executable, "-m", "xirang.cli", "dashboard", "--log", log, "--port", "0"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    dash = subprocess.Popen(
+        [sys.executable, "-m", "xirang.cli", "dashboard", "--log", log, "--port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert "dashboard on" in dash.stdout.readline()
         assert "projected" in dash.stdout.readline()  # it holds its copy from here on
@@ -47,8 +52,10 @@ def test_a_reader_waits_for_a_writers_batch_instead_of_failing(tmp_path, monkeyp
     log = write_jsonl(str(tmp_path / "events.jsonl"), workload_records(jobs=30))
     assert xirang("project", "--log", log).returncode == 0
     db = str(tmp_path / ".xirang" / "projection.duckdb")
-    code = ("import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); print('holding', flush=True);"
-            " time.sleep(1.5); con.close()")
+    code = (
+        "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); print('holding', flush=True);"
+        " time.sleep(1.5); con.close()"
+    )
     writer = subprocess.Popen([sys.executable, "-c", code, db], stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "holding"

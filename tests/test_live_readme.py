@@ -27,7 +27,7 @@ def readme_block(after: str) -> list[str]:
     """The commands of the first fenced block after `after`, continuation lines joined and
     comments dropped."""
     text = (REPO / "README.md").read_text()
-    block = text[text.index(after):].split("```", 2)[1]
+    block = text[text.index(after) :].split("```", 2)[1]
     joined = re.sub(r"\\\n\s*", "", block)
     commands = []
     for line in joined.splitlines():
@@ -39,8 +39,13 @@ def readme_block(after: str) -> list[str]:
 
 def fresh_copy(dest: Path) -> Path:
     """The repository's files as a fresh clone has them (tracked, and new files not ignored)."""
-    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                           capture_output=True, check=True).stdout.decode().split("\0")
+    names = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, names):
         source = REPO / name
         if source.is_file():
@@ -58,23 +63,31 @@ def test_the_readme_local_cluster_works_from_another_directory(tmp_path):
     env.pop("XIRANG_NATS", None)
     xirang = [sys.executable, "-m", "xirang.cli"]
     up_line = shlex.split(re.search(r"`(xirang up [^`]+)`", (REPO / "README.md").read_text()).group(1))
-    up = subprocess.Popen(xirang + up_line[1:] + ["--json"], cwd=elsewhere, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    up = subprocess.Popen(
+        xirang + up_line[1:] + ["--json"],
+        cwd=elsewhere,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         started = json.loads(up.stdout.readline())
         assert Path(started["data_dir"]).parent == elsewhere
         _wait_for_nodes(xirang, elsewhere, env, 2)
         for words in readme_block("Other terminals find it through"):
             assert words[0] == "xirang"
-            done = subprocess.run(xirang + words[1:], cwd=elsewhere, env=env, capture_output=True,
-                                  text=True, timeout=60)
+            done = subprocess.run(
+                xirang + words[1:], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60
+            )
             said = done.stdout + done.stderr
             assert done.returncode == 0, (words, said)
             assert "Traceback" not in said and "rejected" not in said, (words, said)
             if words[1] == "submit" and "--dry-run" not in words:
                 _wait_for_start(xirang, elsewhere, env, words[2])
-        history = subprocess.run(xirang + ["history", "--json"], cwd=elsewhere, env=env,
-                                 capture_output=True, text=True, timeout=60)
+        history = subprocess.run(
+            xirang + ["history", "--json"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60
+        )
         rows = {r["job"]: r for r in json.loads(history.stdout)["jobs"]}
         assert rows["train-1"]["state"] == "cancelled" and "fix-1" not in rows
     finally:
@@ -86,8 +99,9 @@ def test_the_readme_local_cluster_works_from_another_directory(tmp_path):
 def _wait_for_nodes(xirang, cwd, env, count: int) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        done = subprocess.run(xirang + ["nodes", "--json"], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            xirang + ["nodes", "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+        )
         if done.returncode == 0 and len(json.loads(done.stdout)["nodes"]) >= count:
             return
         time.sleep(0.5)
@@ -98,8 +112,9 @@ def _wait_for_start(xirang, cwd, env, job: str) -> None:
     """The example job runs (so `logs` has something and `requeue` has a running job)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        done = subprocess.run(xirang + ["jobs", "--json"], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            xirang + ["jobs", "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+        )
         rows = {r["job"]: r for r in json.loads(done.stdout)["jobs"]}
         if rows.get(job, {}).get("state") == "running" and rows[job]["progress_s"] > 1:
             return
