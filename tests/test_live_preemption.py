@@ -15,6 +15,7 @@ from transport import bus
 from agents.testing import Cluster, matching, metrics, sleep_command, stuck_command, train_command
 from core import rebuild
 from core import types as T
+from projections.notices import Notifier
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -137,6 +138,14 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
     resume = matching(records, T.JobResumeRequested, job="c1")[0]
     lines = wait_metrics(run_dir(cluster, "c1", resume.n) / "output.log")
     assert lines[0]["step"] == previous.step and lines[0]["resumed"] == 1
+    # and c1's user is told, from this real log: the notice, the requeue, and the fallback
+    # with the progress it lost
+    user = matching(records, T.JobSubmitted, job="c1")[0].event.user
+    told = {n.kind: n for n in Notifier().all(enumerate(records, 1)) if n.job == "c1"}
+    assert {"preemption_notice", "preempted", "checkpoint_fallback"} <= set(told)
+    assert all(n.user == user for n in told.values())
+    assert f"from step {previous.step}" in told["checkpoint_fallback"].message
+    assert "of progress" in told["checkpoint_fallback"].message
 
 
 STUBBORN = """\
