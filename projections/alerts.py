@@ -8,6 +8,9 @@
 - `team_protected` / `team_downgraded`: a team hit its preemption limits (preempted too
   often, so it is protected; or preempting too often, so its new urgent jobs are
   downgraded) and the measure is still in force.
+- `downgraded_waiting`: a job that entered below its requested level (its team was
+  downgraded) is still queued: it waits at the lower level until the team's quota
+  recovers, and someone may want to know.
 
 Windows are in log time, ending at "now" (the newest record), so the same log always gives
 the same alerts.
@@ -41,7 +44,19 @@ class Alert:
 
 
 def evaluate(con, now: int, rule: RateRule = RateRule()) -> list[Alert]:
-    return rate_alerts(con, now, rule) + team_limit_alerts(con, now)
+    return rate_alerts(con, now, rule) + team_limit_alerts(con, now) + downgraded_waiting_alerts(con, now)
+
+
+def downgraded_waiting_alerts(con, now: int) -> list[Alert]:
+    rows = con.execute("""
+        SELECT job, team, level, requested_level, queued_since_t FROM jobs
+        WHERE state = 'queued' AND level > requested_level ORDER BY job""").fetchall()
+    return [Alert(kind="downgraded_waiting", subject=f"job {job}", value=(now - since) / 1000,
+                  threshold=0.0,
+                  message=(f"job {job} of team {team} asked for level {asked} and waits at level {level}"
+                           f" for {(now - since) / 60_000:.0f} min: its team is downgraded until its"
+                           " preemption quota recovers"))
+            for job, team, level, asked, since in rows]
 
 
 def rate_alerts(con, now: int, rule: RateRule = RateRule()) -> list[Alert]:

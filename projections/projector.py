@@ -353,6 +353,14 @@ def _submitted(p: Projector, seq: int, n: int, ev: T.JobSubmitted) -> None:
                 f"{downgrade} for {ev.gpus} GPUs{' variant ' + ev.variant if ev.variant else ''}")
 
 
+def _level_restored(p: Projector, seq: int, n: int, ev: T.JobLevelRestored) -> None:
+    row = p.job(ev.job)
+    row["level"] = ev.level
+    row["eff_level"] = min(row.get("eff_level", ev.level), ev.level)
+    p.job_event(seq, n, ev, ev.job, f"back at level {ev.level}: its team's preemption quota has recovered"
+                f" (waited {ev.waited_ms / 1000:.0f} s downgraded)")
+
+
 def _start_requested(p: Projector, seq: int, n: int, ev) -> None:
     row = p.job(ev.job)
     row["state"] = "starting"
@@ -600,7 +608,7 @@ _HANDLERS = {
     T.NoticeWithdrawn: _withdrawn, T.VictimNotified: _notified, T.CheckpointRecorded: _ckpt,
     T.CheckpointFallback: _fallback, T.CompensationGranted: _compensation,
     T.PreemptionDeclined: _declined, T.TeamProtected: _team_limit,
-    T.TeamDowngraded: _team_limit, T.NodeJoined: _node_joined, T.NodeLost: _node_lost,
+    T.TeamDowngraded: _team_limit, T.JobLevelRestored: _level_restored, T.NodeJoined: _node_joined, T.NodeLost: _node_lost,
     T.PolicyChanged: _policy, T.InputRejected: _rejected, T.FeedbackRecorded: _feedback,
     T.CheckpointFailedRecorded: _ckpt_failed,
 }

@@ -1,0 +1,31 @@
+"""A downgraded urgent job that waits is visible: an alert while it waits at the lower
+level, and its return to its level in the job's history."""
+
+import duckdb
+
+from core import types as T
+from projections import alerts
+from projections.projector import Projector
+
+from scenario import MIN, of, submit, tick
+from test_core_preemption import prod_preempted_twice
+
+
+def _project(run) -> Projector:
+    proj = Projector(duckdb.connect())
+    proj.apply([(i, T.encode(r)) for i, r in enumerate(run.records, 1)])
+    return proj
+
+
+def test_a_downgraded_job_waiting_raises_an_alert_until_its_level_comes_back():
+    run = prod_preempted_twice()
+    until = run.events(T.TeamDowngraded)[0].until_t
+    run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"]))  # no H100: it waits
+    proj = _project(run)
+    waiting = [a for a in alerts.evaluate(proj.con, 30 * MIN) if a.kind == "downgraded_waiting"]
+    assert [a.subject for a in waiting] == ["job p4"] and "level 3" in waiting[0].message
+    restored = of(run.at(until, tick(until)), T.JobLevelRestored)
+    assert [e.job for e in restored] == ["p4"]
+    proj = _project(run)
+    assert not [a for a in alerts.evaluate(proj.con, until) if a.kind == "downgraded_waiting"]
+    assert proj.con.execute("SELECT level FROM jobs WHERE job = 'p4'").fetchone() == (1,)
