@@ -28,16 +28,31 @@ def test_whatif_and_tune_replay_the_demo_logs_own_span_and_say_so(tmp_path):
     alt = tmp_path / "alt.toml"
     alt.write_text("net_benefit_min = 1e12\n")
     whatif = json.loads(xirang("whatif", "--policy", str(alt), "--log", DEMO_LOG, "--json").stdout)
-    assert whatif["window"]["from_t"] == records[0].event.t and whatif["window"]["chosen"] == "the log's whole span"
+    assert (
+        whatif["window"]["from_t"] == records[0].event.t
+        and whatif["window"]["chosen"] == "the log's whole span"
+    )
     assert whatif["window"]["jobs"] == 7 and whatif["cards"]["recorded"]["util"] > 0.1
     assert whatif["cards"]["simulated_alternative"]["preemptions"] == 0
-    tune = xirang("tune", "--log", DEMO_LOG, "--group", "decision_model", "--param", "net_benefit_min",
-                  "--evals", "1", "--json")
+    tune = xirang(
+        "tune",
+        "--log",
+        DEMO_LOG,
+        "--group",
+        "decision_model",
+        "--param",
+        "net_benefit_min",
+        "--evals",
+        "1",
+        "--json",
+    )
     assert tune.returncode == 0, tune.stderr
     out = json.loads(tune.stdout)
     assert out["window"]["from_t"] == records[0].event.t and "last 6 h" in out["window"]["chosen"]
-    assert out["replays"] > 1 and all(p["evidence"]["after"]["objective_gpu_h"] > p["evidence"]["before"]
-                                      ["objective_gpu_h"] for p in out["proposals"])
+    assert out["replays"] > 1 and all(
+        p["evidence"]["after"]["objective_gpu_h"] > p["evidence"]["before"]["objective_gpu_h"]
+        for p in out["proposals"]
+    )
 
 
 def test_the_demo_logs_victims_are_told_and_its_review_weighs_the_preemption(tmp_path):
@@ -46,7 +61,9 @@ def test_the_demo_logs_victims_are_told_and_its_review_weighs_the_preemption(tmp
     told = Notifier().all(enumerate(records, 1))
     assert {n.job for n in told if n.kind == "preemption_notice"} == victims and len(victims) == 3
     assert {n.job for n in told if n.kind == "preempted"} == victims
-    review = xirang("review", "--log", DEMO_LOG, "--out", str(tmp_path / "r.html"), "--tune-evals", "0", "--json")
+    review = xirang(
+        "review", "--log", DEMO_LOG, "--out", str(tmp_path / "r.html"), "--tune-evals", "0", "--json"
+    )
     assert review.returncode == 0, review.stderr
     data = json.loads(review.stdout)
     assert "covers no full quarter" in data["window"]["chosen"]
@@ -57,11 +74,21 @@ def test_the_demo_logs_victims_are_told_and_its_review_weighs_the_preemption(tmp
 def test_feedback_folds_onto_the_demo_log_and_reaches_the_projection():
     records = _records()
     state = rebuild(records)
-    job = next(r.event for r in records if isinstance(r.event, T.JobSubmitted) and r.event.job in
-               {v.event.job for v in records if isinstance(v.event, T.VictimNotified)})
-    _, new = step(state, T.Feedback(t=records[-1].event.t + 1, job=job.job, user=job.user, score=2,
-                                    comment="preempted at step 500"))
+    job = next(
+        r.event
+        for r in records
+        if isinstance(r.event, T.JobSubmitted)
+        and r.event.job in {v.event.job for v in records if isinstance(v.event, T.VictimNotified)}
+    )
+    _, new = step(
+        state,
+        T.Feedback(
+            t=records[-1].event.t + 1, job=job.job, user=job.user, score=2, comment="preempted at step 500"
+        ),
+    )
     assert [type(r.event) for r in new if not isinstance(r.event, T.InputAccepted)] == [T.FeedbackRecorded]
     proj = Projector(duckdb.connect())
     proj.apply([(i, T.encode(r)) for i, r in enumerate(records + new, 1)])
-    assert proj.con.execute("SELECT team, answers, score_mean FROM satisfaction").fetchall() == [(job.team, 1, 2.0)]
+    assert proj.con.execute("SELECT team, answers, score_mean FROM satisfaction").fetchall() == [
+        (job.team, 1, 2.0)
+    ]
