@@ -42,6 +42,7 @@ from core import types as T
 from trust.signing import KeyRing, verify_one
 
 from transport import bus
+from transport.locks import InstanceLock
 from .gpus import Inventory
 from .outbox import Outbox
 
@@ -141,6 +142,14 @@ class HostAgent:
     # ------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
+        # One agent per node name and state folder: two would start every job twice.
+        lock = InstanceLock(self.dir / "agent.lock", f"an agent for node {self.node}").acquire()
+        try:
+            await self._run()
+        finally:
+            lock.release()
+
+    async def _run(self) -> None:
         self._load()
         self._outbox_wake = asyncio.Event()
         self._caught_up = asyncio.Event()

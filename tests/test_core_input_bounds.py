@@ -104,8 +104,9 @@ def test_a_checkpoint_larger_than_a_pebibyte_is_refused():
     state = pool()
     fed(state, submit_json(), 2)
     fed(state, b'{"type":"started","job":"j1"}', 3)
-    raw = json.dumps({"type": "checkpoint_saved", "job": "j1", "step": 1, "digest": "sha256:ab",
-                      "bytes": 2**60}).encode()
+    raw = json.dumps(
+        {"type": "checkpoint_saved", "job": "j1", "step": 1, "digest": "sha256:ab", "bytes": 2**60}
+    ).encode()
     assert rejection(fed(state, raw, 4))[0] == "bytes_out_of_range"
 
 
@@ -125,6 +126,7 @@ def test_an_input_that_makes_step_raise_is_rejected_and_the_state_is_as_before(m
         ctx.state.canonical.t += 12345  # half a change, then a crash
         ctx.state.canonical.jobs.clear()
         raise ZeroDivisionError("division by zero in a handler")
+
     monkeypatch.setitem(inputs.HANDLERS, T.Cancel, explode)
     log = [*step(new_state(), T.NodeUp(t=T0, node="n1", gpu_model="H100", gpus=8, seq=1))[1]]
     state = rebuild(log)
@@ -132,8 +134,11 @@ def test_an_input_that_makes_step_raise_is_rejected_and_the_state_is_as_before(m
     log += more
     before = state_digest(state.canonical)
     records_so_far = list(log)
-    state, records, words = step_guarded(state, stamped_input(b'{"type":"cancel","job":"ok1"}', 3, T0 + 5, state.canonical.t),
-                                         lambda: rebuild(records_so_far))
+    state, records, words = step_guarded(
+        state,
+        stamped_input(b'{"type":"cancel","job":"ok1"}', 3, T0 + 5, state.canonical.t),
+        lambda: rebuild(records_so_far),
+    )
     assert "ZeroDivisionError" in words
     assert rejection(records)[0] == INTERNAL_ERROR and "division by zero" in records[0].event.detail
     log += records
@@ -149,21 +154,90 @@ def test_an_input_that_makes_step_raise_is_rejected_and_the_state_is_as_before(m
 # ---------------------------------------------------------------- 10,000 random and malformed inputs
 
 INT_EDGES = [0, 1, -1, 7, 8, 2**31, 2**53, 2**53 + 1, 2**63 - 1, -(2**63), 2**64, 10**30]
-FLOAT_EDGES = [0.0, -0.0, 1e-300, 5e-324, 1.5, 1e15, 1e308, -1e308, float("inf"), float("-inf"),
-               float("nan")]
-NAMES = ["j1", "j2", "j3", "n1", "n2", "H100", "A100", "t", "u", "", "sha256:ab", "\ud800", "ü",
-         "x" * 199, "x" * 201, "x" * 2001, "x" * 70_000, "a.b*>", "\x00"]
-TYPES = ["node_up", "node_down", "submit", "cancel", "started", "checkpoint_started",
-         "checkpoint_saved", "checkpoint_failed", "safe_point", "released", "finished", "tick",
-         "set_policy", "malformed", "bogus"]
-FIELDS = ["job", "team", "user", "level", "gpus", "gpu_models", "est_runtime_s", "ckpt_interval_s",
-          "ckpt_cost_s", "restore_cost_s", "preemptible", "command", "kind", "node", "gpu_model",
-          "reason", "ok", "step", "digest", "bytes", "params", "t", "v", "id", "seq", "unknown_field"]
+FLOAT_EDGES = [0.0, -0.0, 1e-300, 5e-324, 1.5, 1e15, 1e308, -1e308, float("inf"), float("-inf"), float("nan")]
+NAMES = [
+    "j1",
+    "j2",
+    "j3",
+    "n1",
+    "n2",
+    "H100",
+    "A100",
+    "t",
+    "u",
+    "",
+    "sha256:ab",
+    "\ud800",
+    "ü",
+    "x" * 199,
+    "x" * 201,
+    "x" * 2001,
+    "x" * 70_000,
+    "a.b*>",
+    "\x00",
+]
+TYPES = [
+    "node_up",
+    "node_down",
+    "submit",
+    "cancel",
+    "started",
+    "checkpoint_started",
+    "checkpoint_saved",
+    "checkpoint_failed",
+    "safe_point",
+    "released",
+    "finished",
+    "tick",
+    "set_policy",
+    "malformed",
+    "bogus",
+]
+FIELDS = [
+    "job",
+    "team",
+    "user",
+    "level",
+    "gpus",
+    "gpu_models",
+    "est_runtime_s",
+    "ckpt_interval_s",
+    "ckpt_cost_s",
+    "restore_cost_s",
+    "preemptible",
+    "command",
+    "kind",
+    "node",
+    "gpu_model",
+    "reason",
+    "ok",
+    "step",
+    "digest",
+    "bytes",
+    "params",
+    "t",
+    "v",
+    "id",
+    "seq",
+    "unknown_field",
+]
 INPUT_TYPES = {cls.__struct_config__.tag: cls for cls in T.Input.__args__}
-GOOD = {"job": ["j1", "j2", "j3"], "team": ["t", "s"], "user": ["u"], "level": list(range(8)),
-        "gpus": [1, 2, 4, 8, 12], "node": ["n1", "n2"], "gpu_model": ["H100"], "ok": [True, False],
-        "step": [0, 5, 100], "digest": ["sha256:ab"], "bytes": [0, 100], "reason": ["r"],
-        "gpu_models": [["H100"], []], "params": [{"scan_jobs_max": 64}, {"level_weight": [1] * 8}]}
+GOOD = {
+    "job": ["j1", "j2", "j3"],
+    "team": ["t", "s"],
+    "user": ["u"],
+    "level": list(range(8)),
+    "gpus": [1, 2, 4, 8, 12],
+    "node": ["n1", "n2"],
+    "gpu_model": ["H100"],
+    "ok": [True, False],
+    "step": [0, 5, 100],
+    "digest": ["sha256:ab"],
+    "bytes": [0, 100],
+    "reason": ["r"],
+    "gpu_models": [["H100"], []],
+    "params": [{"scan_jobs_max": 64}, {"level_weight": [1] * 8}],
+}
 
 
 def nasty(rng, depth: int = 0):
@@ -199,7 +273,7 @@ def nasty_input(rng) -> bytes:
         return json.dumps(nasty(rng)).encode("utf-8", "surrogatepass")
     body: dict = {"type": rng.choice(TYPES)}
     struct = INPUT_TYPES.get(body["type"])
-    for name in (struct.__struct_fields__ if struct else ()):
+    for name in struct.__struct_fields__ if struct else ():
         if name in GOOD:  # a valid input of its type to start from
             body[name] = rng.choice(GOOD[name])
     if rng.random() < 0.3:
@@ -209,8 +283,11 @@ def nasty_input(rng) -> bytes:
     if body["type"] == "set_policy" and rng.random() < 0.5:  # a real parameter, any value
         name = rng.choice(Policy.__struct_fields__)
         value = getattr(Policy(), name)
-        body["params"] = {name: [nasty(rng) for _ in value] if isinstance(value, list) and rng.random() < 0.5
-                          else nasty(rng)}
+        body["params"] = {
+            name: [nasty(rng) for _ in value]
+            if isinstance(value, list) and rng.random() < 0.5
+            else nasty(rng)
+        }
     if rng.random() < 0.1:  # NaN and Infinity as Python writes them: not JSON
         return json.dumps(body).encode("utf-8", "surrogatepass")
     try:

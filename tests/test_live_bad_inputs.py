@@ -16,8 +16,16 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def submit(job: str, **fields) -> bytes:
-    body = {"type": "submit", "job": job, "team": "t", "user": "u", "level": 3, "gpus": 1,
-            "gpu_models": ["H100"], "command": sleep_command(0.2)}
+    body = {
+        "type": "submit",
+        "job": job,
+        "team": "t",
+        "user": "u",
+        "level": 3,
+        "gpus": 1,
+        "gpu_models": ["H100"],
+        "command": sleep_command(0.2),
+    }
     body.update(fields)
     return json.dumps(body).encode()
 
@@ -26,12 +34,14 @@ def send_raw(cluster: Cluster, *raws: bytes) -> None:
     async def go(nc, js):
         for raw in raws:
             await bus.send_raw_input(js, raw)
+
     cluster._run(go)
 
 
 def publish_plain(cluster: Cluster, subject: str, data: bytes) -> None:
     async def go(nc, js):
         await js.publish(subject, data)
+
     cluster._run(go)
 
 
@@ -75,10 +85,17 @@ def test_the_projector_skips_a_message_it_cannot_decode(tmp_path):
     from core import run_inputs
     from projections.projector import Projector
 
-    records = list(run_inputs([T.NodeUp(t=1, node="n1", gpu_model="H100", gpus=8),
-                               T.Submit(t=2, job="a", team="t", user="u", level=3, gpus=1)]))
+    records = list(
+        run_inputs(
+            [
+                T.NodeUp(t=1, node="n1", gpu_model="H100", gpus=8),
+                T.Submit(t=2, job="a", team="t", user="u", level=3, gpus=1),
+            ]
+        )
+    )
     items = [(1, T.encode(records[0])), (2, b"\x00garbage")] + [
-        (seq, T.encode(r)) for seq, r in enumerate(records[1:], 3)]
+        (seq, T.encode(r)) for seq, r in enumerate(records[1:], 3)
+    ]
     projector = Projector(str(tmp_path / "p.duckdb"))
     assert projector.apply(items) == len(records)
     assert projector.skipped == 1 and projector.last_n == records[-1].n

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from .locks import InstanceLock
+
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
 
@@ -56,6 +58,7 @@ class EmbeddedNats:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
+        self._lock: InstanceLock | None = None
 
     @property
     def url(self) -> str:
@@ -63,12 +66,15 @@ class EmbeddedNats:
 
     def start(self) -> "EmbeddedNats":
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # One server per store: a second one would share (and corrupt) the JetStream files.
+        # The server inherits the lock, so it holds the store even if we die first.
+        self._lock = InstanceLock(self.data_dir / "store.lock", f"a nats-server on {self.data_dir}").acquire()
         conf = self.data_dir / "nats.conf"
         conf.write_text(_config_text(self.port, (self.data_dir / "jetstream").resolve()))
         log = open(self.data_dir / "nats-server.log", "ab")
         self.proc = subprocess.Popen(
             [nats_server_binary(), "-c", str(conf)], stdout=log, stderr=log,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(self._lock.fd,))
         log.close()
         self._wait_ready()
         return self
@@ -92,17 +98,23 @@ class EmbeddedNats:
         if self.proc and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(STOP_TIMEOUT_S)
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def stop(self) -> None:
         proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(STOP_TIMEOUT_S)
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(STOP_TIMEOUT_S)
+        self._release()
 
     def __enter__(self) -> "EmbeddedNats":
         return self.start()

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from transport.locks import AlreadyRunning, InstanceLock
+
 DATA_DIR_DEFAULT = ".xirang"
 URL_FILE = "nats.url"
 
@@ -97,7 +99,10 @@ def server_url(args):
     from transport.natsd import EmbeddedNats
 
     data = Path(args.data_dir)
-    server = EmbeddedNats(data / "nats").start()
+    try:
+        server = EmbeddedNats(data / "nats").start()
+    except AlreadyRunning as err:
+        raise _user_error(str(err)) from err
     (data / URL_FILE).write_text(server.url + "\n")
     return server.url, server
 
@@ -167,6 +172,8 @@ def cmd_agent(args) -> int:
         asyncio.run(run_host(url, node=args.node, inventory=inventory,
                              state_dir=Path(args.data_dir) / "hosts", grace_s=args.grace_s,
                              keyring_path=keyring_path(args.public_key, args.data_dir)))
+    except AlreadyRunning as err:
+        raise _user_error(str(err)) from err
     finally:
         if server:
             server.stop()
@@ -184,6 +191,8 @@ def cmd_up(args) -> int:
         raise _user_error(str(err)) from err
     if args.hosts < 0 or not specs:
         raise _user_error("--hosts must be >= 0 and --simulate must name at least one inventory")
+    # Before anything is started or written: a second `up` in a folder in use changes nothing.
+    lock = _hold(InstanceLock(Path(args.data_dir) / "up.lock", f"xirang up in {args.data_dir}"))
     url, server = server_url(args)
     from agents.cluster import start_cluster, stop_children
 
@@ -211,7 +220,16 @@ def cmd_up(args) -> int:
         stop_job_processes(args.data_dir)  # the simulated hosts' jobs go with them
         if server:
             server.stop()
+        lock.release()
     return 0
+
+
+def _hold(lock):
+    """Take an instance lock, or stop with the holder's name."""
+    try:
+        return lock.acquire()
+    except AlreadyRunning as err:
+        raise _user_error(str(err)) from err
 
 
 def cmd_demo(args) -> int:

@@ -1,0 +1,65 @@
+"""One instance per place: a second `xirang up` in a folder in use, a second agent for
+one node, and a second embedded NATS on one store refuse to start, naming the holder, and
+change nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from agents.host import pid_alive
+from agents.testing import REPO, Cluster, xirang_up
+from core import types as T
+from transport.locks import AlreadyRunning
+from transport.natsd import EmbeddedNats
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def xirang(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "xirang.cli", *args], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+
+
+def test_a_second_xirang_up_in_a_folder_in_use_refuses_and_changes_nothing(tmp_path):
+    data = tmp_path / "xr"
+    with xirang_up(str(data), hosts=1, simulate="8xH100") as info:
+        url_before = (data / "nats.url").read_text()
+        files_before = sorted(p.name for p in data.iterdir())
+        second = xirang("up", "--data-dir", str(data), "--hosts", "1", "--simulate", "8xH100")
+        assert second.returncode != 0
+        assert "already running" in (second.stdout + second.stderr)
+        assert f"pid {_up_pid(data)}" in second.stderr  # names the holder
+        assert (data / "nats.url").read_text() == url_before
+        assert sorted(p.name for p in data.iterdir()) == files_before
+        assert all(pid_alive(p) for p in info["pids"].values())
+
+
+def _up_pid(data) -> int:
+    import json
+
+    return json.loads((data / "up.lock").read_text())["pid"]
+
+
+def test_a_second_agent_for_one_node_refuses_to_start(tmp_path):
+    with Cluster(tmp_path) as c:
+        c.scheduler("s1")
+        first = c.agent("h1", "8xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        second = xirang(
+            "agent", "--nats", c.url, "--node", "h1", "--simulate", "8xH100", "--data-dir", str(tmp_path)
+        )
+        assert second.returncode != 0 and "an agent for node h1 is already running" in second.stderr
+        assert f"pid {first.pid}" in second.stderr
+        assert first.poll() is None
+
+
+def test_a_second_nats_server_on_one_store_refuses(tmp_path):
+    with EmbeddedNats(tmp_path / "nats"):
+        with pytest.raises(AlreadyRunning, match="already running"):
+            EmbeddedNats(tmp_path / "nats").start()
+    with EmbeddedNats(tmp_path / "nats"):  # free again once the first stopped
+        pass
