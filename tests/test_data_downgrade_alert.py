@@ -7,7 +7,7 @@ from core import types as T
 from projections import alerts
 from projections.projector import Projector
 
-from scenario import MIN, of, submit, tick
+from scenario import MIN, node, of, submit, tick
 from test_core_preemption import prod_preempted_twice
 
 
@@ -20,7 +20,8 @@ def _project(run) -> Projector:
 def test_a_downgraded_job_waiting_raises_an_alert_until_its_level_comes_back():
     run = prod_preempted_twice()
     until = run.events(T.TeamDowngraded)[0].until_t
-    run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"]))  # no H100: it waits
+    run.at(24 * MIN, node("h9", "H100"), T.NodeDown(node="h9"))  # its model's only node is down
+    run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"]))  # so it waits
     proj = _project(run)
     waiting = [a for a in alerts.evaluate(proj.con, 30 * MIN) if a.kind == "downgraded_waiting"]
     assert [a.subject for a in waiting] == ["job p4"] and "level 3" in waiting[0].message
