@@ -52,6 +52,8 @@ from core import types as T
 from .workload import TraceJob, Workload
 
 PROGRESS_EVERY_JOBS = 500
+# ... and every so many events, so the bar moves (and the clock shows) while few jobs end.
+PROGRESS_EVERY_EVENTS = 20_000
 CKPT_BYTES_PER_GPU = 1 << 30
 
 
@@ -205,6 +207,7 @@ class Simulator:
         arrivals = iter(self.workload.jobs)
         self._push_next_arrival(arrivals)
         heap = self._heap
+        self._report_progress(force=True)  # started: the bar shows it at once
         while heap:
             t, _, fn, args = heapq.heappop(heap)
             self.now = t
@@ -212,6 +215,8 @@ class Simulator:
             fn(*args)
             if self.finished == len(self.jobs):
                 break
+            if self.events % PROGRESS_EVERY_EVENTS == 0:
+                self._report_progress(force=True)
         self._report_progress(force=True)
 
     def _push_next_arrival(self, arrivals) -> None:

@@ -177,30 +177,32 @@ def _run_one(job: dict, report):
         config["tick_s"] = job["tick_s"]
     name = job["policy"]
     return simulate(workload, job["cluster"], name, config, job["seed"],
-                    progress=lambda done, total, t: report(name, done, total))
+                    progress=lambda done, total, t: report(name, done, total, t))
 
 
 class ProgressBar:
-    """One line on stderr: each policy's share of jobs finished."""
+    """One line on stderr: each policy's share of jobs finished and its simulated clock (so
+    it moves from the start, while the first jobs are still running), and the time taken."""
 
     def __init__(self, names: list[str], quiet: bool) -> None:
-        self.done = {name: (0, 0) for name in names}
+        self.done = {name: (0, 0, 0) for name in names}
         self.quiet = quiet or not names
         self.began = time.perf_counter()
         self.tty = sys.stderr.isatty()
         self._last = 0.0
 
-    def update(self, name: str, done: int, total: int) -> None:
-        self.done[name] = (done, total)
+    def update(self, name: str, done: int, total: int, sim_t_ms: int = 0) -> None:
+        self.done[name] = (done, total, sim_t_ms)
         now = time.perf_counter()
         if self.quiet or (not self.tty and now - self._last < 10 and done != total):
             return
         self._last = now
         parts = []
-        for policy, (d, t) in self.done.items():
+        for policy, (d, t, sim_t) in self.done.items():
             frac = d / t if t else 0.0
             filled = int(frac * PROGRESS_BAR_WIDTH)
-            parts.append(f"{policy} [{'#' * filled}{'.' * (PROGRESS_BAR_WIDTH - filled)}] {frac:4.0%}")
+            clock = f" day {sim_t / 86_400_000:.1f}" if sim_t else ""
+            parts.append(f"{policy} [{'#' * filled}{'.' * (PROGRESS_BAR_WIDTH - filled)}] {frac:4.0%}{clock}")
         line = "  ".join(parts) + f"  {now - self.began:5.0f}s"
         sys.stderr.write(("\r" + line) if self.tty else (line + "\n"))
         sys.stderr.flush()
