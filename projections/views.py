@@ -13,12 +13,14 @@ __all__ = ["job_rows", "queue_levels", "node_rows", "share_rows", "history_rows"
            "human_duration"]
 
 
-def job_rows(state) -> list[dict]:
+def job_rows(state, now_ms: int | None = None) -> list[dict]:
     """Every open job: where it runs and how far it got, or why it waits and when it is
-    expected to start."""
+    expected to start. Progress and waits run to `now_ms` (the log's time when not given:
+    a quiet log's last event may be minutes old)."""
     reasons = explain_queue(state)
     rows = []
     c = state.canonical
+    now = max(c.t, now_ms or 0)
     for job_id in sorted(c.jobs):
         job = c.jobs[job_id]
         ckpt = last_checkpoint(job)
@@ -27,12 +29,12 @@ def job_rows(state) -> list[dict]:
             "eff_level": job.eff_level, "state": job.state, "gpus": job.gpus,
             "gpu_models": list(job.gpu_models),
             "placement": [f"{s.node}:{','.join(map(str, s.gpus))}" for s in job.placement],
-            "progress_s": round(job_progress_ms(job, c.t) / 1000, 1),
+            "progress_s": round(job_progress_ms(job, now) / 1000, 1),
             "preempt_count": job.preempt_count, "checkpoint_step": ckpt.step if ckpt else None,
             "saga": job.saga, "wait_s": None, "reason_code": "", "reason": "", "start_in_s": None,
         }
         if job.state == QUEUED or job_id in reasons:
-            row["wait_s"] = round(max(0, c.t - job.queued_since_t) / 1000, 1)
+            row["wait_s"] = round(max(0, now - job.queued_since_t) / 1000, 1)
         why = reasons.get(job_id)
         if why is not None:
             row.update(reason_code=why.code, reason=why.reason, limit=why.limit,

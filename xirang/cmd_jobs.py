@@ -230,6 +230,10 @@ def _state(args):
     return load_state(client_url(args))
 
 
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def _repeat(args, draw) -> int:
     """Draw once, or every --watch seconds until Ctrl-C (clearing the terminal between)."""
     if not getattr(args, "watch", None):
@@ -255,7 +259,7 @@ def cmd_jobs(args) -> int:
         from projections.views import job_rows
 
         state = _state(args)
-        rows = _filtered(args, job_rows(state))
+        rows = _filtered(args, job_rows(state, now_ms()))
         unread = _unread_notices(args, state)
         for r in rows:
             r["unread_notices"] = unread.get(r["job"], 0)
@@ -286,7 +290,7 @@ def cmd_queue(args) -> int:
         from projections.views import job_rows, queue_levels
 
         state = _state(args)
-        rows = _filtered(args, job_rows(state))
+        rows = _filtered(args, job_rows(state, now_ms()))
         levels = queue_levels(state, rows)
         if args.level is not None:
             levels = [lv for lv in levels if lv["level"] == args.level]
