@@ -153,7 +153,7 @@ def decision_cost(pending: int, samples: int) -> dict:
     # A scheduling pass on a tick: every urgent job tried (none waits here), the budgeted
     # candidates of the less urgent levels, aging and placement over the whole backlog.
     ticks: list[float] = []
-    for s in range(samples):
+    for _ in range(samples):
         t += 60_000
         begin = time.perf_counter()
         step(state, T.Tick(t=t))
