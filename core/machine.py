@@ -15,6 +15,7 @@ from __future__ import annotations
 from . import types as T
 from .bounds import input_problem
 from .eligibility import may_preempt
+from .identity import identity_problem
 from .inputs import HANDLERS, common_problem
 from .log_seal import Ctx, reject
 from .placement_pass import place_queued
@@ -50,7 +51,7 @@ def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
         return state, reject_input(state, inp, *out_of_bounds)
     inp = T.normalized(inp)
     ctx = Ctx(state, inp)
-    reason = common_problem(state, inp)
+    reason = common_problem(state, inp) or identity_problem(state, inp)
     if reason:
         reject(ctx, reason[0], reason[1])
         return state, ctx.records

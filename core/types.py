@@ -27,6 +27,11 @@ class _Input(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True)
     id: str = ""
     # Sequence of the input on XR_IN, stamped by the scheduler; 0 when offline.
     seq: int = 0
+    # Who sent it, as the bus authenticated them (`client:<team>:<user>`, `host:<node>`,
+    # `job:<job>`, `op:<user>`, `sched:<instance>`): stamped by the scheduler from the
+    # XR_IN subject the server let them publish on, never taken from the body; '' offline
+    # (replays, simulations, older logs), where core/identity.py checks nothing.
+    origin: str = ""
 
 
 class _RunFact(_Input, kw_only=True):

@@ -1,0 +1,79 @@
+"""Who may send which input: the authenticated sender (`origin`) against what the input
+claims.
+
+The bus authenticates senders and lets each publish only on its own XR_IN subjects
+(deploy/nats); the scheduler stamps the sender from the subject into `origin`. This file
+decides, purely, whether that sender may send this input:
+
+- `client:<team>:<user>`: submits as that team and user only; cancels (and the other
+  job-directed client inputs) only that user's own jobs; never node or policy changes;
+- `host:<node>`: its own node's `node_up`/`node_down`, and job facts of jobs placed on it;
+- `job:<job>`: its own job's facts only;
+- `op:<user>` (operators) and `sched:<instance>` (the scheduler): anything.
+
+A claimed identity that does not match is `identity_mismatch`; an input type the role may
+not send is `not_permitted_for_role`. An input with no origin (an offline scenario file, a
+simulation, a log written before origins existed) is not checked, so old logs replay.
+"""
+
+from __future__ import annotations
+
+from . import types as T
+from .state import State
+
+CLIENT_INPUTS = ("submit", "cancel", "feedback", "hold", "release", "requeue")
+JOB_FACTS = ("started", "checkpoint_started", "checkpoint_saved", "checkpoint_failed",
+             "safe_point", "released", "finished")
+HOST_INPUTS = ("node_up", "node_down", *JOB_FACTS)
+ANY_INPUT_ROLES = ("op", "sched")
+
+
+def identity_problem(state: State, inp: T.Input) -> tuple[str, str] | None:
+    """(reason, detail) when `inp.origin` may not send `inp`; None when it may."""
+    if not inp.origin or isinstance(inp, T.Malformed):
+        return None
+    role, _, who = inp.origin.partition(":")
+    kind = T.type_name(inp)
+    if role in ANY_INPUT_ROLES:
+        return None
+    allowed = {"client": CLIENT_INPUTS, "host": HOST_INPUTS, "job": JOB_FACTS}.get(role)
+    if allowed is None:
+        return "not_permitted_for_role", f"unknown sender role {role!r} ({inp.origin})"
+    if kind not in allowed:
+        return "not_permitted_for_role", (f"{kind} may not be sent by a {role} ({inp.origin}); "
+                                          f"ask an operator")
+    return {"client": _client_problem, "host": _host_problem, "job": _job_problem}[role](state, inp, who)
+
+
+def _client_problem(state: State, inp: T.Input, who: str) -> tuple[str, str] | None:
+    team, _, user = who.partition(":")
+    if isinstance(inp, T.Submit):
+        if (inp.team, inp.user) != (team, user):
+            return "identity_mismatch", (f"submitted as team {inp.team!r} user {inp.user!r} by "
+                                         f"{team}:{user}; submit as yourself")
+        return None
+    job = state.c.jobs.get(T.input_job(inp))
+    if job is not None and (job.team, job.user) != (team, user):
+        return "identity_mismatch", (f"job {job.id} belongs to {job.team}:{job.user}, not {team}:{user}; "
+                                     f"only its owner or an operator may do that")
+    claimed_team = getattr(inp, "team", None)
+    if claimed_team is not None and job is None and claimed_team != team:
+        return "identity_mismatch", f"team {claimed_team!r} claimed by {team}:{user}"
+    return None
+
+
+def _host_problem(state: State, inp: T.Input, node: str) -> tuple[str, str] | None:
+    if isinstance(inp, (T.NodeUp, T.NodeDown)):
+        if inp.node != node:
+            return "identity_mismatch", f"host {node} reported on node {inp.node}; a host speaks for itself"
+        return None
+    job = state.c.jobs.get(T.input_job(inp))
+    if job is not None and job.placement and all(slot.node != node for slot in job.placement):
+        return "identity_mismatch", f"job {job.id} does not run on host {node}"
+    return None
+
+
+def _job_problem(state: State, inp: T.Input, job: str) -> tuple[str, str] | None:
+    if T.input_job(inp) != job:
+        return "identity_mismatch", f"job {job} reported for job {T.input_job(inp)}; a job speaks for itself"
+    return None
