@@ -62,6 +62,18 @@ def send_and_wait(url: str, inp: T.Input, timeout_s: float = OUTCOME_TIMEOUT_S) 
     return asyncio.run(_send_and_wait(url, inp, timeout_s))
 
 
+def client_sender(inp: T.Input) -> str:
+    """Who a command sends as: $XIRANG_IDENTITY if set (an operator: `op:<user>`), else a
+    submission's own team and user; '' (no sender) otherwise, which only an open server
+    accepts (deploy/nats lets nobody but the scheduler publish without one)."""
+    sender = bus.default_sender()
+    if sender:
+        return sender
+    if isinstance(inp, T.Submit):
+        return f"client:{inp.team}:{inp.user}"
+    return ""
+
+
 async def _send_and_wait(url: str, inp: T.Input, timeout_s: float) -> dict:
     from nats.js import api
 
@@ -69,7 +81,7 @@ async def _send_and_wait(url: str, inp: T.Input, timeout_s: float) -> dict:
     try:
         await bus.ensure_streams(js)
         start = await bus.stream_last_seq(js, bus.EV_STREAM)
-        msg_id, seq, duplicate = await bus.send_input(js, inp)
+        msg_id, seq, duplicate = await bus.send_input(js, inp, sender=client_sender(inp))
         base = {"type": T.type_name(inp), "job": T.input_job(inp), "id": msg_id, "seq": seq}
         if duplicate:
             return {**base, "outcome": "duplicate", "detail": f"input id {msg_id} was sent before (seq {seq})"}

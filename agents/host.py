@@ -104,7 +104,7 @@ class HostAgent:
         self.inventory = inventory
         self.dir = Path(state_dir).resolve() / self.token
         self.runs_dir = self.dir / "runs"
-        self.outbox = Outbox(self.dir / "outbox")
+        self.outbox = Outbox(self.dir / "outbox", sender=f"host:{node}")
         self._outbox_wake: asyncio.Event | None = None
         self.grace_s = grace_s
         self.default_command = default_command or [sys.executable, "-c", "import time; time.sleep(60)"]

@@ -28,8 +28,9 @@ _counter = itertools.count()
 
 
 class Outbox:
-    def __init__(self, folder: str | os.PathLike) -> None:
+    def __init__(self, folder: str | os.PathLike, sender: str = "") -> None:
         self.folder = Path(folder)
+        self.sender = sender  # who the facts are delivered as (core/identity.py)
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def put(self, inp: T.Input) -> Path:
@@ -66,7 +67,7 @@ class Outbox:
                 log.warning("outbox: dropping unreadable fact %s: %s", path.name, inp.error)
                 path.unlink(missing_ok=True)
                 continue
-            await bus.send_input(js, inp)
+            await bus.send_input(js, inp, sender=self.sender or None)
             path.unlink(missing_ok=True)
             delivered += 1
         return delivered

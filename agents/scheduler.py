@@ -33,6 +33,7 @@ from nats.js.errors import KeyNotFoundError, KeyValueError, BadRequestError
 
 from core import parse_input, step, with_params
 from core.machine import reject_input
+from core.identity import origin_of_subject
 from core.replay import INTERNAL_ERROR
 from core import types as T
 from core.policy import PolicyError
@@ -50,11 +51,12 @@ LINGER_MS = 5.0
 
 def stamped_input(data: bytes, seq: int, now: int, state_t: int, subject: str = "") -> T.Input:
     """An input as the scheduler steps it: decoded (never raising: bytes out of bounds or
-    undecodable become `Malformed`), stamped with its XR_IN sequence and the time it is
-    taken, never earlier than the state's, and with `operator` as its subject vouches
-    (operators' requests arrive on `xr.in.op.>`)."""
+    undecodable become `Malformed`), stamped with its XR_IN sequence, the time it is
+    taken (never earlier than the state's) and its sender, read from the subject the
+    server authenticated (never from the body), with `operator` as that subject vouches."""
     inp = bus.vouched(parse_input(data), subject)
-    return msgspec.structs.replace(inp, t=max(now, state_t), seq=seq)
+    return msgspec.structs.replace(inp, t=max(now, state_t), seq=seq,
+                                   origin=origin_of_subject(subject, bus.IN_PREFIX))
 
 
 class LostLeadership(Exception):
@@ -90,6 +92,7 @@ class Scheduler:
         self.signer = signer
         self.keyring = keyring if keyring is not None else (signer.keyring() if signer else None)
         self.instance = instance or f"sched-{uuid.uuid4().hex[:8]}"
+        self.sender = f"sched:{self.instance}"  # who its own inputs come from (core/identity.py)
         self.tick_ms = tick_ms
         self.group_max = group_max
         self.node_timeout_ms = node_timeout_ms
@@ -294,7 +297,8 @@ class Scheduler:
             return
         tag = uuid.uuid5(uuid.NAMESPACE_URL, json.dumps(self.policy, sort_keys=True)).hex
         await bus.send_input(self.js, T.SetPolicy(params=self.policy, by=self.instance,
-                                                  reason="scheduler --policy", id=f"policy-{tag}"))
+                                                  reason="scheduler --policy", id=f"policy-{tag}"),
+                             sender=self.sender)
 
     async def _loop(self, queue: asyncio.Queue) -> None:
         next_tick = time.monotonic()
@@ -349,7 +353,8 @@ class Scheduler:
         seq = msg.metadata.sequence.stream
         if seq <= self.state.canonical.last_input_seq:
             return pending  # applied before a restart: skip, never apply twice
-        return await self._apply(stamped_input(msg.data, seq, now_ms(), self.state.canonical.t, msg.subject), pending)
+        return await self._apply(stamped_input(msg.data, seq, now_ms(), self.state.canonical.t, msg.subject),
+                                 pending)
 
     async def _apply(self, inp: T.Input, pending: list) -> list:
         try:
@@ -420,7 +425,7 @@ class Scheduler:
             if silent_s > timeout_s and now - self._down_sent.get(name, 0) > timeout_s:
                 self._down_sent[name] = now
                 log.warning("%s: host %s silent for %.1f s: node_down", self.instance, name, silent_s)
-                await bus.send_input(self.js, T.NodeDown(
+                await bus.send_input(self.js, sender=self.sender, inp=T.NodeDown(
                     node=name, reason="heartbeat_lost",
                     id=f"node_down-{name}-{self.state.canonical.events_n}"))
 

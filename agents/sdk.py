@@ -123,7 +123,7 @@ class Job:
             self.outbox.put(inp)
             return
         try:
-            self._call(bus.send_input(self.js, inp), timeout_s=REPORT_TIMEOUT_S)
+            self._call(bus.send_input(self.js, inp, sender=f"job:{self.job}"), timeout_s=REPORT_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - the bus went away: the outbox keeps the fact
             if self.outbox is None:
                 raise

@@ -77,3 +77,48 @@ def _job_problem(state: State, inp: T.Input, job: str) -> tuple[str, str] | None
     if T.input_job(inp) != job:
         return "identity_mismatch", f"job {job} reported for job {T.input_job(inp)}; a job speaks for itself"
     return None
+
+
+# ---------------------------------------------------------------- senders on the bus
+# An input's XR_IN subject names its sender: xr.in.<role>.<name tokens>.<type>, e.g.
+# xr.in.client.vision.li.submit, xr.in.host.gpu-7.finished, xr.in.op.alice.set_policy.
+# The server lets each user publish only on its own prefix; the scheduler reads the
+# sender back from the subject.
+
+ROLE_NAME_TOKENS = {"client": 2, "host": 1, "job": 1, "op": 1, "sched": 1}
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+ENCODED_MARK = "~"
+
+
+def subject_token(name: str) -> str:
+    """A name as one subject token: as it is when plain, else `~` + its UTF-8 in hex."""
+    if name and all(ch in _SAFE for ch in name):
+        return name
+    return ENCODED_MARK + name.encode().hex()
+
+
+def name_of_token(token: str) -> str:
+    if token.startswith(ENCODED_MARK):
+        try:
+            return bytes.fromhex(token[1:]).decode()
+        except ValueError:
+            return token
+    return token
+
+
+def sender_tokens(origin: str) -> list[str]:
+    """`client:vision:li` -> ['client', 'vision', 'li'] as subject tokens."""
+    role, *names = origin.split(":")
+    return [role, *(subject_token(n) for n in names)]
+
+
+def origin_of_subject(subject: str, prefix: str = "xr.in") -> str:
+    """The sender an XR_IN subject names ('' for a subject without one)."""
+    tokens = subject[len(prefix) + 1:].split(".") if subject.startswith(prefix + ".") else []
+    if not tokens:
+        return ""
+    role = tokens[0]
+    count = ROLE_NAME_TOKENS.get(role)
+    if count is None or len(tokens) != count + 2:
+        return ""
+    return ":".join([role, *(name_of_token(t) for t in tokens[1:1 + count])])

@@ -33,6 +33,7 @@ from nats.js.errors import BadRequestError, NotFoundError, ObjectNotFoundError
 from core import load_snapshot, new_state, snapshot_bytes
 from core import types as T
 from core.replay import apply_record
+from core.identity import sender_tokens
 from core.state import State
 from trust.signing import LogVerifier, sign_records
 
@@ -41,6 +42,7 @@ log = logging.getLogger("xirang.bus")
 IN_STREAM = "XR_IN"
 EV_STREAM = "XR_EV"
 IN_PREFIX = "xr.in"
+IDENTITY_ENV = "XIRANG_IDENTITY"
 LOG_PREFIX = "xr.ev.log"
 HOST_PREFIX = "xr.ev.host"
 HB_PREFIX = "xr.hb"
@@ -162,30 +164,46 @@ async def _ensure_stream(js, config: api.StreamConfig) -> None:
 # ---------------------------------------------------------------- inputs
 
 
-# Operators' requests about others' jobs arrive here: NATS permissions decide who may
-# publish on it, and the scheduler believes an input's `operator` flag only from it.
+# Operators' requests about others' jobs arrive on `xr.in.op.>`: NATS permissions decide
+# who may publish there (deploy/nats gives each operator `xr.in.op.<user>.>`), and the
+# scheduler believes an input's `operator` flag only from the subject.
 OPERATOR_PREFIX = f"{IN_PREFIX}.op"
 
 
-def input_subject(inp: T.Input) -> str:
+def input_subject(inp: T.Input, sender: str = "") -> str:
+    """`xr.in.<sender tokens>.<type>` (see core/identity.py); without a sender (an open,
+    embedded server, where nobody is authenticated) `xr.in.op.<type>` for an operator's
+    request, else `xr.in.<type>`."""
+    if sender:
+        return ".".join([IN_PREFIX, *sender_tokens(sender), T.type_name(inp)])
     if getattr(inp, "operator", False):
         return f"{OPERATOR_PREFIX}.{T.type_name(inp)}"
     return f"{IN_PREFIX}.{T.type_name(inp)}"
 
 
 def vouched(inp: T.Input, subject: str) -> T.Input:
-    """The input with its `operator` flag as the subject it came on says, not as it claims."""
+    """The input with its `operator` flag as the subject it came on says, not as it claims:
+    an operator's or the scheduler's subject."""
     if not hasattr(inp, "operator"):
         return inp
-    operator = subject.startswith(OPERATOR_PREFIX + ".")
+    operator = subject.startswith(OPERATOR_PREFIX + ".") or subject.startswith(f"{IN_PREFIX}.sched.")
     return inp if inp.operator == operator else msgspec.structs.replace(inp, operator=operator)
 
 
-async def send_input(js, inp: T.Input) -> tuple[str, int, bool]:
-    """Publish one input to XR_IN; returns (id, XR_IN sequence, duplicate)."""
+def default_sender() -> str:
+    """$XIRANG_IDENTITY (`client:<team>:<user>`, `op:<user>`, ...): who this process
+    publishes inputs as; the server's permissions must allow it."""
+    return os.environ.get(IDENTITY_ENV, "")
+
+
+async def send_input(js, inp: T.Input, sender: str | None = None) -> tuple[str, int, bool]:
+    """Publish one input to XR_IN as `sender` (default $XIRANG_IDENTITY, else the
+    credentials' identity); returns (id, XR_IN sequence, duplicate)."""
     if not inp.id:
         inp = msgspec.structs.replace(inp, id=uuid.uuid4().hex)
-    ack = await js.publish(input_subject(inp), T.encode(inp), headers={"Nats-Msg-Id": inp.id})
+    if sender is None:
+        sender = default_sender()
+    ack = await js.publish(input_subject(inp, sender), T.encode(inp), headers={"Nats-Msg-Id": inp.id})
     return inp.id, ack.seq, bool(ack.duplicate)
 
 
