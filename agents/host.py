@@ -64,6 +64,9 @@ MARKER_ENV = "XR_RUN"
 # marker this long before treating it as a job without the SDK.
 SDK_WAIT_S = 5.0
 NO_KEY = "no_key"
+# What the agent's environment may hold that its jobs must not see.
+JOB_WITHHELD_ENV = ("XIRANG_CREDS", "XIRANG_JOB_CREDS", "XIRANG_SIGNING_KEY", "XIRANG_IDENTITY",
+                    "XIRANG_TLS_KEY", "XIRANG_CKPT_SECRET")
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -91,8 +94,11 @@ class Acted(msgspec.Struct, kw_only=True):
 class HostAgent:
     def __init__(self, url: str, node: str, inventory: Inventory, state_dir: str | os.PathLike,
                  grace_s: float = 10.0, default_command: list[str] | None = None,
-                 keyring_path: str | os.PathLike | None = None) -> None:
+                 keyring_path: str | os.PathLike | None = None,
+                 job_creds: str | os.PathLike | None = None) -> None:
         self.url = url
+        # The credentials jobs get (the `job` role), never the host's own.
+        self.job_creds = Path(job_creds).resolve() if job_creds else None
         # Every decision must carry the scheduler's valid signature before we act on it.
         # The keyring is read when the first record arrives (the scheduler may make its
         # key just after we start).
@@ -365,7 +371,10 @@ class HostAgent:
 
     def _spawn(self, run: Run, marker: str, gpus: list[int], ev) -> int:
         command = list(ev.command) or list(self.default_command)
-        env = dict(os.environ)
+        # A job never inherits the host's secrets: not its NATS credentials, not any key.
+        env = {k: v for k, v in os.environ.items() if k not in JOB_WITHHELD_ENV}
+        if self.job_creds:
+            env["XIRANG_CREDS"] = str(self.job_creds)
         # `python` in a job's command means the interpreter (and venv) the agent runs in.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env.update({

@@ -34,6 +34,7 @@ from core import load_snapshot, new_state, snapshot_bytes
 from core import types as T
 from core.replay import apply_record
 from core.identity import sender_tokens
+from trust.connect import connect_options
 from core.state import State
 from trust.signing import LogVerifier, sign_records
 
@@ -43,6 +44,7 @@ IN_STREAM = "XR_IN"
 EV_STREAM = "XR_EV"
 IN_PREFIX = "xr.in"
 IDENTITY_ENV = "XIRANG_IDENTITY"
+_IDENTITY: dict[str, str] = {}  # the identity of the credentials this process connected with
 LOG_PREFIX = "xr.ev.log"
 HOST_PREFIX = "xr.ev.host"
 HB_PREFIX = "xr.hb"
@@ -82,13 +84,19 @@ def node_token(name: str) -> str:
     return "x" + name.encode().hex()
 
 
-async def connect(url: str, name: str = "xirang", **kwargs) -> tuple[nats.NATS, object]:
+async def connect(url: str, name: str = "xirang", creds: str | None = None,
+                  **kwargs) -> tuple[nats.NATS, object]:
+    """Connect to one or several servers (comma separated), with the credentials in
+    `creds` or $XIRANG_CREDS and TLS as trust/connect.py says."""
     async def _quiet(_err):  # reconnect noise is handled by the callers' timeouts
         return None
 
-    nc = await nats.connect(url, name=name, max_reconnect_attempts=kwargs.pop("reconnects", 60),
+    options, identity = connect_options(url, creds)
+    if identity:
+        _IDENTITY["from_creds"] = identity
+    nc = await nats.connect(name=name, max_reconnect_attempts=kwargs.pop("reconnects", 60),
                             reconnect_time_wait=kwargs.pop("reconnect_time_wait", 0.25), connect_timeout=5,
-                            error_cb=_quiet, **kwargs)
+                            error_cb=_quiet, **options, **kwargs)
     return nc, nc.jetstream(timeout=10)
 
 
@@ -191,9 +199,10 @@ def vouched(inp: T.Input, subject: str) -> T.Input:
 
 
 def default_sender() -> str:
-    """$XIRANG_IDENTITY (`client:<team>:<user>`, `op:<user>`, ...): who this process
-    publishes inputs as; the server's permissions must allow it."""
-    return os.environ.get(IDENTITY_ENV, "")
+    """Who this process publishes inputs as: $XIRANG_IDENTITY (`client:<team>:<user>`,
+    `op:<user>`), else the identity in its credentials file; the server's permissions
+    allow only that one."""
+    return os.environ.get(IDENTITY_ENV, "") or _IDENTITY.get("from_creds", "")
 
 
 async def send_input(js, inp: T.Input, sender: str | None = None) -> tuple[str, int, bool]:

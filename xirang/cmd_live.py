@@ -59,6 +59,9 @@ def register(sub) -> None:
     agent.add_argument("--simulate", metavar="NxMODEL", help="simulated inventory, e.g. 8xH100")
     agent.add_argument("--gpu-model", help="override the discovered model name")
     agent.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL")
+    agent.add_argument("--job-creds", metavar="FILE", default=os.environ.get("XIRANG_JOB_CREDS"),
+                       help="NATS credentials its jobs get (the `job` role; default $XIRANG_JOB_CREDS); "
+                            "the agent's own ($XIRANG_CREDS) never reach a job")
     agent.add_argument("--public-key", metavar="FILE",
                        help="the scheduler's public keyring: decisions are acted on only if signed "
                             "(default: $XIRANG_PUBLIC_KEY, else DATA_DIR/keys/scheduler.pub)")
@@ -171,7 +174,8 @@ def cmd_agent(args) -> int:
 
         asyncio.run(run_host(url, node=args.node, inventory=inventory,
                              state_dir=Path(args.data_dir) / "hosts", grace_s=args.grace_s,
-                             keyring_path=keyring_path(args.public_key, args.data_dir)))
+                             keyring_path=keyring_path(args.public_key, args.data_dir),
+                             job_creds=args.job_creds))
     except AlreadyRunning as err:
         raise _user_error(str(err)) from err
     finally:

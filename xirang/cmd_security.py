@@ -1,4 +1,6 @@
-"""Security commands: `xirang key create | rotate | show` (the scheduler's log-signing key)."""
+"""Security commands: `xirang key create | rotate | show` (the scheduler's log-signing key),
+`xirang nats add-user` (NATS users, their credentials and accounts.conf), `xirang tls init`
+(a private CA and the servers' certificates)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,27 @@ def register(sub) -> None:
                             "keyring) live (default .xirang/keys)")
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=cmd_key)
+
+    nats_p = sub.add_parser("nats", help="NATS users and permissions: add-user writes credentials and accounts.conf")
+    nats_sub = nats_p.add_subparsers(dest="nats_command", metavar="ACTION")
+    nats_sub.required = True
+    add = nats_sub.add_parser("add-user", help="add a user: scheduler | job | host NODE | client TEAM USER | op USER")
+    add.add_argument("role", choices=["scheduler", "job", "host", "client", "op"])
+    add.add_argument("names", nargs="*", help="host: NODE; client: TEAM USER; op: USER")
+    add.add_argument("--dir", default="deploy/nats",
+                     help="folder of roster.json and the accounts.conf the server includes (default deploy/nats)")
+    add.add_argument("--json", action="store_true")
+    add.set_defaults(func=cmd_nats_add_user)
+
+    tls = sub.add_parser("tls", help="a private CA and certificates for the NATS servers")
+    tls_sub = tls.add_subparsers(dest="tls_command", metavar="ACTION")
+    tls_sub.required = True
+    init = tls_sub.add_parser("init", help="make the CA (once) and one certificate per --server")
+    init.add_argument("--dir", default="deploy/nats/tls", help="where the CA and certificates go (default deploy/nats/tls)")
+    init.add_argument("--server", action="append", default=[], metavar="NAME=ADDR[,ADDR...]",
+                      help="a server and the names/IPs it is dialled at, e.g. xirang-1=nats-1,10.0.0.1 (repeatable)")
+    init.add_argument("--json", action="store_true")
+    init.set_defaults(func=cmd_tls_init)
 
 
 def cmd_key(args) -> int:
@@ -47,4 +70,44 @@ def cmd_key(args) -> int:
         if args.key_command == "rotate":
             print("restart the schedulers with the new private key; the keyring still trusts the old "
                   "key for the records it signed")
+    return 0
+
+
+def cmd_nats_add_user(args) -> int:
+    from trust.natsauth import RosterError, add_user
+
+    try:
+        entry, creds = add_user(args.dir, args.role, args.names)
+    except RosterError as err:
+        raise UserError(str(err)) from err
+    if args.json:
+        print(json.dumps({"user": entry["name"], "nkey": entry["nkey"], "creds": str(creds)}, sort_keys=True))
+    else:
+        print(f"user {entry['name']} ({entry['role']}) added; credentials in {creds} (give them to that user "
+              f"only: XIRANG_CREDS={creds}); reload the server to apply: nats-server --signal reload")
+    return 0
+
+
+def cmd_tls_init(args) -> int:
+    from trust.pki import PkiError, init
+
+    servers = {}
+    for spec in args.server:
+        name, _, addresses = spec.partition("=")
+        if not name or not addresses:
+            raise UserError(f"--server {spec!r}: write NAME=ADDR[,ADDR...], e.g. xirang-1=nats-1,10.0.0.1")
+        servers[name] = [a for a in addresses.split(",") if a]
+    if not servers:
+        raise UserError("name at least one --server NAME=ADDR[,ADDR...]")
+    try:
+        made = init(args.dir, servers)
+    except PkiError as err:
+        raise UserError(str(err)) from err
+    out = {"ca": f"{args.dir}/ca.pem", "servers": {n: {"cert": str(c), "key": str(k)} for n, (c, k) in made.items()}}
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        print(f"CA {out['ca']} (clients: XIRANG_TLS_CA={out['ca']}; keep ca-key.pem offline)")
+        for name, files in out["servers"].items():
+            print(f"  {name}: {files['cert']} {files['key']}")
     return 0

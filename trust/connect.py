@@ -1,0 +1,70 @@
+"""How a process connects to NATS securely: which servers, which credentials, which CA.
+
+- URLs: one URL or several separated by commas; a server after the first may omit the
+  scheme (`tls://nats-1:4222,nats-2:4222,nats-3:4222`). Credentials never ride in URLs.
+- Credentials: `$XIRANG_CREDS` (or the `creds` argument), a file made by
+  `xirang nats add-user`: the user's NKEY seed (the server checks its signature), the
+  sender identity its inputs carry, and its private inbox prefix.
+- TLS: `tls://` URLs, or `$XIRANG_TLS_CA` set: the server's certificate must chain to that
+  CA (made by `xirang tls init`); `$XIRANG_TLS_CERT`/`$XIRANG_TLS_KEY` add a client
+  certificate where the server asks for one.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+
+from .natsauth import CREDS_ENV, read_creds
+
+TLS_CA_ENV = "XIRANG_TLS_CA"
+TLS_CERT_ENV = "XIRANG_TLS_CERT"
+TLS_KEY_ENV = "XIRANG_TLS_KEY"
+
+
+class UrlError(ValueError):
+    """A NATS URL that cannot be used, with what to write instead."""
+
+
+def server_urls(url: str) -> list[str]:
+    parts = [p.strip() for p in url.split(",") if p.strip()]
+    if not parts:
+        raise UrlError("empty NATS URL: give nats://HOST:PORT (or several, comma separated)")
+    scheme = parts[0].split("://", 1)[0] if "://" in parts[0] else "nats"
+    out = []
+    for part in parts:
+        if "://" not in part:
+            part = f"{scheme}://{part}"
+        if "@" in part.split("://", 1)[1]:
+            raise UrlError("put no user or password in a NATS URL (it shows in process lists): use "
+                           f"a credentials file from `xirang nats add-user` in ${CREDS_ENV}")
+        out.append(part)
+    return out
+
+
+def tls_context(urls: list[str]) -> ssl.SSLContext | None:
+    ca = os.environ.get(TLS_CA_ENV)
+    if not ca and not any(u.startswith("tls://") for u in urls):
+        return None
+    context = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+    cert, key = os.environ.get(TLS_CERT_ENV), os.environ.get(TLS_KEY_ENV)
+    if cert:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def connect_options(url: str, creds: str | None = None) -> tuple[dict, str]:
+    """(keyword arguments for nats.connect, the sender identity the credentials carry)."""
+    urls = server_urls(url)
+    options: dict = {"servers": urls}
+    context = tls_context(urls)
+    if context is not None:
+        options["tls"] = context
+    identity = ""
+    path = creds or os.environ.get(CREDS_ENV)
+    if path:
+        data = read_creds(path)
+        options["nkeys_seed_str"] = data["seed"]
+        options["inbox_prefix"] = data.get("inbox", "_INBOX")
+        identity = data.get("identity", "")
+    return options, identity
