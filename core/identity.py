@@ -52,7 +52,7 @@ def _client_problem(state: State, inp: T.Input, who: str) -> tuple[str, str] | N
             return "identity_mismatch", (f"submitted as team {inp.team!r} user {inp.user!r} by "
                                          f"{team}:{user}; submit as yourself")
         return None
-    job = state.c.jobs.get(T.input_job(inp))
+    job = state.canonical.jobs.get(T.input_job(inp))
     if job is not None and (job.team, job.user) != (team, user):
         return "identity_mismatch", (f"job {job.id} belongs to {job.team}:{job.user}, not {team}:{user}; "
                                      f"only its owner or an operator may do that")
@@ -67,7 +67,7 @@ def _host_problem(state: State, inp: T.Input, node: str) -> tuple[str, str] | No
         if inp.node != node:
             return "identity_mismatch", f"host {node} reported on node {inp.node}; a host speaks for itself"
         return None
-    job = state.c.jobs.get(T.input_job(inp))
+    job = state.canonical.jobs.get(T.input_job(inp))
     if job is not None and job.placement and all(slot.node != node for slot in job.placement):
         return "identity_mismatch", f"job {job.id} does not run on host {node}"
     return None

@@ -80,6 +80,8 @@ BAD_ARGUMENTS = {
     "notices": [["notices", "--log", "missing.jsonl"]],
     "review": [["review", "--quarter", "2026Q9"], ["review", "--to", "5"], ["review", "--tune-param", "nope"]],
     "key": [["key", "show", "--dir", "missing"], ["key", "rotate", "--dir", "missing"], ["key"]],
+    "nats": [["nats", "add-user", "client", "only-a-team", "--dir", "nd"], ["nats", "add-user", "wizard"]],
+    "tls": [["tls", "init", "--dir", "td"], ["tls", "init", "--server", "no-equals-sign"]],
 }
 
 

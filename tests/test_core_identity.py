@@ -30,15 +30,15 @@ def test_a_client_cannot_submit_as_another_team_or_user(state):
     assert _rejection(state, other_team)[0] == "identity_mismatch"
     other_user = T.Submit(t=11, job="y", team="vision", user="wu", level=5, gpus=1, origin="client:vision:li")
     assert _rejection(state, other_user)[0] == "identity_mismatch"
-    assert "x" not in state.c.jobs and "y" not in state.c.jobs
+    assert "x" not in state.canonical.jobs and "y" not in state.canonical.jobs
 
 
 def test_a_client_cancels_only_its_own_jobs_and_an_operator_cancels_any(state):
     assert _rejection(state, T.Cancel(t=10, job="mine", origin="client:vision:wu"))[0] == "identity_mismatch"
     assert _rejection(state, T.Cancel(t=11, job="mine", origin="client:other:li"))[0] == "identity_mismatch"
-    assert "mine" in state.c.jobs
+    assert "mine" in state.canonical.jobs
     assert _rejection(state, T.Cancel(t=12, job="mine", origin="op:alice")) is None
-    assert "mine" not in state.c.jobs
+    assert "mine" not in state.canonical.jobs
 
 
 def test_a_client_may_not_change_policy_or_nodes(state):
@@ -46,13 +46,13 @@ def test_a_client_may_not_change_policy_or_nodes(state):
     assert _rejection(state, policy)[0] == "not_permitted_for_role"
     down = T.NodeDown(t=11, node="h1", origin="client:vision:li")
     assert _rejection(state, down)[0] == "not_permitted_for_role"
-    assert state.c.nodes["h1"].up
+    assert state.canonical.nodes["h1"].up
     assert _rejection(state, T.SetPolicy(t=12, params={"victims_per_preemption_max": 1}, origin="op:alice")) is None
 
 
 def test_a_host_speaks_only_for_its_node_and_the_jobs_placed_on_it(state):
     assert _rejection(state, T.NodeDown(t=10, node="h1", origin="host:h2"))[0] == "identity_mismatch"
-    placed = state.c.jobs["mine"].placement[0].node
+    placed = state.canonical.jobs["mine"].placement[0].node
     stranger = "h2" if placed == "h1" else "h1"
     assert _rejection(state, T.Finished(t=11, job="mine", ok=False, origin=f"host:{stranger}"))[0] == "identity_mismatch"
     assert _rejection(state, T.Submit(t=12, job="z", team="a", user="b", level=0, gpus=1,
