@@ -41,6 +41,7 @@ from core import types as T
 
 from trust.signing import KeyRing, verify_one
 
+from . import ckptfile
 from transport import bus
 from transport.locks import InstanceLock
 from .gpus import Inventory
@@ -95,8 +96,10 @@ class HostAgent:
     def __init__(self, url: str, node: str, inventory: Inventory, state_dir: str | os.PathLike,
                  grace_s: float = 10.0, default_command: list[str] | None = None,
                  keyring_path: str | os.PathLike | None = None,
-                 job_creds: str | os.PathLike | None = None) -> None:
+                 job_creds: str | os.PathLike | None = None, ckpt_secret: bytes | None = None) -> None:
         self.url = url
+        # The hosts' shared secret from which each job's checkpoint key is derived.
+        self.ckpt_secret = ckpt_secret
         # The credentials jobs get (the `job` role), never the host's own.
         self.job_creds = Path(job_creds).resolve() if job_creds else None
         # Every decision must carry the scheduler's valid signature before we act on it.
@@ -375,6 +378,8 @@ class HostAgent:
         env = {k: v for k, v in os.environ.items() if k not in JOB_WITHHELD_ENV}
         if self.job_creds:
             env["XIRANG_CREDS"] = str(self.job_creds)
+        if self.ckpt_secret:
+            env[ckptfile.KEY_ENV] = ckptfile.job_key(self.ckpt_secret, ev.job).hex()
         # `python` in a job's command means the interpreter (and venv) the agent runs in.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env.update({

@@ -8,12 +8,14 @@
         step += 1
         job.safe_point(step, state)      # may checkpoint; on a notice: checkpoint, release, exit
 
-Checkpoints go to the JetStream object store XR_CKPT as `<job>/<step>`, pickled together
-with the numpy and `random` global RNG states, under a SHA-256 digest (`sha256:<hex>`)
-that is reported to the scheduler and checked again on restore; the newest K are kept.
-On a resume the SDK restores the checkpoint the scheduler names; if its digest does not
-verify it reports `checkpoint_failed {reason: digest_mismatch, digest}` (the scheduler
-records the fallback) and tries the previous one, then reports `started`.
+Checkpoints go to the JetStream object store XR_CKPT as `<job>/<step>`, together with the
+numpy and `random` global RNG states, in a format that cannot run code (agents/ckptfile.py:
+npz without pickle plus a JSON manifest, sealed with the job's own key), under a SHA-256
+digest (`sha256:<hex>`) that is reported to the scheduler and checked again on restore; the
+newest K are kept. On a resume the SDK restores the checkpoint the scheduler's signed
+resume order names; if its digest does not verify it reports `checkpoint_failed {reason:
+digest_mismatch, digest}` (the scheduler records the fallback) and tries the previous one
+from its sealed index, then reports `started`.
 
 Outages are waited out: the SDK's connection never gives up; facts it cannot send go to
 the host's durable outbox (`$XR_OUTBOX`), which the host agent delivers in order once the
@@ -31,7 +33,6 @@ import asyncio
 import hashlib
 import json
 import os
-import pickle
 import random
 import signal
 import sys
@@ -46,6 +47,7 @@ from nats.js.errors import NotFoundError, ObjectNotFoundError
 from core import types as T
 
 from transport import bus
+from . import ckptfile
 from .outbox import Outbox
 
 CHECKPOINTS_KEPT = 3
@@ -161,7 +163,11 @@ class Job:
             result = self._call(self.store.get(self._index_name()))
         except (ObjectNotFoundError, NotFoundError):
             return []  # no index yet
-        return json.loads(bytes(result.data))
+        try:
+            return json.loads(ckptfile.unseal(bytes(result.data), ckptfile.key_from_env()))
+        except (ckptfile.CheckpointError, ValueError):
+            print("xirang sdk: the checkpoint index is not sealed for this job; ignoring it", file=sys.stderr)
+            return []
 
     def _object_name(self, step: int) -> str:
         return f"{self.job}/{step:012d}"
@@ -187,7 +193,7 @@ class Job:
         self._report(T.CheckpointStarted(job=self.job), f"ckpt-start-{step}-{time.time_ns()}")
         payload = {"step": step, "state": state,
                    "rng": {"python": random.getstate(), "numpy": _numpy_rng_state()}}
-        data = pickle.dumps(payload, protocol=5)
+        data = ckptfile.encode(payload, ckptfile.key_from_env())
         digest = digest_of(data)
         try:
             self._upload(step, data, digest)
@@ -210,7 +216,8 @@ class Job:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         index = index[-self.keep:]
-        self._call(self.store.put(self._index_name(), json.dumps(index).encode()))
+        self._call(self.store.put(self._index_name(), ckptfile.seal(json.dumps(index).encode(),
+                                                                    ckptfile.key_from_env())))
 
     def _upload_failed(self, step: int, why: str) -> None:
         print(f"xirang sdk: checkpoint of step {step} not saved ({why}); retrying in"
@@ -264,7 +271,11 @@ class Job:
         if digest_of(data) != entry["digest"]:
             print(f"xirang sdk: checkpoint step {entry['step']} fails its digest check", file=sys.stderr)
             return None
-        return pickle.loads(data)
+        try:
+            return ckptfile.decode(data, ckptfile.key_from_env())
+        except ckptfile.CheckpointError as err:
+            print(f"xirang sdk: checkpoint step {entry['step']} refused: {err}", file=sys.stderr)
+            return None
 
     # ------------------------------------------------------------ the safe point
 

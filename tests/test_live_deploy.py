@@ -13,6 +13,7 @@ import time
 import pytest
 from nats.js import api
 
+from agents import ckptfile
 from agents.testing import FAST_POLICY, matching, train_command
 from tests.test_live_preemption import wait_metrics
 from transport import bus
@@ -70,6 +71,20 @@ def _wait(nats: SecureNats, predicate, timeout_s: float, what: str) -> list[T.Re
         time.sleep(0.3)
 
 
+def wait_for_streams(nats: SecureNats, timeout_s: float = 60) -> None:
+    """Until the scheduler has made the streams (nobody else may)."""
+    async def info(nc, js):
+        return await js.stream_info(bus.EV_STREAM)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _run(nats, "op-alice", info)
+            return
+        except Exception:  # noqa: BLE001 - not there yet, or the cluster is still electing
+            assert time.monotonic() < deadline, "the scheduler made no streams"
+            time.sleep(0.3)
+
+
 async def _attack_log(nc, js) -> list[str]:
     """Everything a user other than the scheduler might try on the log; what got through."""
     got_through = []
@@ -94,7 +109,7 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     (tmp_path / "policy.toml").write_text(FAST_POLICY)
     procs.append(spawn(tmp_path, nats.env("scheduler"), "scheduler", "--nats", nats.url, "--data-dir",
                        str(tmp_path / "sched"), "--tick-ms", "200", "--policy", str(tmp_path / "policy.toml")))
-    _wait(nats, lambda rs: matching(rs, T.PolicyChanged), 20, "the scheduler's first records")
+    wait_for_streams(nats)
     procs.append(spawn(tmp_path, nats.env("host-h1"), "agent", "--nats", nats.url, "--node", "h1",
                        "--simulate", "2xH100", "--data-dir", str(tmp_path / "host"), "--grace-s", "2",
                        "--public-key", str(tmp_path / "sched" / "keys" / "scheduler.pub"),
@@ -120,6 +135,16 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     resumed_log = tmp_path / "host" / "hosts" / "h1" / "runs" / f"train-{resume.n}" / "output.log"
     lines = wait_metrics(resumed_log)
     assert lines[0]["step"] == resume.event.ckpt_step and lines[0].get("resumed") == 1, lines[:2]
+
+    # another job reaches the checkpoint bucket but cannot read (or forge) train's checkpoint
+    async def read_checkpoint(nc, js):
+        store = await js.object_store(bus.CKPT_BUCKET)
+        return bytes((await store.get(f"train/{resume.event.ckpt_step:012d}")).data)
+    data = _run(nats, "job", read_checkpoint, timeout_s=10)
+    secret = bytes.fromhex((tmp_path / "host" / "keys" / "checkpoint.secret").read_text().strip())
+    with pytest.raises(ckptfile.CheckpointError):
+        ckptfile.decode(data, ckptfile.job_key(secret, "another-job"))
+    assert ckptfile.decode(data, ckptfile.job_key(secret, "train"))["step"] == resume.event.ckpt_step
 
     # the attacks: nobody but the scheduler may write, reconfigure, purge or delete the log
     before = _records(nats)

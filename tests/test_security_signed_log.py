@@ -147,3 +147,36 @@ def test_the_live_log_is_signed_and_a_forged_decision_is_never_acted_on(tmp_path
         assert not matching(c.records()[forged.n:], T.JobSubmitted, job="after")
         assert "refusing record" in (c.logs / "h1.log").read_text()
         assert "did not sign" in (c.logs / "s1.log").read_text()
+
+
+def test_a_password_on_the_command_line_is_refused_and_multi_server_urls_parse():
+    from trust.connect import server_urls
+
+    result = xirang("jobs", "--nats", "nats://li:secret@nats-1:4222")
+    assert result.returncode == 2 and "secret" not in result.stderr and "XIRANG_CREDS" in result.stderr
+    assert server_urls("tls://nats-1:4222,nats-2:4222, nats-3:4222") == [
+        "tls://nats-1:4222", "tls://nats-2:4222", "tls://nats-3:4222"]
+
+
+def test_a_deleted_log_is_not_quietly_replaced_by_another_history(tmp_path):
+    """The attack where a user deleted the log stream and the scheduler rebuilt another
+    one: a scheduler whose signed snapshot covers more than the log holds refuses to lead."""
+    with Cluster(tmp_path) as c:
+        first = c.scheduler("s1", "--snapshot-every-events", "1")
+        c.agent("h1", "2xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        c.send(T.Submit(job="a", team="t", user="u", level=5, gpus=1))
+        c.wait_for(T.JobRunning, job="a")
+        time.sleep(1.5)  # a snapshot after the last records
+        c.terminate(first)
+
+        async def recreate(nc, js):
+            await js.delete_stream(bus.EV_STREAM)  # an open server: anyone may (deploy/nats forbids it)
+            await bus.ensure_streams(js)
+        c._run(recreate)
+        c.scheduler("s2")
+        deadline = time.monotonic() + 15
+        while "records were deleted" not in (c.logs / "s2.log").read_text():
+            assert time.monotonic() < deadline, (c.logs / "s2.log").read_text()[-2000:]
+            time.sleep(0.3)
+        assert not c.records()  # nothing new was written over the loss

@@ -1,7 +1,8 @@
 """How a process connects to NATS securely: which servers, which credentials, which CA.
 
 - URLs: one URL or several separated by commas; a server after the first may omit the
-  scheme (`tls://nats-1:4222,nats-2:4222,nats-3:4222`). Credentials never ride in URLs.
+  scheme (`tls://nats-1:4222,nats-2:4222,nats-3:4222`). A URL with a password may come
+  from the environment, never from a command line (`xirang` refuses one in `--nats`).
 - Credentials: `$XIRANG_CREDS` (or the `creds` argument), a file made by
   `xirang nats add-user`: the user's NKEY seed (the server checks its signature), the
   sender identity its inputs carry, and its private inbox prefix.
@@ -35,9 +36,6 @@ def server_urls(url: str) -> list[str]:
     for part in parts:
         if "://" not in part:
             part = f"{scheme}://{part}"
-        if "@" in part.split("://", 1)[1]:
-            raise UrlError("put no user or password in a NATS URL (it shows in process lists): use "
-                           f"a credentials file from `xirang nats add-user` in ${CREDS_ENV}")
         out.append(part)
     return out
 
@@ -68,3 +66,16 @@ def connect_options(url: str, creds: str | None = None) -> tuple[dict, str]:
         options["inbox_prefix"] = data.get("inbox", "_INBOX")
         identity = data.get("identity", "")
     return options, identity
+
+
+def refuse_password_argument(argv: list[str]) -> str | None:
+    """Why this command line must not run: a NATS URL with a password in it shows in every
+    process list. None when there is none."""
+    for i, word in enumerate(argv):
+        value = argv[i + 1] if word == "--nats" and i + 1 < len(argv) else (
+            word.split("=", 1)[1] if word.startswith("--nats=") else "")
+        if "@" in value:
+            return (f"--nats {value.split('@')[0].split('://')[0]}://…@…: no password on a command line "
+                    f"(others see it in the process list); use a credentials file from `xirang nats "
+                    f"add-user` in ${CREDS_ENV}, or put the URL in $XIRANG_NATS")
+    return None

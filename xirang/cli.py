@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trust.connect import refuse_password_argument
+
+    refused = refuse_password_argument(sys.argv[1:] if argv is None else argv)
+    if refused:
+        print(f"xirang: {refused}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -62,6 +62,10 @@ def register(sub) -> None:
     agent.add_argument("--job-creds", metavar="FILE", default=os.environ.get("XIRANG_JOB_CREDS"),
                        help="NATS credentials its jobs get (the `job` role; default $XIRANG_JOB_CREDS); "
                             "the agent's own ($XIRANG_CREDS) never reach a job")
+    agent.add_argument("--ckpt-secret-file", metavar="FILE", default=os.environ.get("XIRANG_CKPT_SECRET_FILE"),
+                       help="the hosts' shared secret that seals each job's checkpoints under its own key "
+                            "(default $XIRANG_CKPT_SECRET_FILE, else DATA_DIR/keys/checkpoint.secret, made there "
+                            "on first use; every host of a cluster needs the same one)")
     agent.add_argument("--public-key", metavar="FILE",
                        help="the scheduler's public keyring: decisions are acted on only if signed "
                             "(default: $XIRANG_PUBLIC_KEY, else DATA_DIR/keys/scheduler.pub)")
@@ -157,6 +161,27 @@ def scheduler_keys(args):
     return signer, KeyRing(keys)
 
 
+def checkpoint_secret(path: str | None, data_dir: str) -> bytes:
+    """The hosts' checkpoint secret: the named file, else DATA_DIR/keys/checkpoint.secret
+    (made on first use, mode 0600)."""
+    secret_path = Path(path) if path else Path(data_dir) / "keys" / "checkpoint.secret"
+    if not secret_path.exists():
+        if path:
+            raise _user_error(f"no checkpoint secret at {path}")
+        secret_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(os.urandom(32).hex() + "\n")
+        except FileExistsError:
+            pass  # another agent made it meanwhile
+    text = secret_path.read_text().strip()
+    if not text:  # being written by another agent this very moment
+        time.sleep(0.2)
+        text = secret_path.read_text().strip()
+    return bytes.fromhex(text)
+
+
 def cmd_agent(args) -> int:
     from agents.gpus import NoGpus, discover, parse_simulate
     from agents.host import run_host
@@ -175,7 +200,8 @@ def cmd_agent(args) -> int:
         asyncio.run(run_host(url, node=args.node, inventory=inventory,
                              state_dir=Path(args.data_dir) / "hosts", grace_s=args.grace_s,
                              keyring_path=keyring_path(args.public_key, args.data_dir),
-                             job_creds=args.job_creds))
+                             job_creds=args.job_creds,
+                             ckpt_secret=checkpoint_secret(args.ckpt_secret_file, args.data_dir)))
     except AlreadyRunning as err:
         raise _user_error(str(err)) from err
     finally:

@@ -1,0 +1,64 @@
+"""Checkpoints cannot run code and are sealed per job: a pickle inside an archive is
+refused, a checkpoint sealed for one job cannot be read or forged by another, and the
+example's training state (arrays, RNG states, tuples) survives the round trip."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import random
+
+import numpy as np
+import pytest
+
+from agents import ckptfile
+
+SECRET = bytes(range(32))
+
+
+def _state():
+    rng = np.random.default_rng(3)
+    return {"step": 7, "state": {"w": rng.normal(size=5), "b": 0.25, "rng": rng.bit_generator.state},
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state()}}
+
+
+def test_a_training_state_round_trips_with_its_rng_states():
+    payload = _state()
+    back = ckptfile.decode(ckptfile.encode(payload, ckptfile.job_key(SECRET, "a")), ckptfile.job_key(SECRET, "a"))
+    assert np.array_equal(back["state"]["w"], payload["state"]["w"]) and back["state"]["b"] == 0.25
+    assert back["state"]["rng"] == payload["state"]["rng"]
+    random.setstate(back["rng"]["python"])
+    np.random.set_state(back["rng"]["numpy"])
+
+
+def test_a_checkpoint_sealed_for_one_job_cannot_be_read_or_replaced_by_another():
+    data = ckptfile.encode(_state(), ckptfile.job_key(SECRET, "victim"))
+    assert b"PK" not in data[:8]  # not a readable archive
+    with pytest.raises(ckptfile.CheckpointError, match="another job"):
+        ckptfile.decode(data, ckptfile.job_key(SECRET, "attacker"))
+    forged = ckptfile.encode({"step": 10**6}, ckptfile.job_key(SECRET, "attacker"))
+    with pytest.raises(ckptfile.CheckpointError):
+        ckptfile.decode(forged, ckptfile.job_key(SECRET, "victim"))
+    with pytest.raises(ckptfile.CheckpointError, match="not sealed"):
+        ckptfile.decode(ckptfile.encode({"step": 1}, None), ckptfile.job_key(SECRET, "victim"))
+    tampered = bytearray(data)
+    tampered[-1] ^= 1
+    with pytest.raises(ckptfile.CheckpointError):
+        ckptfile.decode(bytes(tampered), ckptfile.job_key(SECRET, "victim"))
+
+
+class _Boom:
+    def __reduce__(self):
+        return (exec, ("open('/tmp/xirang-pwned', 'w')",))
+
+
+def test_a_pickle_is_never_loaded_and_objects_are_not_checkpointed():
+    buffer = io.BytesIO()
+    np.savez(buffer, **{"__manifest__": np.frombuffer(b'{"__ndarray__": "a0"}', dtype=np.uint8),
+                        "a0": np.array([_Boom()], dtype=object)})
+    with pytest.raises(ckptfile.CheckpointError):
+        ckptfile.decode(buffer.getvalue(), None)
+    with pytest.raises(ckptfile.CheckpointError):
+        ckptfile.decode(pickle.dumps({"step": 1}), None)
+    with pytest.raises(ckptfile.CheckpointError, match="cannot checkpoint"):
+        ckptfile.encode({"model": _Boom()}, None)
