@@ -71,8 +71,9 @@ def _flatten(value: Any, arrays: dict[str, np.ndarray]) -> Any:
         return [_flatten(v, arrays) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise CheckpointError(f"cannot checkpoint a {type(value).__name__}: use arrays, numbers, "
-                          f"strings, lists, tuples and dicts")
+    raise CheckpointError(
+        f"cannot checkpoint a {type(value).__name__}: use arrays, numbers, strings, lists, tuples and dicts"
+    )
 
 
 def _unflatten(value: Any, arrays) -> Any:
@@ -122,8 +123,8 @@ def unseal(data: bytes, key: bytes | None) -> bytes:
         return data
     if key is None:
         raise CheckpointError("checkpoint is sealed but this job has no key (XR_CKPT_KEY)")
-    nonce = data[len(SEALED_MAGIC):len(SEALED_MAGIC) + NONCE_BYTES]
+    nonce = data[len(SEALED_MAGIC) : len(SEALED_MAGIC) + NONCE_BYTES]
     try:
-        return AESGCM(key).decrypt(nonce, data[len(SEALED_MAGIC) + NONCE_BYTES:], AAD)
+        return AESGCM(key).decrypt(nonce, data[len(SEALED_MAGIC) + NONCE_BYTES :], AAD)
     except InvalidTag as err:
         raise CheckpointError("checkpoint was sealed for another job or altered") from err

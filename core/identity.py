@@ -22,8 +22,15 @@ from . import types as T
 from .state import State
 
 CLIENT_INPUTS = ("submit", "cancel", "feedback", "hold", "release", "requeue")
-JOB_FACTS = ("started", "checkpoint_started", "checkpoint_saved", "checkpoint_failed",
-             "safe_point", "released", "finished")
+JOB_FACTS = (
+    "started",
+    "checkpoint_started",
+    "checkpoint_saved",
+    "checkpoint_failed",
+    "safe_point",
+    "released",
+    "finished",
+)
 HOST_INPUTS = ("node_up", "node_down", *JOB_FACTS)
 ANY_INPUT_ROLES = ("op", "sched")
 
@@ -40,8 +47,9 @@ def identity_problem(state: State, inp: T.Input) -> tuple[str, str] | None:
     if allowed is None:
         return "not_permitted_for_role", f"unknown sender role {role!r} ({inp.origin})"
     if kind not in allowed:
-        return "not_permitted_for_role", (f"{kind} may not be sent by a {role} ({inp.origin}); "
-                                          f"ask an operator")
+        return "not_permitted_for_role", (
+            f"{kind} may not be sent by a {role} ({inp.origin}); ask an operator"
+        )
     return {"client": _client_problem, "host": _host_problem, "job": _job_problem}[role](state, inp, who)
 
 
@@ -49,13 +57,16 @@ def _client_problem(state: State, inp: T.Input, who: str) -> tuple[str, str] | N
     team, _, user = who.partition(":")
     if isinstance(inp, T.Submit):
         if (inp.team, inp.user) != (team, user):
-            return "identity_mismatch", (f"submitted as team {inp.team!r} user {inp.user!r} by "
-                                         f"{team}:{user}; submit as yourself")
+            return "identity_mismatch", (
+                f"submitted as team {inp.team!r} user {inp.user!r} by {team}:{user}; submit as yourself"
+            )
         return None
     job = state.canonical.jobs.get(T.input_job(inp))
     if job is not None and (job.team, job.user) != (team, user):
-        return "identity_mismatch", (f"job {job.id} belongs to {job.team}:{job.user}, not {team}:{user}; "
-                                     f"only its owner or an operator may do that")
+        return "identity_mismatch", (
+            f"job {job.id} belongs to {job.team}:{job.user}, not {team}:{user}; "
+            f"only its owner or an operator may do that"
+        )
     claimed_team = getattr(inp, "team", None)
     if claimed_team is not None and job is None and claimed_team != team:
         return "identity_mismatch", f"team {claimed_team!r} claimed by {team}:{user}"
@@ -114,11 +125,11 @@ def sender_tokens(origin: str) -> list[str]:
 
 def origin_of_subject(subject: str, prefix: str = "xr.in") -> str:
     """The sender an XR_IN subject names ('' for a subject without one)."""
-    tokens = subject[len(prefix) + 1:].split(".") if subject.startswith(prefix + ".") else []
+    tokens = subject[len(prefix) + 1 :].split(".") if subject.startswith(prefix + ".") else []
     if not tokens:
         return ""
     role = tokens[0]
     count = ROLE_NAME_TOKENS.get(role)
     if count is None or len(tokens) != count + 2:
         return ""
-    return ":".join([role, *(name_of_token(t) for t in tokens[1:1 + count])])
+    return ":".join([role, *(name_of_token(t) for t in tokens[1 : 1 + count])])

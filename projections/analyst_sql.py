@@ -57,8 +57,9 @@ class AnalystSql:
 
     def check_token(self, authorization: str | None) -> None:
         if not self.token:
-            raise Refused(403, f"/api/sql is off: start the dashboard with --sql-token-file FILE "
-                               f"or ${TOKEN_ENV}")
+            raise Refused(
+                403, f"/api/sql is off: start the dashboard with --sql-token-file FILE or ${TOKEN_ENV}"
+            )
         given = (authorization or "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), self.token.encode()):
             raise Refused(401, "send the dashboard's token: Authorization: Bearer <token>")
@@ -81,4 +82,4 @@ class AnalystSql:
         finally:
             timer.cancel()
             cur.rollback()
-        return [dict(zip(names, row)) for row in rows[:self.rows_max]], len(rows) > self.rows_max
+        return [dict(zip(names, row)) for row in rows[: self.rows_max]], len(rows) > self.rows_max

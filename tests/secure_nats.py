@@ -17,8 +17,14 @@ from transport.natsd import free_port, nats_server_binary
 from agents.testing import REPO
 from projections.testing import xirang
 
-USERS = [["scheduler"], ["job"], ["host", "h1"], ["client", "vision", "li"], ["client", "safety", "kim"],
-         ["op", "alice"]]
+USERS = [
+    ["scheduler"],
+    ["job"],
+    ["host", "h1"],
+    ["client", "vision", "li"],
+    ["client", "safety", "kim"],
+    ["op", "alice"],
+]
 
 
 class SecureNats:
@@ -49,7 +55,9 @@ class SecureNats:
         if nodes > 1:
             text = text.replace("0.0.0.0:6222", f"127.0.0.1:{self.route_ports[i]}")
             for j in range(nodes):
-                text = text.replace(f"nats-route://xirang-{j + 1}:6222", f"nats-route://localhost:{self.route_ports[j]}")
+                text = text.replace(
+                    f"nats-route://xirang-{j + 1}:6222", f"nats-route://localhost:{self.route_ports[j]}"
+                )
         path = self.conf_dir / f"node-{i + 1}.conf"
         path.write_text(text)
         return path
@@ -57,8 +65,14 @@ class SecureNats:
     def start(self) -> "SecureNats":
         for i, conf in enumerate(self.configs):
             log = open(self.root / f"nats-{i + 1}.log", "ab")
-            self.procs.append(subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=log,
-                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            self.procs.append(
+                subprocess.Popen(
+                    [nats_server_binary(), "-c", str(conf)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
             log.close()
         for i, port in enumerate(self.ports):
             _wait_listening(port, self.procs[i], self.root / f"nats-{i + 1}.log")
@@ -84,8 +98,12 @@ class SecureNats:
         return str(self.conf_dir / "creds" / f"{name}.json")
 
     def env(self, user: str) -> dict:
-        return {**os.environ, "XIRANG_CREDS": self.creds(user), "XIRANG_TLS_CA": self.ca,
-                "XIRANG_REPLICAS": str(len(self.ports))}
+        return {
+            **os.environ,
+            "XIRANG_CREDS": self.creds(user),
+            "XIRANG_TLS_CA": self.ca,
+            "XIRANG_REPLICAS": str(len(self.ports)),
+        }
 
     def log_text(self) -> str:
         return "".join(p.read_text() for p in sorted(self.root.glob("nats-*.log")))
@@ -104,13 +122,25 @@ def _wait_listening(port: int, proc: subprocess.Popen, log: Path, timeout_s: flo
 
 def spawn(root: Path, env: dict, *args: str) -> subprocess.Popen:
     out = open(root / f"{args[0]}-{len(list(root.glob(args[0] + '-*.log')))}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "xirang.cli", *args], stdout=out, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, cwd=REPO, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "xirang.cli", *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def run_cli(env: dict, *args: str, timeout_s: float = 60) -> tuple[int, dict | str]:
-    done = subprocess.run([sys.executable, "-m", "xirang.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=timeout_s)
+    done = subprocess.run(
+        [sys.executable, "-m", "xirang.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout_s,
+    )
     try:
         return done.returncode, json.loads(done.stdout)
     except ValueError:

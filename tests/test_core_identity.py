@@ -20,8 +20,13 @@ def state():
     state = new_state()
     step(state, T.NodeUp(t=1, node="h1", gpu_model="H100", gpus=8, origin="host:h1"))
     step(state, T.NodeUp(t=2, node="h2", gpu_model="H100", gpus=8, origin="host:h2"))
-    assert _rejection(state, T.Submit(t=3, job="mine", team="vision", user="li", level=5, gpus=8,
-                                      origin="client:vision:li")) is None
+    assert (
+        _rejection(
+            state,
+            T.Submit(t=3, job="mine", team="vision", user="li", level=5, gpus=8, origin="client:vision:li"),
+        )
+        is None
+    )
     return state
 
 
@@ -47,16 +52,26 @@ def test_a_client_may_not_change_policy_or_nodes(state):
     down = T.NodeDown(t=11, node="h1", origin="client:vision:li")
     assert _rejection(state, down)[0] == "not_permitted_for_role"
     assert state.canonical.nodes["h1"].up
-    assert _rejection(state, T.SetPolicy(t=12, params={"victims_per_preemption_max": 1}, origin="op:alice")) is None
+    assert (
+        _rejection(state, T.SetPolicy(t=12, params={"victims_per_preemption_max": 1}, origin="op:alice"))
+        is None
+    )
 
 
 def test_a_host_speaks_only_for_its_node_and_the_jobs_placed_on_it(state):
     assert _rejection(state, T.NodeDown(t=10, node="h1", origin="host:h2"))[0] == "identity_mismatch"
     placed = state.canonical.jobs["mine"].placement[0].node
     stranger = "h2" if placed == "h1" else "h1"
-    assert _rejection(state, T.Finished(t=11, job="mine", ok=False, origin=f"host:{stranger}"))[0] == "identity_mismatch"
-    assert _rejection(state, T.Submit(t=12, job="z", team="a", user="b", level=0, gpus=1,
-                                      origin=f"host:{placed}"))[0] == "not_permitted_for_role"
+    assert (
+        _rejection(state, T.Finished(t=11, job="mine", ok=False, origin=f"host:{stranger}"))[0]
+        == "identity_mismatch"
+    )
+    assert (
+        _rejection(
+            state, T.Submit(t=12, job="z", team="a", user="b", level=0, gpus=1, origin=f"host:{placed}")
+        )[0]
+        == "not_permitted_for_role"
+    )
     assert _rejection(state, T.Started(t=13, job="mine", origin=f"host:{placed}")) is None
 
 

@@ -49,12 +49,14 @@ def _run(nats: SecureNats, user: str, coro_fn, timeout_s: float = 2.0):
             return await coro_fn(nc, nc.jetstream(timeout=timeout_s))
         finally:
             await nc.close()
+
     return asyncio.run(go())
 
 
 def _records(nats: SecureNats) -> list[T.Record]:
     async def go(nc, js):
         return [r for _, r in await bus.all_records(js)]
+
     return _run(nats, "op-alice", go, timeout_s=10)
 
 
@@ -67,14 +69,18 @@ def _wait(nats: SecureNats, predicate, timeout_s: float, what: str) -> list[T.Re
             records = []
         if predicate(records):
             return records
-        assert time.monotonic() < deadline, f"{what} not reached; tail {[T.type_name(r.event) for r in records[-8:]]}"
+        assert time.monotonic() < deadline, (
+            f"{what} not reached; tail {[T.type_name(r.event) for r in records[-8:]]}"
+        )
         time.sleep(0.3)
 
 
 def wait_for_streams(nats: SecureNats, timeout_s: float = 60) -> None:
     """Until the scheduler has made the streams (nobody else may)."""
+
     async def info(nc, js):
         return await js.stream_info(bus.EV_STREAM)
+
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -91,11 +97,21 @@ async def _attack_log(nc, js) -> list[str]:
     await nc.publish("xr.ev.log.JobStartRequested", b"{}")
     await nc.flush()
     for name, attempt in (
-            ("update", lambda: js.update_stream(api.StreamConfig(
-                name=bus.EV_STREAM, subjects=["xr.ev.>"], deny_delete=False, deny_purge=False,
-                allow_atomic=True))),
-            ("purge", lambda: js.purge_stream(bus.EV_STREAM)),
-            ("delete", lambda: js.delete_stream(bus.EV_STREAM))):
+        (
+            "update",
+            lambda: js.update_stream(
+                api.StreamConfig(
+                    name=bus.EV_STREAM,
+                    subjects=["xr.ev.>"],
+                    deny_delete=False,
+                    deny_purge=False,
+                    allow_atomic=True,
+                )
+            ),
+        ),
+        ("purge", lambda: js.purge_stream(bus.EV_STREAM)),
+        ("delete", lambda: js.delete_stream(bus.EV_STREAM)),
+    ):
         try:
             await attempt()
             got_through.append(name)
@@ -107,31 +123,98 @@ async def _attack_log(nc, js) -> list[str]:
 def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_the_log(secure, tmp_path):
     nats, procs = secure
     (tmp_path / "policy.toml").write_text(FAST_POLICY)
-    procs.append(spawn(tmp_path, nats.env("scheduler"), "scheduler", "--nats", nats.url, "--data-dir",
-                       str(tmp_path / "sched"), "--tick-ms", "200", "--policy", str(tmp_path / "policy.toml")))
+    procs.append(
+        spawn(
+            tmp_path,
+            nats.env("scheduler"),
+            "scheduler",
+            "--nats",
+            nats.url,
+            "--data-dir",
+            str(tmp_path / "sched"),
+            "--tick-ms",
+            "200",
+            "--policy",
+            str(tmp_path / "policy.toml"),
+        )
+    )
     wait_for_streams(nats)
-    procs.append(spawn(tmp_path, nats.env("host-h1"), "agent", "--nats", nats.url, "--node", "h1",
-                       "--simulate", "2xH100", "--data-dir", str(tmp_path / "host"), "--grace-s", "2",
-                       "--public-key", str(tmp_path / "sched" / "keys" / "scheduler.pub"),
-                       "--job-creds", nats.creds("job")))
+    procs.append(
+        spawn(
+            tmp_path,
+            nats.env("host-h1"),
+            "agent",
+            "--nats",
+            nats.url,
+            "--node",
+            "h1",
+            "--simulate",
+            "2xH100",
+            "--data-dir",
+            str(tmp_path / "host"),
+            "--grace-s",
+            "2",
+            "--public-key",
+            str(tmp_path / "sched" / "keys" / "scheduler.pub"),
+            "--job-creds",
+            nats.creds("job"),
+        )
+    )
     _wait(nats, lambda rs: matching(rs, T.NodeJoined, node="h1"), 20, "h1 joined")
 
     # an SDK job of vision:li checkpoints under the job role's permissions ...
     train = shlex.join(train_command(100_000, ckpt_s=1.0))
-    code, answer = run_cli(nats.env("client-vision-li"), "submit", "train", "--team", "vision", "--user", "li",
-                           "--level", "6", "--gpus", "2", "--gpu-model", "H100", "--ckpt-cost-s", "0.1",
-                           "--command", train, "--nats", nats.url, "--json")
+    code, answer = run_cli(
+        nats.env("client-vision-li"),
+        "submit",
+        "train",
+        "--team",
+        "vision",
+        "--user",
+        "li",
+        "--level",
+        "6",
+        "--gpus",
+        "2",
+        "--gpu-model",
+        "H100",
+        "--ckpt-cost-s",
+        "0.1",
+        "--command",
+        train,
+        "--nats",
+        nats.url,
+        "--json",
+    )
     assert code == 0 and answer["outcome"] == "accepted", answer
     _wait(nats, lambda rs: matching(rs, T.CheckpointRecorded, job="train"), 30, "a checkpoint")
     # ... and restores from it after an urgent job of safety:kim preempted it
-    code, answer = run_cli(nats.env("client-safety-kim"), "submit", "fix", "--team", "safety", "--user", "kim",
-                           "--level", "1", "--gpus", "2", "--gpu-model", "H100", "--command", "sleep 1",
-                           "--nats", nats.url, "--json")
+    code, answer = run_cli(
+        nats.env("client-safety-kim"),
+        "submit",
+        "fix",
+        "--team",
+        "safety",
+        "--user",
+        "kim",
+        "--level",
+        "1",
+        "--gpus",
+        "2",
+        "--gpu-model",
+        "H100",
+        "--command",
+        "sleep 1",
+        "--nats",
+        nats.url,
+        "--json",
+    )
     assert code == 0 and answer["outcome"] == "accepted", answer
     records = _wait(nats, lambda rs: len(matching(rs, T.JobRunning, job="train")) == 2, 60, "train resumed")
     resume = matching(records, T.JobResumeRequested, job="train")[0]
     assert resume.event.ckpt_step > 0 and resume.event.ckpt_digest in {
-        r.event.digest for r in matching(records, T.CheckpointRecorded, job="train")}
+        r.event.digest for r in matching(records, T.CheckpointRecorded, job="train")
+    }
     resumed_log = tmp_path / "host" / "hosts" / "h1" / "runs" / f"train-{resume.n}" / "output.log"
     lines = wait_metrics(resumed_log)
     assert lines[0]["step"] == resume.event.ckpt_step and lines[0].get("resumed") == 1, lines[:2]
@@ -140,6 +223,7 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     async def read_checkpoint(nc, js):
         store = await js.object_store(bus.CKPT_BUCKET)
         return bytes((await store.get(f"train/{resume.event.ckpt_step:012d}")).data)
+
     data = _run(nats, "job", read_checkpoint, timeout_s=10)
     secret = bytes.fromhex((tmp_path / "host" / "keys" / "checkpoint.secret").read_text().strip())
     with pytest.raises(ckptfile.CheckpointError):
@@ -153,33 +237,69 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
 
     async def stream_config(nc, js):
         return (await js.stream_info(bus.EV_STREAM)).config
+
     config = _run(nats, "op-alice", stream_config)
     assert config.deny_delete and config.deny_purge
     # a client cannot submit as another team, neither in the body ...
-    code, answer = run_cli(nats.env("client-vision-li"), "submit", "evil", "--team", "safety", "--user", "kim",
-                           "--level", "0", "--gpus", "1", "--nats", nats.url, "--json")
+    code, answer = run_cli(
+        nats.env("client-vision-li"),
+        "submit",
+        "evil",
+        "--team",
+        "safety",
+        "--user",
+        "kim",
+        "--level",
+        "0",
+        "--gpus",
+        "1",
+        "--nats",
+        nats.url,
+        "--json",
+    )
     assert answer["outcome"] == "rejected" and answer["reason"] == "identity_mismatch", answer
 
     # ... nor on another team's subject, nor send set_policy, nor cancel another's job
     async def impersonate(nc, js):
         for subject in ("xr.in.client.safety.kim.submit", "xr.in.op.alice.set_policy", "xr.in.submit"):
             try:
-                await js.publish(subject, T.encode(T.Submit(job="evil2", team="safety", user="kim",
-                                                            level=0, gpus=1)))
+                await js.publish(
+                    subject, T.encode(T.Submit(job="evil2", team="safety", user="kim", level=0, gpus=1))
+                )
                 return subject
             except Exception:  # noqa: BLE001 - refused: good
                 pass
-        await bus.send_input(js, T.SetPolicy(params={"victims_per_preemption_max": 1}), sender="client:vision:li")
+        await bus.send_input(
+            js, T.SetPolicy(params={"victims_per_preemption_max": 1}), sender="client:vision:li"
+        )
         await bus.send_input(js, T.Cancel(job="fix"), sender="client:vision:li")
         return ""
+
     assert _run(nats, "client-vision-li", impersonate) == ""
-    records = _wait(nats, lambda rs: len(matching(rs, T.InputRejected)) >= len(matching(before, T.InputRejected)) + 2,
-                    15, "the rejections")
-    reasons = {r.event.input_type: r.event.reason for r in records[len(before):] if isinstance(r.event, T.InputRejected)}
+    records = _wait(
+        nats,
+        lambda rs: len(matching(rs, T.InputRejected)) >= len(matching(before, T.InputRejected)) + 2,
+        15,
+        "the rejections",
+    )
+    reasons = {
+        r.event.input_type: r.event.reason
+        for r in records[len(before) :]
+        if isinstance(r.event, T.InputRejected)
+    }
     assert reasons.get("set_policy") == "not_permitted_for_role", reasons
-    assert not matching(records, T.JobSubmitted, job="evil") and not matching(records, T.JobSubmitted, job="evil2")
+    assert not matching(records, T.JobSubmitted, job="evil") and not matching(
+        records, T.JobSubmitted, job="evil2"
+    )
     assert not matching(records, T.PolicyChanged, by="client")
 
-    code, summary = run_cli(nats.env("op-alice"), "audit", "--nats", nats.url, "--public-key",
-                            str(tmp_path / "sched" / "keys" / "scheduler.pub"), "--json")
+    code, summary = run_cli(
+        nats.env("op-alice"),
+        "audit",
+        "--nats",
+        nats.url,
+        "--public-key",
+        str(tmp_path / "sched" / "keys" / "scheduler.pub"),
+        "--json",
+    )
     assert code == 0 and summary["ok"] and "verified" in summary["signatures"], summary

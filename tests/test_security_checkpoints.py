@@ -18,13 +18,18 @@ SECRET = bytes(range(32))
 
 def _state():
     rng = np.random.default_rng(3)
-    return {"step": 7, "state": {"w": rng.normal(size=5), "b": 0.25, "rng": rng.bit_generator.state},
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state()}}
+    return {
+        "step": 7,
+        "state": {"w": rng.normal(size=5), "b": 0.25, "rng": rng.bit_generator.state},
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state()},
+    }
 
 
 def test_a_training_state_round_trips_with_its_rng_states():
     payload = _state()
-    back = ckptfile.decode(ckptfile.encode(payload, ckptfile.job_key(SECRET, "a")), ckptfile.job_key(SECRET, "a"))
+    back = ckptfile.decode(
+        ckptfile.encode(payload, ckptfile.job_key(SECRET, "a")), ckptfile.job_key(SECRET, "a")
+    )
     assert np.array_equal(back["state"]["w"], payload["state"]["w"]) and back["state"]["b"] == 0.25
     assert back["state"]["rng"] == payload["state"]["rng"]
     random.setstate(back["rng"]["python"])
@@ -54,8 +59,13 @@ class _Boom:
 
 def test_a_pickle_is_never_loaded_and_objects_are_not_checkpointed():
     buffer = io.BytesIO()
-    np.savez(buffer, **{"__manifest__": np.frombuffer(b'{"__ndarray__": "a0"}', dtype=np.uint8),
-                        "a0": np.array([_Boom()], dtype=object)})
+    np.savez(
+        buffer,
+        **{
+            "__manifest__": np.frombuffer(b'{"__ndarray__": "a0"}', dtype=np.uint8),
+            "a0": np.array([_Boom()], dtype=object),
+        },
+    )
     with pytest.raises(ckptfile.CheckpointError):
         ckptfile.decode(buffer.getvalue(), None)
     with pytest.raises(ckptfile.CheckpointError):

@@ -39,8 +39,9 @@ def _forged_after(last: T.Record, event: T.Event) -> T.Record:
 
 
 def _forged_start(last: T.Record, node: str, command: list[str]) -> T.JobStartRequested:
-    return T.JobStartRequested(t=last.event.t, job="evil", nodes=[node],
-                               placement=[T.Slot(node=node, gpus=[0])], command=command)
+    return T.JobStartRequested(
+        t=last.event.t, job="evil", nodes=[node], placement=[T.Slot(node=node, gpus=[0])], command=command
+    )
 
 
 @pytest.fixture
@@ -75,12 +76,21 @@ def test_a_record_signed_with_another_key_or_a_copied_signature_is_refused(tmp_p
     records = _signed(workload_records(jobs=20), signer)
     rogue = Signer.load(create_key(tmp_path / "rogue")[0])
     forged = rogue.sign_record(_forged_after(records[-1], _forged_start(records[-1], "gpu-a", ["id"])))
-    rc, summary = _audit(write_jsonl(str(tmp_path / "rogue.jsonl"), [*records, forged]), "--public-key", public)
-    assert rc == 1 and summary["problem_record"] == forged.n and "not a trusted scheduler key" in summary["problem"]
+    rc, summary = _audit(
+        write_jsonl(str(tmp_path / "rogue.jsonl"), [*records, forged]), "--public-key", public
+    )
+    assert (
+        rc == 1
+        and summary["problem_record"] == forged.n
+        and "not a trusted scheduler key" in summary["problem"]
+    )
 
-    copied = msgspec.structs.replace(_forged_after(records[-1], records[-1].event),
-                                     key=records[-1].key, sig=records[-1].sig)
-    rc, summary = _audit(write_jsonl(str(tmp_path / "copy.jsonl"), [*records, copied]), "--public-key", public)
+    copied = msgspec.structs.replace(
+        _forged_after(records[-1], records[-1].event), key=records[-1].key, sig=records[-1].sig
+    )
+    rc, summary = _audit(
+        write_jsonl(str(tmp_path / "copy.jsonl"), [*records, copied]), "--public-key", public
+    )
     assert rc == 1 and summary["problem_record"] == copied.n and "does not verify" in summary["problem"]
 
 
@@ -102,7 +112,9 @@ def test_a_signed_log_needs_a_public_key_to_pass_audit_and_a_rotated_key_still_v
 
 def test_log_verifier_refuses_unsigned_records_between_signed_ones(keys):
     signer, _ = keys
-    one_per_input = [msgspec.structs.replace(r, input_seq=i + 1) for i, r in enumerate(workload_records(jobs=10))]
+    one_per_input = [
+        msgspec.structs.replace(r, input_seq=i + 1) for i, r in enumerate(workload_records(jobs=10))
+    ]
     records = _signed(one_per_input, signer)
     stripped = [msgspec.structs.replace(r, key="", sig="") if i == 5 else r for i, r in enumerate(records)]
     verifier = LogVerifier(signer.keyring())
@@ -138,13 +150,14 @@ def test_the_live_log_is_signed_and_a_forged_decision_is_never_acted_on(tmp_path
 
         forged = c._run(forge)
         c.send(T.Submit(job="after", team="a", user="u", level=5, gpus=1))
-        result = xirang("audit", "--nats", c.url, "--public-key", str(tmp_path / "keys" / "scheduler.pub"),
-                        "--json")
+        result = xirang(
+            "audit", "--nats", c.url, "--public-key", str(tmp_path / "keys" / "scheduler.pub"), "--json"
+        )
         summary = json.loads(result.stdout)
         assert result.returncode == 1 and summary["problem_record"] == forged.n
         time.sleep(3)
         assert not marker.exists()
-        assert not matching(c.records()[forged.n:], T.JobSubmitted, job="after")
+        assert not matching(c.records()[forged.n :], T.JobSubmitted, job="after")
         assert "refusing record" in (c.logs / "h1.log").read_text()
         assert "did not sign" in (c.logs / "s1.log").read_text()
 
@@ -155,7 +168,10 @@ def test_a_password_on_the_command_line_is_refused_and_multi_server_urls_parse()
     result = xirang("jobs", "--nats", "nats://li:secret@nats-1:4222")
     assert result.returncode == 2 and "secret" not in result.stderr and "XIRANG_CREDS" in result.stderr
     assert server_urls("tls://nats-1:4222,nats-2:4222, nats-3:4222") == [
-        "tls://nats-1:4222", "tls://nats-2:4222", "tls://nats-3:4222"]
+        "tls://nats-1:4222",
+        "tls://nats-2:4222",
+        "tls://nats-3:4222",
+    ]
 
 
 def test_a_deleted_log_is_not_quietly_replaced_by_another_history(tmp_path):
@@ -173,6 +189,7 @@ def test_a_deleted_log_is_not_quietly_replaced_by_another_history(tmp_path):
         async def recreate(nc, js):
             await js.delete_stream(bus.EV_STREAM)  # an open server: anyone may (deploy/nats forbids it)
             await bus.ensure_streams(js)
+
         c._run(recreate)
         c.scheduler("s2")
         deadline = time.monotonic() + 15

@@ -72,10 +72,15 @@ def refuse_password_argument(argv: list[str]) -> str | None:
     """Why this command line must not run: a NATS URL with a password in it shows in every
     process list. None when there is none."""
     for i, word in enumerate(argv):
-        value = argv[i + 1] if word == "--nats" and i + 1 < len(argv) else (
-            word.split("=", 1)[1] if word.startswith("--nats=") else "")
+        value = (
+            argv[i + 1]
+            if word == "--nats" and i + 1 < len(argv)
+            else (word.split("=", 1)[1] if word.startswith("--nats=") else "")
+        )
         if "@" in value:
-            return (f"--nats {value.split('@')[0].split('://')[0]}://…@…: no password on a command line "
-                    f"(others see it in the process list); use a credentials file from `xirang nats "
-                    f"add-user` in ${CREDS_ENV}, or put the URL in $XIRANG_NATS")
+            return (
+                f"--nats {value.split('@')[0].split('://')[0]}://…@…: no password on a command line "
+                f"(others see it in the process list); use a credentials file from `xirang nats "
+                f"add-user` in ${CREDS_ENV}, or put the URL in $XIRANG_NATS"
+            )
     return None

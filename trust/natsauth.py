@@ -44,20 +44,40 @@ ROLES = {"scheduler": 0, "host": 1, "job": 0, "client": 2, "op": 1}
 ACCOUNT = "XIRANG"
 
 # Read-only stream facts every client library asks for before it uses a stream.
-STREAM_INFO = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.XR_IN", "$JS.API.STREAM.INFO.XR_EV",
-               "$JS.API.STREAM.INFO.OBJ_XR_SNAP", "$JS.API.STREAM.INFO.OBJ_XR_CKPT",
-               "$JS.API.STREAM.INFO.KV_XR_LEASE"]
+STREAM_INFO = [
+    "$JS.API.INFO",
+    "$JS.API.STREAM.NAMES",
+    "$JS.API.STREAM.INFO.XR_IN",
+    "$JS.API.STREAM.INFO.XR_EV",
+    "$JS.API.STREAM.INFO.OBJ_XR_SNAP",
+    "$JS.API.STREAM.INFO.OBJ_XR_CKPT",
+    "$JS.API.STREAM.INFO.KV_XR_LEASE",
+]
 # Reading the log and the newest snapshot through one's own consumers.
 # (An unnamed CREATE makes an ephemeral consumer only: the server refuses a durable name.)
-LOG_READER = ["$JS.API.CONSUMER.CREATE.XR_EV", "$JS.API.CONSUMER.CREATE.XR_EV.*.xr.ev.log.>", "$JS.API.CONSUMER.MSG.NEXT.XR_EV.*",
-              "$JS.API.CONSUMER.INFO.XR_EV.*", "$JS.API.CONSUMER.DELETE.XR_EV.*", "$JS.FC.XR_EV.>",
-              "$JS.API.CONSUMER.CREATE.OBJ_XR_SNAP.>", "$JS.API.CONSUMER.DELETE.OBJ_XR_SNAP.>",
-              "$JS.API.STREAM.MSG.GET.OBJ_XR_SNAP", "$JS.API.DIRECT.GET.OBJ_XR_SNAP.>",
-              "$JS.FC.OBJ_XR_SNAP.>"]
-CHECKPOINTS = ["$O.XR_CKPT.>", "$JS.API.CONSUMER.CREATE.OBJ_XR_CKPT", "$JS.API.CONSUMER.CREATE.OBJ_XR_CKPT.>",
-               "$JS.API.CONSUMER.DELETE.OBJ_XR_CKPT.>", "$JS.API.STREAM.MSG.GET.OBJ_XR_CKPT",
-               "$JS.API.DIRECT.GET.OBJ_XR_CKPT.>", "$JS.API.STREAM.PURGE.OBJ_XR_CKPT",
-               "$JS.FC.OBJ_XR_CKPT.>"]
+LOG_READER = [
+    "$JS.API.CONSUMER.CREATE.XR_EV",
+    "$JS.API.CONSUMER.CREATE.XR_EV.*.xr.ev.log.>",
+    "$JS.API.CONSUMER.MSG.NEXT.XR_EV.*",
+    "$JS.API.CONSUMER.INFO.XR_EV.*",
+    "$JS.API.CONSUMER.DELETE.XR_EV.*",
+    "$JS.FC.XR_EV.>",
+    "$JS.API.CONSUMER.CREATE.OBJ_XR_SNAP.>",
+    "$JS.API.CONSUMER.DELETE.OBJ_XR_SNAP.>",
+    "$JS.API.STREAM.MSG.GET.OBJ_XR_SNAP",
+    "$JS.API.DIRECT.GET.OBJ_XR_SNAP.>",
+    "$JS.FC.OBJ_XR_SNAP.>",
+]
+CHECKPOINTS = [
+    "$O.XR_CKPT.>",
+    "$JS.API.CONSUMER.CREATE.OBJ_XR_CKPT",
+    "$JS.API.CONSUMER.CREATE.OBJ_XR_CKPT.>",
+    "$JS.API.CONSUMER.DELETE.OBJ_XR_CKPT.>",
+    "$JS.API.STREAM.MSG.GET.OBJ_XR_CKPT",
+    "$JS.API.DIRECT.GET.OBJ_XR_CKPT.>",
+    "$JS.API.STREAM.PURGE.OBJ_XR_CKPT",
+    "$JS.FC.OBJ_XR_CKPT.>",
+]
 
 
 class RosterError(ValueError):
@@ -89,8 +109,10 @@ def add_user(directory: str | os.PathLike, role: str, names: list[str]) -> tuple
     if role not in ROLES:
         raise RosterError(f"role {role!r}: choose one of {', '.join(ROLES)}")
     if len(names) != ROLES[role]:
-        raise RosterError(f"a {role} user needs {ROLES[role]} name(s) "
-                          f"({'team and user' if role == 'client' else 'node' if role == 'host' else 'user'})")
+        raise RosterError(
+            f"a {role} user needs {ROLES[role]} name(s) "
+            f"({'team and user' if role == 'client' else 'node' if role == 'host' else 'user'})"
+        )
     if any(not n or ":" in n for n in names):
         raise RosterError("names must be non-empty and without ':'")
     roster = load_roster(directory)
@@ -122,37 +144,71 @@ def permissions(entry: dict, roster: list[dict]) -> dict:
     role, names, name = entry["role"], entry["names"], entry["name"]
     box = inbox(name)
     if role == "scheduler":
-        return {"publish": {"allow": ["$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.XR_LEASE.>", "$O.XR_SNAP.>",
-                                      "xr.ev.>", "xr.in.sched.>", "xr.alert.>"]},
-                "subscribe": {"allow": ["xr.hb.*", f"{box}.>"]}}
+        return {
+            "publish": {
+                "allow": [
+                    "$JS.API.>",
+                    "$JS.ACK.>",
+                    "$JS.FC.>",
+                    "$KV.XR_LEASE.>",
+                    "$O.XR_SNAP.>",
+                    "xr.ev.>",
+                    "xr.in.sched.>",
+                    "xr.alert.>",
+                ]
+            },
+            "subscribe": {"allow": ["xr.hb.*", f"{box}.>"]},
+        }
     if role == "host":
         node = subject_token(names[0])
         durable = f"host-{node}"
-        return {"publish": {"allow": [*STREAM_INFO, f"$JS.API.CONSUMER.INFO.XR_EV.{durable}",
-                                      f"$JS.API.CONSUMER.CREATE.XR_EV.{durable}.xr.ev.host.{node}.>",
-                                      f"$JS.API.CONSUMER.MSG.NEXT.XR_EV.{durable}",
-                                      f"$JS.ACK.XR_EV.{durable}.>", f"xr.in.host.{node}.>", f"xr.hb.{node}"]},
-                "subscribe": {"allow": [f"{box}.>"]}}
+        return {
+            "publish": {
+                "allow": [
+                    *STREAM_INFO,
+                    f"$JS.API.CONSUMER.INFO.XR_EV.{durable}",
+                    f"$JS.API.CONSUMER.CREATE.XR_EV.{durable}.xr.ev.host.{node}.>",
+                    f"$JS.API.CONSUMER.MSG.NEXT.XR_EV.{durable}",
+                    f"$JS.ACK.XR_EV.{durable}.>",
+                    f"xr.in.host.{node}.>",
+                    f"xr.hb.{node}",
+                ]
+            },
+            "subscribe": {"allow": [f"{box}.>"]},
+        }
     if role == "job":
-        return {"publish": {"allow": [*STREAM_INFO, *CHECKPOINTS, "xr.in.job.*.>", "xr.job.*.metrics"]},
-                "subscribe": {"allow": [f"{box}.>"]}}
-    own = (f"xr.in.client.{subject_token(names[0])}.{subject_token(names[1])}.>" if role == "client"
-           else f"xr.in.op.{subject_token(names[0])}.>")
+        return {
+            "publish": {"allow": [*STREAM_INFO, *CHECKPOINTS, "xr.in.job.*.>", "xr.job.*.metrics"]},
+            "subscribe": {"allow": [f"{box}.>"]},
+        }
+    own = (
+        f"xr.in.client.{subject_token(names[0])}.{subject_token(names[1])}.>"
+        if role == "client"
+        else f"xr.in.op.{subject_token(names[0])}.>"
+    )
     # Hosts' durable consumers are theirs alone: no one else may pull, inspect or remove them.
     hosts = [f"host-{subject_token(e['names'][0])}" for e in roster if e["role"] == "host"]
-    deny = [f"$JS.API.CONSUMER.{op}.XR_EV.{durable}" for durable in hosts
-            for op in ("MSG.NEXT", "INFO", "DELETE")]
+    deny = [
+        f"$JS.API.CONSUMER.{op}.XR_EV.{durable}" for durable in hosts for op in ("MSG.NEXT", "INFO", "DELETE")
+    ]
     deny += [f"$JS.API.CONSUMER.CREATE.XR_EV.{durable}.>" for durable in hosts]
     subscribe = [f"{box}.>", "xr.job.*.metrics"] if role == "op" else [f"{box}.>"]
-    return {"publish": {"allow": [*STREAM_INFO, *LOG_READER, own], **({"deny": deny} if deny else {})},
-            "subscribe": {"allow": subscribe}}
+    return {
+        "publish": {"allow": [*STREAM_INFO, *LOG_READER, own], **({"deny": deny} if deny else {})},
+        "subscribe": {"allow": subscribe},
+    }
 
 
 def render_accounts(roster: list[dict]) -> str:
-    lines = ["# Generated by `xirang nats add-user` from roster.json: edit the roster through that",
-             "# command, not this file. Users authenticate with NKEYs (public keys here, seeds in",
-             "# each user's credentials file); trust/natsauth.py says what each role may do and why.",
-             "accounts {", f"  {ACCOUNT} {{", "    jetstream: enabled", "    users: ["]
+    lines = [
+        "# Generated by `xirang nats add-user` from roster.json: edit the roster through that",
+        "# command, not this file. Users authenticate with NKEYs (public keys here, seeds in",
+        "# each user's credentials file); trust/natsauth.py says what each role may do and why.",
+        "accounts {",
+        f"  {ACCOUNT} {{",
+        "    jetstream: enabled",
+        "    users: [",
+    ]
     for entry in roster:
         perms = json.dumps(permissions(entry, roster))
         lines.append(f"      # {entry['name']} ({entry['role']})")

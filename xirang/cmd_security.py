@@ -13,24 +13,36 @@ def register(sub) -> None:
     key = sub.add_parser("key", help="the scheduler's Ed25519 log-signing key: create, rotate, show")
     key_sub = key.add_subparsers(dest="key_command", metavar="ACTION")
     key_sub.required = True
-    for name, what in (("create", "make the first key pair"),
-                       ("rotate", "a new key pair; the old public key stays trusted for older records"),
-                       ("show", "the key ids in the public keyring")):
+    for name, what in (
+        ("create", "make the first key pair"),
+        ("rotate", "a new key pair; the old public key stays trusted for older records"),
+        ("show", "the key ids in the public keyring"),
+    ):
         p = key_sub.add_parser(name, help=what)
-        p.add_argument("--dir", default=".xirang/keys",
-                       help="where scheduler.key (private, mode 0600) and scheduler.pub (public "
-                            "keyring) live (default .xirang/keys)")
+        p.add_argument(
+            "--dir",
+            default=".xirang/keys",
+            help="where scheduler.key (private, mode 0600) and scheduler.pub (public "
+            "keyring) live (default .xirang/keys)",
+        )
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=cmd_key)
 
-    nats_p = sub.add_parser("nats", help="NATS users and permissions: add-user writes credentials and accounts.conf")
+    nats_p = sub.add_parser(
+        "nats", help="NATS users and permissions: add-user writes credentials and accounts.conf"
+    )
     nats_sub = nats_p.add_subparsers(dest="nats_command", metavar="ACTION")
     nats_sub.required = True
-    add = nats_sub.add_parser("add-user", help="add a user: scheduler | job | host NODE | client TEAM USER | op USER")
+    add = nats_sub.add_parser(
+        "add-user", help="add a user: scheduler | job | host NODE | client TEAM USER | op USER"
+    )
     add.add_argument("role", choices=["scheduler", "job", "host", "client", "op"])
     add.add_argument("names", nargs="*", help="host: NODE; client: TEAM USER; op: USER")
-    add.add_argument("--dir", default="deploy/nats",
-                     help="folder of roster.json and the accounts.conf the server includes (default deploy/nats)")
+    add.add_argument(
+        "--dir",
+        default="deploy/nats",
+        help="folder of roster.json and the accounts.conf the server includes (default deploy/nats)",
+    )
     add.add_argument("--json", action="store_true")
     add.set_defaults(func=cmd_nats_add_user)
 
@@ -38,9 +50,16 @@ def register(sub) -> None:
     tls_sub = tls.add_subparsers(dest="tls_command", metavar="ACTION")
     tls_sub.required = True
     init = tls_sub.add_parser("init", help="make the CA (once) and one certificate per --server")
-    init.add_argument("--dir", default="deploy/nats/tls", help="where the CA and certificates go (default deploy/nats/tls)")
-    init.add_argument("--server", action="append", default=[], metavar="NAME=ADDR[,ADDR...]",
-                      help="a server and the names/IPs it is dialled at, e.g. xirang-1=nats-1,10.0.0.1 (repeatable)")
+    init.add_argument(
+        "--dir", default="deploy/nats/tls", help="where the CA and certificates go (default deploy/nats/tls)"
+    )
+    init.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="NAME=ADDR[,ADDR...]",
+        help="a server and the names/IPs it is dialled at, e.g. xirang-1=nats-1,10.0.0.1 (repeatable)",
+    )
     init.add_argument("--json", action="store_true")
     init.set_defaults(func=cmd_tls_init)
 
@@ -64,12 +83,16 @@ def cmd_key(args) -> int:
     elif args.key_command == "show":
         print(f"{out['keyring']}: " + ", ".join(out["key_ids"]))
     else:
-        print(f"key {key_id}: private key {private} (keep it on the scheduler machines only, "
-              f"--signing-key or XIRANG_SIGNING_KEY); public keyring {public} (give it to auditors "
-              f"and host agents, --public-key or XIRANG_PUBLIC_KEY)")
+        print(
+            f"key {key_id}: private key {private} (keep it on the scheduler machines only, "
+            f"--signing-key or XIRANG_SIGNING_KEY); public keyring {public} (give it to auditors "
+            f"and host agents, --public-key or XIRANG_PUBLIC_KEY)"
+        )
         if args.key_command == "rotate":
-            print("restart the schedulers with the new private key; the keyring still trusts the old "
-                  "key for the records it signed")
+            print(
+                "restart the schedulers with the new private key; the keyring still trusts the old "
+                "key for the records it signed"
+            )
     return 0
 
 
@@ -83,8 +106,10 @@ def cmd_nats_add_user(args) -> int:
     if args.json:
         print(json.dumps({"user": entry["name"], "nkey": entry["nkey"], "creds": str(creds)}, sort_keys=True))
     else:
-        print(f"user {entry['name']} ({entry['role']}) added; credentials in {creds} (give them to that user "
-              f"only: XIRANG_CREDS={creds}); reload the server to apply: nats-server --signal reload")
+        print(
+            f"user {entry['name']} ({entry['role']}) added; credentials in {creds} (give them to that user "
+            f"only: XIRANG_CREDS={creds}); reload the server to apply: nats-server --signal reload"
+        )
     return 0
 
 
@@ -103,7 +128,10 @@ def cmd_tls_init(args) -> int:
         made = init(args.dir, servers)
     except PkiError as err:
         raise UserError(str(err)) from err
-    out = {"ca": f"{args.dir}/ca.pem", "servers": {n: {"cert": str(c), "key": str(k)} for n, (c, k) in made.items()}}
+    out = {
+        "ca": f"{args.dir}/ca.pem",
+        "servers": {n: {"cert": str(c), "key": str(k)} for n, (c, k) in made.items()},
+    }
     if args.json:
         print(json.dumps(out, sort_keys=True))
     else:
