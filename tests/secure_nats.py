@@ -15,7 +15,7 @@ from pathlib import Path
 
 from transport.natsd import free_port, nats_server_binary
 from agents.testing import REPO
-from projections.testing import xirang
+from tests.data_helpers import xirang
 
 USERS = [
     ["scheduler"],

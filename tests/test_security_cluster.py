@@ -12,7 +12,7 @@ import pytest
 
 from agents.testing import REPO, matching
 from core import types as T
-from projections.testing import xirang
+from tests.data_helpers import xirang
 from tests.secure_nats import SecureNats, run_cli, spawn
 from tests.test_live_deploy import _wait, wait_for_streams
 from transport.natsd import free_port, nats_server_binary
