@@ -10,6 +10,7 @@ import pytest
 
 from core import types as T
 from core.policy import Policy, assign_variant, with_params
+from projections import ab
 from projections.projector import Projector
 from data_helpers import workload_records, xirang
 from projections.workload import Spec, generate
@@ -89,3 +90,20 @@ def test_ab_report_says_when_there_is_no_experiment(tmp_path):
     _project(workload_records(), db).con.close()
     result = xirang("ab", "report", "--db", db)
     assert result.returncode == 0 and "no A/B experiment" in result.stdout
+
+
+def test_ab_report_gives_each_variants_satisfaction_from_the_survey():
+    from core import rebuild, step
+
+    records = list(generate(Spec(jobs=120, seed=2, policy=with_params(Policy(), AB_POLICY))).records)
+    state = rebuild(records)
+    submitted = [r.event for r in records if isinstance(r.event, T.JobSubmitted)]
+    t = records[-1].event.t
+    scores = {"control": 4, "b": 2}  # b's urgent jobs wait longer: its users say so
+    for i, ev in enumerate(submitted[:40]):
+        _, new = step(state, T.Feedback(t=t + i + 1, job=ev.job, user=ev.user, score=scores[ev.variant]))
+        records.extend(new)
+    rep = ab.report(_project(records).con)
+    control, b = rep["variants"]["control"]["satisfaction"], rep["variants"]["b"]["satisfaction"]
+    assert (control["value"], b["value"]) == (4.0, 2.0)
+    assert b["diff_vs_control"] == -2.0 and b["significant"]

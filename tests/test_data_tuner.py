@@ -187,3 +187,19 @@ def test_tune_apply_publishes_to_xr_in_and_needs_a_server(tmp_path):
     assert msgs and [m.subject for m in msgs] == ["xr.in.set_policy"] * len(msgs)
     sent = [T.parse_input(m.data) for m in msgs]
     assert all(isinstance(i, T.SetPolicy) and i.by == "tuner" and tuner.evidence_of(i.reason) for i in sent)
+
+
+def test_the_objective_charges_a_drop_in_team_fairness_against_no_preemption():
+    from replay.sim import JobOutcome, SimResult
+
+    def result(wait_ms: int) -> SimResult:
+        jobs = [JobOutcome(id="u", team="ops", user="o", level=0, gpus=2, submit_ms=0, duration_ms=HOUR,
+                           first_start_ms=wait_ms, finish_ms=wait_ms + HOUR)]
+        return SimResult("x", "w", 0, 8, jobs, end_ms=3 * HOUR, wall_s=0, steps=0, events=0)
+
+    objective = tuner.Objective(urgent_weight=2.0, lost_weight=1.0, fairness_weight=3.0)
+    score = tuner._score(objective, result(0), {"jain_teams_share": 0.9, "lost_gpu_h": 0.5},
+                         result(HOUR), {"jain_teams_share": 1.0}, work_gpu_h=10.0)
+    assert score.urgent_saved_gpu_h == pytest.approx(2.0)  # 2 GPUs x 1 h sooner
+    assert score.fairness_penalty_gpu_h == pytest.approx(3.0 * 0.1 * 10.0)
+    assert score.objective_gpu_h == pytest.approx(2.0 * 2.0 - 0.5 - 3.0)
