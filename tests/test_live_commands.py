@@ -5,11 +5,14 @@ OS processes): jobs and queue say why a job waits and when it should start, subm
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 
 import pytest
 
-from agents.testing import Cluster
+from agents.testing import REPO, Cluster
 from core import types as T
 from xirang.cli import main
 
@@ -136,3 +139,23 @@ def test_hold_release_set_level_and_requeue(cluster, capsys):
     assert code == 0
     records = cluster.wait_for(T.JobRequeued, job="small-1", reason="requeue_requested")
     assert [r for r in records if isinstance(r.event, T.JobStopRequested) and r.event.job == "small-1"]
+
+
+def test_watch_redraws_and_logs_follow_ends_with_the_job(cluster, capsys):
+    url = cluster.url
+    ticker = f"{sys.executable} -c \"import time\nfor i in range(5): print('tick', i, flush=True); time.sleep(0.4)\""
+    xirang(capsys, "submit", "ticker", "--nats", url, "--team", "nlp", "--level", "2", "--gpus", "1",
+           "--command", ticker)
+    follow = subprocess.run([sys.executable, "-m", "xirang.cli", "logs", "ticker", "--follow", "--nats", url,
+                             "--data-dir", str(cluster.root)], capture_output=True, text=True, timeout=60,
+                            cwd=REPO)
+    assert follow.returncode == 0, follow.stderr
+    assert [line for line in follow.stdout.splitlines() if line.startswith("tick")] == [f"tick {i}" for i in range(5)]
+    watch = subprocess.Popen([sys.executable, "-m", "xirang.cli", "queue", "--watch", "0.3", "--json", "--nats", url],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        frames = [json.loads(watch.stdout.readline()) for _ in range(2)]
+        assert all(len(frame["levels"]) == 8 for frame in frames)
+    finally:
+        os.kill(watch.pid, signal.SIGINT)
+        assert watch.wait(10) == 130 and "Traceback" not in watch.stderr.read()
