@@ -26,6 +26,13 @@ def stop_children(children: list[subprocess.Popen], timeout_s: float = 10.0) -> 
             proc.wait(5)
 
 
+def stop_cluster(children: list[tuple[str, subprocess.Popen]], agents_timeout_s: float = 30.0) -> None:
+    """An orderly stop: the host agents first (each checkpoints its SDK jobs and tells the
+    scheduler, which requeues them), then the scheduler."""
+    stop_children([proc for name, proc in children if name != "scheduler"], timeout_s=agents_timeout_s)
+    stop_children([proc for name, proc in children if name == "scheduler"])
+
+
 def start_cluster(url: str, data_dir, hosts: int, specs: list[str], policy: str | None = None,
                   tick_ms: int = 1000, log_dir: Path | None = None, node_names: list[str] | None = None,
                   extra_sched: list[str] | None = None) -> list[tuple[str, subprocess.Popen]]:

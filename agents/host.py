@@ -50,6 +50,9 @@ from .outbox import Outbox
 log = logging.getLogger("xirang.host")
 
 HEARTBEAT_S = 1.0
+# An orderly stop waits this long beyond the grace time for runs to exit and facts to go.
+DRAIN_SLACK_S = 10.0
+DRAIN_SDK_GRACE_MIN_S = 5.0
 # A heartbeat loop that wakes this late means the agent was paused.
 PAUSE_DETECT_S = 3 * HEARTBEAT_S
 MONITOR_S = 0.2
@@ -174,6 +177,8 @@ class HostAgent:
                  asyncio.create_task(self._send_outbox())]
         try:
             await self._consume(sub)
+            if self.stop_event.is_set():
+                await self._drain()
         finally:
             for task in tasks:
                 task.cancel()
@@ -187,6 +192,36 @@ class HostAgent:
                 await self.nc.drain()
             except Exception:  # noqa: BLE001 - stopping while the bus is away
                 await self.nc.close()
+
+    async def _drain(self) -> None:
+        """An orderly stop (SIGTERM, Ctrl-C): SDK jobs checkpoint and exit, the others get
+        SIGTERM, then `node_down` tells the scheduler, which requeues them all from their
+        newest checkpoints; when the agent starts again they resume. (A crash, SIGKILL,
+        leaves the jobs running instead: a restarted agent adopts them.)"""
+        if self.runs:
+            log.info("host %s: stopping: checkpointing and stopping %d run(s)", self.node, len(self.runs))
+        sdk_grace_s = max(self.grace_s, DRAIN_SDK_GRACE_MIN_S)  # time to reach a safe point and save
+        deadline_ms = int((time.time() + sdk_grace_s) * 1000)
+        for run in list(self.runs.values()):
+            run.stopping = "agent_stopped"
+            self._save_run(run)
+            if run.primary and (Path(run.dir) / SDK_MARKER).exists():
+                notice = {"saga": f"drain-{run.n}", "deadline_t": deadline_ms, "checkpoint_needed": True,
+                          "drain": True}
+                _write_atomic(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
+                _signal_group(run.pid, signal.SIGUSR1)
+                # SIGKILL (by the monitor) if it has not exited by the notice's deadline.
+                run.term_sent_t = time.time() + sdk_grace_s - self.grace_s
+                self._save_run(run)
+            else:
+                self._terminate(run)
+        give_up = time.monotonic() + sdk_grace_s + DRAIN_SLACK_S
+        while self.runs and time.monotonic() < give_up:
+            await asyncio.sleep(MONITOR_S)
+        await self._report(T.NodeDown(node=self.node, reason="agent_stopped"), f"down-{uuid.uuid4().hex}")
+        give_up = time.monotonic() + DRAIN_SLACK_S
+        while len(self.outbox) and time.monotonic() < give_up:
+            await asyncio.sleep(MONITOR_S)
 
     async def _open(self):
         await bus.ensure_streams(self.js)

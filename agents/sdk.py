@@ -301,6 +301,15 @@ class Job:
 
     def _release(self, step: int, state: Any, notice: dict) -> None:
         saga = notice.get("saga", "")
+        if notice.get("drain"):
+            # The host agent is stopping: save, and exit; the scheduler requeues the job
+            # from this checkpoint, so there is no preemption to report.
+            if not self._checkpoint_by_deadline(step, state, notice):
+                print(f"xirang sdk: stopping at step {step} without a new checkpoint", flush=True)
+            (self.dir / "released").write_text(str(step))
+            print(f"xirang sdk: host stopping; checkpointed at step {step}, exiting", flush=True)
+            self.close()
+            sys.exit(0)
         self._report(T.SafePoint(job=self.job), f"{saga}-safe")
         if notice.get("checkpoint_needed", True) and not self._checkpoint_by_deadline(step, state, notice):
             # No checkpoint could be saved (the bus is away): say so, and keep training.

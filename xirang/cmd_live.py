@@ -224,7 +224,7 @@ def cmd_up(args) -> int:
     # Before anything is started or written: a second `up` in a folder in use changes nothing.
     lock = _hold(InstanceLock(Path(args.data_dir) / "up.lock", f"xirang up in {args.data_dir}"))
     url, server = server_url(args)
-    from agents.cluster import start_cluster, stop_children
+    from agents.cluster import start_cluster, stop_cluster
 
     children = start_cluster(url, args.data_dir, args.hosts, specs, policy=args.policy, tick_ms=args.tick_ms)
     info = {"nats": url, "data_dir": str(Path(args.data_dir).resolve()),
@@ -246,8 +246,8 @@ def cmd_up(args) -> int:
     finally:
         from agents.host import stop_job_processes
 
-        stop_children([proc for _, proc in children])
-        stop_job_processes(args.data_dir)  # the simulated hosts' jobs go with them
+        stop_cluster(children)  # agents checkpoint their SDK jobs, which are requeued
+        stop_job_processes(args.data_dir)  # any the agents could not stop go with them
         if server:
             server.stop()
         lock.release()
