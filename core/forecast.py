@@ -197,3 +197,83 @@ def _first_fit_time(free: int, releases: list[tuple[int, int]], need: int) -> in
         if free >= need:
             return at_ms
     return None
+
+
+class RequeueFit:
+    """When a victim, requeued, would fit again as running jobs end as estimated: where it
+    can really run, on one node when it fits one (free GPUs on different nodes do not add
+    up for it), else as a gang over the nodes of one GPU model; and without what the
+    preemption hands to the preemptor: on the victim's own nodes, its GPUs and the free
+    ones go to the preemptor and come back at the preemptor's expected end.
+
+    A node's fit is worked out once per victim size and plan, and the search for a victim
+    stops at the first node where it would fit by the wait already known."""
+
+    def __init__(self, state: State, nodes, preemptor_gpus: int, preemptor_runtime_ms: int) -> None:
+        self.state = state
+        self.nodes = nodes
+        self.preemptor_gpus = preemptor_gpus
+        self.preemptor_runtime_ms = preemptor_runtime_ms
+        self.node_size_max = max((node.gpus for node in nodes), default=0)
+        self._fits: dict[tuple[str, int], int | None] = {}
+
+    def wait_ms(self, victim: Job, at_least_ms: int = 0) -> int | None:
+        """The victim's earliest fit after the preemption, but no sooner than `at_least_ms`
+        (what the caller already knows it waits: the search stops at the first node that
+        fits by then); None if it never would here."""
+        own = {slot.node: len(slot.gpus) for slot in victim.placement}
+        if victim.gpus > self.node_size_max:
+            wait = self._gang_wait(victim, own)
+            return None if wait is None else max(wait, at_least_ms)
+        best = None
+        for node in self.nodes:
+            if node.gpus < victim.gpus:
+                continue
+            if node.name in own:
+                free, releases = self._after_preemption(node, victim, own[node.name])
+                wait = _first_fit_time(free, releases, victim.gpus)
+            else:
+                wait = self._fit(node, victim.gpus)
+            if wait is not None and (best is None or wait < best):
+                best = wait
+                if best <= at_least_ms:
+                    return at_least_ms
+        return None if best is None else max(best, at_least_ms)
+
+    def _fit(self, node, gpus: int) -> int | None:
+        """The earliest fit of `gpus` on the node as it is (memoised for this plan)."""
+        key = (node.name, gpus)
+        if key not in self._fits:
+            self._fits[key] = _first_fit_time(node_free_count(node), node_releases(self.state, node), gpus)
+        return self._fits[key]
+
+    def _after_preemption(self, node, victim: Job, own_gpus: int) -> tuple[int, list[tuple[int, int]]]:
+        """The node's free GPUs and releases once the preemptor has taken the victim's GPUs
+        and the free ones it needs there."""
+        free = node_free_count(node)
+        taken = min(self.preemptor_gpus, free + own_gpus)
+        releases = list(node_releases(self.state, node))
+        mine = (remaining_or_runtime(self.state, victim.id), own_gpus)
+        if mine in releases:
+            releases.remove(mine)
+        bisect.insort(releases, (self.preemptor_runtime_ms, taken))
+        return max(0, free + own_gpus - taken), releases
+
+    def _gang_wait(self, victim: Job, own: dict[str, int]) -> int | None:
+        best = None
+        for model in sorted(dict.fromkeys(node.gpu_model for node in self.nodes)):
+            free_total = 0
+            pooled: list[tuple[int, int]] = []
+            for node in self.nodes:
+                if node.gpu_model != model:
+                    continue
+                if node.name in own:
+                    free, releases = self._after_preemption(node, victim, own[node.name])
+                else:
+                    free, releases = node_free_count(node), node_releases(self.state, node)
+                free_total += free
+                pooled += releases
+            wait = _first_fit_time(free_total, sorted(pooled), victim.gpus)
+            if wait is not None and (best is None or wait < best):
+                best = wait
+        return best

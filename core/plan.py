@@ -20,7 +20,7 @@ import msgspec
 
 from .eligibility import eligible_victims, user_preempting_exhausted
 from .fairness import Guard, depth_limits
-from .forecast import ReleaseCurve, expected_runtime_ms, natural_wait_ms
+from .forecast import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
 from .placement import acceptable_models, place
 from .policy import Policy, with_params
 from .pricing import VictimCost, price_victims, pricing_for
@@ -88,7 +88,8 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
     natural_wait = natural_wait_ms(state, job, scope.nodes, curve)
     pricing = pricing_for(state, job, p, scope.runtime_ms, natural_wait)
-    costs = price_victims(state, job, eligible, p, pricing, curve, reclaim)
+    fit = None if reclaim else RequeueFit(state, scope.nodes, job.gpus, scope.runtime_ms)
+    costs = price_victims(state, job, eligible, p, pricing, curve, fit)
     choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .forecast import ReleaseCurve, queued_ahead, safe_point_ms
+from .forecast import ReleaseCurve, RequeueFit, queued_ahead, safe_point_ms
 from .policy import Policy
 from .state import QUEUED, Job, State, job_progress_ms, last_checkpoint
 
@@ -151,17 +151,21 @@ def pricing_for(state: State, job: Job, p: Policy, runtime_ms: int, natural_wait
 
 
 def price_victims(state: State, job: Job, eligible: list[Job], p: Policy, pricing: Pricing,
-                  curve: ReleaseCurve, reclaim: bool) -> dict[str, VictimCost]:
-    """Each eligible victim's cost. Its requeue wait is read off the release curve of the
-    preemptor's nodes, after the GPUs queued at its requeue level or more urgent; a reclaim's
-    victims are charged no displacement."""
-    requeue_waits: dict[tuple[int, int], int] = {}
+                  curve: ReleaseCurve, fit: RequeueFit | None) -> dict[str, VictimCost]:
+    """Each eligible victim's cost. Its requeue wait is the later of two: the queue's view
+    (the release curve of the preemptor's nodes, after the GPUs queued at its requeue level
+    or more urgent and the GPUs the preemptor takes) and where it can really run again
+    (`fit`: per node, or per gang). A reclaim (`fit` None) charges no displacement."""
+    queue_waits: dict[tuple[int, int], int] = {}
     costs: dict[str, VictimCost] = {}
     for victim in eligible:
-        key = (requeue_level(state, victim), victim.gpus)
-        if reclaim:
-            requeue_waits[key] = 0
-        elif key not in requeue_waits:
-            requeue_waits[key] = curve.wait_for(queued_ahead(state, job, key[0]) + victim.gpus)
-        costs[victim.id] = victim_cost(state, victim, requeue_waits[key], p, pricing)
+        if fit is None:
+            wait = 0
+        else:
+            key = (requeue_level(state, victim), victim.gpus)
+            if key not in queue_waits:
+                queue_waits[key] = curve.wait_for(queued_ahead(state, job, key[0]) + job.gpus + victim.gpus)
+            fits_at = fit.wait_ms(victim, at_least_ms=queue_waits[key])
+            wait = queue_waits[key] if fits_at is None else fits_at
+        costs[victim.id] = victim_cost(state, victim, wait, p, pricing)
     return costs

@@ -1,8 +1,11 @@
 """Choosing the victim set: among the eligible, priced victims, the cheapest minimal set
-that frees a gang placement for the preemptor within the `Guard` and the victim cap. A job
-that fits one node takes victims on one node (the cheapest node, ties by fewer victims,
-then node name); a larger gang takes victims across the nodes of one GPU model, cheapest
-per usable GPU first. Greedy cheapest-first, then any victim not needed is dropped.
+that frees a gang placement for the preemptor within the `Guard` and the victim cap. A set
+is priced as it really lets go (`set_price`): the victims' costs summed, the preemptor's
+wait for the slowest counted once. A job that fits one node takes victims on one node (the
+cheapest node, ties by fewer victims, then node name); a larger gang takes victims across
+the nodes of one GPU model, cheapest per usable GPU first. For each bound on the slowest
+victim's release, greedy cheapest-first among the victims that let go by then, then any
+victim not needed is dropped; the cheapest of those sets wins.
 """
 
 from __future__ import annotations
@@ -17,68 +20,102 @@ from .types import Slot
 def choose_victims(state: State, job: Job, models: list[str], nodes, costs: dict[str, VictimCost],
                    pricing: Pricing, guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
     """The victim set and the preemptor's placement, or None when no set within the guard
-    and the cap frees enough GPUs."""
+    and the cap frees enough GPUs. Between two sets, in order (README, "How a preemption
+    is decided"): 1. the lower `set_price`; 2. fewer victims; 3. the node's (for a gang,
+    the GPU model's) name."""
     c = state.canonical
     victim_nodes = dict.fromkeys(slot.node for v in costs for slot in c.jobs[v].placement)
     candidate_nodes = [node for node in nodes if node.name in victim_nodes]
-    # Victims are chosen by their cost plus the preemptor's weighted wait while they reach a
-    # safe point (and save): an urgent job prefers victims that can let go quickly.
-    rank = {v: vc.cost + pricing.waiting_weight * vc.ready_ms for v, vc in costs.items()}
     if job.gpus <= node_size_max(models, state.index):
-        return _cheapest_single_node(state, job, candidate_nodes, rank, guard, cap)
-    return _cheapest_across_nodes_of_one_model(state, job, nodes, rank, guard, cap)
+        return _cheapest_single_node(state, job, candidate_nodes, costs, pricing, guard, cap)
+    return _cheapest_across_nodes_of_one_model(state, job, nodes, costs, pricing, guard, cap)
 
 
-def _cheapest_single_node(state: State, job: Job, nodes, rank: dict[str, float], guard: Guard,
-                          cap: int) -> tuple[list[str], list[Slot]] | None:
+def set_price(costs: dict[str, VictimCost], victims: list[str], pricing: Pricing) -> float:
+    """What a victim set costs as it really lets go: the victims' costs summed, and the
+    preemptor's weighted wait once, for the slowest of them (they are notified together
+    and reach their safe points in parallel)."""
+    if not victims:
+        return 0.0
+    slowest_ms = max(costs[v].ready_ms for v in victims)
+    return sum(costs[v].cost for v in victims) + pricing.waiting_weight * slowest_ms
+
+
+def _ready_bounds(costs: dict[str, VictimCost], victims, most: int) -> list[int]:
+    """The release times to try as the slowest victim's: each distinct one (at most `most`,
+    spread evenly, always the latest, so the set of all victims is tried)."""
+    bounds = sorted({costs[v].ready_ms for v in victims})
+    if len(bounds) > most:
+        step = len(bounds) / most
+        bounds = sorted({bounds[int(i * step)] for i in range(most)} | {bounds[-1]})
+    return bounds
+
+
+def _cheapest_single_node(state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing,
+                          guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
+    """Per node, for each bound on the slowest victim's release: the victims that let go by
+    then, cheapest first, until the job fits; the best set of all."""
     best = None
     for node in nodes:
         free = free_indices(node)
         need = job.gpus - len(free)
         if need <= 0 or node.gpus < job.gpus:
             continue
-        on_node = sorted((rank[v], v) for v in state.index.jobs_by_node.get(node.name, {})
-                         if v in rank)
-        chosen = _greedy_minimal(state, [(score, v, len(gpus_on(state.canonical.jobs[v], node.name)))
-                                         for score, v in on_node], need, guard)
-        if chosen is None or len(chosen) > cap:
-            continue
-        total = sum(rank[v] for v in chosen)
-        key = (total, len(chosen), node.name)
-        if best is None or key < best[0]:
-            freed = sorted(free + [g for v in chosen for g in gpus_on(state.canonical.jobs[v], node.name)])
-            best = (key, sorted(chosen), [Slot(node=node.name, gpus=freed[:job.gpus])])
+        on_node = [v for v in state.index.jobs_by_node.get(node.name, {}) if v in costs]
+        tried: set[tuple[str, ...]] = set()
+        for bound in _ready_bounds(costs, on_node, READY_BOUNDS_MAX):
+            units = sorted((costs[v].cost, v, len(gpus_on(state.canonical.jobs[v], node.name)))
+                           for v in on_node if costs[v].ready_ms <= bound)
+            chosen = _greedy_minimal(state, units, need, guard)
+            if chosen is None or len(chosen) > cap or tuple(sorted(chosen)) in tried:
+                continue
+            tried.add(tuple(sorted(chosen)))
+            key = (set_price(costs, chosen, pricing), len(chosen), node.name)
+            if best is None or key < best[0]:
+                freed = sorted(free + [g for v in chosen for g in gpus_on(state.canonical.jobs[v], node.name)])
+                best = (key, sorted(chosen), [Slot(node=node.name, gpus=freed[:job.gpus])])
     return None if best is None else (best[1], best[2])
 
 
-def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, rank: dict[str, float],
-                                        guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
+def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, costs: dict[str, VictimCost],
+                                        pricing: Pricing, guard: Guard,
+                                        cap: int) -> tuple[list[str], list[Slot]] | None:
     """A gang is of one GPU model: the cheapest victim set over the models the job accepts."""
     best = None
     for model in sorted(dict.fromkeys(node.gpu_model for node in nodes)):
         of_model = [node for node in nodes if node.gpu_model == model]
-        choice = _cheapest_across_nodes(state, job, of_model, rank, guard, cap)
+        choice = _cheapest_across_nodes(state, job, of_model, costs, pricing, guard, cap)
         if choice is not None:
-            key = (sum(rank[v] for v in choice[0]), len(choice[0]), model)
+            key = (set_price(costs, choice[0], pricing), len(choice[0]), model)
             if best is None or key < best[0]:
                 best = (key, choice)
     return None if best is None else best[1]
 
 
-def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float], guard: Guard,
-                           cap: int) -> tuple[list[str], list[Slot]] | None:
+def _cheapest_across_nodes(state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing,
+                           guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
+    """For each bound on the slowest victim's release: the victims that let go by then,
+    cheapest per GPU they free on these nodes first, until the gang fits; the best set."""
     free_total = sum(node_free_count(node) for node in nodes)
     need = job.gpus - free_total
     node_names = {node.name: None for node in nodes}
     units = []
-    for v in sorted(rank):
+    for v in sorted(costs):
         victim = state.canonical.jobs[v]
         usable = sum(len(s.gpus) for s in victim.placement if s.node in node_names)
-        units.append((rank[v] / max(usable, 1), v, usable))
+        units.append((costs[v].cost / max(usable, 1), v, usable))
     units.sort()
-    chosen = _greedy_minimal(state, units, need, guard)
-    if chosen is None or len(chosen) > cap:
+    best = None
+    for bound in _ready_bounds(costs, costs, READY_BOUNDS_MAX):
+        chosen = _greedy_minimal(state, [u for u in units if costs[u[1]].ready_ms <= bound], need, guard)
+        if chosen is None or len(chosen) > cap:
+            continue
+        key = (set_price(costs, chosen, pricing), len(chosen))
+        if best is None or key < best[0]:
+            best = (key, chosen)
+    if best is None:
         return None
+    chosen = best[1]
     chosen_map = dict.fromkeys(chosen)
     placement: list[Slot] = []
     needed = job.gpus
@@ -91,6 +128,11 @@ def _cheapest_across_nodes(state: State, job: Job, nodes, rank: dict[str, float]
         if needed == 0:
             return sorted(chosen), placement
     return None
+
+
+# Release times tried as the slowest victim's, per node or gang: each distinct one up to
+# this many (victims' releases differ by their checkpoint costs).
+READY_BOUNDS_MAX = 8
 
 
 def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int,
