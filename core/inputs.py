@@ -241,8 +241,14 @@ def _on_safe_point(ctx: Ctx, inp: T.SafePoint) -> None:
 
 
 def _on_released(ctx: Ctx, inp: T.Released) -> None:
-    job = _job_or_reject(ctx, inp, (PREEMPTING,))
+    job = _job_or_reject(ctx, inp, (PREEMPTING, RUNNING))
     if job is None:
+        return
+    if job.state == RUNNING:
+        # Its saga was rolled back while the victim was letting go (the withdrawal came too
+        # late): the run has ended all the same. It queues again, from its newest
+        # checkpoint, instead of being held by a run that no longer exists.
+        requeue(ctx, job, "released_after_rollback", counts_as_preemption=False)
         return
     saga_id = job.saga
     release_victim(ctx, job)

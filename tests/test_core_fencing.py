@@ -42,3 +42,17 @@ def test_a_fact_without_a_run_is_taken_as_before():
     step(state, T.Submit(t=2, job="j", team="t", user="u", level=3, gpus=8))
     _, records = step(state, T.Started(t=3, job="j"))
     assert any(isinstance(r.event, T.JobRunning) for r in records)
+
+
+def test_a_victim_that_releases_after_its_saga_rolled_back_queues_again_from_its_checkpoint():
+    state = new_state()
+    step(state, T.NodeUp(t=1, node="a", gpu_model="H100", gpus=8))
+    step(state, T.Submit(t=2, job="v", team="t", user="u", level=6, gpus=8, est_runtime_s=600))
+    step(state, T.Started(t=3, job="v"))
+    step(state, T.CheckpointSaved(t=4, job="v", step=5, digest="sha256:aa", bytes=10))
+    assert state.canonical.jobs["v"].state == "running"  # as after a rollback withdrew its notice
+    _, records = step(state, T.Released(t=5, job="v"))
+    requeued = [r.event for r in records if isinstance(r.event, T.JobRequeued)]
+    assert requeued and requeued[0].reason == "released_after_rollback"
+    resumed = [r.event for r in records if isinstance(r.event, T.JobResumeRequested)]
+    assert resumed and resumed[0].ckpt_step == 5  # the GPUs were free: it resumes at once
