@@ -491,3 +491,32 @@ def test_an_urgent_whole_node_gang_gets_a_node_drained_and_preempts_as_soon_as_a
     run.at(t, tick(t))
     plans = run.events(T.PreemptionPlanned)
     assert [(p.preemptor, p.victims) for p in plans] == [("gang", ["b2"])]
+
+
+def test_queue_pressure_does_not_flip_an_urgent_verdict_under_load():
+    """A level-1 job may take a level-6 job that has an hour of unsaved work and ten hours
+    to go. A backlog of 100 level-3 gangs (waiting for a node that is down) raises the
+    queue's pressure far past level 1's weight; priced at the preemptor's weight at most,
+    the wasted work costs what it cost without the backlog, and the verdict stands."""
+    def plan_with(backlog: int):
+        run = Run()
+        run.at(0, node("a1"), node("b1", "B"))
+        run.at(1, T.NodeDown(node="b1"))
+        run.at(1000, submit("victim", 6, 8, team="v", user="v", est_runtime_s=11 * 3600, ckpt_interval_s=0))
+        start_all(run, 2000)
+        run.at(HOUR, *[submit(f"q{i}", 3, 8, team="q", user=f"q{i}", models=["B"]) for i in range(backlog)])
+        return of(run.at(HOUR + 1000, submit("fix", 1, 8, team="s", user="s", est_runtime_s=1800)),
+                  T.PreemptionPlanned)
+
+    quiet, loaded = plan_with(0), plan_with(100)
+    assert quiet and loaded
+    assert loaded[0].cost <= quiet[0].cost * run_weight_ratio()
+
+
+def run_weight_ratio() -> float:
+    """How much dearer wasted work may get under load: from the floor weight (1.0) up to the
+    level-1 preemptor's own weight (8.0), never beyond."""
+    from core.policy import Policy
+
+    p = Policy()
+    return p.level_weight[1] / p.wasted_work_weight_min
