@@ -15,6 +15,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
+
+STARTED_FILE = "started.json"
 
 
 def _ignore(_signum, _frame) -> None:
@@ -29,6 +32,9 @@ def main(argv: list[str]) -> int:
     # Handlers, not SIG_IGN: an ignored disposition would be inherited by the job.
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _ignore)
+    # The host's own record of when this run held its GPUs (`xirang chaos` checks that two
+    # runs of one job never did at once): the start here, the end in the exit file.
+    _write_json(os.path.join(os.path.dirname(exit_file) or ".", STARTED_FILE), {"t": time.time()})
     try:
         proc = subprocess.Popen(command)
     except OSError as err:
@@ -36,11 +42,15 @@ def main(argv: list[str]) -> int:
         rc = 127
     else:
         rc = proc.wait()
-    tmp = exit_file + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump({"rc": rc}, fh)
-    os.replace(tmp, exit_file)
+    _write_json(exit_file, {"rc": rc, "t": time.time()})
     return 0
+
+
+def _write_json(path: str, value: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(value, fh)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ BAD_ARGUMENTS = {
     "scheduler": [["scheduler", "--policy", "missing.toml"]],
     "agent": [["agent", "--node", "x", "--simulate", "lots"]],
     "demo": [["demo", "--bogus"]],
+    "chaos": [["chaos", "--duration", "-1"], ["chaos", "--seed", "x"]],
     "submit": [["submit", "j", "--team", "t", "--level", "five", "--gpus", "1"],
                ["submit", "j", "--team", "t", "--level", "5", "--gpus", "1", "--command", "'unclosed"]],
     "cancel": [["cancel"]],

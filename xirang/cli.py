@@ -23,6 +23,7 @@ OPTIONAL_COMMAND_MODULES = [
     "xirang.cmd_data",
     "xirang.cmd_security",
     "xirang.cmd_tuning",
+    "xirang.cmd_chaos",
 ]
 
 

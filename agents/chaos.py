@@ -1,0 +1,341 @@
+"""Seeded chaos: a local cluster (real nats-server, a scheduler with a hot standby, host
+agents, SDK training jobs) under a stream of submissions while faults are injected at
+seeded random times, then the invariants that must survive any of them are checked.
+
+Faults: SIGKILL of a scheduler (restarted), SIGKILL of an agent (restarted: it adopts its
+jobs), SIGSTOP/SIGCONT of an agent (sometimes past the node timeout: its jobs are given
+away and it must stop them on resuming), SIGTERM of an agent (an orderly stop: its jobs
+checkpoint and requeue; restarted), and a SIGKILL of nats-server (restarted on the same
+store after a few seconds).
+
+Invariants, checked once the faults stop and the cluster has settled:
+- every input the bus accepted (acknowledged on XR_IN) is in the log;
+- no job ended twice (finished, failed or cancelled);
+- no submitted job is lost: each one ends;
+- no two runs of one job held GPUs at the same time beyond the fencing window, by the
+  hosts' own records (agents/jobwrap.py writes when each run started and ended);
+- every preemption saga resolved (committed or rolled back);
+- `xirang audit` verifies the log.
+
+The seed decides the workload and the fault plan (what, when, for how long); how the OS
+interleaves the processes does not repeat, which is the point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core import types as T
+from transport.natsd import EmbeddedNats
+
+from .jobwrap import STARTED_FILE
+from .testing import REPO, Cluster, matching, train_command
+
+FAULTS = ("kill_scheduler", "kill_agent", "stop_agent", "term_agent", "kill_nats")
+HOSTS = 2
+GPUS_PER_HOST = 8
+NODE_TIMEOUT_MS = 3000
+GRACE_S = 1.0
+STOP_MAX_S = 6.0  # SIGSTOP lasts up to this: past the node timeout about half the time
+# Two runs of one job may overlap while a stopped host has not yet learned that its run
+# was given away: at most the stop, then the grace time to stop the run, plus slack.
+FENCING_WINDOW_S = STOP_MAX_S + GRACE_S + 4.0
+SUBMIT_EVERY_S = (1.0, 4.0)
+FAULT_EVERY_S = (3.0, 9.0)
+SETTLE_S_MAX = 180.0
+
+
+@dataclass
+class Report:
+    seed: int
+    duration_s: float
+    faults: dict[str, int] = field(default_factory=dict)
+    jobs: dict[str, int] = field(default_factory=dict)
+    sagas: dict[str, int] = field(default_factory=dict)
+    invariants: dict[str, dict] = field(default_factory=dict)
+    max_run_overlap_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(v["held"] for v in self.invariants.values())
+
+    def as_dict(self) -> dict:
+        return {
+            "seed": self.seed,
+            "duration_s": self.duration_s,
+            "ok": self.ok,
+            "faults": self.faults,
+            "jobs": self.jobs,
+            "sagas": self.sagas,
+            "invariants": self.invariants,
+            "max_run_overlap_s": round(self.max_run_overlap_s, 3),
+            "fencing_window_s": FENCING_WINDOW_S,
+        }
+
+
+class Chaos:
+    def __init__(self, root: str | os.PathLike, seed: int, duration_s: float, log=print) -> None:
+        self.root = Path(root)
+        self.seed = seed
+        self.duration_s = duration_s
+        self.rng = random.Random(seed)
+        self.log = log
+        self.report = Report(seed=seed, duration_s=duration_s)
+        self.accepted: dict[str, int] = {}  # job -> XR_IN seq of its submit
+        self.pending: list[tuple[float, str, str]] = []  # (when, action, target)
+        self.stopped: set[str] = set()
+        self.c: Cluster | None = None
+        self.scheds: dict[str, subprocess.Popen] = {}
+        self.agents: dict[str, subprocess.Popen] = {}
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> Report:
+        with Cluster(self.root, node_timeout_ms=NODE_TIMEOUT_MS) as c:
+            self.c = c
+            for name in ("s1", "s2"):  # a leader and a hot standby
+                self.scheds[name] = c.scheduler(name)
+            for i in range(HOSTS):
+                self._start_agent(f"h{i + 1}")
+            c.wait_for(T.NodeJoined, count=HOSTS, timeout_s=30)
+            self._storm()
+            self._heal()
+            self._settle()
+            self._check()
+        return self.report
+
+    def _storm(self) -> None:
+        now = time.monotonic()
+        end = now + self.duration_s
+        next_submit = now + self.rng.uniform(*SUBMIT_EVERY_S)
+        next_fault = now + self.rng.uniform(*FAULT_EVERY_S)
+        n = 0
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if now >= next_submit:
+                self._submit(f"c{self.seed}-{n}")
+                n += 1
+                next_submit = now + self.rng.uniform(*SUBMIT_EVERY_S)
+            if now >= next_fault:
+                self._inject(self.rng.choice(FAULTS))
+                next_fault = now + self.rng.uniform(*FAULT_EVERY_S)
+            self._due()
+            time.sleep(0.1)
+
+    def _submit(self, job: str) -> None:
+        level = self.rng.choice([0, 1, 3, 4, 5, 6, 7, 7])
+        gpus = self.rng.choice([1, 2, 4, 8])
+        steps = self.rng.randrange(200, 1200)
+        inp = T.Submit(
+            job=job,
+            team=f"team-{self.rng.randrange(3)}",
+            user="chaos",
+            level=level,
+            gpus=gpus,
+            gpu_models=["H100"],
+            est_runtime_s=steps / 100,
+            ckpt_interval_s=2,
+            ckpt_cost_s=0.2,
+            restore_cost_s=0.2,
+            command=train_command(steps, step_ms=10, ckpt_s=2.0),
+            id=f"chaos-{job}",
+        )
+        try:
+            [(_, seq, _)] = self.c.send(inp)
+        except Exception as err:  # noqa: BLE001 - the bus is down: not accepted, not counted
+            self.log(f"chaos: submit {job} not accepted ({type(err).__name__})")
+            return
+        self.accepted[job] = seq
+
+    # ------------------------------------------------------------ faults
+
+    def _inject(self, fault: str) -> None:
+        self.report.faults[fault] = self.report.faults.get(fault, 0) + 1
+        later = time.monotonic() + self.rng.uniform(1.0, 3.0)
+        if fault == "kill_scheduler":
+            name = self.rng.choice(sorted(self.scheds))
+            self.c.kill(self.scheds[name])
+            self.pending.append((later, "start_scheduler", name))
+        elif fault == "kill_nats":
+            if any(action == "start_nats" for _, action, _ in self.pending):
+                return
+            self.c.nats.kill()
+            self.pending.append((time.monotonic() + self.rng.uniform(2.0, 8.0), "start_nats", ""))
+        else:
+            name = self.rng.choice(sorted(self.agents))
+            proc = self.agents[name]
+            if name in self.stopped or proc.poll() is not None:
+                return  # already down: this fault is a no-op
+            if fault == "kill_agent":
+                self.c.kill(proc)
+                self.pending.append((later, "start_agent", name))
+            elif fault == "term_agent":
+                self.c.terminate(proc)
+                self.pending.append((later, "start_agent", name))
+            else:
+                os.kill(proc.pid, signal.SIGSTOP)
+                self.stopped.add(name)
+                self.pending.append(
+                    (time.monotonic() + self.rng.uniform(1.0, STOP_MAX_S), "cont_agent", name)
+                )
+        self.log(f"chaos: {fault}")
+
+    def _due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        for item in sorted(self.pending):
+            when, action, name = item
+            if when > now and not everything:
+                continue
+            self.pending.remove(item)
+            if action == "start_scheduler":
+                self.scheds[name] = self.c.scheduler(name)
+            elif action == "start_agent":
+                self._start_agent(name)
+            elif action == "cont_agent":
+                os.kill(self.agents[name].pid, signal.SIGCONT)
+                self.stopped.discard(name)
+            elif action == "start_nats":
+                self.c.nats = EmbeddedNats(self.root / "nats", port=self.c.nats.port).start()
+
+    def _start_agent(self, name: str) -> None:
+        self.agents[name] = self.c.agent(name, f"{GPUS_PER_HOST}xH100", grace_s=GRACE_S)
+
+    def _heal(self) -> None:
+        self._due(everything=True)
+        for name, proc in sorted(self.scheds.items()):
+            if proc.poll() is not None:
+                self.scheds[name] = self.c.scheduler(name)
+        for name, proc in sorted(self.agents.items()):
+            if proc.poll() is not None:
+                self._start_agent(name)
+
+    def _settle(self) -> None:
+        """Until every accepted job has ended (or the settling time is up)."""
+        deadline = time.monotonic() + SETTLE_S_MAX
+        while time.monotonic() < deadline:
+            try:
+                records = self.c.records()
+            except Exception:  # noqa: BLE001 - the bus may still be electing
+                time.sleep(1.0)
+                continue
+            ended = {
+                r.event.job
+                for r in records
+                if isinstance(r.event, (T.JobFinished, T.JobFailed, T.JobCancelled))
+            }
+            if all(job in ended for job in self.accepted):
+                return
+            time.sleep(1.0)
+
+    # ------------------------------------------------------------ invariants
+
+    def _check(self) -> None:
+        records = self.c.records()
+        rep = self.report
+        ends: dict[str, int] = {}
+        for r in records:
+            if isinstance(r.event, (T.JobFinished, T.JobFailed, T.JobCancelled)):
+                ends[r.event.job] = ends.get(r.event.job, 0) + 1
+        in_log = {r.input_seq for r in records}
+        missing = sorted(job for job, seq in self.accepted.items() if seq not in in_log)
+        twice = sorted(job for job, count in ends.items() if count > 1)
+        lost = sorted(job for job in self.accepted if job not in ends)
+        planned = {r.event.saga for r in records if isinstance(r.event, T.PreemptionPlanned)}
+        committed = {r.event.saga for r in records if isinstance(r.event, T.PreemptionCommitted)}
+        rolled = {r.event.saga for r in records if isinstance(r.event, T.PreemptionRolledBack)}
+        open_sagas = sorted(planned - committed - rolled)
+        overlaps = self._run_overlaps()
+        rep.max_run_overlap_s = max((o for _, o in overlaps), default=0.0)
+        beyond = [(job, round(o, 2)) for job, o in overlaps if o > FENCING_WINDOW_S]
+        audit_ok, audit_detail = self._audit()
+        rep.jobs = {
+            "accepted": len(self.accepted),
+            "finished": len(matching(records, T.JobFinished)),
+            "failed": len(matching(records, T.JobFailed)),
+            "cancelled": len(matching(records, T.JobCancelled)),
+            "requeued": len(matching(records, T.JobRequeued)),
+            "stale_facts_refused": len(matching(records, T.InputRejected, reason="stale_run")),
+        }
+        rep.sagas = {"planned": len(planned), "committed": len(committed), "rolled_back": len(rolled)}
+        rep.invariants = {
+            "accepted_inputs_in_log": _held(not missing, f"missing: {missing[:10]}"),
+            "no_job_ended_twice": _held(not twice, f"twice: {twice[:10]}"),
+            "no_job_lost": _held(not lost, f"never ended: {lost[:10]}"),
+            "no_two_runs_at_once_beyond_fencing_window": _held(not beyond, f"overlaps: {beyond[:10]}"),
+            "every_saga_resolved": _held(not open_sagas, f"open: {open_sagas[:10]}"),
+            "audit_verifies": _held(audit_ok, audit_detail),
+        }
+
+    def _run_overlaps(self) -> list[tuple[str, float]]:
+        """Per job, the longest time two of its runs (different starts) were both alive,
+        by the hosts' own records: started.json and exit.json (or, for a run killed with
+        its wrapper, the last write to its output)."""
+        now = time.time()
+        runs: dict[str, dict[str, tuple[float, float]]] = {}
+        for started in self.root.glob(f"hosts/*/runs/*/{STARTED_FILE}"):
+            run_dir = started.parent
+            job, _, n = run_dir.name.rpartition("-")
+            begin = json.loads(started.read_text())["t"]
+            end = _end_of(run_dir, now)
+            span = runs.setdefault(job, {}).get(n)
+            runs[job][n] = (min(begin, span[0]), max(end, span[1])) if span else (begin, end)
+        out = []
+        for job, by_run in sorted(runs.items()):
+            spans = sorted(by_run.values())
+            worst = 0.0
+            for i, (b1, e1) in enumerate(spans):
+                for b2, e2 in spans[i + 1 :]:
+                    worst = max(worst, min(e1, e2) - max(b1, b2))
+            out.append((job, worst))
+        return out
+
+    def _audit(self) -> tuple[bool, str]:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "xirang.cli",
+                "audit",
+                "--nats",
+                self.c.url,
+                "--json",
+                "--public-key",
+                str(self.root / "keys" / "scheduler.pub"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+        try:
+            summary = json.loads(done.stdout)
+        except ValueError:
+            return False, (done.stdout + done.stderr)[-300:]
+        return done.returncode == 0 and bool(summary.get("ok")), summary.get("problem") or "ok"
+
+
+def _held(held: bool, detail: str) -> dict:
+    return {"held": held, "detail": "" if held else detail}
+
+
+def _end_of(run_dir: Path, now: float) -> float:
+    try:
+        return json.loads((run_dir / "exit.json").read_text())["t"]
+    except (OSError, ValueError, KeyError):
+        pass
+    job_token, _, n = run_dir.name.rpartition("-")
+    try:  # the agent still tracks this very run: it is running
+        if str(json.loads((run_dir.parent / f"{job_token}.json").read_text())["n"]) == n:
+            return now
+    except (OSError, ValueError, KeyError):
+        pass
+    output = run_dir / "output.log"
+    return output.stat().st_mtime if output.exists() else now

@@ -1,0 +1,17 @@
+"""`xirang chaos` on a short seed: faults injected into a live cluster (schedulers, agents
+and nats-server killed, agents stopped and resumed), and every invariant holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.chaos import Chaos
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_a_short_chaos_run_injects_faults_and_every_invariant_holds(tmp_path):
+    report = Chaos(tmp_path, seed=7, duration_s=15, log=lambda _line: None).run()
+    assert sum(report.faults.values()) >= 2, report.as_dict()
+    assert report.jobs["accepted"] >= 3 and report.jobs["finished"] >= 3, report.as_dict()
+    assert report.ok, report.as_dict()
