@@ -70,7 +70,7 @@ SDK_WAIT_S = 5.0
 NO_KEY = "no_key"
 # What the agent's environment may hold that its jobs must not see.
 JOB_WITHHELD_ENV = ("XIRANG_CREDS", "XIRANG_JOB_CREDS", "XIRANG_SIGNING_KEY", "XIRANG_IDENTITY",
-                    "XIRANG_TLS_KEY", "XIRANG_CKPT_SECRET")
+                    "XIRANG_TLS_KEY", "XIRANG_CKPT_SECRET_FILE")
 
 
 class Run(msgspec.Struct, kw_only=True):
