@@ -137,6 +137,10 @@ class HostAgent:
         for path in sorted(self.runs_dir.glob("*.json")):
             run = msgspec.json.decode(path.read_bytes(), type=Run)
             self.runs[run.job] = run
+        self.outbox.watch_marked(self.runs_dir)  # runs' own outboxes, facts still waiting
+        for folder in list(self.outbox.job_folders):
+            if all(Path(run.dir) / "outbox" != folder for run in self.runs.values()):
+                self.outbox.retire(folder)
 
     def _save_acted(self) -> None:
         _write_atomic(self.dir / "acted.json", msgspec.json.encode(self.acted))
@@ -146,6 +150,8 @@ class HostAgent:
 
     def _drop_run(self, run: Run) -> None:
         self.runs.pop(run.job, None)
+        if run.dir:
+            self.outbox.retire(Path(run.dir) / "outbox")
         try:
             (self.runs_dir / f"{_safe(run.job)}.json").unlink()
         except FileNotFoundError:
@@ -425,7 +431,7 @@ class HostAgent:
             "XR_NATS_URL": self.url,
             "XR_CKPT_BUCKET": bus.CKPT_BUCKET,
             "XR_JOB_DIR": run.dir,
-            "XR_OUTBOX": str(self.outbox.folder),
+            "XR_OUTBOX": str(self.outbox.watch_job(Path(run.dir) / "outbox", ev.job)),
             "XR_PRIMARY": "1" if run.primary else "0",
             "XR_REPORT_STARTED": "1" if run.resume and run.primary else "0",
             "XR_RESUME_STEP": str(getattr(ev, "ckpt_step", 0) or 0),

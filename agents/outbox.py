@@ -3,7 +3,9 @@ file each, until the bus has taken them, so an outage or a crash of the agent lo
 
 Writers (the host agent, and the job SDK of the jobs it runs, through `$XR_OUTBOX`) put a
 fact with `put`: the encoded input, written atomically under a name that sorts in the
-order facts were made. The host agent's sender publishes them in that order and removes
+order facts were made. Each run's SDK writes to its own folder (`watch_job`), and only
+that job's own facts are taken from it: a job never publishes on the bus itself, so it
+cannot speak for another job or for the host. The host agent's sender publishes them in that order and removes
 each one only once XR_IN has acknowledged it; a fact sent twice (a crash between the ack
 and the removal) is dropped by XR_IN's deduplication, because every fact carries an id
 derived from the run it belongs to.
@@ -18,12 +20,14 @@ import time
 from pathlib import Path
 
 from core import types as T
+from core.identity import JOB_FACTS
 
 from transport import bus
 
 log = logging.getLogger("xirang.outbox")
 
 SUFFIX = ".fact"
+JOB_MARKER = ".job"  # in a run's outbox folder: the job whose facts it may hold
 _counter = itertools.count()
 
 
@@ -32,6 +36,38 @@ class Outbox:
         self.folder = Path(folder)
         self.sender = sender  # who the facts are delivered as (core/identity.py)
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.job_folders: dict[Path, str] = {}  # runs' own outboxes -> their job
+        self.retiring: set[Path] = set()  # runs that ended: dropped once delivered
+
+    def watch_job(self, folder: str | os.PathLike, job: str) -> Path:
+        """Deliver, with this outbox's own facts, those a run's SDK leaves in `folder`,
+        checked to be `job`'s own facts."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / JOB_MARKER).write_text(job)
+        self.job_folders[folder] = job
+        return folder
+
+    def watch_marked(self, root: str | os.PathLike) -> None:
+        """After a restart: every run outbox under `root` that still has its marker."""
+        for marker in sorted(Path(root).glob(f"*/outbox/{JOB_MARKER}")):
+            self.job_folders[marker.parent] = marker.read_text()
+
+    def retire(self, folder: str | os.PathLike) -> None:
+        """The run ended: stop watching its folder once its facts are delivered."""
+        self.retiring.add(Path(folder))
+
+    def _waiting(self) -> list[tuple[Path, str | None]]:
+        """Every waiting fact, own (job None) and the runs', in the order they were made."""
+        items = [(path, None) for path in self.pending()]
+        for folder, job in list(self.job_folders.items()):
+            found = sorted(folder.glob(f"*{SUFFIX}"))
+            if not found and folder in self.retiring:
+                self.job_folders.pop(folder)
+                self.retiring.discard(folder)
+                (folder / JOB_MARKER).unlink(missing_ok=True)
+            items += [(path, job) for path in found]
+        return sorted(items, key=lambda item: item[0].name)
 
     def put(self, inp: T.Input) -> Path:
         """Keep one fact (it must carry its id) until it is delivered."""
@@ -51,13 +87,13 @@ class Outbox:
         return sorted(self.folder.glob(f"*{SUFFIX}"))
 
     def __len__(self) -> int:
-        return len(self.pending())
+        return len(self._waiting())
 
     async def deliver(self, js) -> int:
         """Publish the waiting facts in order; stops at the first that the bus does not
         take (it stays, and so do those after it). Returns how many were delivered."""
         delivered = 0
-        for path in self.pending():
+        for path, job in self._waiting():
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
@@ -67,7 +103,22 @@ class Outbox:
                 log.warning("outbox: dropping unreadable fact %s: %s", path.name, inp.error)
                 path.unlink(missing_ok=True)
                 continue
+            problem = job_fact_problem(inp, job) if job is not None else ""
+            if problem:
+                log.warning("outbox: dropping %s from job %s's outbox: %s", path.name, job, problem)
+                path.unlink(missing_ok=True)
+                continue
             await bus.send_input(js, inp, sender=self.sender or None)
             path.unlink(missing_ok=True)
             delivered += 1
         return delivered
+
+
+def job_fact_problem(inp: T.Input, job: str) -> str:
+    """Why a fact left in `job`'s own outbox must not be delivered ('' when it may)."""
+    kind = T.type_name(inp)
+    if kind not in JOB_FACTS:
+        return f"{kind} is not a fact a job reports"
+    if T.input_job(inp) != job:
+        return f"it names job {T.input_job(inp)!r}; a job speaks only for itself"
+    return ""

@@ -17,9 +17,9 @@ resume order names; if its digest does not verify it reports `checkpoint_failed 
 digest_mismatch, digest}` (the scheduler records the fallback) and tries the previous one
 from its sealed index, then reports `started`.
 
-Outages are waited out: the SDK's connection never gives up; facts it cannot send go to
-the host's durable outbox (`$XR_OUTBOX`), which the host agent delivers in order once the
-bus is back; a checkpoint that cannot be uploaded is reported failed and retried at a
+Outages are waited out: the SDK's connection never gives up; its facts go to its run's
+durable outbox (`$XR_OUTBOX`), which the host agent delivers in order (once the bus is
+back, after an outage), taking only this job's own facts from it; a checkpoint that cannot be uploaded is reported failed and retried at a
 later safe point (training goes on meanwhile); a restore waits for the bus.
 
 Outside a host agent (no XR_JOB in the environment) every call is a no-op, so the same
@@ -116,12 +116,13 @@ class Job:
         return bool(self.nc.is_connected)
 
     def _report(self, inp: T.Input, suffix: str) -> None:
-        """Send a fact. While the bus is away (or older facts still wait), it goes to the
-        host's durable outbox instead, which the host agent delivers in order."""
+        """Report a fact: into this run's durable outbox, which the host agent delivers in
+        order (and checks: a job speaks only for itself; the job's credentials allow no
+        input at all). Outside an agent's outbox, straight to the bus."""
         if not self.primary:
             return
         inp = msgspec.structs.replace(inp, id=f"{self.run}:{suffix}", attempt=self.attempt)
-        if self.outbox is not None and (not self._connected() or len(self.outbox)):
+        if self.outbox is not None:
             self.outbox.put(inp)
             return
         try:

@@ -72,3 +72,36 @@ def test_a_pickle_is_never_loaded_and_objects_are_not_checkpointed():
         ckptfile.decode(pickle.dumps({"step": 1}), None)
     with pytest.raises(ckptfile.CheckpointError, match="cannot checkpoint"):
         ckptfile.encode({"model": _Boom()}, None)
+
+
+def test_a_job_speaks_only_for_itself_through_its_runs_outbox(tmp_path):
+    """A job has no input permission: its facts go through its run's outbox, and the host
+    delivers only that job's own facts from it, in order with its own."""
+    import asyncio
+
+    from agents.outbox import Outbox
+    from core import types as T
+    from transport import bus
+    from transport.natsd import EmbeddedNats
+
+    host = Outbox(tmp_path / "host-outbox", sender="host:h1")
+    run = Outbox(host.watch_job(tmp_path / "run" / "outbox", "train"))  # what the SDK opens
+    host.put(T.Started(job="train", id="a"))
+    run.put(T.CheckpointSaved(job="train", step=3, digest="sha256:00", bytes=1, id="b"))
+    run.put(T.Finished(job="other", ok=False, id="c"))  # another job's fact
+    run.put(T.NodeDown(node="h1", id="d"))  # the host's
+    with EmbeddedNats(tmp_path / "nats") as server:
+
+        async def go():
+            nc, js = await bus.connect(server.url)
+            try:
+                await bus.ensure_streams(js)
+                delivered = await host.deliver(js)
+                msgs = [await js.get_msg(bus.IN_STREAM, seq) for seq in (1, 2)]
+                return delivered, [(m.subject, T.parse_input(m.data).id) for m in msgs]
+            finally:
+                await nc.close()
+
+        delivered, sent = asyncio.run(go())
+    assert delivered == 2 and len(host) == 0
+    assert sent == [("xr.in.host.h1.started", "a"), ("xr.in.host.h1.checkpoint_saved", "b")]

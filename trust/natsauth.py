@@ -15,10 +15,11 @@ core/identity.py):
   (`xr.ev.>`), holds the lease and writes snapshots;
 - host `<node>`: publishes its node's facts (`xr.in.host.<node>.>`) and heartbeat, reads
   only its own decisions through its durable consumer `host-<node>`;
-- job: what an SDK job needs: its facts (`xr.in.job.*`) and the checkpoint bucket. One
-  shared user, distinct from the hosts': the server cannot tell one job from another here,
-  so the core checks a job's facts against the job it names, and checkpoints are
-  encrypted per job (agents/ckptfile.py) so one job cannot read another's;
+- job: what an SDK job needs, the checkpoint bucket and its metrics; no input at all: a
+  job's facts go through its run's outbox, which its host agent delivers after checking
+  they are that job's own (agents/outbox.py). One shared user, distinct from the hosts':
+  the server cannot tell one job from another here, so checkpoints are sealed per job
+  (agents/ckptfile.py) and one job can neither read nor forge another's;
 - client `<team>` `<user>`: submits and cancels as itself (`xr.in.client.<team>.<user>.>`)
   and reads the log through its own consumers;
 - op `<user>`: an operator, who may send any input (`xr.in.op.<user>.>`), e.g. set_policy,
@@ -178,7 +179,7 @@ def permissions(entry: dict, roster: list[dict]) -> dict:
         }
     if role == "job":
         return {
-            "publish": {"allow": [*STREAM_INFO, *CHECKPOINTS, "xr.in.job.*.>", "xr.job.*.metrics"]},
+            "publish": {"allow": [*STREAM_INFO, *CHECKPOINTS, "xr.job.*.metrics"]},
             "subscribe": {"allow": [f"{box}.>"]},
         }
     own = (
