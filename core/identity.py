@@ -5,8 +5,9 @@ The bus authenticates senders and lets each publish only on its own XR_IN subjec
 (deploy/nats); the scheduler stamps the sender from the subject into `origin`. This file
 decides, purely, whether that sender may send this input:
 
-- `client:<team>:<user>`: submits as that team and user only; cancels (and the other
-  job-directed client inputs) only that user's own jobs; never node or policy changes;
+- `client:<team>:<user>`: submits as that team and user only; cancels, holds, releases,
+  requeues, lowers the level of (core/inputs.py: raising one takes an operator) and answers
+  for only that user's own jobs; never node or policy changes;
 - `host:<node>`: its own node's `node_up`/`node_down`, and job facts of jobs placed on it;
 - `job:<job>`: its own job's facts only;
 - `op:<user>` (operators) and `sched:<instance>` (the scheduler): anything.
@@ -21,7 +22,7 @@ from __future__ import annotations
 from . import types as T
 from .state import State
 
-CLIENT_INPUTS = ("submit", "cancel", "feedback", "hold", "release", "requeue")
+CLIENT_INPUTS = ("submit", "cancel", "feedback", "hold", "release", "requeue", "set_level")
 JOB_FACTS = (
     "started",
     "checkpoint_started",

@@ -85,9 +85,19 @@ def register(sub) -> None:
         p.add_argument("job")
         if name == "set-level":
             p.add_argument("level", type=int, help="0 (emergency) .. 7 (exploration)")
-        p.add_argument("--user", default=os.environ.get("USER", "user"), help="who asks (default $USER)")
+        p.add_argument("--user", default=default_user(),
+                       help="who asks (default: the user of $XIRANG_IDENTITY, else $USER)")
         p.add_argument("--operator", action="store_true", help="act as an operator (on anyone's job)")
         p.set_defaults(func=cmd_job_request, request=name)
+
+
+def default_user() -> str:
+    """The user this terminal acts as: the one its bus identity names (`client:<team>:<user>`,
+    `op:<user>`), else the login name."""
+    role, _, names = os.environ.get("XIRANG_IDENTITY", "").partition(":")
+    if role in ("client", "op") and names:
+        return names.split(":")[-1]
+    return os.environ.get("USER", "user")
 
 
 def common(p) -> None:
@@ -114,7 +124,8 @@ def _register_submit(sub) -> None:
     common(submit)
     submit.add_argument("job")
     submit.add_argument("--team", required=True)
-    submit.add_argument("--user", default=os.environ.get("USER", "user"))
+    submit.add_argument("--user", default=default_user(),
+                        help="default: the user of $XIRANG_IDENTITY, else $USER")
     submit.add_argument("--level", type=int, required=True, help="0 (emergency) .. 7 (exploration)")
     submit.add_argument("--gpus", type=int, required=True)
     submit.add_argument("--gpu-model", action="append", default=[], help="acceptable model (repeatable)")
