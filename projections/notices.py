@@ -30,6 +30,9 @@ from core import types as T
 
 from .audit import fmt_ms, fmt_t
 
+# `xirang jobs` looks for unread notices in at most this many of the log's newest records
+LOOKBACK_RECORDS_MAX = 20_000
+
 # job id -> (user, team, level), for jobs the caller knows of
 JobLookup = Callable[[str], "tuple[str, str, int] | None"]
 

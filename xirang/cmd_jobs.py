@@ -221,13 +221,20 @@ def _dry_run(args, inp) -> int:
 
 def _unread_notices(args, state) -> dict[str, int]:
     """Open jobs with notices their user has not read (`xirang notices` marks them read)."""
-    from agents.client import records
-    from projections.notices import ReadMarks, state_lookup, unread_jobs
+    from agents.client import records, run
+    from projections.notices import LOOKBACK_RECORDS_MAX, ReadMarks, state_lookup, unread_jobs
+    from transport import bus
 
     marks = ReadMarks()
     users = sorted({job.user for job in state.canonical.jobs.values()}) if not args.user else [args.user]
     after = min((marks.get(u) for u in users), default=0)
-    items = records(client_url(args), start_seq=after + 1)
+    url = client_url(args)
+
+    async def last_seq(nc, js):
+        return await bus.stream_last_seq(js, bus.EV_STREAM)
+
+    # Only the log's tail: an old unread notice is for `xirang notices`, not for every `jobs`.
+    items = records(url, start_seq=max(after + 1, run(url, last_seq) - LOOKBACK_RECORDS_MAX))
     counts: dict[str, int] = {}
     for user in users:
         for job, n in unread_jobs(items, state_lookup(state), marks.get(user), user).items():
