@@ -28,10 +28,20 @@ def run(url: str, work) -> Any:
     return asyncio.run(go())
 
 
+def _keyring():
+    """The scheduler's public keyring from $XIRANG_PUBLIC_KEY: when set, what a command
+    shows is folded only from records (and a snapshot) the scheduler signed."""
+    from trust.signing import find_keyring
+
+    return find_keyring(None, None)
+
+
 def load_state(url: str):
     """The state folded from the newest snapshot and the log's tail."""
+    keyring = _keyring()
+
     async def work(nc, js):
-        state, _ = await bus.load_state(js)
+        state, _ = await bus.load_state(js, keyring=keyring)
         return state
     return run(url, work)
 
@@ -51,6 +61,13 @@ def state_and_records(url: str) -> tuple[Any, list[T.Record]]:
 
     state = new_state()
     recs = [record for _, record in records(url)]
+    keyring = _keyring()
+    if keyring is not None:
+        from trust.signing import LogVerifier
+
+        verifier = LogVerifier(keyring)
+        recs = [trusted for record in recs for trusted, _ in verifier.admit(record)]
+        verifier.finish()
     for record in recs:
         apply_record(state, record)
     return state, recs

@@ -124,7 +124,7 @@ def test_log_verifier_refuses_unsigned_records_between_signed_ones(keys):
         verifier.finish()
 
 
-def test_the_live_log_is_signed_and_a_forged_decision_is_never_acted_on(tmp_path):
+def test_the_live_log_is_signed_and_a_forged_decision_is_never_acted_on(tmp_path, monkeypatch):
     """A writer without the key appends a start order for a host with a perfect hash chain
     (the attack of issue 13): the host refuses to run it, the scheduler refuses to adopt
     it, and audit names it."""
@@ -155,6 +155,9 @@ def test_the_live_log_is_signed_and_a_forged_decision_is_never_acted_on(tmp_path
         )
         summary = json.loads(result.stdout)
         assert result.returncode == 1 and summary["problem_record"] == forged.n
+        monkeypatch.setenv("XIRANG_PUBLIC_KEY", str(tmp_path / "keys" / "scheduler.pub"))
+        shown = xirang("jobs", "--nats", c.url)  # a command shows only what the scheduler signed
+        assert shown.returncode != 0 and f"record {forged.n}" in shown.stderr, shown
         time.sleep(3)
         assert not marker.exists()
         assert not matching(c.records()[forged.n :], T.JobSubmitted, job="after")
