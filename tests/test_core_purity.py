@@ -58,15 +58,32 @@ def test_core_reads_no_clock_randomness_or_files():
                     raise AssertionError(f"{path.name}:{func.name} reads a clock ({node.attr})")
 
 
+def set_iterations(tree: ast.AST) -> list[int]:
+    """Lines where a loop or comprehension iterates a set literal, a set comprehension or a
+    set()/frozenset() call (an order Python does not fix)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.comprehension)):
+            it = node.iter
+            if isinstance(it, (ast.Set, ast.SetComp)) or (
+                    isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
+                    and it.func.id in ("set", "frozenset")):
+                lines.append(it.lineno)
+    return lines
+
+
 def test_core_never_iterates_a_set():
     for path in core_files():
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.For, ast.comprehension)):
-                it = node.iter
-                assert not isinstance(it, (ast.Set, ast.SetComp)), f"{path.name} iterates a set literal"
-                if isinstance(it, ast.Call) and isinstance(it.func, ast.Name):
-                    assert it.func.id not in ("set", "frozenset"), f"{path.name} iterates a set()"
+        assert set_iterations(ast.parse(path.read_text())) == [], f"{path.name} iterates a set"
+
+
+def test_the_set_check_would_catch_each_way_of_iterating_a_set():
+    bad = ast.parse("for a in {1, 2}: pass\n"
+                    "b = [x for x in set(a)]\n"
+                    "c = {y for y in frozenset(b)}\n"
+                    "for d in {z for z in c}: pass\n"
+                    "for e in sorted({1, 2}): pass\n")
+    assert sorted(set_iterations(bad)) == [1, 2, 3, 4]
 
 
 def test_the_purity_check_would_catch_a_clock(tmp_path):
