@@ -3,10 +3,14 @@ fairness limit included, and explaining changes neither the state nor what step 
 
 import copy
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from core import types as T
 from core.explain import explain, explain_queue, human_duration
 from core.state import live_digest
 
+from random_world import run_world
 from scenario import HOUR, MIN, Run, node, of, start_all, submit
 
 
@@ -126,3 +130,21 @@ def test_explaining_changes_neither_the_state_nor_the_next_decision():
 def test_durations_read_as_people_say_them():
     assert [human_duration(ms) for ms in (0, 45_000, 600_000, 4_320_000, 3 * 86_400_000)] == \
         ["0s", "45s", "10m", "1h12m", "3d"]
+
+
+CODES = {"no_node_of_model", "gang_too_large", "held", "preempting", "retry_backoff", "starts_next_pass",
+         "preemption_next_pass", "fairness_limit", "preemption_declined", "reservation", "team_at_share",
+         "priority", "resources"}
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(min_value=0, max_value=10_000))
+def test_on_random_worlds_every_waiting_job_has_a_reason_and_explaining_changes_no_decision(seed):
+    def explain_all(state, inp, records, before) -> None:
+        if records and records[-1].n % 7 == 0:
+            reasons = explain_queue(state)
+            assert all(why.code in CODES and why.reason for why in reasons.values()), reasons
+
+    explained = run_world(seed, 300, explain_all)
+    plain = run_world(seed, 300)
+    assert [r.hash for r in explained.records] == [r.hash for r in plain.records]

@@ -243,9 +243,13 @@ def _unread_notices(args, state) -> dict[str, int]:
 
 
 def _state(args):
+    """The live state, as of now: a quiet log's last event may be minutes old (a tick that
+    changes nothing is not logged), and reasons and expected starts should not be."""
     from agents.client import load_state
 
-    return load_state(client_url(args))
+    state = load_state(client_url(args))
+    state.canonical.t = max(state.canonical.t, now_ms())
+    return state
 
 
 def now_ms() -> int:
