@@ -64,7 +64,7 @@ URGENT_LEVEL_MAX = 2
 # (the urgent jobs' GPU-hours of wait with no preemption), plus a floor.
 MARGIN_SHARE = 0.01
 MARGIN_MIN_GPU_H = 0.01
-STEP_MIN = 1.05  # a multiplicative step below this ends a pattern search
+STEP_MIN = 1.01  # a multiplicative step below this ends a pattern search (1%: fine enough)
 FLAT_WIDENINGS_MAX = 4
 BRACKET_STEPS = 12  # from 0: try start x 2^k, k < this
 NO_PREEMPTION = {"net_benefit_min": 1e18}  # every preemption, reclaims too, is declined
