@@ -74,49 +74,68 @@ def _feedback_table(con) -> str:
 
 
 class Units:
-    """One variant's jobs grouped by assignment unit, as arrays ready for resampling."""
+    """One variant's jobs grouped by assignment unit, summed per unit (and per unit and
+    team, for Jain's index), so that a resample of units is a few array sums."""
 
     def __init__(self, rows: list[tuple], split_by: str) -> None:
         by_unit: dict[str, list[tuple]] = {}
         for _variant, team, user, job, slowdown, *values in rows:
             by_unit.setdefault(assignment_unit(split_by, team, user, job), []).append((team, slowdown, values))
         self.names = sorted(by_unit)
-        self.jobs = [by_unit[u] for u in self.names]
+        teams = sorted({team for jobs in by_unit.values() for team, _, _ in jobs})
+        n, m = len(self.names), len(JOB_METRICS)
+        self.sums, self.counts = np.zeros((n, m)), np.zeros((n, m))
+        self.team_sums, self.team_counts = np.zeros((n, len(teams))), np.zeros((n, len(teams)))
+        self.jobs = 0
+        for i, unit in enumerate(self.names):
+            for team, slowdown, values in by_unit[unit]:
+                self.jobs += 1
+                for k, value in enumerate(values):
+                    if value is not None:
+                        self.sums[i, k] += float(value)
+                        self.counts[i, k] += 1
+                if slowdown is not None:
+                    self.team_sums[i, teams.index(team)] += float(slowdown)
+                    self.team_counts[i, teams.index(team)] += 1
 
     def __len__(self) -> int:
         return len(self.names)
 
-    def metric(self, pick: list[int] | None, index: int) -> float | None:
-        values = [v[index] for u in self._units(pick) for _, _, v in u if v[index] is not None]
-        return float(np.mean(values)) if values else None
+    def metric(self, picks: np.ndarray, index: int) -> np.ndarray:
+        """The metric's mean over each row of unit picks (NaN where no job has a value)."""
+        sums, counts = self.sums[picks, index].sum(axis=-1), self.counts[picks, index].sum(axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
-    def jain(self, pick: list[int] | None) -> float | None:
-        per_team: dict[str, list[float]] = {}
-        for unit in self._units(pick):
-            for team, slowdown, _ in unit:
-                if slowdown is not None:
-                    per_team.setdefault(team, []).append(float(slowdown))
-        means = np.asarray([np.mean(v) for _, v in sorted(per_team.items())], dtype=float)
-        if means.size == 0 or not np.any(means):
-            return None
-        return float(means.sum() ** 2 / (means.size * (means ** 2).sum()))
+    def jain(self, picks: np.ndarray) -> np.ndarray:
+        """Jain's index over teams of their mean slowdown, for each row of unit picks."""
+        sums, counts = self.team_sums[picks].sum(axis=-2), self.team_counts[picks].sum(axis=-2)
+        present = counts > 0
+        means = np.where(present, sums / np.maximum(counts, 1), 0.0)
+        k = present.sum(axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            value = means.sum(axis=-1) ** 2 / (k * (means**2).sum(axis=-1))
+        return np.where((k > 0) & (means.sum(axis=-1) > 0), value, np.nan)
 
     def jobs_count(self) -> int:
-        return sum(len(u) for u in self.jobs)
-
-    def _units(self, pick):
-        return self.jobs if pick is None else [self.jobs[i] for i in pick]
+        return self.jobs
 
 
-def _stat(units: Units, name: str, pick) -> float | None:
+def _stats(units: Units, name: str, picks: np.ndarray) -> np.ndarray:
     if name == "fairness_jain":
-        return units.jain(pick)
-    return units.metric(pick, list(JOB_METRICS).index(name))
+        return units.jain(picks)
+    return units.metric(picks, list(JOB_METRICS).index(name))
 
 
-def _draws(units: Units, rng: np.random.Generator, samples: int) -> list[list[int]]:
+def _stat(units: Units, name: str, pick=None) -> float | None:
+    """The metric over all of the variant's units."""
+    value = float(_stats(units, name, np.arange(len(units))[None, :])[0]) if len(units) else float("nan")
+    return None if np.isnan(value) else value
+
+
+def _draws(units: Units, rng: np.random.Generator, samples: int) -> np.ndarray:
     n = len(units)
-    return [list(rng.integers(0, n, size=n)) for _ in range(samples)] if n else []
+    return rng.integers(0, n, size=(samples, n)) if n else np.zeros((0, 0), dtype=int)
 
 
 def _interval(values: list[float]) -> list[float | None]:
@@ -159,7 +178,8 @@ def report(con, seed: int = 0, since_t: int | None = None, until_t: int | None =
     units = {v: Units([r for r in rows if r[0] == v], policy.ab_split_by) for v in names}
     draws = {v: _draws(units[v], rng, BOOTSTRAP_SAMPLES) for v in names}
     metrics = [*JOB_METRICS, "fairness_jain"]
-    boot = {v: {m: [_stat(units[v], m, d) for d in draws[v]] for m in metrics} for v in names}
+    boot = {v: {m: [None if np.isnan(x) else float(x) for x in _stats(units[v], m, draws[v])] for m in metrics}
+            for v in names}
     for variant in [control] + [v for v in names if v != control]:
         entry: dict = {"jobs": units[variant].jobs_count(), "units": len(units[variant])}
         for metric in metrics:
