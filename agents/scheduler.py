@@ -24,7 +24,6 @@ import asyncio
 import json
 import logging
 import time
-import tomllib
 import uuid
 
 import msgspec
@@ -36,7 +35,6 @@ from core.machine import reject_input
 from core.identity import origin_of_subject
 from core.replay import INTERNAL_ERROR
 from core import types as T
-from core.policy import PolicyError
 
 from trust.signing import SignatureError
 
@@ -65,19 +63,6 @@ class LostLeadership(Exception):
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def policy_params(path: str) -> dict:
-    """Read a policy TOML into set_policy params (validated against the defaults)."""
-    from core import Policy
-
-    with open(path, "rb") as fh:
-        try:
-            params = tomllib.load(fh)
-        except tomllib.TOMLDecodeError as err:
-            raise PolicyError(f"{path}: not valid TOML: {err}") from err
-    with_params(Policy(), params)
-    return params
 
 
 class Scheduler:

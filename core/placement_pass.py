@@ -22,6 +22,11 @@ from .shares import team_quota, teams_below_share, within_share
 from .state import QUEUED, Job, State, last_checkpoint, node_free_count
 from .types import LEVELS
 
+# A one-GPU job that accepts any model and does not fit even ignoring reservations:
+# nothing else will either.
+ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool] = ((), False)
+ANY_END = -1  # a block that no reservation caused: it holds whatever the job's end
+
 
 def request_start(ctx: Ctx, job: Job, placement: list[T.Slot]) -> None:
     nodes = placement_nodes(placement)
@@ -209,14 +214,6 @@ def _starts_by_node(reserved: dict[str, tuple[int, str]]) -> dict[str, int]:
 
 def _free_on(c, nodes) -> int:
     return sum(node_free_count(c.nodes[name]) for name in nodes if c.nodes[name].up)
-
-
-# A one-GPU job that accepts any model and does not fit even ignoring reservations:
-# nothing else will either.
-ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool] = ((), False)
-
-
-ANY_END = -1
 
 
 def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:

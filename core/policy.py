@@ -346,15 +346,22 @@ def with_params(policy: Policy, params: dict[str, Any]) -> Policy:
         raise PolicyError(f"invalid policy value: {err}") from err
 
 
-def load_policy_toml(path: str) -> Policy:
+def read_policy_toml(path: str) -> dict[str, Any]:
+    """A policy TOML file's keys as `set_policy` params, checked against the defaults (a
+    `PolicyError` names the file and the key to fix). The one policy file reader: the
+    scheduler, replay and the simulator all load policies through it."""
     with open(path, "rb") as fh:
         try:
             data = tomllib.load(fh)
         except tomllib.TOMLDecodeError as err:
             raise PolicyError(f"{path}: not valid TOML: {err}") from err
     try:
-        policy = with_params(Policy(), data)
-        check_experiment(policy)
-        return policy
+        check_experiment(with_params(Policy(), data))
     except PolicyError as err:
         raise PolicyError(f"{path}: {err}") from err
+    return data
+
+
+def load_policy_toml(path: str) -> Policy:
+    """The policy a TOML file describes: the defaults with the file's keys."""
+    return with_params(Policy(), read_policy_toml(path))

@@ -172,7 +172,7 @@ class Index:
 
     def __init__(self) -> None:
         # level -> team -> sorted [(base level, submit_t, job id)] of queued jobs at that eff level
-        self.queues: list[dict[str, list[tuple[int, str]]]] = [{} for _ in range(LEVELS)]
+        self.queues: list[dict[str, list[tuple[int, int, str]]]] = [{} for _ in range(LEVELS)]
         self.queued_count: list[int] = [0] * LEVELS
         self.queued_gpus: list[int] = [0] * LEVELS  # GPUs asked for by queued jobs, per eff level
         # level -> sorted [(level_since_t, job id)] of jobs that may still age, for aging

@@ -16,6 +16,10 @@ from .pricing import Pricing, VictimCost
 from .state import Job, State, node_free_count
 from .types import Slot
 
+# Release times tried as the slowest victim's, per node or gang: each distinct one up to
+# this many (victims' releases differ by their checkpoint costs).
+READY_BOUNDS_MAX = 8
+
 
 def choose_victims(state: State, job: Job, models: list[str], nodes, costs: dict[str, VictimCost],
                    pricing: Pricing, guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
@@ -128,11 +132,6 @@ def _cheapest_across_nodes(state: State, job: Job, nodes, costs: dict[str, Victi
         if needed == 0:
             return sorted(chosen), placement
     return None
-
-
-# Release times tried as the slowest victim's, per node or gang: each distinct one up to
-# this many (victims' releases differ by their checkpoint costs).
-READY_BOUNDS_MAX = 8
 
 
 def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int,

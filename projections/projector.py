@@ -1,6 +1,6 @@
 """The projector: folds XR_EV records into the DuckDB tables of `schema.py`, exactly once.
 
-Records arrive as (seq, payload) pairs in log order, from JetStream (`natslog.read_log`)
+Records arrive as (seq, payload) pairs in log order, from JetStream (`logsource.read_batches`)
 or from an exported JSONL file. `apply` takes a batch and writes it in ONE DuckDB
 transaction together with the position of its last record; a crash before COMMIT loses
 the whole batch and the restarted projector reads it again from `last_seq + 1`, a crash

@@ -1,7 +1,7 @@
 """Workloads for the simulator: the canonical trace CSV, the Philly trace, and the seeded
 defaults for what a trace does not say.
 
-Canonical CSV (DESIGN §5): a header line, then one job a row with the columns
+Canonical CSV: a header line, then one job a row with the columns
 `job,submit_s,duration_s,gpus` and optionally `gpu_model,team,user,level,ckpt_interval_s,
 ckpt_cost_s,restore_cost_s,est_runtime_s`. Columns may come in any order; an empty cell
 counts as missing.
@@ -161,10 +161,10 @@ def load_trace(spec: str, seed: int = 0, limit: int | None = None, philly_path: 
 def default_philly_path() -> str:
     import os
 
+    # The shared folder sits beside the repository, or beside a folder of checkouts.
     here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [os.path.join(here, "..", "..", "shared", "traces", "philly", "philly.csv"),
-                  "/work/shared/traces/philly/philly.csv"]
-    for candidate in candidates:
+    for parent in (os.path.join(here, *[".."] * up) for up in range(2, 5)):
+        candidate = os.path.join(parent, "shared", "traces", "philly", "philly.csv")
         if os.path.exists(candidate):
             return os.path.normpath(candidate)
     raise TraceError("cannot find the Philly trace; pass its path with --philly-path")

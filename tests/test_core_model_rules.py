@@ -1,4 +1,4 @@
-"""The priority model as xirang promises it (DESIGN §3), one scenario per rule: only a more
+"""The priority model as xirang promises it (README, "the model's rules"), one scenario per rule: only a more
 urgent level preempts; levels are served in order, each by its own queue policy; team fair
 share works inside levels 3-5; guaranteed shares in whole GPUs that never strand an
 emergency; preemption depth defined, limited and recorded; a downgrade that really lowers

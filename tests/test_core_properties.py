@@ -1,5 +1,5 @@
 """Property tests: random clusters and workloads of thousands of steps, with the
-invariants of DESIGN §6 checked after every step, and replay checked against live."""
+invariants of `scenario.check_invariants` checked after every step, and replay checked against live."""
 
 import os
 import subprocess

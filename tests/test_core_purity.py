@@ -16,7 +16,7 @@ FORBIDDEN_STDLIB = {
 # tomllib reads a file a user names; the one function that does so is allowed to open it.
 ALLOWED_THIRD_PARTY = {"msgspec"}
 FORBIDDEN_CALLS = {"open"}
-OPEN_ALLOWED_IN = {("policy.py", "load_policy_toml")}
+OPEN_ALLOWED_IN = {("policy.py", "read_policy_toml")}
 
 
 def core_files():

@@ -123,13 +123,13 @@ def _logging(args) -> None:
 
 
 def cmd_scheduler(args) -> int:
-    from agents.scheduler import policy_params, run_scheduler
-    from core.policy import PolicyError
+    from agents.scheduler import run_scheduler
+    from core.policy import PolicyError, read_policy_toml
 
     params = None
     if args.policy:
         try:
-            params = policy_params(args.policy)
+            params = read_policy_toml(args.policy)
         except (OSError, PolicyError) as err:
             raise _user_error(str(err)) from err
     signer, keyring = scheduler_keys(args)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-import tomllib
 
-from core import PolicyError, load_policy_toml, new_state, parse_input, rebuild
+from core import PolicyError, new_state, parse_input, rebuild
+from core.policy import read_policy_toml
 from core.replay import step_guarded
 from core.state import state_digest
 from core.types import SetPolicy, encode, type_name
@@ -30,9 +30,7 @@ def cmd_run(args) -> int:
     policy_params = None
     if args.policy:
         try:
-            load_policy_toml(args.policy)  # validates, naming the field to fix
-            with open(args.policy, "rb") as fh:
-                policy_params = tomllib.load(fh)
+            policy_params = read_policy_toml(args.policy)  # validates, naming the field to fix
         except (OSError, PolicyError) as err:
             raise UserError(str(err)) from err
     try:
