@@ -18,6 +18,7 @@ the same alerts.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 
@@ -44,7 +45,28 @@ class Alert:
 
 
 def evaluate(con, now: int, rule: RateRule = RateRule()) -> list[Alert]:
-    return rate_alerts(con, now, rule) + team_limit_alerts(con, now) + downgraded_waiting_alerts(con, now)
+    return (rate_alerts(con, now, rule) + team_limit_alerts(con, now) + downgraded_waiting_alerts(con, now)
+            + internal_error_alerts(con, now))
+
+
+# How long an input the scheduler could not step (`internal_error`) keeps its alert up.
+INTERNAL_ERROR_WINDOW_MS = 24 * 3600 * 1000
+
+
+def internal_error_alerts(con, now: int) -> list[Alert]:
+    """Inputs that made `step` raise: the scheduler rejected them and went on, but each is
+    a bug to report, with the input's sequence and the exception's words."""
+    rows = con.execute("""
+        SELECT count(*), max(input_seq), arg_max(body, seq) FROM events
+        WHERE type = 'InputRejected' AND t > ? AND body LIKE '%"reason":"internal_error"%'""",
+                       [now - INTERNAL_ERROR_WINDOW_MS]).fetchone()
+    count, last_seq, body = rows
+    if not count:
+        return []
+    detail = json.loads(body)["event"].get("detail", "")
+    return [Alert(kind="internal_error", subject="scheduler", value=count, threshold=1,
+                  message=f"{count} input(s) made the scheduler's step raise in the last 24 h and were"
+                          f" rejected (last: XR_IN seq {last_seq}: {detail[:200]}); report it as a bug")]
 
 
 def downgraded_waiting_alerts(con, now: int) -> list[Alert]:

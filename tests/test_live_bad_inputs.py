@@ -99,3 +99,18 @@ def test_the_projector_skips_a_message_it_cannot_decode(tmp_path):
     projector = Projector(str(tmp_path / "p.duckdb"))
     assert projector.apply(items) == len(records)
     assert projector.skipped == 1 and projector.last_n == records[-1].n
+
+
+def test_an_input_rejected_as_internal_error_raises_an_alert(tmp_path):
+    from core import new_state, step
+    from core.machine import reject_input
+    from projections import alerts
+    from projections.projector import Projector
+
+    state = new_state()
+    records = step(state, T.NodeUp(t=1000, node="n1", gpu_model="H100", gpus=8, seq=1))[1]
+    records += reject_input(state, T.Tick(t=2000, seq=2), "internal_error", "ZeroDivisionError: boom")
+    projector = Projector(str(tmp_path / "p.duckdb"))
+    projector.apply([(seq, T.encode(r)) for seq, r in enumerate(records, 1)])
+    fired = [a for a in alerts.evaluate(projector.con, 3000) if a.kind == "internal_error"]
+    assert len(fired) == 1 and "ZeroDivisionError: boom" in fired[0].message and "seq 2" in fired[0].message
