@@ -15,20 +15,26 @@ into short notices a person can act on, addressed to the job's user:
   preempting too often; `level_restored` (JobLevelRestored): back at the level asked for.
 
 The same derivation serves the projection's `notices` table (dashboards, SQL), `xirang
-notices [--follow]` (read from the log, filtered to one user) and the unread marks of
-`xirang jobs` (notices newer than what the user has read, `ReadMarks`).
+notices [--follow]` (read from the log, filtered to one user), the unread marks of
+`xirang jobs` (notices newer than what the user has read, `ReadMarks`), and `xirang notices
+--publish`, which publishes each user's notices on their own subject (`subject(user)`,
+`xr.notice.<user>`) for clients that listen rather than read the log.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
 from core import types as T
 
 from .audit import fmt_ms, fmt_t
+
+NOTICE_PREFIX = "xr.notice"
+_SUBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 # `xirang jobs` looks for unread notices in at most this many of the log's newest records
 LOOKBACK_RECORDS_MAX = 20_000
@@ -97,6 +103,12 @@ def _message(ev: T.Event, lookup: JobLookup) -> tuple[str, str, str] | None:
     if isinstance(ev, T.JobLevelRestored):
         return "level_restored", f"back at level {ev.level} (the team's preemption quota recovered)", ""
     return None
+
+
+def subject(user: str) -> str:
+    """The NATS subject a user's notices are published on (`xr.notice.<user>`, the name
+    made a single subject token), so that subject permissions can give each user theirs."""
+    return f"{NOTICE_PREFIX}.{_SUBJECT_UNSAFE.sub('_', user) or '_'}"
 
 
 class Notifier:

@@ -40,7 +40,7 @@ NO_CLUSTER = {
     "ab": [["ab", "report"]],
     "report": [["report", "--from", "0", "--to", "1", "--out", "r.html"]],
     "feedback": [["feedback", "j", "--score", "4"]],
-    "notices": [["notices"], ["notices", "--follow"]],
+    "notices": [["notices"], ["notices", "--follow"], ["notices", "--publish"]],
     "review": [["review", "--out", "r.html"]],
 }
 BAD_ARGUMENTS = {

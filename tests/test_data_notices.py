@@ -103,3 +103,60 @@ def test_the_dashboard_shows_satisfaction_per_team_and_level():
     assert sum(row["answers"] for row in snap["satisfaction"]) == len(answered)
     page = dashboard.render_page(snap)
     assert 'id="satisfaction"' in page and "mean score" in page
+
+
+def test_publish_sends_each_user_their_notices_on_their_own_subject(tmp_path):
+    import asyncio
+    import threading
+    import time
+
+    from projections.notices import subject
+    from transport import bus
+
+    records = _storm_log()
+    victims = _victims(records)
+    job, user = sorted(victims.items())[0]
+    expected = [n for n in Notifier().all(enumerate(records, 1)) if n.user == user]
+    server = start_nats(tmp_path)
+    got: list[dict] = []
+    ready, done = threading.Event(), threading.Event()
+
+    def listen() -> None:
+        async def go():
+            nc, _ = await bus.connect(server.url)
+            await nc.subscribe(subject(user), cb=_collect)
+            await nc.subscribe("xr.notice.>", cb=_other)
+            await nc.flush()
+            ready.set()
+            while not done.is_set():
+                await asyncio.sleep(0.05)
+            await nc.close()
+
+        asyncio.run(go())
+
+    others: list[str] = []
+
+    async def _collect(msg) -> None:
+        got.append(json.loads(msg.data))
+
+    async def _other(msg) -> None:
+        others.append(msg.subject)
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    try:
+        publish(server.url, records)
+        assert ready.wait(10)
+        result = xirang("notices", "--nats", server.url, "--publish", "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["published"][user] == len(expected)
+        deadline = time.monotonic() + 10
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        done.set()
+        thread.join(10)
+        server.stop()
+    assert [(n["job"], n["kind"]) for n in got] == [(n.job, n.kind) for n in expected]
+    assert any(n["job"] == job and n["kind"] == "preemption_notice" for n in got)
+    assert len(set(others)) > 1  # other users' notices went to their own subjects

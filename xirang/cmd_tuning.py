@@ -1,7 +1,7 @@
 """The tuning loop's user-facing commands: the survey, the notices, the quarterly review.
 
     xirang feedback JOB --score 1..5 [--comment TEXT] [--user U]
-    xirang notices  [--user U] [--all] [--follow] (--log FILE | --nats URL)
+    xirang notices  [--user U] [--all] [--follow] [--publish] (--log FILE | --nats URL)
     xirang review   [--quarter 2026Q4 | --from T --to T] [--db FILE] (--log FILE | --nats URL) [--out FILE.html]
 
 The logic lives in projections/ (notices.py, review.py); this module parses, calls, prints.
@@ -58,6 +58,8 @@ def _register_notices(sub) -> None:
     p.add_argument("--all", action="store_true", help="every notice, not only the unread ones")
     p.add_argument("--everyone", action="store_true", help="every user's notices (operators)")
     p.add_argument("--follow", action="store_true", help="keep printing new notices (NATS)")
+    p.add_argument("--publish", action="store_true", help="publish every user's notices on their own"
+                   " subject xr.notice.<user> (NATS; with --follow, as they happen)")
     p.add_argument("--json", action="store_true", help="one JSON object a line")
     p.set_defaults(func=cmd_notices)
 
@@ -67,8 +69,12 @@ def cmd_notices(args) -> int:
     from xirang.cmd_data import resolve_source
 
     resolve_source(args)
-    if args.follow and not args.nats:
-        raise UserError("--follow reads the live log: give --nats URL (or run `xirang up`)")
+    if (args.follow or args.publish) and not args.nats:
+        raise UserError("--follow and --publish need the live log: give --nats URL (or run `xirang up`)")
+    if args.publish:
+        import asyncio
+
+        return asyncio.run(_publish(args.nats, args.follow, args.json))
     marks = ReadMarks()
     user = None if args.everyone else args.user
     after = 0 if (args.all or args.everyone) else marks.get(args.user)
@@ -98,6 +104,32 @@ def cmd_notices(args) -> int:
     if not shown and not args.json:
         who = "anyone" if user is None else user
         print(f"no {'' if args.all or args.everyone else 'unread '}notices for {who}")
+    return 0
+
+
+async def _publish(url: str, follow: bool, as_json: bool) -> int:
+    """Every user's notices, each on the user's own subject; prints how many went where."""
+    from core import types as T
+    from projections.logsource import read_batches
+    from projections.notices import Notifier, subject
+    from xirang.cmd_data import connect_or_explain
+
+    nc, js = await connect_or_explain(url)
+    notifier = Notifier()
+    sent: dict[str, int] = {}
+    try:
+        async for batch in read_batches(js, 1, follow=follow):
+            for seq, data in batch:
+                for notice in notifier.feed(seq, T.decode_record(data)):
+                    await nc.publish(subject(notice.user), json.dumps(notice.as_dict(), sort_keys=True).encode())
+                    sent[notice.user] = sent.get(notice.user, 0) + 1
+        await nc.flush()
+    finally:
+        await nc.close()
+    if as_json:
+        print(json.dumps({"published": dict(sorted(sent.items()))}))
+    else:
+        print(f"published {sum(sent.values())} notices to {len(sent)} users (xr.notice.<user>)")
     return 0
 
 
