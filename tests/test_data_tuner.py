@@ -203,3 +203,17 @@ def test_the_objective_charges_a_drop_in_team_fairness_against_no_preemption():
     assert score.urgent_saved_gpu_h == pytest.approx(2.0)  # 2 GPUs x 1 h sooner
     assert score.fairness_penalty_gpu_h == pytest.approx(3.0 * 0.1 * 10.0)
     assert score.objective_gpu_h == pytest.approx(2.0 * 2.0 - 0.5 - 3.0)
+
+
+def test_a_proposal_sent_twice_before_it_is_applied_is_deduplicated_on_xr_in(tmp_path):
+    log = _planted_log(tmp_path)
+    server = start_nats(tmp_path)
+    args = ["--window-ms", str(200 * HOUR), "--group", "decision_model", "--param", "net_benefit_min",
+            "--evals", "1", "--urgent-weight", "8", "--urgent-tick-s", "60", "--apply", "--json"]
+    try:
+        publish(server.url, [T.decode_record(line) for line in open(log, "rb").read().splitlines()])
+        first = json.loads(xirang("tune", "--nats", server.url, *args, timeout=120).stdout)
+        again = json.loads(xirang("tune", "--nats", server.url, *args, timeout=120).stdout)
+    finally:
+        server.stop()
+    assert first["published_xr_in_seqs"] and again["published_xr_in_seqs"] == first["published_xr_in_seqs"]

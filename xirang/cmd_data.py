@@ -600,6 +600,22 @@ def cmd_tune(args) -> int:
         time.sleep(args.every)
 
 
+def _tuner_input(proposal, records, last_t: int):
+    """The proposal as a set_policy whose id is the same until the log shows a newer tuner
+    change, so a loop that runs again before the scheduler applied it is deduplicated on
+    XR_IN rather than applied twice."""
+    import hashlib
+
+    import msgspec
+
+    from projections import tuner
+
+    last = tuner.last_tuner_change(records)
+    key = json.dumps([proposal.params, last.t if last else 0], sort_keys=True, default=str)
+    inp = proposal.as_input(t=last_t)
+    return msgspec.structs.replace(inp, id="tuner-" + hashlib.sha256(key.encode()).hexdigest()[:24])
+
+
 def _tune_once(args, objective) -> None:
     from projections import tuner, windows
 
@@ -616,7 +632,7 @@ def _tune_once(args, objective) -> None:
                              only=args.param, sim_options={"urgent_tick_s": args.urgent_tick_s})
     except ValueError as err:
         raise _user_error(f"tune: {err}") from err
-    inputs = [p.as_input(t=last_t) for p in result.proposals]
+    inputs = [_tuner_input(p, records, last_t) for p in result.proposals]
     if args.out and inputs:
         from core import types as T
 
