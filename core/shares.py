@@ -42,16 +42,25 @@ def fair_shares(state: State) -> dict[str, float]:
     ix = state.index
     teams = teams_with_demand(ix)
     demand = {team: ix.team_gpus.get(team, 0) + ix.team_queued_gpus.get(team, 0) for team in teams}
-    weight = {team: team_quota(state, team) for team in teams}
-    left = float(ix.total_gpus)
-    weight_left = sum(weight.values())
+    return max_min_shares(demand, ix.total_gpus, {team: team_quota(state, team) for team in teams})
+
+
+def max_min_shares(demand: dict[str, int], capacity: float,
+                   weight: dict[str, float] | None = None) -> dict[str, float]:
+    """Water-filling: each claimant's max-min fair share of `capacity`, weighted by
+    `weight` (1 when not given). Claimants asking for less than their weighted part get
+    what they ask for; the rest is split among the others by weight. The one fair-share
+    function: the core's guarantee and the scorecard's fairness both use it."""
+    weights = {name: (weight or {}).get(name, 1.0) for name in demand}
+    left = float(capacity)
+    weight_left = sum(weights.values())
     shares: dict[str, float] = {}
-    # Teams asking for least per unit of quota are satisfied first; ties by name.
-    for team in sorted(teams, key=lambda name: (demand[name] / weight[name], name)):
-        part = left * weight[team] / weight_left if weight_left > 0 else 0.0
-        shares[team] = min(float(demand[team]), part)
-        left -= shares[team]
-        weight_left -= weight[team]
+    # Those asking for least per unit of weight are satisfied first; ties by name.
+    for name in sorted(demand, key=lambda name: (demand[name] / weights[name], name)):
+        part = left * weights[name] / weight_left if weight_left > 0 else 0.0
+        shares[name] = min(float(demand[name]), part)
+        left -= shares[name]
+        weight_left -= weights[name]
     return shares
 
 

@@ -46,6 +46,8 @@ import tempfile
 
 import numpy as np
 
+from core.shares import max_min_shares
+
 from .sim import SimResult
 
 HOUR_MS = 3_600_000
@@ -212,16 +214,8 @@ def _level_share_of_time(jobs, level: int) -> dict[str, float]:
 
 
 def _max_min(demand: dict[str, int], capacity: float) -> dict[str, float]:
-    """Water-filling: teams asking for less than an even split get what they ask for; the
-    rest split what is left evenly."""
-    asking = sorted((gpus, name) for name, gpus in demand.items() if gpus > 0)
-    shares: dict[str, float] = {}
-    left = float(capacity)
-    for i, (gpus, name) in enumerate(asking):
-        even = left / (len(asking) - i)
-        shares[name] = min(float(gpus), even)
-        left -= shares[name]
-    return shares
+    """Water-filling among the teams asking for GPUs, evenly weighted (`core.shares`)."""
+    return max_min_shares({name: gpus for name, gpus in demand.items() if gpus > 0}, capacity)
 
 
 def _teams(jobs, total_gpus: int) -> dict:
