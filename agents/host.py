@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -43,13 +44,15 @@ from trust.signing import KeyRing, verify_one
 
 from . import ckptfile
 from transport import bus
-from transport.locks import InstanceLock
+from transport.locks import AlreadyRunning, InstanceLock
 from .gpus import Inventory
 from .outbox import Outbox
 
 log = logging.getLogger("xirang.host")
 
 HEARTBEAT_S = 1.0
+# At start, an agent listens this long for another agent's heartbeats for its node.
+NODE_CLAIM_LISTEN_S = 1.2 * HEARTBEAT_S
 # An orderly stop waits this long beyond the grace time for runs to exit and facts to go.
 DRAIN_SLACK_S = 10.0
 DRAIN_SDK_GRACE_MIN_S = 5.0
@@ -116,6 +119,7 @@ class HostAgent:
         self.inventory = inventory
         self.dir = Path(state_dir).resolve() / self.token
         self.runs_dir = self.dir / "runs"
+        self.instance = uuid.uuid4().hex  # tells this agent's heartbeats from another's
         self.outbox = Outbox(self.dir / "outbox", sender=f"host:{node}")
         self._outbox_wake: asyncio.Event | None = None
         self.grace_s = grace_s
@@ -174,6 +178,7 @@ class HostAgent:
         # Outages are waited out: the client reconnects forever, jobs keep running, facts
         # wait in the outbox, the consumer's fetches are retried.
         self.nc, self.js = await bus.connect_forever(self.url, name=f"host-{self.node}", stop=self.stop_event)
+        await self._refuse_if_node_taken()
         sub = await self._retry("opening the decision consumer", self._open)
         await self._report(T.NodeUp(node=self.node, gpu_model=self.inventory.model,
                                     gpus=len(self.inventory.gpus)), f"up-{uuid.uuid4().hex}")
@@ -282,6 +287,30 @@ class HostAgent:
             config=api.ConsumerConfig(deliver_policy=deliver, ack_policy=api.AckPolicy.EXPLICIT,
                                       ack_wait=30, max_deliver=-1))
 
+    async def _refuse_if_node_taken(self) -> None:
+        """Another agent heartbeating for this node (from another folder or machine) means
+        two agents would act on one node's decisions: refuse, naming it."""
+        heard: list[dict] = []
+
+        async def on_beat(msg) -> None:
+            try:
+                body = json.loads(msg.data)
+            except ValueError:
+                return
+            if body.get("instance") != self.instance:
+                heard.append(body)
+        try:
+            sub = await self.nc.subscribe(f"{bus.HB_PREFIX}.{self.token}", cb=on_beat)
+        except Exception:  # noqa: BLE001 - not allowed to listen (a restricted role): nothing to learn
+            return
+        await asyncio.sleep(NODE_CLAIM_LISTEN_S)
+        await sub.unsubscribe()
+        if heard:
+            other = heard[-1]
+            raise AlreadyRunning(
+                f"an agent for node {self.node} is already running (pid {other.get('pid', '?')} on"
+                f" {other.get('host', '?')}): stop it first, or name this node differently")
+
     async def _heartbeats(self) -> None:
         subject = f"{bus.HB_PREFIX}.{self.token}"
         last = time.monotonic()
@@ -295,7 +324,8 @@ class HostAgent:
                 self._caught_up.clear()
             last = now
             body = {"node": self.node, "gpu_model": self.inventory.model,
-                    "gpus": len(self.inventory.gpus), "jobs": sorted(self.runs), "t": int(time.time() * 1000)}
+                    "gpus": len(self.inventory.gpus), "jobs": sorted(self.runs), "t": int(time.time() * 1000),
+                    "instance": self.instance, "pid": os.getpid(), "host": socket.gethostname()}
             try:
                 await self.nc.publish(subject, json.dumps(body).encode())
             except Exception:  # noqa: BLE001 - reconnecting; the scheduler's timeout is the judge

@@ -63,3 +63,23 @@ def test_a_second_nats_server_on_one_store_refuses(tmp_path):
             EmbeddedNats(tmp_path / "nats").start()
     with EmbeddedNats(tmp_path / "nats"):  # free again once the first stopped
         pass
+
+
+def test_a_second_agent_for_one_node_from_another_folder_refuses_by_its_heartbeats(tmp_path):
+    with Cluster(tmp_path) as c:
+        c.scheduler("s1")
+        first = c.agent("h1", "8xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        second = xirang(
+            "agent",
+            "--nats",
+            c.url,
+            "--node",
+            "h1",
+            "--simulate",
+            "8xH100",
+            "--data-dir",
+            str(tmp_path / "elsewhere"),
+        )
+        assert second.returncode != 0 and f"pid {first.pid}" in second.stderr, second.stderr
+        assert first.poll() is None
