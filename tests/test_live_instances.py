@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -27,6 +28,9 @@ def xirang(*args: str) -> subprocess.CompletedProcess:
 def test_a_second_xirang_up_in_a_folder_in_use_refuses_and_changes_nothing(tmp_path):
     data = tmp_path / "xr"
     with xirang_up(str(data), hosts=1, simulate="8xH100") as info:
+        deadline = time.monotonic() + 30  # the scheduler and the host have made their folders
+        while not ((data / "keys").exists() and (data / "hosts").exists()) and time.monotonic() < deadline:
+            time.sleep(0.2)
         url_before = (data / "nats.url").read_text()
         files_before = sorted(p.name for p in data.iterdir())
         second = xirang("up", "--data-dir", str(data), "--hosts", "1", "--simulate", "8xH100")
