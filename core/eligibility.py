@@ -13,6 +13,8 @@ from .types import LEVELS
 
 
 def may_preempt(state: State, job: Job) -> bool:
+    """Whether the job's level may preempt at all (`preempts_from_level` names a level below
+    it)."""
     return state.canonical.policy.preempts_from_level[job.level] < LEVELS
 
 
@@ -56,6 +58,7 @@ def victim_preemptible_now(state: State, victim: Job, preemptor: Job) -> bool:
 
 
 def user_preempting_exhausted(state: State, job: Job) -> bool:
+    """Whether the job's user has preempted others' jobs as often as the window allows."""
     c = state.canonical
     win = c.user_windows.get(job.user)
     if win is None:

@@ -22,6 +22,8 @@ LEVEL_WAIT_HORIZON = 100  # samples in the running mean of a level's wait
 
 
 def evolve(state: State, ev: T.Event) -> None:
+    """Apply one event to the state: the only code that changes a State (the clock moves to the
+    event's time)."""
     state.canonical.t = ev.t
     handler = _HANDLERS.get(type(ev))
     if handler is not None:

@@ -68,6 +68,9 @@ class Guard:
         self.held = holding(state) if self.guarantees_teams else {}
 
     def allows(self, taken: dict, victim: Job) -> bool:
+        """Whether `victim` may join a set that already takes `taken` (GPUs per level and
+        team): its level keeps its guaranteed share and, under the fair-share guarantee,
+        another team stays above its share."""
         floor = self.level_floor[victim.level]
         if floor and self.state.index.level_gpus[victim.level] - taken.get(victim.level, 0) - victim.gpus < floor:
             return False
@@ -80,6 +83,7 @@ class Guard:
 
     @staticmethod
     def take(taken: dict, victim: Job) -> None:
+        """Count `victim`'s GPUs as taken from its level and its team."""
         taken[victim.level] = taken.get(victim.level, 0) + victim.gpus
         taken[victim.team] = taken.get(victim.team, 0) + victim.gpus
 

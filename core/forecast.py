@@ -105,6 +105,7 @@ class ReleaseCurve:
         self.pace = (self.freed[median] / max(self.times[median], 1)) if self.times else None
 
     def wait_for(self, gpus: int) -> int:
+        """When `gpus` GPUs of these nodes will have been free at once (0 if they are now)."""
         need = gpus - self.free
         if need <= 0:
             return 0

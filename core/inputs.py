@@ -25,6 +25,8 @@ KIND_SUFFIX = re.compile(r"[-_.]?\d+$")
 
 
 def common_problem(state: State, inp: T.Input) -> tuple[str, str] | None:
+    """(reason, detail) when an input of any type cannot be applied (malformed, another schema
+    version, time going back, already applied); None when it can."""
     if isinstance(inp, T.Malformed):
         return inp.reason, inp.error
     if inp.v != T.SCHEMA_VERSION:
@@ -60,6 +62,8 @@ def _on_node_down(ctx: Ctx, inp: T.NodeDown) -> None:
 
 
 def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
+    """A node is gone: roll back the sagas that touch it, requeue the jobs it held (not counted
+    as preemptions), and record the loss."""
     c = ctx.state.canonical
     t = ctx.inp.t
     for saga_id in sorted(c.sagas):

@@ -27,6 +27,8 @@ class Ctx:
         self.accepted = False
 
     def emit(self, ev: T.Event) -> None:
+        """Seal an event (after the input's `InputAccepted`, once): applied to the state at
+        once."""
         if not self.accepted and not isinstance(ev, T.InputRejected):
             self.accepted = True
             self._seal(T.InputAccepted(t=self.inp.t, input=self.inp))
@@ -48,6 +50,7 @@ class Ctx:
 
 
 def reject(ctx: Ctx, reason: str, detail: str = "") -> None:
+    """Record why the step's input was refused (`InputRejected`); nothing else changes."""
     inp = ctx.inp
     # An input out of bounds must not carry its time or its job id into the log as they are.
     t = inp.t if isinstance(inp.t, int) and 0 <= inp.t <= T_MS_MAX else 0

@@ -20,10 +20,12 @@ def acceptable_models(job_models: list[str], ix: Index) -> list[str]:
 
 
 def free_gpus(models: list[str], ix: Index) -> int:
+    """Free GPUs on the nodes of these models."""
     return sum(ix.free_by_model.get(m, 0) for m in models)
 
 
 def node_size_max(models: list[str], ix: Index) -> int:
+    """GPUs of the largest node of these models (a job larger than it spans nodes)."""
     return max((ix.node_size_max_by_model.get(m, 0) for m in models), default=0)
 
 
@@ -85,14 +87,17 @@ def _place_across_nodes(gpus: int, models: list[str], nodes: dict[str, Node], ix
 
 
 def free_indices(node: Node) -> list[int]:
+    """The indices of the node's free GPUs."""
     return [i for i, holder in enumerate(node.holder) if holder == ""]
 
 
 def placement_nodes(placement: list[Slot]) -> list[str]:
+    """The nodes of a placement, in its order."""
     return sorted(dict.fromkeys(slot.node for slot in placement))
 
 
 def placement_gpus(placement: list[Slot]) -> int:
+    """How many GPUs a placement holds."""
     return sum(len(slot.gpus) for slot in placement)
 
 

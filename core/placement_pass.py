@@ -29,6 +29,8 @@ ANY_END = -1  # a block that no reservation caused: it holds whatever the job's 
 
 
 def request_start(ctx: Ctx, job: Job, placement: list[T.Slot]) -> None:
+    """Ask hosts to start the job on `placement`: resume from its last checkpoint when it has
+    run before, else from scratch."""
     nodes = placement_nodes(placement)
     last = last_checkpoint(job)
     if job.resume_pending and last is not None:

@@ -31,6 +31,9 @@ from .victims import choose_victims
 
 
 class Plan(msgspec.Struct, kw_only=True):
+    """A preemption worth making: the victims, the preemptor's placement, benefit and cost,
+    when the victims should have let go, and which must save first."""
+
     victims: list[str]
     placement: list[Slot]
     benefit: float
@@ -45,6 +48,9 @@ class Plan(msgspec.Struct, kw_only=True):
 
 
 class Decline(msgspec.Struct, kw_only=True):
+    """Why no preemption is made for a job now (a reason code; benefit and cost when it was
+    priced)."""
+
     reason: str
     benefit: float = 0.0
     cost: float = 0.0

@@ -200,7 +200,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class PolicyError(ValueError):
-    pass
+    """A policy value or file that cannot be used; the message names what to fix."""
 
 
 def validate(policy: Policy) -> Policy:

@@ -17,6 +17,9 @@ from .state import QUEUED, Job, State, job_progress_ms, last_checkpoint
 
 
 class VictimCost(msgspec.Struct, kw_only=True):
+    """What preempting one victim costs and how it lets go (lost progress, save, restore, its
+    requeue wait, notice to release)."""
+
     job: str
     gpus: int
     lost_ms: int
@@ -29,6 +32,7 @@ class VictimCost(msgspec.Struct, kw_only=True):
 
 
 def can_checkpoint(job: Job) -> bool:
+    """Whether the job checkpoints at all (a periodic interval is set)."""
     return job.ckpt_interval_ms > 0
 
 

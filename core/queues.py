@@ -36,6 +36,8 @@ def aging_threshold_ms(state: State, level: int) -> int:
 
 
 def age_queued(ctx: Ctx) -> None:
+    """Move each job that has waited past its level's aging threshold one level up
+    (`PriorityAged`), up to `aging_levels_max` levels above its own."""
     state = ctx.state
     t = ctx.inp.t
     for level in range(1, LEVELS):

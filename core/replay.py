@@ -31,6 +31,8 @@ class DigestMismatch(ChainError):
 
 
 def apply_record(state: State, record: T.Record) -> None:
+    """Check a record's place in the hash chain (and a `StateDigest` against the state), then
+    apply its event; `ChainError` names the first record that is not the scheduler's."""
     c = state.canonical
     expected_n = c.events_n + 1
     if record.n != expected_n:
@@ -51,6 +53,7 @@ def apply_record(state: State, record: T.Record) -> None:
 
 
 def rebuild(records: Iterable[T.Record], state: State | None = None, to_n: int | None = None) -> State:
+    """The state a log folds to, every record checked (see `apply_record`)."""
     state = state or new_state()
     for record in records:
         if to_n is not None and record.n > to_n:
@@ -78,6 +81,8 @@ def step_guarded(state: State, inp: T.Input,
 
 
 def run_inputs(inputs: Iterable[T.Input], state: State | None = None) -> Iterator[T.Record]:
+    """Step inputs through the core from an empty state: the state and every record they
+    produced."""
     state = state or new_state()
     # Kept so that an input that makes `step` raise can be undone by folding them again.
     start = snapshot_bytes(state.canonical) if state.canonical.events_n else b""

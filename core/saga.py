@@ -19,6 +19,7 @@ from .types import LEVELS
 
 
 def release_victim(ctx: Ctx, job: Job) -> None:
+    """A victim let go of its GPUs: record the progress it lost since its last checkpoint."""
     last = last_checkpoint(job)
     progress = job_progress_ms(job, ctx.inp.t)
     lost = progress - (last.progress_ms if last else 0)
@@ -26,6 +27,8 @@ def release_victim(ctx: Ctx, job: Job) -> None:
 
 
 def commit_if_complete(ctx: Ctx, saga_id: str) -> None:
+    """Once every victim of the saga has released: commit it, start the preemptor on their GPUs
+    and requeue the victims."""
     c = ctx.state.canonical
     saga = c.sagas.get(saga_id)
     if saga is None:
@@ -44,6 +47,9 @@ def commit_if_complete(ctx: Ctx, saga_id: str) -> None:
 
 
 def rollback(ctx: Ctx, saga_id: str, reason: str, lost_node: str = "") -> None:
+    """Undo a saga: victims that have not released keep running (notice withdrawn); released
+    ones get their own GPUs back from their fresh checkpoint, or requeue if their node is
+    gone."""
     c = ctx.state.canonical
     saga = c.sagas[saga_id]
     t = ctx.inp.t
@@ -68,6 +74,7 @@ def rollback(ctx: Ctx, saga_id: str, reason: str, lost_node: str = "") -> None:
 
 
 def expire_sagas(ctx: Ctx) -> None:
+    """Roll back every saga past its deadline."""
     c = ctx.state.canonical
     for saga_id in sorted(c.sagas):
         if c.sagas[saga_id].deadline_t < ctx.inp.t:
@@ -75,6 +82,8 @@ def expire_sagas(ctx: Ctx) -> None:
 
 
 def requeue(ctx: Ctx, job: Job, reason: str, counts_as_preemption: bool) -> None:
+    """Put a job back in the queue with its recovery boost (and compensation once it has been
+    preempted often enough)."""
     c = ctx.state.canonical
     p = c.policy
     t = ctx.inp.t
@@ -112,6 +121,8 @@ def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
 
 
 def start_saga(ctx: Ctx, job: Job, plan) -> None:
+    """Start a preemption saga for `job` from its plan: the plan, a notice to each victim with
+    the deadline, and the fairness counts it touches."""
     c = ctx.state.canonical
     p = c.policy
     t = ctx.inp.t

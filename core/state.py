@@ -36,6 +36,8 @@ HOLDING = (STARTING, RUNNING, RESERVED, PREEMPTING)
 
 
 class Checkpoint(msgspec.Struct, kw_only=True):
+    """A checkpoint a job saved: step, digest, size, and the progress it holds."""
+
     step: int
     digest: str
     bytes: int
@@ -44,6 +46,9 @@ class Checkpoint(msgspec.Struct, kw_only=True):
 
 
 class Job(msgspec.Struct, kw_only=True):
+    """A job the scheduler knows: what was asked, where it is in its life, where it runs, and
+    its checkpoints."""
+
     id: str
     team: str
     user: str
@@ -91,6 +96,8 @@ class Job(msgspec.Struct, kw_only=True):
 
 
 class Node(msgspec.Struct, kw_only=True):
+    """A host's GPUs: model, count, and which job holds each."""
+
     name: str
     gpu_model: str
     gpus: int
@@ -99,6 +106,8 @@ class Node(msgspec.Struct, kw_only=True):
 
 
 class Saga(msgspec.Struct, kw_only=True):
+    """An open preemption: preemptor, victims, the placement it reserves, and its deadline."""
+
     id: str
     preemptor: str
     victims: list[str]
@@ -122,16 +131,23 @@ class Window(msgspec.Struct, kw_only=True):
 
 
 class Estimate(msgspec.Struct, kw_only=True):
+    """A running mean (of runtimes per team and kind, or of safe-point latency) and its sample
+    count."""
+
     samples: int = 0
     mean_ms: float = 0.0
 
 
 class LevelWait(msgspec.Struct, kw_only=True):
+    """A level's recent queueing delay (running mean), which speeds its aging up."""
+
     samples: int = 0
     mean_ms: float = 0.0
 
 
 class Ledger(msgspec.Struct, kw_only=True):
+    """A team's compensation: quota GPU-hours (lasting and time-limited) and fee credit."""
+
     quota_gpu_hours: float = 0.0  # bonuses for good (granted by older versions)
     quota_bonus_gpu_hours: float = 0.0  # time-limited bonus, until `quota_bonus_until_t`
     quota_bonus_until_t: int = 0
@@ -233,14 +249,18 @@ class State:
 
     @property
     def policy(self) -> Policy:
+        """The policy in force."""
         return self.canonical.policy
 
     @property
     def t(self) -> int:
+        """The recorded clock (the time of the last event)."""
         return self.canonical.t
 
 
 def rebuild_index(c: Canonical) -> Index:
+    """The derived lookups of a canonical state, built from scratch (on load and after a
+    snapshot)."""
     ix = Index()
     for name in sorted(c.nodes):
         node = c.nodes[name]
@@ -277,6 +297,7 @@ def teams_with_demand(ix: Index) -> list[str]:
 
 
 def node_free_count(node: Node) -> int:
+    """Free GPUs on a node."""
     return node.holder.count("")
 
 
@@ -284,6 +305,8 @@ def node_free_count(node: Node) -> int:
 
 
 def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
+    """Index a queued job: its level's queue by team, aging, who may preempt first, its team's
+    oldest."""
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] += 1
     ix.queued_gpus[job.eff_level] += job.gpus
@@ -305,6 +328,7 @@ def queue_key(job: Job) -> tuple[int, int, str]:
 
 
 def queue_remove(ix: Index, job: Job) -> None:
+    """Drop a job from every queue index (it started, left or changed level)."""
     ix.placement_dirty = True
     ix.queued_count[job.eff_level] -= 1
     ix.queued_gpus[job.eff_level] -= job.gpus
@@ -332,6 +356,7 @@ def _remove_sorted(items: list, key: Any) -> None:
 
 
 def hold_add(ix: Index, job: Job) -> None:
+    """Index a job that holds GPUs: its team's and level's GPUs, the victims by level."""
     ix.team_gpus[job.team] = ix.team_gpus.get(job.team, 0) + job.gpus
     ix.level_gpus[job.level] += job.gpus
     by_team = ix.level_team_gpus[job.level]
@@ -340,6 +365,7 @@ def hold_add(ix: Index, job: Job) -> None:
 
 
 def hold_remove(ix: Index, job: Job) -> None:
+    """Drop a job that let go of its GPUs from the holding indexes."""
     del ix.holding_by_level[job.level][job.id]
     ix.team_gpus[job.team] = ix.team_gpus.get(job.team, 0) - job.gpus
     if ix.team_gpus[job.team] == 0:
@@ -377,6 +403,7 @@ def set_holder(c: Canonical, ix: Index, node_name: str, gpu: int, job_id: str) -
 
 
 def queue_depth(ix: Index, level: int) -> int:
+    """Jobs queued at a level (its aging threshold shrinks as it deepens)."""
     return ix.queued_count[level]
 
 
@@ -390,6 +417,7 @@ _RUN_FIELD = re.compile(rb',"run":\d+')
 
 
 def job_hash(job: Job) -> int:
+    """A job's contribution to the state digest."""
     data = msgspec.json.encode(job, order="sorted")
     # `run` stays out of the digest (see Job.run). Inside a string a quote is escaped, so
     # this pattern matches only the field itself.
@@ -398,6 +426,7 @@ def job_hash(job: Job) -> int:
 
 
 def jobs_hash_sum(c: Canonical) -> int:
+    """The sum of every job's hash, the jobs' part of the digest."""
     return sum(job_hash(c.jobs[job_id]) for job_id in sorted(c.jobs)) % DIGEST_MODULUS
 
 
@@ -415,6 +444,7 @@ def state_digest(c: Canonical, jobs_sum: int | None = None) -> str:
 
 
 def live_digest(state: "State") -> str:
+    """The digest of the live state, from the index's running sum of job hashes."""
     return state_digest(state.canonical, state.index.jobs_sum)
 
 
@@ -433,10 +463,12 @@ def touch_job(state: "State", job_id: str) -> None:
 
 
 def snapshot_bytes(c: Canonical) -> bytes:
+    """The canonical state, encoded for a snapshot."""
     return msgspec.json.encode(c, order="sorted")
 
 
 def load_snapshot(data: bytes) -> State:
+    """A State from snapshot bytes, its index rebuilt."""
     return State(msgspec.json.decode(data, type=Canonical))
 
 
@@ -449,10 +481,12 @@ def job_progress_ms(job: Job, t: int) -> int:
 
 
 def last_checkpoint(job: Job) -> Checkpoint | None:
+    """The job's newest checkpoint, or None."""
     return job.checkpoints[-1] if job.checkpoints else None
 
 
 def window_count(times: list[int], t: int, window_ms: int) -> int:
+    """How many of `times` fall in the window ending at `t`."""
     start = t - window_ms
     return len(times) - bisect.bisect_right(times, start)
 
