@@ -5,6 +5,9 @@ windows, learned estimates, and the hash chain head.
 plus an `Index` of derived lookups (queues per level and team, free GPUs per model, jobs
 per node). The index is rebuilt from the entities on load, so it never needs to be
 stored. Only `evolve` changes a State; decisions read it.
+
+Over 500 lines on purpose: each entity and the index entries that mirror it are kept side
+by side, so an index update is never far from the entity it follows.
 """
 
 from __future__ import annotations

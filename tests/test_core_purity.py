@@ -89,3 +89,12 @@ def test_the_set_check_would_catch_each_way_of_iterating_a_set():
 def test_the_purity_check_would_catch_a_clock(tmp_path):
     bad = ast.parse("import time\ndef f():\n    return time.time()\n")
     assert "time" in imported_roots(bad)
+
+
+def test_no_core_file_is_over_500_lines_without_a_reason_at_its_top():
+    for path in core_files():
+        text = path.read_text()
+        if text.count("\n") > 500:
+            docstring = ast.get_docstring(ast.parse(text)) or ""
+            assert "Over 500 lines on purpose" in docstring, f"{path.name}: split it, or say why not"
+
