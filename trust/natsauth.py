@@ -81,6 +81,15 @@ CHECKPOINTS = [
 ]
 
 
+def bus_node_token(name: str) -> str:
+    """The token the bus puts a node's name in (its decisions' subjects, its durable
+    consumer, its heartbeat): transport.bus.node_token, which this layer cannot import
+    (tests/test_security_checkpoints.py checks that the two agree)."""
+    if name and all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in name):
+        return name
+    return "x" + name.encode().hex()
+
+
 class RosterError(ValueError):
     """A user that cannot be added as asked, with what to do instead."""
 
@@ -161,7 +170,7 @@ def permissions(entry: dict, roster: list[dict]) -> dict:
             "subscribe": {"allow": ["xr.hb.*", f"{box}.>"]},
         }
     if role == "host":
-        node = subject_token(names[0])
+        node, sender = bus_node_token(names[0]), subject_token(names[0])
         durable = f"host-{node}"
         return {
             "publish": {
@@ -171,7 +180,7 @@ def permissions(entry: dict, roster: list[dict]) -> dict:
                     f"$JS.API.CONSUMER.CREATE.XR_EV.{durable}.xr.ev.host.{node}.>",
                     f"$JS.API.CONSUMER.MSG.NEXT.XR_EV.{durable}",
                     f"$JS.ACK.XR_EV.{durable}.>",
-                    f"xr.in.host.{node}.>",
+                    f"xr.in.host.{sender}.>",
                     f"xr.hb.{node}",
                 ]
             },
@@ -188,7 +197,7 @@ def permissions(entry: dict, roster: list[dict]) -> dict:
         else f"xr.in.op.{subject_token(names[0])}.>"
     )
     # Hosts' durable consumers are theirs alone: no one else may pull, inspect or remove them.
-    hosts = [f"host-{subject_token(e['names'][0])}" for e in roster if e["role"] == "host"]
+    hosts = [f"host-{bus_node_token(e['names'][0])}" for e in roster if e["role"] == "host"]
     deny = [
         f"$JS.API.CONSUMER.{op}.XR_EV.{durable}" for durable in hosts for op in ("MSG.NEXT", "INFO", "DELETE")
     ]
