@@ -19,6 +19,7 @@ and inserted in bulk, which keeps the projector close to the speed of reading th
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Iterable
 
 import duckdb
@@ -47,6 +48,11 @@ class ProjectionError(RuntimeError):
 # Waiting jobs whose reasons the `pending` table holds, most urgent first: explaining one
 # weighs a preemption, so a flood of queued jobs does not slow every batch down.
 PENDING_ROWS_MAX = 500
+# Explaining is the costly part: while catching up on a long log (full batches) the reasons
+# are rewritten at most this often; a short batch (the projector has caught up) and
+# `refresh_pending` rewrite them at once.
+PENDING_EVERY_S = 2.0
+CAUGHT_UP_BATCH = 1000
 
 
 class Projector:
@@ -59,6 +65,8 @@ class Projector:
         # that each commit can write why each queued job waits (`pending`, core/explain.py).
         self.pending_reasons = pending_reasons
         self.state = None
+        self._pending_at = 0.0  # monotonic time of the last rewrite of `pending`
+        self._batch_len = 0
         schema.create(self.con)
         self._cols = {t: schema.columns(self.con, t) for t in APPEND_TABLES + tuple(schema.KEYS)}
         self._dtypes = {t: schema.numpy_dtypes(self.con, t) for t in self._cols}
@@ -99,8 +107,10 @@ class Projector:
         """Project a batch of (seq, payload) in one transaction; returns records applied."""
         applied = 0
         applied_or_skipped = False
+        self._batch_len = 0
         try:
             for seq, data in items:
+                self._batch_len += 1
                 if seq <= self.last_seq:
                     continue  # already projected: a redelivery or an overlap on restart
                 try:
@@ -145,7 +155,8 @@ class Projector:
             for table, rows in self.dirty.items():
                 if rows:
                     self._replace(table, rows)
-            if self.pending_reasons:
+            if self.pending_reasons and (self._batch_len < CAUGHT_UP_BATCH
+                                         or time.monotonic() - self._pending_at >= PENDING_EVERY_S):
                 self._write_pending()
             con.execute("DELETE FROM projector_position WHERE stream = ?", [self.stream])
             con.execute("INSERT INTO projector_position VALUES (?, ?, ?, ?, ?)",
@@ -175,9 +186,21 @@ class Projector:
             apply_record(state, _record_decoder.decode(body))
         return state
 
+    def refresh_pending(self) -> None:
+        """Rewrite the `pending` table now (after catching up on a log)."""
+        if self.pending_reasons and self.state is not None:
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                self._write_pending()
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+
     def _write_pending(self) -> None:
         from core.explain import explain_queue
 
+        self._pending_at = time.monotonic()
         state = self.state
         self.con.execute("DELETE FROM pending")
         if state is None:

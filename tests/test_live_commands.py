@@ -107,6 +107,8 @@ def test_history_shows_finished_jobs_with_filters(cluster, capsys):
     cancelled = as_json(capsys, "history", "--nats", url, "--state", "cancelled")["jobs"]
     assert [r["job"] for r in cancelled] == ["big-1"]
     assert as_json(capsys, "history", "--nats", url, "--team", "nobody")["jobs"] == []
+    assert as_json(capsys, "history", "--nats", url, "--since", "2999-01-01T00:00:00")["jobs"] == []
+    assert len(as_json(capsys, "history", "--nats", url, "--until", "2999-01-01T00:00:00")["jobs"]) == len(rows)
     code, out, _ = xirang(capsys, "history", "--nats", url)
     assert "big-1" in out and "cancelled" in out
     fail = f"{sys.executable} -c \"import sys; sys.exit(3)\""

@@ -153,6 +153,7 @@ def _project_file(args) -> int:
             _progress(args, proj)
     except ProjectionError as err:
         raise _user_error(str(err)) from err
+    proj.refresh_pending()
     print(json.dumps({"applied": applied, "last_seq": proj.last_seq, "last_record": proj.last_n}))
     return 0
 
@@ -178,6 +179,7 @@ async def _project_nats(args) -> int:
         raise _user_error(str(err)) from err
     finally:
         await nc.close()
+    proj.refresh_pending()
     print(json.dumps({"applied": applied, "last_seq": proj.last_seq, "last_record": proj.last_n,
                       "stream": bus.EV_STREAM}))
     return 0
@@ -450,6 +452,7 @@ def cmd_dashboard(args) -> int:
         if args.log:
             for batch in jsonl_batches(args.log, proj.last_seq + 1):
                 proj.apply(batch)
+            proj.refresh_pending()
             print(f"projected {args.log} up to record {proj.last_n}; serving until Ctrl-C", flush=True)
             threading.Event().wait()
         else:
