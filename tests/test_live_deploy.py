@@ -7,6 +7,7 @@ verifies."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shlex
 import time
 
@@ -188,6 +189,13 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     )
     assert code == 0 and answer["outcome"] == "accepted", answer
     _wait(nats, lambda rs: matching(rs, T.CheckpointRecorded, job="train"), 30, "a checkpoint")
+    # the job got the job role's credentials and its own checkpoint key, none of the host's secrets
+    run = json.loads((tmp_path / "host" / "hosts" / "h1" / "runs" / "train.json").read_text())
+    environ = dict(
+        item.split("=", 1) for item in open(f"/proc/{run['pid']}/environ").read().split("\0") if "=" in item
+    )
+    assert environ["XIRANG_CREDS"] == nats.creds("job") and "XR_CKPT_KEY" in environ
+    assert "@" not in environ["XR_NATS_URL"] and "XIRANG_CKPT_SECRET_FILE" not in environ
     # ... and restores from it after an urgent job of safety:kim preempted it
     code, answer = run_cli(
         nats.env("client-safety-kim"),

@@ -184,7 +184,8 @@ def permissions(entry: dict, roster: list[dict]) -> dict:
                     f"xr.hb.{node}",
                 ]
             },
-            "subscribe": {"allow": [f"{box}.>"]},
+            # Its own heartbeat subject too: an agent listens there for a second agent of its node.
+            "subscribe": {"allow": [f"{box}.>", f"xr.hb.{node}"]},
         }
     if role == "job":
         return {
