@@ -122,6 +122,12 @@ def _timeline_table(rows: list[dict]) -> str:
             f"{body}</table>")
 
 
+def _expected_start(ms) -> str:
+    if ms is None:
+        return "never, as the pool stands"
+    return "now" if ms <= 0 else "in " + _dur(ms)
+
+
 def _pending_table(rows: list[dict]) -> str:
     if not rows:
         return '<h2>Why jobs wait</h2><p class="note" id="pending">No job is waiting.</p>'
@@ -129,7 +135,7 @@ def _pending_table(rows: list[dict]) -> str:
         f'<tr data-job="{_e(r["job"])}"><td>{_e(r["job"])}</td><td>{_e(r["team"])}</td><td>{_e(r["user"])}</td>'
         f'<td>{r["level"]}{"^" + str(r["eff_level"]) if r["eff_level"] != r["level"] else ""}</td>'
         f'<td>{r["gpus"]}</td><td>{_dur(r["wait_ms"])}</td>'
-        f'<td>{"never as the pool stands" if r["start_in_ms"] is None else "in " + _dur(r["start_in_ms"])}</td>'
+        f'<td>{_expected_start(r["start_in_ms"])}</td>'
         f'<td class="code">{_e(r["code"])}</td><td class="reason">{_e(r["reason"])}</td></tr>' for r in rows)
     return ('<h2>Why jobs wait</h2><table id="pending"><tr><th>job</th><th>team</th><th>user</th><th>level</th>'
             '<th>GPUs</th><th>waiting</th><th>expected start</th><th>reason</th><th>why</th></tr>'

@@ -449,4 +449,6 @@ def _dur(seconds, prefix: str = "") -> str:
 
     if seconds is None:
         return "-"
+    if prefix == "in " and seconds <= 0:
+        return "now"
     return prefix + human_duration(int(seconds * 1000))
