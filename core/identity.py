@@ -71,6 +71,10 @@ def _client_problem(state: State, inp: T.Input, who: str) -> tuple[str, str] | N
     claimed_team = getattr(inp, "team", None)
     if claimed_team is not None and job is None and claimed_team != team:
         return "identity_mismatch", f"team {claimed_team!r} claimed by {team}:{user}"
+    for field in ("user", "by"):  # feedback's user, a job request's `by`
+        claimed = getattr(inp, field, "")
+        if claimed and claimed != user:
+            return "identity_mismatch", f"{field} {claimed!r} claimed by {team}:{user}; speak as yourself"
     return None
 
 

@@ -83,3 +83,12 @@ def test_a_job_speaks_only_for_itself(state):
 
 def test_inputs_without_an_origin_are_not_checked_so_old_logs_and_scenarios_replay(state):
     assert _rejection(state, T.Cancel(t=10, job="mine")) is None
+
+
+def test_a_client_gives_feedback_and_makes_requests_only_as_itself(state):
+    feedback = T.Feedback(t=10, job="mine", user="wu", score=1, origin="client:vision:li")
+    assert _rejection(state, feedback)[0] == "identity_mismatch"
+    hold = T.Hold(t=11, job="mine", by="wu", origin="client:vision:li")
+    assert _rejection(state, hold)[0] == "identity_mismatch"
+    lower = T.SetLevel(t=12, job="mine", by="li", level=6, origin="client:vision:li")
+    assert _rejection(state, lower) is None
