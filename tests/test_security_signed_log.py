@@ -200,3 +200,20 @@ def test_a_deleted_log_is_not_quietly_replaced_by_another_history(tmp_path):
             assert time.monotonic() < deadline, (c.logs / "s2.log").read_text()[-2000:]
             time.sleep(0.3)
         assert not c.records()  # nothing new was written over the loss
+
+
+def test_after_a_key_rotation_the_scheduler_carries_on_and_the_whole_log_audits(tmp_path):
+    keys = tmp_path / "keyring"
+    old_id = create_key(keys)[2]
+    with Cluster(tmp_path) as c:
+        first = c.scheduler("s1", "--signing-key", str(keys / "scheduler.key"))
+        c.agent("h1", "2xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        c.terminate(first)
+        new_id = create_key(keys, rotate=True)[2]
+        c.scheduler("s2", "--signing-key", str(keys / "scheduler.key"))
+        c.send(T.Submit(job="after", team="t", user="u", level=5, gpus=1))
+        records = c.wait_for(T.JobSubmitted, job="after")
+        assert {r.key for r in records if r.sig} == {old_id, new_id}
+        result = xirang("audit", "--nats", c.url, "--public-key", str(keys / "scheduler.pub"), "--json")
+        assert result.returncode == 0, result.stdout

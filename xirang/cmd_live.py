@@ -151,9 +151,13 @@ def scheduler_keys(args):
     """The scheduler's signing key and the keys it trusts (its own plus the keyring's)."""
     from trust.signing import KeyFileError, KeyRing, find_keyring, find_signer
 
+    signing_key = args.signing_key or os.environ.get("XIRANG_SIGNING_KEY")
     try:
-        signer = find_signer(args.signing_key, args.data_dir, create=True)
+        signer = find_signer(signing_key, args.data_dir, create=True)
         ring = find_keyring(args.public_key, args.data_dir)
+        if ring is None and signing_key:  # the keyring beside the key (`xirang key rotate` keeps old keys there)
+            beside = Path(signing_key).resolve().parent / "scheduler.pub"
+            ring = KeyRing.load(beside) if beside.exists() else None
     except KeyFileError as err:
         raise _user_error(str(err)) from err
     keys = dict(ring.keys) if ring else {}
