@@ -44,8 +44,10 @@ T_MS_MAX = 2**53
 # Estimates and costs in seconds: at most a year.
 DURATION_S_MAX = 365 * 24 * 3600.0
 # GPUs on one node, nodes in a pool, and the hard cap on one job (no pool of
-# NODES_MAX nodes of NODE_GPUS_MAX GPUs is smaller than it).
-NODE_GPUS_MAX = 1024
+# NODES_MAX nodes of NODE_GPUS_MAX GPUs is smaller than it). A node's loss requeues at
+# most NODE_GPUS_MAX jobs, and the records of that one input, with the placements of the
+# pass after it (at most 2 x scan_jobs_max), must fit one atomic batch (1,000 messages).
+NODE_GPUS_MAX = 256
 NODES_MAX = 100_000
 JOB_GPUS_MAX = 65_536
 # Checkpoint step numbers and sizes.
