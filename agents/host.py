@@ -51,8 +51,9 @@ from .outbox import Outbox
 log = logging.getLogger("xirang.host")
 
 HEARTBEAT_S = 1.0
-# At start, an agent listens this long for another agent's heartbeats for its node.
-NODE_CLAIM_LISTEN_S = 1.2 * HEARTBEAT_S
+# At start, an agent asks whether another answers for its node (`xr.agent.claim.<node>`).
+CLAIM_PREFIX = "xr.agent.claim"
+NODE_CLAIM_TIMEOUT_S = 0.5
 # An orderly stop waits this long beyond the grace time for runs to exit and facts to go.
 DRAIN_SLACK_S = 10.0
 DRAIN_SDK_GRACE_MIN_S = 5.0
@@ -288,28 +289,31 @@ class HostAgent:
                                       ack_wait=30, max_deliver=-1))
 
     async def _refuse_if_node_taken(self) -> None:
-        """Another agent heartbeating for this node (from another folder or machine) means
-        two agents would act on one node's decisions: refuse, naming it."""
-        heard: list[dict] = []
-
-        async def on_beat(msg) -> None:
-            try:
-                body = json.loads(msg.data)
-            except ValueError:
-                return
-            if body.get("instance") != self.instance:
-                heard.append(body)
+        """Another agent answering for this node (from another folder or machine) means
+        two agents would act on one node's decisions: refuse, naming it. Then answer for
+        the node ourselves. With nobody there the server says so at once (no responders)."""
+        subject = f"{CLAIM_PREFIX}.{self.token}"
         try:
-            sub = await self.nc.subscribe(f"{bus.HB_PREFIX}.{self.token}", cb=on_beat)
-        except Exception:  # noqa: BLE001 - not allowed to listen (a restricted role): nothing to learn
-            return
-        await asyncio.sleep(NODE_CLAIM_LISTEN_S)
-        await sub.unsubscribe()
-        if heard:
-            other = heard[-1]
-            raise AlreadyRunning(
-                f"an agent for node {self.node} is already running (pid {other.get('pid', '?')} on"
-                f" {other.get('host', '?')}): stop it first, or name this node differently")
+            reply = await self.nc.request(subject, b"", timeout=NODE_CLAIM_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - no responders, a timeout, or not allowed: nobody claims it
+            reply = None
+        if reply is not None:
+            try:
+                other = json.loads(reply.data)
+            except ValueError:
+                other = {}
+            if other.get("instance") != self.instance:
+                raise AlreadyRunning(
+                    f"an agent for node {self.node} is already running (pid {other.get('pid', '?')} on"
+                    f" {other.get('host', '?')}): stop it first, or name this node differently")
+
+        async def answer(msg) -> None:
+            body = {"instance": self.instance, "pid": os.getpid(), "host": socket.gethostname()}
+            await msg.respond(json.dumps(body).encode())
+        try:
+            await self.nc.subscribe(subject, cb=answer)
+        except Exception as err:  # noqa: BLE001 - a role without the subject: no claim check
+            log.warning("host %s: cannot answer node claims (%r)", self.node, err)
 
     async def _heartbeats(self) -> None:
         subject = f"{bus.HB_PREFIX}.{self.token}"

@@ -69,7 +69,7 @@ def test_a_second_nats_server_on_one_store_refuses(tmp_path):
         pass
 
 
-def test_a_second_agent_for_one_node_from_another_folder_refuses_by_its_heartbeats(tmp_path):
+def test_a_second_agent_for_one_node_from_another_folder_refuses_when_the_first_answers(tmp_path):
     with Cluster(tmp_path) as c:
         c.scheduler("s1")
         first = c.agent("h1", "8xH100")
