@@ -27,8 +27,15 @@ OPTIONAL_COMMAND_MODULES = [
 ]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad argument is told in one line that says where to look, not a usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="xirang",
         description="Event-sourced GPU job scheduler with safe, atomic, fair preemption.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
