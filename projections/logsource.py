@@ -88,3 +88,30 @@ async def publish_records(nc, js, records: list[T.Record], writer: str = "test")
     if chunk:
         last = await bus.publish_atomic(nc, chunk, last, writer)
     return last
+
+
+class SignedOnly:
+    """Passes on, batch by batch, only the records a scheduler signature covers (a record
+    waits in `verifier` until the signature after it arrives); `finish()` at the end of
+    what was read names the first record nothing signed covers. Without a keyring it
+    passes everything (an open, unsigned log)."""
+
+    def __init__(self, keyring) -> None:
+        from trust.signing import LogVerifier
+
+        self.verifier = LogVerifier(keyring) if keyring is not None else None
+        self._held: dict[int, bytes] = {}  # payloads by position, until covered
+
+    def __call__(self, batch: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        if self.verifier is None:
+            return batch
+        out = []
+        for pos, payload in batch:
+            self._held[pos] = payload
+            for _, admitted_pos in self.verifier.admit(T.decode_record(payload), pos):
+                out.append((admitted_pos, self._held.pop(admitted_pos)))
+        return out
+
+    def finish(self) -> None:
+        if self.verifier is not None:
+            self.verifier.finish()

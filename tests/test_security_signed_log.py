@@ -71,6 +71,18 @@ def test_audit_verifies_a_signed_log_and_names_a_forged_record_with_a_recomputed
     assert "not signed by the scheduler" in summary["problem"]
 
 
+def test_project_with_a_public_key_projects_only_signed_records_and_names_a_forged_one(tmp_path, keys):
+    signer, public = keys
+    records = _signed(workload_records(jobs=20), signer)
+    good = write_jsonl(str(tmp_path / "good.jsonl"), records)
+    done = xirang("project", "--log", good, "--db", str(tmp_path / "good.duckdb"), "--public-key", public)
+    assert done.returncode == 0 and json.loads(done.stdout)["last_record"] == records[-1].n, done.stderr
+    forged = _forged_after(records[-1], records[-1].event)
+    bad = write_jsonl(str(tmp_path / "bad.jsonl"), [*records, forged])
+    done = xirang("project", "--log", bad, "--db", str(tmp_path / "bad.duckdb"), "--public-key", public)
+    assert done.returncode == 2 and f"record {forged.n}" in done.stderr
+
+
 def test_a_record_signed_with_another_key_or_a_copied_signature_is_refused(tmp_path, keys):
     signer, public = keys
     records = _signed(workload_records(jobs=20), signer)

@@ -112,6 +112,8 @@ def _register_project(sub) -> None:
     p.add_argument("--rebuild", action="store_true", help="drop the database and project from seq 1")
     p.add_argument("--batch", type=int, default=20000, help="records per transaction at most")
     p.add_argument("--progress", action="store_true", help="print each committed position")
+    p.add_argument("--public-key", metavar="FILE",
+                   help="project only records the scheduler signed (default $XIRANG_PUBLIC_KEY; none: all)")
     p.set_defaults(func=cmd_project)
 
 
@@ -147,15 +149,29 @@ def _project_file(args) -> int:
 
     proj = open_projector(args.db, args.rebuild, stream=f"file:{os.path.abspath(args.log)}")
     applied = 0
+    signed = _signed_only(args)
     try:
         for batch in jsonl_batches(args.log, proj.last_seq + 1, args.batch):
-            applied += proj.apply(batch)
+            applied += proj.apply(signed(batch))
             _progress(args, proj)
-    except ProjectionError as err:
+        signed.finish()
+    except (ProjectionError, ValueError) as err:
         raise _user_error(str(err)) from err
     proj.refresh_pending()
     print(json.dumps({"applied": applied, "last_seq": proj.last_seq, "last_record": proj.last_n}))
     return 0
+
+
+def _signed_only(args):
+    """With --public-key (or $XIRANG_PUBLIC_KEY), only records the scheduler signed are
+    projected; the first that no signature covers stops the projection, named."""
+    from projections.logsource import SignedOnly
+    from trust.signing import KeyFileError, find_keyring
+
+    try:
+        return SignedOnly(find_keyring(getattr(args, "public_key", None), None))
+    except KeyFileError as err:
+        raise _user_error(str(err)) from err
 
 
 def _progress(args, proj) -> None:
@@ -171,11 +187,13 @@ async def _project_nats(args) -> int:
     proj = open_projector(args.db, args.rebuild)
     nc, js = await connect_or_explain(args.nats)
     applied = 0
+    signed = _signed_only(args)
     try:
         async for batch in read_batches(js, proj.last_seq + 1, args.batch, follow=args.follow):
-            applied += await asyncio.to_thread(proj.apply, batch)
+            applied += await asyncio.to_thread(proj.apply, signed(batch))
             _progress(args, proj)
-    except ProjectionError as err:
+        signed.finish()
+    except (ProjectionError, ValueError) as err:
         raise _user_error(str(err)) from err
     finally:
         await nc.close()
