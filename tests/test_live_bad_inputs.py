@@ -114,3 +114,56 @@ def test_an_input_rejected_as_internal_error_raises_an_alert(tmp_path):
     projector.apply([(seq, T.encode(r)) for seq, r in enumerate(records, 1)])
     fired = [a for a in alerts.evaluate(projector.con, 3000) if a.kind == "internal_error"]
     assert len(fired) == 1 and "ZeroDivisionError: boom" in fired[0].message and "seq 2" in fired[0].message
+
+
+def test_the_live_scheduler_rejects_an_input_that_makes_step_raise_and_goes_on(tmp_path, monkeypatch):
+    """The scheduler's own path, in process against a real nats-server: a handler that
+    half-changes the state and raises. The input is recorded as internal_error, the state
+    is the log's, an alert goes out, and the next job is scheduled."""
+    import asyncio
+
+    from agents.scheduler import Scheduler
+    from core import inputs, rebuild, state_digest
+    from transport.natsd import EmbeddedNats
+
+    def explode(ctx, inp):
+        ctx.state.canonical.jobs.clear()
+        raise ZeroDivisionError("boom in a handler")
+
+    async def scenario(url: str) -> None:
+        sched = Scheduler(url, instance="s1", tick_ms=100, lease_ms=1000)
+        task = asyncio.create_task(sched.run())
+        nc, js = await bus.connect(url, reconnects=3)
+        alerts = []
+
+        async def on_alert(msg) -> None:
+            alerts.append(json.loads(msg.data))
+
+        await nc.subscribe(f"{bus.ALERT_PREFIX}.>", cb=on_alert)
+        await sched.leading.wait()
+        await bus.send_input(js, T.NodeUp(node="n1", gpu_model="H100", gpus=8))
+        await bus.send_input(js, T.Submit(job="a", team="t", user="u", level=3, gpus=1))
+        monkeypatch.setitem(inputs.HANDLERS, T.Cancel, explode)
+        await bus.send_input(js, T.Cancel(job="a"))
+        await bus.wait_for(lambda: _records_with(js, T.InputRejected), 20)
+        monkeypatch.undo()
+        await bus.send_input(js, T.Submit(job="b", team="t", user="u", level=3, gpus=1))
+        records = await bus.wait_for(lambda: _records_with(js, T.JobStartRequested, count=2), 20)
+        rejected = [r.event for r in records if isinstance(r.event, T.InputRejected)]
+        assert [(e.reason, e.input_type) for e in rejected] == [("internal_error", "cancel")]
+        assert "ZeroDivisionError: boom in a handler" in rejected[0].detail
+        assert alerts and alerts[0]["kind"] == "internal_error"
+        assert not task.done() and sched.internal_errors == 1
+        assert "a" in sched.state.canonical.jobs  # the half change is gone
+        assert state_digest(rebuild(records).canonical) == state_digest(sched.state.canonical)
+        sched.stop()
+        await asyncio.wait_for(task, 20)
+        await nc.close()
+
+    with EmbeddedNats(tmp_path / "nats") as server:
+        asyncio.run(scenario(server.url))
+
+
+async def _records_with(js, kind, count: int = 1):
+    records = [r for _, r in await bus.all_records(js)]
+    return records if sum(isinstance(r.event, kind) for r in records) >= count else None
