@@ -11,7 +11,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_a_short_chaos_run_injects_faults_and_every_invariant_holds(tmp_path):
-    report = Chaos(tmp_path, seed=7, duration_s=15, log=lambda _line: None).run()
+    report = Chaos(tmp_path, seed=7, duration_s=10, log=lambda _line: None).run()
     assert sum(report.faults.values()) >= 2, report.as_dict()
     assert report.jobs["accepted"] >= 3 and report.jobs["finished"] >= 3, report.as_dict()
     assert report.ok, report.as_dict()

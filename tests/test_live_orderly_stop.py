@@ -1,5 +1,6 @@
-"""Orderly stop: SIGTERM to a host agent (and Ctrl-C on `xirang up`) checkpoints the
-running SDK jobs and requeues them; started again, they resume from those checkpoints."""
+"""Orderly stop: Ctrl-C on `xirang up` (SIGINT to it, SIGTERM from it to its agents)
+checkpoints the running SDK jobs and requeues them; started again, they resume from those
+checkpoints."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.testing import REPO, Cluster, matching, metrics, train_command
+from agents.testing import REPO, matching, metrics, train_command
 from core import types as T
 from transport import bus
 
@@ -42,32 +43,6 @@ def wait_steps(path: Path, steps: int, timeout_s: float = 20.0) -> list[dict]:
             return lines
         time.sleep(0.1)
     raise AssertionError(f"no step {steps} in {path}")
-
-
-def test_sigterm_to_an_agent_checkpoints_its_sdk_job_and_it_resumes_after_a_restart(tmp_path):
-    with Cluster(tmp_path) as c:
-        c.scheduler("s1")
-        agent = c.agent("h1", "8xH100")
-        c.wait_for(T.NodeJoined, node="h1")
-        c.send(train("t1"))
-        records = c.wait_for(T.JobRunning, job="t1")
-        start = matching(records, T.JobStartRequested, job="t1")[0]
-        wait_steps(tmp_path / "hosts" / "h1" / "runs" / f"t1-{start.n}" / "output.log", 100)
-        os.kill(agent.pid, signal.SIGTERM)
-        assert agent.wait(40) == 0
-        records = c.wait_for(T.JobRequeued, job="t1")
-        saved = matching(records, T.CheckpointRecorded, job="t1")[-1].event
-        lost = matching(records, T.NodeLost, node="h1")[-1].event
-        assert saved.step >= 100 and lost.reason == "agent_stopped"
-        assert not matching(records, T.JobFailed) and not matching(records, T.JobFinished)
-        c.agent("h1", "8xH100")
-        records = c.wait_for(T.JobResumeRequested, job="t1")
-        resume = matching(records, T.JobResumeRequested, job="t1")[0]
-        assert resume.event.ckpt_step == saved.step
-        lines = wait_steps(tmp_path / "hosts" / "h1" / "runs" / f"t1-{resume.n}" / "output.log", saved.step)
-        assert lines[0]["step"] == saved.step and lines[0].get("resumed") == 1
-        records = c.wait_for(T.JobFinished, job="t1", timeout_s=60)
-        assert not matching(records, T.JobFailed)
 
 
 def up(data: Path) -> tuple[subprocess.Popen, dict]:
@@ -153,6 +128,19 @@ def test_ctrl_c_on_xirang_up_requeues_sdk_jobs_from_checkpoints_and_up_again_res
         saved = matching(records, T.CheckpointRecorded, job="t2")[0].event
         resume = matching(records, T.JobResumeRequested, job="t2")[0].event
         assert saved.step >= 100 and resume.ckpt_step == saved.step
+        # The agent's orderly stop (SIGINT from Ctrl-C, then SIGTERM from `up`) told the scheduler.
+        assert [r.event.reason for r in matching(records, T.NodeLost)] == ["agent_stopped"]
+        requeued = matching(records, T.JobRequeued, job="t2")
+        assert len(requeued) == 1 and requeued[0].n < matching(records, T.JobResumeRequested, job="t2")[0].n
+        lines = metrics(
+            data
+            / "hosts"
+            / "host-1"
+            / "runs"
+            / f"t2-{matching(records, T.JobResumeRequested, job='t2')[0].n}"
+            / "output.log"
+        )
+        assert lines[0]["step"] == saved.step and lines[0].get("resumed") == 1
         assert not matching(records, T.JobFailed)
     finally:
         os.kill(proc.pid, signal.SIGINT)
