@@ -192,6 +192,10 @@ async def _wait(timeline: Timeline, predicate, timeout_s: float) -> bool:
     return True
 
 
+def _checkpointed(records, job: str) -> bool:
+    return any(isinstance(r.event, T.CheckpointRecorded) and r.event.job == job for r in records)
+
+
 def _running(records, job: str) -> bool:
     return any(isinstance(r.event, T.JobRunning) and r.event.job == job for r in records)
 
@@ -214,8 +218,14 @@ async def _drive(url: str, timeline: Timeline, deadline: float) -> dict:
         ok = await _wait(timeline, lambda rs: all(_running(rs, j.job) for j in jobs), 40)
         if not ok:
             return {"error": "the workload did not start within 40 s"}
-        timeline.say("WAIT", "cluster full: 16/16 GPUs busy with low-priority work; training for a few seconds")
-        await asyncio.sleep(7)
+        timeline.say("WAIT", "cluster full: 16/16 GPUs busy with low-priority work; training until each"
+                             " H100 job has saved a checkpoint")
+        # The urgent job comes once its would-be victims have something to resume from, so the
+        # demo shows a resume whichever way the decision model has them let go (a fresh save,
+        # or their last checkpoint when losing the few seconds since is cheaper than the wait).
+        h100_jobs = [j.job for j in jobs if j.gpu_models == ["H100"]]
+        await _wait(timeline, lambda rs: all(_checkpointed(rs, j) for j in h100_jobs), 40)
+        await asyncio.sleep(2)
         timeline.say("URGENT", f"{URGENT.job}: level 0, needs 8 x H100 now")
         await bus.send_input(js, URGENT)
         all_jobs = [j.job for j in jobs] + [URGENT.job]
