@@ -87,3 +87,13 @@ def test_a_second_agent_for_one_node_from_another_folder_refuses_when_the_first_
         )
         assert second.returncode != 0 and f"pid {first.pid}" in second.stderr, second.stderr
         assert first.poll() is None
+
+
+def test_a_second_scheduler_with_the_same_id_and_folder_refuses(tmp_path):
+    with Cluster(tmp_path) as c:
+        first = c.scheduler("s1")
+        c.agent("h1", "8xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        second = xirang("scheduler", "--nats", c.url, "--id", "s1", "--data-dir", str(tmp_path))
+        assert second.returncode != 0 and f"pid {first.pid}" in second.stderr, second.stderr
+        assert first.poll() is None

@@ -134,6 +134,10 @@ def cmd_scheduler(args) -> int:
             raise _user_error(str(err)) from err
     signer, keyring = scheduler_keys(args)
     _logging(args)
+    # Two processes under one id would both hold the lease (it names the id): one per
+    # folder and id. Schedulers under other ids are hot standbys, fenced on the log.
+    lock = _hold(InstanceLock(Path(args.data_dir) / f"scheduler-{args.id}.lock",
+                              f"a scheduler with id {args.id} in {args.data_dir}")) if args.id else None
     url, server = server_url(args)
     try:
         asyncio.run(run_scheduler(
@@ -144,6 +148,8 @@ def cmd_scheduler(args) -> int:
     finally:
         if server:
             server.stop()
+        if lock:
+            lock.release()
     return 0
 
 
