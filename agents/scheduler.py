@@ -57,6 +57,10 @@ def stamped_input(data: bytes, seq: int, now: int, state_t: int, subject: str = 
                                    origin=origin_of_subject(subject, bus.IN_PREFIX))
 
 
+class EffectsTooLarge(RuntimeError):
+    """One input led to more records than one atomic batch may hold."""
+
+
 class LostLeadership(Exception):
     """Our lease was taken or a batch was fenced: stop, re-read the log, try again."""
 
@@ -344,11 +348,17 @@ class Scheduler:
     async def _apply(self, inp: T.Input, pending: list) -> list:
         try:
             _, records = step(self.state, inp)
+            messages = bus.record_messages(records, self.signer) if records else []
+            if len(messages) > bus.BATCH_MESSAGES_MAX:
+                # One input's records never split, and the server refuses a bigger batch:
+                # appending it would fail the same way after every re-read.
+                raise EffectsTooLarge(f"{len(messages)} log messages for one input; one atomic batch"
+                                      f" holds at most {bus.BATCH_MESSAGES_MAX}")
         except Exception as err:  # noqa: BLE001 - one input must never halt the scheduler
             records, pending = await self._reject_internal(inp, err, pending)
+            messages = bus.record_messages(records, self.signer)
         if not records:
             return pending
-        messages = bus.record_messages(records, self.signer)
         if pending and len(pending) + len(messages) > bus.BATCH_MESSAGES_MAX:
             await self._flush(pending)
             pending = []

@@ -167,3 +167,33 @@ def test_the_live_scheduler_rejects_an_input_that_makes_step_raise_and_goes_on(t
 async def _records_with(js, kind, count: int = 1):
     records = [r for _, r in await bus.all_records(js)]
     return records if sum(isinstance(r.event, kind) for r in records) >= count else None
+
+
+def test_an_input_whose_records_would_not_fit_one_batch_is_rejected_not_retried(tmp_path, monkeypatch):
+    import asyncio
+
+    from agents.scheduler import Scheduler
+    from transport.natsd import EmbeddedNats
+
+    async def scenario(url: str) -> None:
+        sched = Scheduler(url, instance="s1", tick_ms=100, lease_ms=1000)
+        task = asyncio.create_task(sched.run())
+        nc, js = await bus.connect(url, reconnects=3)
+        await sched.leading.wait()
+        await bus.send_input(js, T.NodeUp(node="n1", gpu_model="H100", gpus=8))
+        await bus.wait_for(lambda: _records_with(js, T.NodeJoined), 20)
+        monkeypatch.setattr(bus, "BATCH_MESSAGES_MAX", 3)  # a submit that starts makes 4
+        await bus.send_input(js, T.Submit(job="a", team="t", user="u", level=3, gpus=1))
+        records = await bus.wait_for(lambda: _records_with(js, T.InputRejected), 20)
+        rejected = [r.event for r in records if isinstance(r.event, T.InputRejected)]
+        assert rejected[0].reason == "internal_error" and "EffectsTooLarge" in rejected[0].detail
+        monkeypatch.undo()
+        await bus.send_input(js, T.Submit(job="a", team="t", user="u", level=3, gpus=1))
+        await bus.wait_for(lambda: _records_with(js, T.JobStartRequested), 20)
+        assert not task.done()
+        sched.stop()
+        await asyncio.wait_for(task, 20)
+        await nc.close()
+
+    with EmbeddedNats(tmp_path / "nats") as server:
+        asyncio.run(scenario(server.url))
