@@ -442,6 +442,8 @@ def _register_dashboard(sub) -> None:
                         "default $XIRANG_SQL_TOKEN; without either /api/sql is off")
     p.add_argument("--sql-time-limit-s", type=float, default=5.0, help="stop a query after this long")
     p.add_argument("--sql-rows-max", type=int, default=10_000, help="rows an /api/sql answer holds at most")
+    p.add_argument("--public-key", metavar="FILE",
+                   help="show only records the scheduler signed (default $XIRANG_PUBLIC_KEY; none: all)")
     p.set_defaults(func=cmd_dashboard)
 
 
@@ -467,14 +469,16 @@ def cmd_dashboard(args) -> int:
     host, port = server.server_address[:2]
     print(f"dashboard on http://{host}:{port}/ (metrics at /metrics)", flush=True)
     try:
+        signed = _signed_only(args)
         if args.log:
             for batch in jsonl_batches(args.log, proj.last_seq + 1):
-                proj.apply(batch)
+                proj.apply(signed(batch))
+            signed.finish()
             proj.refresh_pending()
             print(f"projected {args.log} up to record {proj.last_n}; serving until Ctrl-C", flush=True)
             threading.Event().wait()
         else:
-            asyncio.run(_follow(args.nats, proj, live))
+            asyncio.run(_follow(args.nats, proj, live, signed))
     except KeyboardInterrupt:
         pass
     finally:
@@ -482,14 +486,14 @@ def cmd_dashboard(args) -> int:
     return 0
 
 
-async def _follow(url: str, proj, live: dict | None = None) -> None:
+async def _follow(url: str, proj, live: dict | None = None, signed=None) -> None:
     from projections.logsource import read_batches
 
     nc, js = await connect_or_explain(url)
     watcher = asyncio.create_task(_watch_input_backlog(js, proj, live)) if live is not None else None
     try:
         async for batch in read_batches(js, proj.last_seq + 1, follow=True):
-            await asyncio.to_thread(proj.apply, batch)
+            await asyncio.to_thread(proj.apply, signed(batch) if signed is not None else batch)
     finally:
         if watcher:
             watcher.cancel()
