@@ -426,11 +426,11 @@ class HostAgent:
         if existing is not None and existing.n == n:
             return  # already started by this very record (before a crash)
         marker = f"{self.node}/{ev.job}/{n}"
-        adopted = find_marked_process(marker)
         gpus = [g for slot in ev.placement if slot.node == self.node for g in slot.gpus]
         primary = bool(ev.placement) and ev.placement[0].node == self.node
         resume = isinstance(ev, T.JobResumeRequested) and bool(ev.ckpt_digest)
         run_dir = self.runs_dir / f"{_safe(ev.job)}-{n}"
+        adopted = find_marked_process(marker, str(run_dir))
         run_dir.mkdir(parents=True, exist_ok=True)
         run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume,
                   started_t=time.time())
@@ -634,9 +634,12 @@ def has_marker(pid: int, marker: str) -> bool:
         return False
 
 
-def find_marked_process(marker: str) -> int:
-    """The wrapper process started for this run before a crash, if it still lives."""
+def find_marked_process(marker: str, job_dir: str) -> int:
+    """The wrapper process started for this run before a crash, if it still lives. The
+    marker (node/job/n) alone is not unique on a machine shared by several clusters (two
+    test runs, two folders): the run's own folder, under this agent's state, must match too."""
     needle = f"{MARKER_ENV}={marker}".encode()
+    folder = f"XR_JOB_DIR={job_dir}".encode()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -647,7 +650,7 @@ def find_marked_process(marker: str) -> int:
                 cmdline = fh.read()
         except OSError:
             continue
-        if needle in env and b"agents.jobwrap" in cmdline and pid_alive(int(entry.name)):
+        if needle in env and folder in env and b"agents.jobwrap" in cmdline and pid_alive(int(entry.name)):
             return int(entry.name)
     return 0
 
