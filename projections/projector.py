@@ -66,6 +66,7 @@ class Projector:
         self.pending_reasons = pending_reasons
         self.state = None
         self._pending_at = 0.0  # monotonic time of the last rewrite of `pending`
+        self._pending_stale = False  # records applied since `pending` was last rewritten
         self._batch_len = 0
         schema.create(self.con)
         self._cols = {t: schema.columns(self.con, t) for t in APPEND_TABLES + tuple(schema.KEYS)}
@@ -155,9 +156,11 @@ class Projector:
             for table, rows in self.dirty.items():
                 if rows:
                     self._replace(table, rows)
-            if self.pending_reasons and (self._batch_len < CAUGHT_UP_BATCH
-                                         or time.monotonic() - self._pending_at >= PENDING_EVERY_S):
-                self._write_pending()
+            if self.pending_reasons:
+                if self._batch_len < CAUGHT_UP_BATCH or time.monotonic() - self._pending_at >= PENDING_EVERY_S:
+                    self._write_pending()
+                else:
+                    self._pending_stale = True  # rewritten by `refresh_pending` once caught up
             con.execute("DELETE FROM projector_position WHERE stream = ?", [self.stream])
             con.execute("INSERT INTO projector_position VALUES (?, ?, ?, ?, ?)",
                         [self.stream, self.last_seq, self.last_n, self.last_hash,
@@ -186,8 +189,11 @@ class Projector:
             apply_record(state, _record_decoder.decode(body))
         return state
 
-    def refresh_pending(self) -> None:
-        """Rewrite the `pending` table now (after catching up on a log)."""
+    def refresh_pending(self, only_if_stale: bool = False) -> None:
+        """Rewrite the `pending` table now (after catching up on a log); with `only_if_stale`,
+        only if a full batch was committed without rewriting it."""
+        if only_if_stale and not self._pending_stale:
+            return
         if self.pending_reasons and self.state is not None:
             self.con.execute("BEGIN TRANSACTION")
             try:
@@ -201,6 +207,7 @@ class Projector:
         from core.explain import explain_queue
 
         self._pending_at = time.monotonic()
+        self._pending_stale = False
         state = self.state
         self.con.execute("DELETE FROM pending")
         if state is None:

@@ -486,14 +486,19 @@ def cmd_dashboard(args) -> int:
     return 0
 
 
+FOLLOW_BATCH_MAX = 20000  # a shorter batch from the follower means the log went quiet
+
+
 async def _follow(url: str, proj, live: dict | None = None, signed=None) -> None:
     from projections.logsource import read_batches
 
     nc, js = await connect_or_explain(url)
     watcher = asyncio.create_task(_watch_input_backlog(js, proj, live)) if live is not None else None
     try:
-        async for batch in read_batches(js, proj.last_seq + 1, follow=True):
+        async for batch in read_batches(js, proj.last_seq + 1, batch_max=FOLLOW_BATCH_MAX, follow=True):
             await asyncio.to_thread(proj.apply, signed(batch) if signed is not None else batch)
+            if len(batch) < FOLLOW_BATCH_MAX:  # the log went quiet: caught up, so reasons are due
+                await asyncio.to_thread(proj.refresh_pending, True)
     finally:
         if watcher:
             watcher.cancel()
