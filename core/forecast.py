@@ -217,6 +217,9 @@ class RequeueFit:
         self.preemptor_runtime_ms = preemptor_runtime_ms
         self.node_size_max = max((node.gpus for node in nodes), default=0)
         self._fits: dict[tuple[str, int], int | None] = {}
+        self._by_name = {node.name: node for node in nodes}
+        # Per victim size: (earliest fit, node) over the nodes as they are, soonest first.
+        self._ranked: dict[int, list[tuple[int, str]]] = {}
 
     def wait_ms(self, victim: Job, at_least_ms: int = 0) -> int | None:
         """The victim's earliest fit after the preemption, but no sooner than `at_least_ms`
@@ -226,20 +229,29 @@ class RequeueFit:
         if victim.gpus > self.node_size_max:
             wait = self._gang_wait(victim, own)
             return None if wait is None else max(wait, at_least_ms)
-        best = None
-        for node in self.nodes:
-            if node.gpus < victim.gpus:
+        # The soonest fit on a node the victim does not hold (ranked once per size and plan),
+        # then its own nodes as the preemption leaves them: O(own nodes) per victim.
+        best = self._soonest_elsewhere(victim.gpus, own)
+        for name in sorted(own):
+            node = self._by_name.get(name)
+            if node is None or node.gpus < victim.gpus:
                 continue
-            if node.name in own:
-                free, releases = self._after_preemption(node, victim, own[node.name])
-                wait = _first_fit_time(free, releases, victim.gpus)
-            else:
-                wait = self._fit(node, victim.gpus)
+            free, releases = self._after_preemption(node, victim, own[name])
+            wait = _first_fit_time(free, releases, victim.gpus)
             if wait is not None and (best is None or wait < best):
                 best = wait
-                if best <= at_least_ms:
-                    return at_least_ms
         return None if best is None else max(best, at_least_ms)
+
+    def _soonest_elsewhere(self, gpus: int, own: dict[str, int]) -> int | None:
+        ranked = self._ranked.get(gpus)
+        if ranked is None:
+            ranked = sorted((wait, node.name) for node in self.nodes
+                            if node.gpus >= gpus and (wait := self._fit(node, gpus)) is not None)
+            self._ranked[gpus] = ranked
+        for wait, name in ranked:
+            if name not in own:
+                return wait
+        return None
 
     def _fit(self, node, gpus: int) -> int | None:
         """The earliest fit of `gpus` on the node as it is (memoised for this plan)."""
