@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from transport.natsd import free_port, nats_server_binary
@@ -107,6 +108,27 @@ class SecureNats:
 
     def log_text(self) -> str:
         return "".join(p.read_text() for p in sorted(self.root.glob("nats-*.log")))
+
+
+@contextmanager
+def running_cluster(tmp_path: Path, monkeypatch, nodes: int = 1, stop_wait_s: float = 15):
+    """The shipped config (TLS, NKEY users) started on loopback, and a list the test adds its
+    processes to: on the way out they are stopped (by pid), then their jobs, then NATS."""
+    nats = SecureNats(tmp_path, nodes=nodes).start()
+    monkeypatch.setenv("XIRANG_TLS_CA", nats.ca)
+    procs: list[subprocess.Popen] = []
+    try:
+        yield nats, procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            proc.wait(stop_wait_s)
+        from agents.host import stop_job_processes
+
+        stop_job_processes(tmp_path / "host")
+        nats.stop()
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, log: Path, timeout_s: float = 15.0) -> None:

@@ -19,28 +19,15 @@ from agents.testing import FAST_POLICY, matching, train_command
 from tests.test_live_preemption import wait_metrics
 from transport import bus
 from core import types as T
-from tests.secure_nats import SecureNats, run_cli, spawn
+from tests.secure_nats import SecureNats, run_cli, running_cluster, spawn
 
 pytestmark = pytest.mark.timeout(150)
 
 
 @pytest.fixture
 def secure(tmp_path, monkeypatch):
-    nats = SecureNats(tmp_path).start()
-    monkeypatch.setenv("XIRANG_TLS_CA", nats.ca)
-    procs = []
-    try:
-        yield nats, procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            proc.wait(15)
-        from agents.host import stop_job_processes
-
-        stop_job_processes(tmp_path / "host")
-        nats.stop()
+    with running_cluster(tmp_path, monkeypatch) as started:
+        yield started
 
 
 def _run(nats: SecureNats, user: str, coro_fn, timeout_s: float = 2.0):

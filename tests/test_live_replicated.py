@@ -14,7 +14,7 @@ import pytest
 
 from agents.testing import FAST_POLICY, matching, sleep_command, train_command
 from core import types as T
-from tests.secure_nats import SecureNats, run_cli, spawn
+from tests.secure_nats import SecureNats, run_cli, running_cluster, spawn
 from tests.test_live_deploy import _run, _wait, wait_for_streams
 from transport import bus
 
@@ -23,21 +23,8 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture
 def cluster(tmp_path, monkeypatch):
-    nats = SecureNats(tmp_path, nodes=3).start()
-    monkeypatch.setenv("XIRANG_TLS_CA", nats.ca)
-    procs = []
-    try:
-        yield nats, procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            proc.wait(30)
-        from agents.host import stop_job_processes
-
-        stop_job_processes(tmp_path / "host")
-        nats.stop()
+    with running_cluster(tmp_path, monkeypatch, nodes=3, stop_wait_s=30) as started:
+        yield started
 
 
 def submit(nats: SecureNats, team: str, user: str, job: str, level: int, command: list[str]) -> None:

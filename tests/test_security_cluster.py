@@ -13,7 +13,7 @@ import pytest
 from agents.testing import REPO, matching
 from core import types as T
 from tests.data_helpers import xirang
-from tests.secure_nats import SecureNats, run_cli, spawn
+from tests.secure_nats import SecureNats, run_cli, running_cluster, spawn
 from tests.test_live_deploy import _wait, wait_for_streams
 from transport.natsd import free_port, nats_server_binary
 
@@ -22,21 +22,8 @@ pytestmark = pytest.mark.timeout(150)
 
 @pytest.fixture
 def cluster(tmp_path, monkeypatch):
-    nats = SecureNats(tmp_path, nodes=3).start()
-    monkeypatch.setenv("XIRANG_TLS_CA", nats.ca)
-    procs = []
-    try:
-        yield nats, procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            proc.wait(15)
-        from agents.host import stop_job_processes
-
-        stop_job_processes(tmp_path / "host")
-        nats.stop()
+    with running_cluster(tmp_path, monkeypatch, nodes=3) as started:
+        yield started
 
 
 def _rogue(tmp_path, nats: SecureNats) -> tuple[subprocess.Popen, str]:
