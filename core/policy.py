@@ -46,7 +46,8 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # in the queue, not only to the victim, so a victim's low level does not make its
     # wasted work cheap. 1.0 is the weight of level 5.
     wasted_work_weight_min: float = 1.0
-    # Jobs considered per scheduling pass; bounds the cost of one decision.
+    # Jobs considered per scheduling pass; bounds the cost of one decision. At most
+    # SCAN_JOBS_LIMIT: the records of one input must fit one atomic batch.
     scan_jobs_max: int = 256
     # Queued jobs considered for preemption per tick, strongest base level first.
     preemption_candidates_max: int = 4
@@ -199,6 +200,13 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     digest_every_events: int = 500
 
 
+# One input's records go to the log as one atomic batch of at most 800 messages
+# (transport.bus.BATCH_MESSAGES_MAX): a node's loss requeues up to 256 jobs (core.bounds
+# NODE_GPUS_MAX) and the pass after it may start and back-fill up to 2 x scan_jobs_max
+# jobs, so a larger scan would have its every tick refused as too big to record.
+SCAN_JOBS_LIMIT = 256
+
+
 class PolicyError(ValueError):
     """A policy value or file that cannot be used; the message names what to fix."""
 
@@ -231,6 +239,10 @@ def validate(policy: Policy) -> Policy:
         for other, slowdown in sorted(policy.gpu_substitutes[model].items()):
             if not slowdown >= 0:
                 raise PolicyError(f"gpu_substitutes[{model!r}][{other!r}] must be a slowdown >= 0, got {slowdown}")
+    if not 1 <= policy.scan_jobs_max <= SCAN_JOBS_LIMIT:
+        raise PolicyError(
+            f"scan_jobs_max must be 1..{SCAN_JOBS_LIMIT} (the records of one scheduling pass must fit"
+            f" one atomic batch), got {policy.scan_jobs_max}")
     if policy.victims_per_preemption_max < 1:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:

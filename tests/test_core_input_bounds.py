@@ -326,3 +326,12 @@ def test_a_policy_number_that_would_overflow_later_steps_is_refused():
     raw = json.dumps({"type": "set_policy", "params": {"safe_point_ms": 10**300}}).encode()
     reason, detail = rejection(fed(state, raw, 2))
     assert reason == "policy_value_out_of_range" and "safe_point_ms" in detail
+
+
+def test_a_scan_too_large_to_record_in_one_batch_is_refused_and_jobs_still_start():
+    state = pool()
+    raw = json.dumps({"type": "set_policy", "params": {"scan_jobs_max": 100_000}}).encode()
+    reason, detail = rejection(fed(state, raw, 2))
+    assert "scan_jobs_max must be 1..256" in detail, (reason, detail)
+    records = fed(state, submit_json(), 3, T0 + 1000)
+    assert any(isinstance(r.event, T.JobStartRequested) for r in records), records
