@@ -8,7 +8,6 @@ its position.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Callable, Iterable, Iterator
 
 from . import types as T
@@ -39,8 +38,7 @@ def apply_record(state: State, record: T.Record) -> None:
         raise ChainError(record.n, f"expected record {expected_n} here (dropped or reordered)")
     if record.prev != c.chain:
         raise ChainError(record.n, "does not follow the previous record's hash")
-    actual = hashlib.sha256(c.chain.encode() + T.encode(record.event)).hexdigest()
-    if actual != record.hash:
+    if not T.content_matches(record):  # over the event as stored (see T.Record)
         raise ChainError(record.n, "content does not match its hash (modified)")
     if isinstance(record.event, T.StateDigest):
         mine = live_digest(state)

@@ -16,6 +16,7 @@ one place.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Union
 
 import msgspec
@@ -491,10 +492,14 @@ Event = Union[
 ]
 
 
-class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Record(msgspec.Struct, kw_only=True, omit_defaults=True, dict=True):
     """One sealed event of the log: position, hash chain, and the input it came from.
     `key` and `sig` are the scheduler's Ed25519 signature (see trust/signing.py), added
-    outside the core; the chain hash does not cover them."""
+    outside the core; the chain hash does not cover them.
+
+    A record read back with `decode_record` remembers its event's bytes as stored (not a
+    field: never encoded); its hash is checked against those (`content_matches`), so a
+    field added to an event type later, with its default, never breaks an older chain."""
 
     n: int
     prev: str
@@ -507,8 +512,20 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 GENESIS_HASH = "0" * 64
 
+class _StoredRecord(msgspec.Struct, kw_only=True):
+    """A record as stored, its event left as the bytes that were written."""
+
+    n: int
+    prev: str
+    hash: str
+    input_seq: int = 0
+    event: msgspec.Raw
+    key: str = ""
+    sig: str = ""
+
+
 _input_decoder = msgspec.json.Decoder(Input)
-_record_decoder = msgspec.json.Decoder(Record)
+_stored_record_decoder = msgspec.json.Decoder(_StoredRecord)
 _event_decoder = msgspec.json.Decoder(Event)
 _encoder = msgspec.json.Encoder(order="sorted")
 
@@ -519,7 +536,39 @@ def encode(obj: Any) -> bytes:
 
 
 def decode_record(data: bytes | str) -> Record:
-    return _record_decoder.decode(data)
+    """A record from its stored JSON; it keeps its event's bytes as written (see `Record`)."""
+    stored = _stored_record_decoder.decode(data)
+    raw = bytes(stored.event)
+    record = Record(n=stored.n, prev=stored.prev, hash=stored.hash, input_seq=stored.input_seq,
+                    event=_event_decoder.decode(raw), key=stored.key, sig=stored.sig)
+    record._stored_event = (record.event, raw)
+    return record
+
+
+def chain_hash(prev: str, event_bytes: bytes) -> str:
+    """A record's hash: SHA-256 over the previous record's hash and its event's canonical
+    bytes (`encode`: sorted keys, no spaces). The format of every log so far."""
+    return hashlib.sha256(prev.encode() + event_bytes).hexdigest()
+
+
+def content_matches(record: Record) -> bool:
+    """Whether the record's hash covers its event and `prev`. A record read with
+    `decode_record` is checked over its event exactly as stored (the keys it had when it was
+    written, whatever fields its type has gained since); if the stored bytes are not in
+    canonical form (spaces, key order: re-written by some other JSON tool), over the same
+    keys and values put back into canonical form. A record built in memory (by `step`) is
+    checked over `encode(event)`."""
+    stored = getattr(record, "_stored_event", None)
+    if stored is None or stored[0] is not record.event:  # built here, or its event replaced
+        return chain_hash(record.prev, encode(record.event)) == record.hash
+    raw = stored[1]
+    if chain_hash(record.prev, raw) == record.hash:
+        return True
+    try:
+        canonical = _encoder.encode(msgspec.json.decode(raw))
+    except msgspec.DecodeError:
+        return False
+    return canonical != raw and chain_hash(record.prev, canonical) == record.hash
 
 
 def decode_event(data: bytes | str) -> Event:

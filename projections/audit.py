@@ -78,7 +78,6 @@ class Audit:
     story: list[str] = field(default_factory=list)
     jobs: dict[str, JobInfo] = field(default_factory=dict)
     _last_ckpt: dict[str, T.CheckpointRecorded] = field(default_factory=dict)
-    _decoder: msgspec.json.Decoder = field(default_factory=lambda: msgspec.json.Decoder(T.Record))
     # With a trust.signing.LogVerifier, every record must be covered by the scheduler's
     # signature; without one, a log that carries signatures is refused at the end (the
     # auditor must say which key to trust), and an unsigned one is said to be unchecked.
@@ -94,7 +93,7 @@ class Audit:
         if self.done:
             return False
         try:
-            record = self._decoder.decode(payload)
+            record = T.decode_record(payload)
         except msgspec.DecodeError as err:
             self.problem = Problem(self.state.canonical.events_n + 1, pos, f"not a log record: {err}")
             return False

@@ -38,7 +38,6 @@ APPEND_TABLES = ("events", "job_events", "queue_wait", "ledger", "team_limits", 
                  "policy_changes", "feedback", "notices")
 NOTICE_EVENTS = (T.VictimNotified, T.NoticeWithdrawn, T.JobRequeued, T.CheckpointFallback,
                  T.CompensationGranted, T.JobSubmitted, T.JobLevelRestored)
-_record_decoder = msgspec.json.Decoder(T.Record)
 
 
 class ProjectionError(RuntimeError):
@@ -115,7 +114,7 @@ class Projector:
                 if seq <= self.last_seq:
                     continue  # already projected: a redelivery or an overlap on restart
                 try:
-                    record = _record_decoder.decode(data)
+                    record = T.decode_record(data)
                 except msgspec.DecodeError as err:
                     # Not a record the scheduler wrote (it could not have: the chain holds
                     # only what it sealed): skip it, so one stray message stops nothing.
@@ -186,7 +185,7 @@ class Projector:
 
         state = new_state()
         for (body,) in self.con.execute("SELECT body FROM events ORDER BY seq").fetchall():
-            apply_record(state, _record_decoder.decode(body))
+            apply_record(state, T.decode_record(body))
         return state
 
     def refresh_pending(self, only_if_stale: bool = False) -> None:

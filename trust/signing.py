@@ -219,8 +219,7 @@ def verify_one(keyring: KeyRing, record: T.Record) -> str | None:
     valid signature and its hash must match its event and `prev`."""
     if not record.sig:
         return "not signed by the scheduler"
-    actual = hashlib.sha256(record.prev.encode() + T.encode(record.event)).hexdigest()
-    if actual != record.hash:
+    if not T.content_matches(record):  # over the event as stored, never re-encoded
         return "content does not match its hash (altered)"
     return keyring.problem(record)
 
