@@ -455,6 +455,7 @@ def _compensation(s: State, ev: T.CompensationGranted) -> None:
 def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
     before = s.canonical.policy
     s.canonical.policy = with_params(before, ev.params)
+    s.canonical.policy_params = {**s.canonical.policy_params, **ev.params}
     s.index.variant_policies.clear()
     forget_remaining(s.index)
     s.index.placement_dirty = True

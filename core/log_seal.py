@@ -12,7 +12,7 @@ import hashlib
 from . import types as T
 from .bounds import NAME_CHARS_MAX, T_MS_MAX, TEXT_CHARS_MAX
 from .evolve import evolve
-from .state import State, live_digest
+from .state import DIGEST_SCHEMA, State, live_digest
 
 
 class Ctx:
@@ -46,7 +46,8 @@ class Ctx:
         c.last_input_seq = max(c.last_input_seq, self.inp.seq)
         self.records.append(T.Record(n=n, prev=prev, hash=digest, input_seq=self.inp.seq, event=ev))
         if n % c.policy.digest_every_events == 0 and not isinstance(ev, T.StateDigest):
-            self._seal(T.StateDigest(t=c.t, digest=live_digest(self.state), events=n))
+            self._seal(T.StateDigest(t=c.t, digest=live_digest(self.state), events=n,
+                                     schema=DIGEST_SCHEMA))
 
 
 def reject(ctx: Ctx, reason: str, detail: str = "") -> None:

@@ -1,8 +1,8 @@
 """Folding a log back into state, and running inputs through `step`.
 
 `apply_record` is the replay twin of sealing in `log_seal.Ctx`: it checks the record's place
-in the hash chain, verifies a `StateDigest` against the rebuilt state, and applies the
-event with `evolve`. A modified, dropped or reordered record raises `ChainError` naming
+in the hash chain (over the event as stored), verifies a `StateDigest` against the rebuilt
+state (as the digest's schema says: core/digest.py), and applies the event with `evolve`. A modified, dropped or reordered record raises `ChainError` naming
 its position.
 """
 
@@ -13,7 +13,8 @@ from typing import Callable, Iterable, Iterator
 from . import types as T
 from .evolve import evolve
 from .machine import new_state, reject_input, step
-from .state import State, live_digest, load_snapshot, snapshot_bytes
+from .digest import digest_problem
+from .state import State, load_snapshot, snapshot_bytes
 
 
 class ChainError(ValueError):
@@ -41,9 +42,9 @@ def apply_record(state: State, record: T.Record) -> None:
     if not T.content_matches(record):  # over the event as stored (see T.Record)
         raise ChainError(record.n, "content does not match its hash (modified)")
     if isinstance(record.event, T.StateDigest):
-        mine = live_digest(state)
-        if mine != record.event.digest:
-            raise DigestMismatch(record.n, f"state digest {mine[:16]} != recorded {record.event.digest[:16]}")
+        problem = digest_problem(state, record.event)  # as the digest's schema says
+        if problem:
+            raise DigestMismatch(record.n, problem)
     evolve(state, record.event)
     c.events_n = record.n
     c.chain = record.hash

@@ -6,6 +6,9 @@ plus an `Index` of derived lookups (queues per level and team, free GPUs per mod
 per node). The index is rebuilt from the entities on load, so it never needs to be
 stored. Only `evolve` changes a State; decisions read it.
 
+A field added to an entity needs a default, and must keep it for whatever events written
+before it produce, so that older logs keep their state digests (core/digest.py says why).
+
 Over 500 lines on purpose: each entity and the index entries that mirror it are kept side
 by side, so an index update is never far from the entity it follows.
 """
@@ -38,7 +41,7 @@ TERMINAL = (FINISHED, FAILED, CANCELLED)
 HOLDING = (STARTING, RUNNING, RESERVED, PREEMPTING)
 
 
-class Checkpoint(msgspec.Struct, kw_only=True):
+class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A checkpoint a job saved: step, digest, size, and the progress it holds."""
 
     step: int
@@ -48,7 +51,7 @@ class Checkpoint(msgspec.Struct, kw_only=True):
     t: int
 
 
-class Job(msgspec.Struct, kw_only=True):
+class Job(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A job the scheduler knows: what was asked, where it is in its life, where it runs, and
     its checkpoints."""
 
@@ -98,7 +101,7 @@ class Job(msgspec.Struct, kw_only=True):
     run: int = 0
 
 
-class Node(msgspec.Struct, kw_only=True):
+class Node(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A host's GPUs: model, count, and which job holds each."""
 
     name: str
@@ -108,7 +111,7 @@ class Node(msgspec.Struct, kw_only=True):
     up: bool = True
 
 
-class Saga(msgspec.Struct, kw_only=True):
+class Saga(msgspec.Struct, kw_only=True, omit_defaults=True):
     """An open preemption: preemptor, victims, the placement it reserves, and its deadline."""
 
     id: str
@@ -126,14 +129,14 @@ class Saga(msgspec.Struct, kw_only=True):
     reclaim: bool = False  # taken back for a team below its fair share, not by priority
 
 
-class Window(msgspec.Struct, kw_only=True):
+class Window(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Times of recent preemptions, for sliding-window fairness counts."""
 
     preempting: list[int] = []
     preempted: list[int] = []
 
 
-class Estimate(msgspec.Struct, kw_only=True):
+class Estimate(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A running mean (of runtimes per team and kind, or of safe-point latency) and its sample
     count."""
 
@@ -141,14 +144,14 @@ class Estimate(msgspec.Struct, kw_only=True):
     mean_ms: float = 0.0
 
 
-class LevelWait(msgspec.Struct, kw_only=True):
+class LevelWait(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A level's recent queueing delay (running mean), which speeds its aging up."""
 
     samples: int = 0
     mean_ms: float = 0.0
 
 
-class Ledger(msgspec.Struct, kw_only=True):
+class Ledger(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A team's compensation: quota GPU-hours (lasting and time-limited) and fee credit."""
 
     quota_gpu_hours: float = 0.0  # bonuses for good (granted by older versions)
@@ -184,6 +187,10 @@ class Canonical(msgspec.Struct, kw_only=True):
         default_factory=lambda: [LevelWait() for _ in range(LEVELS)])
     rr_last_team: list[str] = msgspec.field(default_factory=lambda: [""] * LEVELS)
     ledger: dict[str, Ledger] = {}
+    # Every set_policy param the log has set (merged, as recorded): what the log determines
+    # of `policy`; the rest are the defaults of the release that folds it. A digest covers
+    # these, not `policy` (core/digest.py).
+    policy_params: dict[str, Any] = {}
 
 
 class Index:
@@ -227,6 +234,9 @@ class Index:
         # there, the job's id).
         self.reserved_nodes: dict[str, tuple[int, str]] = {}
         self.jobs_sum = 0
+        # Which schema-1 release's digests this log's last one matched (core/digest.py):
+        # tried first at the next one.
+        self.legacy_digest_release = 0
         # Expected time until each holding job releases its GPUs, at time `remaining_memo_t`:
         # a job's entry is dropped whenever an event touches it, all of them when the time,
         # the learned estimates or the policy change.
@@ -414,13 +424,17 @@ def queue_depth(ix: Index, level: int) -> int:
 
 
 DIGEST_MODULUS = 1 << 256
+# How `state_digest` computes (StateDigest.schema); core/digest.py says what each schema
+# covers and how digests of older ones are checked.
+DIGEST_SCHEMA = 2
 
 
 _RUN_FIELD = re.compile(rb',"run":\d+')
 
 
 def job_hash(job: Job) -> int:
-    """A job's contribution to the state digest."""
+    """A job's contribution to the state digest: its fields but those at their default
+    (Job omits them) and `run`."""
     data = msgspec.json.encode(job, order="sorted")
     # `run` stays out of the digest (see Job.run). Inside a string a quote is escaped, so
     # this pattern matches only the field itself.
@@ -433,17 +447,27 @@ def jobs_hash_sum(c: Canonical) -> int:
     return sum(job_hash(c.jobs[job_id]) for job_id in sorted(c.jobs)) % DIGEST_MODULUS
 
 
+# Left out of the Canonical part of a digest: jobs enter through their hash sum, terminal
+# jobs through `done_hash`, the policy through `policy_params`.
+_DIGEST_LEFT_OUT = ("jobs", "done", "policy")
+
+
 def state_digest(c: Canonical, jobs_sum: int | None = None) -> str:
-    """SHA-256 of the canonical state with sorted keys. Jobs enter as the sum of their own
-    hashes (a multiset hash the index keeps up to date as events touch jobs), and terminal
-    jobs through their rolling hash, so the digest's cost follows what changed, not how
-    many jobs wait or ever ran. Tamper evidence comes from the hash chain; the digest's
-    job is to catch a replay that diverges."""
+    """The state digest (schema `DIGEST_SCHEMA`, see core/digest.py): SHA-256 of the
+    canonical state with sorted keys and every field at its default left out. Jobs enter as
+    the sum of their own hashes (a multiset hash the index keeps up to date as events touch
+    jobs), terminal jobs through their rolling hash, so the digest's cost follows what
+    changed, not how many jobs wait or ever ran. Tamper evidence comes from the hash chain;
+    the digest's job is to catch a replay that diverges."""
     if jobs_sum is None:
         jobs_sum = jobs_hash_sum(c)
-    view = msgspec.structs.replace(c, done={}, jobs={})
+    view = {name: getattr(c, name) for name in c.__struct_fields__
+            if name not in _DIGEST_LEFT_OUT and getattr(c, name) != _CANONICAL_DEFAULTS[name]}
     data = msgspec.json.encode(view, order="sorted") + b"|jobs:" + f"{jobs_sum:064x}".encode()
     return hashlib.sha256(data).hexdigest()
+
+
+_CANONICAL_DEFAULTS = msgspec.structs.asdict(Canonical())
 
 
 def live_digest(state: "State") -> str:

@@ -476,8 +476,12 @@ class JobStopRequested(_Event, tag="JobStopRequested"):
 
 
 class StateDigest(_Event, tag="StateDigest"):
+    """The state's digest after record `events`; `schema` says how it was computed (see
+    core/digest.py): 1 for every digest written before schemas existed (no key)."""
+
     digest: str
     events: int
+    schema: int = 1
 
 
 Event = Union[

@@ -35,7 +35,7 @@ from core import types as T
 from core.replay import apply_record
 from core.identity import sender_tokens
 from trust.connect import connect_options
-from core.state import State
+from core.state import DIGEST_SCHEMA, State
 from trust.signing import LogVerifier, sign_records
 
 log = logging.getLogger("xirang.bus")
@@ -366,6 +366,10 @@ async def load_snapshot_obj(js, keyring=None) -> tuple[State | None, int]:
         return None, 0
     head, _, body = bytes(result.data).partition(b"\n")
     meta = json.loads(head)
+    if meta.get("digest_schema", 1) != DIGEST_SCHEMA:
+        # Written by another release: its state may lack what this one's digests cover
+        # (Canonical.policy_params); folding the log from the start rebuilds all of it.
+        return None, 0
     if keyring is not None and not keyring.verify_blob(_snapshot_sealed(meta, body), meta.get("seal", {})):
         return None, 0
     return load_snapshot(body), int(meta["ev_seq"])
@@ -378,7 +382,7 @@ def _snapshot_sealed(meta: dict, body: bytes) -> bytes:
 
 async def save_snapshot(js, state: State, ev_seq: int, signer=None) -> None:
     store = await js.object_store(SNAP_BUCKET)
-    meta = {"ev_seq": ev_seq, "events_n": state.canonical.events_n}
+    meta = {"ev_seq": ev_seq, "events_n": state.canonical.events_n, "digest_schema": DIGEST_SCHEMA}
     body = snapshot_bytes(state.canonical)
     if signer is not None:
         meta["seal"] = signer.sign_blob(_snapshot_sealed(meta, body))

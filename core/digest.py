@@ -1,0 +1,158 @@
+"""State digests across releases: what a `StateDigest` record covers, schema by schema, and
+how a reader checks one written by an older release, so that a log keeps verifying while
+the state's types grow.
+
+Every `policy.digest_every_events` records the scheduler seals a `StateDigest`: SHA-256
+over the canonical state (sorted keys; jobs through the sum of their own hashes, terminal
+jobs through `done_hash`). Folding the log must rebuild a state with the same digest.
+`StateDigest.schema` says how the digest was computed:
+
+- Schema 2 (`core.state.DIGEST_SCHEMA`, written since 2026-12-01): every entity with its
+  fields at their default left out, and the policy as the params the log's `set_policy`
+  inputs set (`Canonical.policy_params`), not the policy in force. So a field added to
+  Job, Node, Saga, Ledger, ... with a default leaves every older digest as it was, and so
+  does a changed policy default (a rule of the release that folds the log: the log pins
+  only what it set). What whoever changes the state's types must keep to:
+    * add a field only with a default, and leave it at its default for everything that
+      events written before it produce (evolve must not derive it for old events);
+    * never change the default of a state field, never reuse a field's name for a new
+      meaning (policy defaults may change: they are not digested);
+    * a change that cannot keep to this bumps DIGEST_SCHEMA, and this module gives the
+      older schema its own projection, as schema 1 has below.
+- Schema 1 (no `schema` key: every digest written before schema 2): every field the
+  writing release had, at whatever value, and the whole policy in force, with that
+  release's defaults. A reader recomputes it for each release since the digest took its
+  present form (e3726a4, 2026-11-29 08:58): the field sets and policy defaults in
+  core/digest_legacy.py, newest first (the release that matched the log's previous digest
+  first). Fields added since are left out, policy fields the log never set take that
+  release's defaults. Digests of releases before e3726a4, or of unreleased branches that
+  added fields of their own, match none of them: the check names the digest's schema and
+  says so.
+- A schema newer than this release knows is not guessed at: the check asks for a newer
+  xirang.
+
+What a digest cannot survive is a change in how events fold (evolve): then the replay
+really does rebuild a different state, and the mismatch says the log was written under
+other folding rules. Decisions are never re-made when a log is folded, so a change of the
+decision rules (or of policy defaults) alone never breaks an old log's audit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+
+from . import types as T
+from .digest_legacy import LEGACY_CHANGES, LEGACY_FIELDS, LEGACY_POLICY_DEFAULTS
+from .state import DIGEST_MODULUS, DIGEST_SCHEMA, Canonical, State, live_digest
+
+LEGACY_SCHEMA = 1
+
+
+class _Release(msgspec.Struct, frozen=True):
+    """One schema-1 release, as its digests saw the state."""
+
+    name: str
+    fields: dict[str, frozenset[str]]  # type name -> the fields it had
+    policy_defaults: dict[str, Any]
+
+
+def _legacy_releases() -> tuple[_Release, ...]:
+    """The schema-1 releases, newest first, from the last one back through every change."""
+    fields = {name: set(names) for name, names in LEGACY_FIELDS.items()}
+    defaults = dict(LEGACY_POLICY_DEFAULTS)
+    releases = []
+    name = "the last release before digest schema 2"
+    for commit, date, added, old_defaults in reversed(LEGACY_CHANGES):
+        releases.append(_Release(name, {k: frozenset(v) for k, v in fields.items()}, dict(defaults)))
+        for type_name, names in added.items():
+            fields[type_name] -= set(names)
+        defaults.update(old_defaults)
+        name = f"a release before {commit} ({date})"
+    releases.append(_Release(name, {k: frozenset(v) for k, v in fields.items()}, defaults))
+    return tuple(releases)
+
+
+LEGACY_RELEASES = _legacy_releases()
+
+
+def digest_problem(state: State, ev: T.StateDigest) -> str:
+    """Why the state folded so far does not match a recorded `StateDigest` ("" if it
+    does), computed the way the digest's schema says."""
+    if ev.schema == DIGEST_SCHEMA:
+        mine = live_digest(state)
+        if mine == ev.digest:
+            return ""
+        return (
+            f"state digest {mine[:16]} != recorded {ev.digest[:16]} (digest schema {ev.schema}): "
+            "folding this log rebuilds another state than the scheduler's, so either the log was "
+            "altered and re-hashed, or it was written under other folding rules (core/evolve.py)"
+        )
+    if ev.schema == LEGACY_SCHEMA:
+        return _legacy_problem(state, ev)
+    if ev.schema > DIGEST_SCHEMA:
+        return (
+            f"state digest of schema {ev.schema}, newer than this release knows (up to "
+            f"{DIGEST_SCHEMA}): audit this log with the xirang release that wrote it, or a newer one"
+        )
+    return f"state digest of unknown schema {ev.schema}"
+
+
+def _legacy_problem(state: State, ev: T.StateDigest) -> str:
+    hint = state.index.legacy_digest_release
+    order = [hint, *(i for i in range(len(LEGACY_RELEASES)) if i != hint)]
+    for i in order:
+        if legacy_digest(state.canonical, LEGACY_RELEASES[i]) == ev.digest:
+            state.index.legacy_digest_release = i
+            return ""
+    return (
+        f"state digest {ev.digest[:16]} (schema 1, written before digest schemas) matches the state "
+        f"as none of the {len(LEGACY_RELEASES)} releases since 2026-11-29 08:58 saw it: either the "
+        "log was altered and re-hashed, it was written by an older or unreleased version, or under "
+        "other folding rules (core/evolve.py)"
+    )
+
+
+def legacy_digest(c: Canonical, release: _Release) -> str:
+    """The digest `release` (schema 1) wrote for state `c`: every field it had, the policy in
+    force with its defaults for what the log did not set."""
+    jobs_sum = sum(_sha_int(_encode(_view(job, release))) for job in c.jobs.values()) % DIGEST_MODULUS
+    top = {name: _view(getattr(c, name), release) for name in release.fields["Canonical"]}
+    top.update(jobs={}, done={}, policy=_legacy_policy(c, release))
+    return hashlib.sha256(_encode(top) + b"|jobs:" + f"{jobs_sum:064x}".encode()).hexdigest()
+
+
+def _legacy_policy(c: Canonical, release: _Release) -> dict[str, Any]:
+    policy = {}
+    for name in release.fields["Policy"]:
+        if name in c.policy_params or name not in release.policy_defaults:
+            policy[name] = _view(getattr(c.policy, name), release)
+        else:
+            policy[name] = release.policy_defaults[name]
+    return policy
+
+
+def _view(value: Any, release: _Release) -> Any:
+    """A value as `release` encoded it: structs with exactly the fields it knew, all of them."""
+    if isinstance(value, msgspec.Struct):
+        known = release.fields.get(type(value).__name__)
+        if known is None:
+            raise ValueError(f"no schema-1 field set for {type(value).__name__}")
+        return {
+            name: _view(getattr(value, name), release) for name in value.__struct_fields__ if name in known
+        }
+    if isinstance(value, dict):
+        return {key: _view(item, release) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_view(item, release) for item in value]
+    return value
+
+
+def _encode(value: Any) -> bytes:
+    return msgspec.json.encode(value, order="sorted")
+
+
+def _sha_int(data: bytes) -> int:
+    return int.from_bytes(hashlib.sha256(data).digest(), "big")
