@@ -341,7 +341,7 @@ def _verify_and_export(records: list[T.Record], path: Path, keyring_file: Path) 
 
     with open(path, "wb") as fh:
         for record in records:
-            fh.write(T.encode(record) + b"\n")
+            fh.write(T.encode_record(record) + b"\n")
     try:
         verifier = LogVerifier(KeyRing.load(keyring_file))
         trusted = [r for record in records for r, _ in verifier.admit(record)]

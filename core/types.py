@@ -516,7 +516,7 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, dict=True):
 
 GENESIS_HASH = "0" * 64
 
-class _StoredRecord(msgspec.Struct, kw_only=True):
+class _StoredRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A record as stored, its event left as the bytes that were written."""
 
     n: int
@@ -549,6 +549,34 @@ def decode_record(data: bytes | str) -> Record:
     return record
 
 
+def stored_event(record: Record) -> bytes | None:
+    """The record's event bytes as they were read (`decode_record`), or None for a record
+    built in memory or whose event was replaced since."""
+    stored = getattr(record, "_stored_event", None)
+    return stored[1] if stored is not None and stored[0] is record.event else None
+
+
+def keep_stored_event(source: Record, copy: Record) -> Record:
+    """`copy` (of `source`, say with a signature added) keeps the event bytes `source` was
+    read with, if it has the same event."""
+    raw = stored_event(source)
+    if raw is not None and copy.event is source.event:
+        copy._stored_event = (copy.event, raw)
+    return copy
+
+
+def encode_record(record: Record) -> bytes:
+    """A record's JSON line for a log. A record read from a log keeps its event's bytes as
+    they were stored (re-encoding an older event would add the fields its type has gained
+    since, and break its hash); one built in memory is `encode(record)`."""
+    raw = stored_event(record)
+    if raw is None:
+        return _encoder.encode(record)
+    return _encoder.encode(_StoredRecord(n=record.n, prev=record.prev, hash=record.hash,
+                                         input_seq=record.input_seq, event=msgspec.Raw(raw),
+                                         key=record.key, sig=record.sig))
+
+
 def chain_hash(prev: str, event_bytes: bytes) -> str:
     """A record's hash: SHA-256 over the previous record's hash and its event's canonical
     bytes (`encode`: sorted keys, no spaces). The format of every log so far."""
@@ -562,10 +590,9 @@ def content_matches(record: Record) -> bool:
     canonical form (spaces, key order: re-written by some other JSON tool), over the same
     keys and values put back into canonical form. A record built in memory (by `step`) is
     checked over `encode(event)`."""
-    stored = getattr(record, "_stored_event", None)
-    if stored is None or stored[0] is not record.event:  # built here, or its event replaced
+    raw = stored_event(record)
+    if raw is None:  # built here, or its event replaced
         return chain_hash(record.prev, encode(record.event)) == record.hash
-    raw = stored[1]
     if chain_hash(record.prev, raw) == record.hash:
         return True
     try:

@@ -72,7 +72,7 @@ async def _measure(records: list[T.Record], tmp: str) -> dict:
 
 
 def _file_rate(records: list[T.Record], tmp: str) -> float:
-    items = [(i, T.encode(r)) for i, r in enumerate(records, 1)]
+    items = [(i, T.encode_record(r)) for i, r in enumerate(records, 1)]
     proj = Projector(os.path.join(tmp, "file.duckdb"))
     began = time.perf_counter()
     for i in range(0, len(items), 5000):

@@ -89,7 +89,7 @@ def gather(
 
 def _project(records: list[T.Record]) -> duckdb.DuckDBPyConnection:
     proj = Projector(duckdb.connect())
-    proj.apply([(i, T.encode(r)) for i, r in enumerate(records, 1)])
+    proj.apply([(i, T.encode_record(r)) for i, r in enumerate(records, 1)])
     return proj.con
 
 

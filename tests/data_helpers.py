@@ -37,7 +37,7 @@ def workload_records(jobs: int = 150, seed: int = 7, storm: bool = False) -> tup
 def write_jsonl(path: str, records) -> str:
     with open(path, "wb") as fh:
         for record in records:
-            fh.write(T.encode(record) + b"\n")
+            fh.write(T.encode_record(record) + b"\n")
     return path
 
 

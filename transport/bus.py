@@ -242,7 +242,7 @@ def record_messages(records: list[T.Record], signer=None) -> list[tuple[str, byt
         records = sign_records(records, signer, host_nodes)
     out: list[tuple[str, bytes]] = []
     for record in records:
-        data = T.encode(record)
+        data = T.encode_record(record)
         name = T.type_name(record.event)
         out.append((f"{LOG_PREFIX}.{name}", data))
         for node in dict.fromkeys(host_nodes(record.event)):

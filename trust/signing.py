@@ -103,7 +103,7 @@ class Signer:
 
     def sign_record(self, record: T.Record) -> T.Record:
         sig = self.private.sign(record_message(record))
-        return msgspec.structs.replace(record, key=self.key_id, sig=_b64(sig))
+        return T.keep_stored_event(record, msgspec.structs.replace(record, key=self.key_id, sig=_b64(sig)))
 
     def sign_blob(self, data: bytes) -> dict:
         digest = hashlib.sha256(data).digest()
