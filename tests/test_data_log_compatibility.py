@@ -1,0 +1,275 @@
+"""Logs written by older releases keep auditing: the golden logs in tests/data/golden-logs
+(the same inputs, `inputs.jsonl`, run through `xirang replay run` by release 276a06d, by
+dac0952, the last release before digest schemas, and by a release with digest schema 2;
+see the README there) must fold and verify forever, hash chain and every state digest, and
+a changed byte in any of them must still be found and named by its record number."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from core import new_state, state_digest
+from core import types as T
+from core.digest import LEGACY_RELEASES
+from core.policy import Policy
+from core.replay import apply_record
+from core.state import Job
+from data_helpers import publish, start_nats, xirang
+from transport import bus
+from trust.signing import Signer, create_key
+
+GOLDEN = Path(__file__).parent / "data" / "golden-logs"
+LOGS = ("written-by-276a06d.jsonl", "written-by-dac0952.jsonl", "written-with-digest-schema-2.jsonl")
+
+
+def _lines(name: str) -> list[bytes]:
+    return (GOLDEN / name).read_bytes().splitlines()
+
+
+def _audit(path: Path, *args: str) -> dict:
+    result = xirang("audit", "--log", str(path), "--json", *args)
+    summary = json.loads(result.stdout)
+    assert result.returncode == (0 if summary["ok"] else 1)
+    return summary
+
+
+def _fold(lines: list[bytes]):
+    state = new_state()
+    for line in lines:
+        apply_record(state, T.decode_record(line))
+    return state
+
+
+def _digest_records(lines: list[bytes]) -> list[int]:
+    return [n for n, line in enumerate(lines, 1) if b'"type":"StateDigest"' in line]
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_the_log_of_each_release_audits_clean_with_every_state_digest(name):
+    lines = _lines(name)
+    summary = _audit(GOLDEN / name)
+    assert summary["ok"], summary.get("problem")
+    assert summary["records_verified"] == summary["last_record"] == len(lines) > 100
+    assert summary["state_digests_verified"] == len(_digest_records(lines)) >= 25
+
+
+def test_the_oldest_log_really_lacks_what_the_types_have_gained_since():
+    """What makes the test above mean something: re-encoding the old log's events with
+    today's types gives other bytes (new fields with their defaults), its digests are of
+    schema 1, and the state's types, policy defaults included, have changed since."""
+    lines = _lines(LOGS[0])
+    records = [T.decode_record(line) for line in lines]
+    submitted = [r for r in records if isinstance(r.event, T.JobSubmitted)]
+    assert submitted and all(T.chain_hash(r.prev, T.encode(r.event)) != r.hash for r in submitted)
+    assert all(b"safe_point_interval_s" not in line for line in lines)
+    digests = [r.event for r in records if isinstance(r.event, T.StateDigest)]
+    assert digests and all(
+        d.schema == 1 and b'"schema"' not in line
+        for d, line in zip(digests, (x for x in lines if b"StateDigest" in x))
+    )
+    state = _fold(lines)
+    matched = LEGACY_RELEASES[state.index.legacy_digest_release]
+    assert matched.name == "a release before acdb637 (2026-12-01 01:42)"
+    # Its release's default for fair_share_guarantee differs from today's, and the log's
+    # digests before its second set_policy (which sets it) were made under that default.
+    assert matched.policy_defaults["fair_share_guarantee"] != Policy().fair_share_guarantee
+    changes = [n for n, r in enumerate(records, 1) if isinstance(r.event, T.PolicyChanged)]
+    assert "fair_share_guarantee" in records[changes[1] - 1].event.params
+    assert "fair_share_guarantee" not in records[changes[0] - 1].event.params
+    assert len([n for n in _digest_records(lines) if n < changes[1]]) >= 15
+    assert "safe_point_interval_ms" not in matched.fields["Job"]
+    newest = _fold(_lines(LOGS[1]))
+    assert LEGACY_RELEASES[newest.index.legacy_digest_release] is LEGACY_RELEASES[0]
+
+
+def _change(line: bytes, old: bytes, new: bytes) -> bytes:
+    assert old in line, (old, line[:200])
+    return line.replace(old, new, 1)
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_a_changed_byte_is_located_by_its_record_number(name, tmp_path):
+    lines = _lines(name)
+    submitted = next(n for n, line in enumerate(lines, 1) if b'"type":"JobSubmitted"' in line)
+    digest = _digest_records(lines)[3]
+    for n, old, new in ((submitted, b'"gpus":4', b'"gpus":5'), (digest, b'"digest":"', b'"digest":"f')):
+        changed = list(lines)
+        changed[n - 1] = _change(lines[n - 1], old, new)
+        path = tmp_path / f"changed-{n}.jsonl"
+        path.write_bytes(b"\n".join(changed) + b"\n")
+        summary = _audit(path)
+        assert not summary["ok"]
+        assert summary["problem_record"] == summary["problem_line"] == n
+        assert "content does not match its hash" in summary["problem"]
+
+
+def _rehash_from(lines: list[bytes], first: int) -> list[bytes]:
+    """A forger's log: the records from `first` on re-hashed over their events as they
+    are now, so that the chain holds again."""
+    out = list(lines[: first - 1])
+    prev = T.decode_record(out[-1]).hash
+    for line in lines[first - 1 :]:
+        record = msgspec.json.decode(line)
+        event_bytes = T.encode(record["event"])  # generic: exactly the keys the record has
+        record["prev"], record["hash"] = prev, T.chain_hash(prev, event_bytes)
+        prev = record["hash"]
+        out.append(T.encode(record))
+    return out
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_a_forger_who_rehashes_the_chain_is_caught_at_the_next_state_digest(name, tmp_path):
+    lines = _lines(name)
+    submitted = next(
+        n
+        for n, line in enumerate(lines, 1)
+        if b'"job":"pretrain"' in line and b'"type":"JobSubmitted"' in line
+    )
+    changed = list(lines)
+    changed[submitted - 1] = _change(lines[submitted - 1], b'"gpus":8', b'"gpus":6')
+    forged = _rehash_from(changed, submitted)
+    path = tmp_path / "forged.jsonl"
+    path.write_bytes(b"\n".join(forged) + b"\n")
+    summary = _audit(path)
+    next_digest = min(n for n in _digest_records(lines) if n > submitted)
+    assert not summary["ok"] and summary["problem_record"] == next_digest
+    assert "state digest" in summary["problem"]
+
+
+class _JobGrown(Job, kw_only=True, omit_defaults=True):
+    """Job as a later release might have it: one more field, with a default."""
+
+    drained_ms: int = 0
+
+
+def test_a_field_added_with_its_default_leaves_schema_2_digests_as_they_were():
+    lines = _lines(LOGS[2])
+    state = _fold(lines)
+    c = state.canonical
+    recorded = T.decode_record(lines[_digest_records(lines)[-1] - 1]).event
+    assert recorded.schema == 2
+    before = state_digest(c)
+    grown = msgspec.structs.replace(
+        c, jobs={job_id: _JobGrown(**msgspec.structs.asdict(job)) for job_id, job in c.jobs.items()}
+    )
+    assert c.jobs and state_digest(grown) == before
+    moved = msgspec.structs.replace(grown, jobs={**grown.jobs})
+    first = sorted(moved.jobs)[0]
+    moved.jobs[first] = msgspec.structs.replace(moved.jobs[first], drained_ms=5)
+    assert state_digest(moved) != before  # the digest does see the field once it is set
+    # A policy default changed by a later release is not part of the log: same digest.
+    changed_default = msgspec.structs.replace(
+        c,
+        policy=msgspec.structs.replace(
+            c.policy, preemption_candidates_max=c.policy.preemption_candidates_max + 1
+        ),
+    )
+    assert "preemption_candidates_max" in c.policy_params  # ... unless the log set it
+    assert state_digest(changed_default) == before
+    changed_default = msgspec.structs.replace(
+        c, policy=msgspec.structs.replace(c.policy, checkpoints_kept=c.policy.checkpoints_kept + 1)
+    )
+    assert "checkpoints_kept" not in c.policy_params and state_digest(changed_default) == before
+
+
+def test_the_vocabulary_only_grows_and_only_with_defaults():
+    """Tags are never dropped or reused, fields never dropped, and a field added to an event,
+    an input or a digested state type has a default (else older logs stop decoding, or their
+    digests change). A new tag or field is fine: this frozen copy never needs updating."""
+    import core.policy as P
+    import core.state as S
+
+    frozen = json.loads((GOLDEN / "vocabulary.json").read_text())
+    now = {
+        "events": {c.__struct_config__.tag: c for c in T.Event.__args__},
+        "inputs": {c.__struct_config__.tag: c for c in T.Input.__args__},
+        "state": {
+            c.__name__: c
+            for c in (
+                S.Canonical,
+                S.Job,
+                S.Node,
+                S.Saga,
+                S.Window,
+                S.Estimate,
+                S.LevelWait,
+                S.Ledger,
+                S.Checkpoint,
+                T.Slot,
+                P.Policy,
+                T.Record,
+            )
+        },
+    }
+    problems = []
+    for kind, types in frozen.items():
+        for name, was in types.items():
+            cls = now[kind].get(name)
+            if cls is None:
+                problems.append(f"{kind} {name} is gone")
+                continue
+            fields = {f.name: f for f in msgspec.inspect.type_info(cls).fields}
+            problems += [f"{name}.{f} is gone" for f in was["fields"] if f not in fields]
+            problems += [
+                f"{name}.{f} was added without a default"
+                for f, info in fields.items()
+                if info.required and f not in was["required"]
+            ]
+    assert not problems
+
+
+def test_an_old_log_signed_as_it_was_stored_verifies_and_a_changed_byte_is_named(tmp_path):
+    """Signatures cover n, input_seq and the chain hash, never re-encoded event bytes: an old
+    log's records signed (and written back with their events as stored) verify."""
+    private, public, _ = create_key(tmp_path / "keys")
+    signer = Signer.load(private)
+    signed = [T.encode_record(signer.sign_record(T.decode_record(line))) for line in _lines(LOGS[0])]
+    path = tmp_path / "signed.jsonl"
+    path.write_bytes(b"\n".join(signed) + b"\n")
+    summary = _audit(path, "--public-key", str(public))
+    assert summary["ok"], summary.get("problem")
+    assert summary["signatures"].startswith(f"{len(signed)} verified")
+    signed[9] = _change(signed[9], b'"t":', b'"t":1')
+    path.write_bytes(b"\n".join(signed) + b"\n")
+    summary = _audit(path, "--public-key", str(public))
+    assert not summary["ok"] and summary["problem_record"] == 10
+
+
+def test_a_standby_scheduler_and_the_projector_fold_an_old_log_from_jetstream(tmp_path):
+    lines = _lines(LOGS[0])
+    head = T.decode_record(lines[-1]).hash
+    server = start_nats(tmp_path)
+    try:
+        publish(server.url, [T.decode_record(line) for line in lines])  # as stored
+
+        async def standby():
+            nc, js = await bus.connect(server.url)
+            try:
+                return await bus.load_state(js, snapshot=False)
+            finally:
+                await nc.close()
+
+        state, _ = asyncio.run(standby())
+        assert state.canonical.events_n == len(lines) and state.canonical.chain == head
+        audit = json.loads(xirang("audit", "--nats", server.url, "--json").stdout)
+        assert audit["ok"] and audit["state_digests_verified"] == len(_digest_records(lines))
+        db = str(tmp_path / "p.duckdb")
+        projected = xirang("project", "--nats", server.url, "--db", db)
+        assert projected.returncode == 0, projected.stderr
+    finally:
+        server.stop()
+    import duckdb
+
+    con = duckdb.connect(db, read_only=True)
+    try:
+        assert con.execute("SELECT last_n, last_hash FROM projector_position").fetchone() == (
+            len(lines),
+            head,
+        )
+    finally:
+        con.close()
