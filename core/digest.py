@@ -49,6 +49,8 @@ from .digest_legacy import LEGACY_CHANGES, LEGACY_FIELDS, LEGACY_POLICY_DEFAULTS
 from .state import DIGEST_MODULUS, DIGEST_SCHEMA, Canonical, State, live_digest
 
 LEGACY_SCHEMA = 1
+# Where the digest took its present form: schema-1 digests of releases before it are not known.
+FIRST_COMMIT, FIRST_DATE = "e3726a4", "2026-11-29 08:58"
 
 
 class _Release(msgspec.Struct, frozen=True):
@@ -60,18 +62,20 @@ class _Release(msgspec.Struct, frozen=True):
 
 
 def _legacy_releases() -> tuple[_Release, ...]:
-    """The schema-1 releases, newest first, from the last one back through every change."""
+    """The schema-1 releases, newest first: from the last change back through every one."""
     fields = {name: set(names) for name, names in LEGACY_FIELDS.items()}
     defaults = dict(LEGACY_POLICY_DEFAULTS)
     releases = []
-    name = "the last release before digest schema 2"
-    for commit, date, added, old_defaults in reversed(LEGACY_CHANGES):
+    until = "digest schema 2"
+    starts = [(FIRST_COMMIT, FIRST_DATE), *((commit, date) for commit, date, _, _ in LEGACY_CHANGES)]
+    for (commit, date), change in zip(reversed(starts), (*reversed(LEGACY_CHANGES), None)):
+        name = f"releases from {commit} ({date}) until {until}"
         releases.append(_Release(name, {k: frozenset(v) for k, v in fields.items()}, dict(defaults)))
-        for type_name, names in added.items():
-            fields[type_name] -= set(names)
-        defaults.update(old_defaults)
-        name = f"a release before {commit} ({date})"
-    releases.append(_Release(name, {k: frozenset(v) for k, v in fields.items()}, defaults))
+        if change is not None:
+            for type_name, names in change[2].items():
+                fields[type_name] -= set(names)
+            defaults.update(change[3])
+        until = f"{commit}"
     return tuple(releases)
 
 

@@ -7,7 +7,9 @@ fields are optional so that old logs keep decoding.
 
 An event is sealed into a `Record` by the state machine: its position `n`, the hash of the
 previous record and its own hash (SHA-256 over the previous hash and the canonical event
-bytes), which makes the log a hash chain an auditor can verify.
+bytes), which makes the log a hash chain an auditor can verify. A reader checks it over the
+event's bytes as they were stored (`decode_record`, `content_matches`), never re-encoded:
+an event written before its type gained a field keeps its hash.
 
 Over 500 lines on purpose: the whole vocabulary sits in one file, so that a tag is seen
 to be new before it is added (tags are never reused) and a reader finds every message in

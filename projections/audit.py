@@ -7,6 +7,14 @@ the chain (`n`) and in its source (stream sequence or line number). A modified r
 fails its hash; a dropped or reordered one breaks the position sequence; a forger who
 recomputes hashes is caught by the next StateDigest.
 
+Logs written by older releases audit the same way: a record's hash is checked over its event
+as stored, whatever fields the event's type has gained since, and each `StateDigest` as its
+schema says (core/digest.py; the summary counts the digests of each schema and names the
+older releases whose digests matched). Folding applies the recorded events and never
+re-makes a decision, so a log written under other decision rules or policy defaults still
+folds and verifies; only a change in how events fold (core/evolve.py) would show, as a
+digest mismatch that says so.
+
 What one log alone cannot show is a loss of records at its very end: compare the chain
 head printed by the audit with one kept elsewhere (the scheduler logs its own).
 
@@ -25,6 +33,7 @@ import msgspec
 
 from core import ChainError, apply_record, new_state
 from core import types as T
+from core.digest import LEGACY_RELEASES
 from core.state import state_digest
 from trust.signing import SignatureError
 
@@ -83,6 +92,8 @@ class Audit:
     # auditor must say which key to trust), and an unsigned one is said to be unchecked.
     verifier: object = None
     signed_records: int = 0
+    digest_schemas: dict[int, int] = field(default_factory=dict)  # schema -> digests verified
+    legacy_releases: list[str] = field(default_factory=list)  # whose schema-1 digests matched
 
     @property
     def done(self) -> bool:
@@ -124,13 +135,29 @@ class Audit:
         self.signed_records += bool(record.sig)
         self.last_pos = pos
         if isinstance(record.event, T.StateDigest):
-            self.digests += 1
+            self._count_digest(record.event)
         self._remember(record.event)
         if self.job and _concerns(record.event, self.job):
             line = self._tell(record.event)
             if line:
                 self.story.append(f"{fmt_t(record.event.t)}  {line}")
         return True
+
+    def _count_digest(self, ev: T.StateDigest) -> None:
+        self.digests += 1
+        self.digest_schemas[ev.schema] = self.digest_schemas.get(ev.schema, 0) + 1
+        if ev.schema == 1:
+            name = LEGACY_RELEASES[self.state.index.legacy_digest_release].name
+            if name not in self.legacy_releases:
+                self.legacy_releases.append(name)
+
+    def digest_words(self) -> str:
+        """How many state digests of which schema matched, in words."""
+        if not self.digests:
+            return "no state digest written yet (the scheduler writes one every digest_every_events)"
+        schemas = ", ".join(f"{n} of schema {schema}" for schema, n in sorted(self.digest_schemas.items()))
+        older = f"; schema 1 as computed by {' then '.join(self.legacy_releases)}" if self.legacy_releases else ""
+        return f"all {self.digests} state digests match the rebuilt state ({schemas}{older})"
 
     def _explain(self, record: T.Record, err: ChainError) -> str:
         """Say which record is missing or displaced, not only where the chain broke."""
@@ -177,6 +204,8 @@ class Audit:
             "jobs_done": c.done_count,
             "sagas_open": len(c.sagas),
             "signatures": self.signatures(),
+            "state_digest_schemas": {str(k): v for k, v in sorted(self.digest_schemas.items())},
+            "legacy_digest_releases": self.legacy_releases,
         }
         if self.problem:
             out["problem"] = self.problem.words(pos_name)

@@ -56,6 +56,9 @@ def test_the_log_of_each_release_audits_clean_with_every_state_digest(name):
     assert summary["ok"], summary.get("problem")
     assert summary["records_verified"] == summary["last_record"] == len(lines) > 100
     assert summary["state_digests_verified"] == len(_digest_records(lines)) >= 25
+    schema = "2" if "schema-2" in name else "1"
+    assert summary["state_digest_schemas"] == {schema: summary["state_digests_verified"]}
+    assert len(summary["legacy_digest_releases"]) == (schema == "1")
 
 
 def test_the_oldest_log_really_lacks_what_the_types_have_gained_since():
@@ -74,7 +77,7 @@ def test_the_oldest_log_really_lacks_what_the_types_have_gained_since():
     )
     state = _fold(lines)
     matched = LEGACY_RELEASES[state.index.legacy_digest_release]
-    assert matched.name == "a release before acdb637 (2026-12-01 01:42)"
+    assert matched.name == "releases from 5d0ba91 (2026-11-29 17:15) until acdb637"
     # Its release's default for fair_share_guarantee differs from today's, and the log's
     # digests before its second set_policy (which sets it) were made under that default.
     assert matched.policy_defaults["fair_share_guarantee"] != Policy().fair_share_guarantee
@@ -273,3 +276,34 @@ def test_a_standby_scheduler_and_the_projector_fold_an_old_log_from_jetstream(tm
         )
     finally:
         con.close()
+
+
+def test_a_log_an_upgraded_scheduler_went_on_writing_audits_across_the_upgrade(tmp_path):
+    """The old release's records (schema-1 digests) and then this release's (schema 2),
+    as after a scheduler upgrade that folded the old log and went on deciding."""
+    from core.replay import run_inputs
+
+    lines = _lines(LOGS[0])
+    state = _fold(lines)
+    t = state.canonical.t
+    more = [
+        T.Submit(
+            t=t + 1000,
+            job=f"after-{i}",
+            team="lm",
+            user="kim",
+            level=5,
+            gpus=2,
+            gpu_models=["A100"],
+            est_runtime_s=600,
+        )
+        for i in range(6)
+    ] + [T.Tick(t=t + 5000)]
+    appended = [T.encode_record(r) for r in run_inputs(more, state)]
+    assert any(b'"schema":2' in line for line in appended)
+    path = tmp_path / "upgraded.jsonl"
+    path.write_bytes(b"\n".join(lines + appended) + b"\n")
+    summary = _audit(path)
+    assert summary["ok"], summary.get("problem")
+    assert summary["records_verified"] == len(lines) + len(appended)
+    assert summary["state_digests_verified"] == len(_digest_records(lines + appended))

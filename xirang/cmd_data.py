@@ -412,9 +412,7 @@ def _print_audit(args, audit, summary: dict) -> None:
         print(f"LOG DOES NOT VERIFY: {summary['problem']}")
         print(f"verified {audit.records} records before it ({audit.digests} state digests)")
     else:
-        digests = (f"all {audit.digests} state digests match the rebuilt state" if audit.digests else
-                   "no state digest written yet (the scheduler writes one every digest_every_events)")
-        print(f"log verified: {audit.records} records, hash chain intact, {digests};"
+        print(f"log verified: {audit.records} records, hash chain intact, {audit.digest_words()};"
               f" scheduler signatures: {summary['signatures']}")
         print(f"chain head {summary['chain_head']}; state digest {summary['state_digest']}")
     print(f"state at record {summary['last_record']}: {summary['jobs_open']} open jobs,"
