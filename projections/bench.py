@@ -24,7 +24,7 @@ from core import types as T
 
 from .logsource import publish_records, read_batches
 from .projector import Projector
-from .workload import Spec, generate
+from replay.synthetic_log import Spec, generate
 
 TARGET_RATIO = 0.5
 ROUNDS = 2

@@ -37,7 +37,9 @@ import numpy as np  # noqa: E402
 
 from core import types as T  # noqa: E402
 
-from . import tuner, whatif  # noqa: E402
+from replay import whatif  # noqa: E402
+
+from . import tuner  # noqa: E402
 from .audit import fmt_ms  # noqa: E402
 from .projector import Projector  # noqa: E402
 from .windows import Span  # noqa: E402

@@ -2,7 +2,7 @@
 
 The event log makes a what-if exact: every accepted `submit` of a window, the cluster and
 the policy in force are in it, and the simulator runs the same `core.step` the scheduler
-runs (`projections/whatif.py`). So the tuner never guesses whether a change would help: it
+runs (`replay/whatif.py`). So the tuner never guesses whether a change would help: it
 replays the same window under the current policy and under each candidate, and scores
 each run with one stated objective, in GPU-hours:
 
@@ -57,7 +57,7 @@ from replay.peers.xirang import TICK_MS as XIRANG_TICK_MS
 from replay.sim import Cluster, SimResult, simulate
 from replay.workload import Workload
 
-from . import whatif
+from replay import whatif
 
 URGENT_LEVEL_MAX = 2
 # A candidate must beat the current policy by this share of the urgent wait there is to save

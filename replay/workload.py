@@ -68,6 +68,7 @@ class TraceJob:
     ckpt_cost_ms: int
     restore_cost_ms: int
     est_runtime_ms: int
+    fails: bool = False  # its process exits with an error at its end (`finished` ok=false)
 
 
 @dataclass

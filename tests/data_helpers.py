@@ -17,7 +17,7 @@ from transport import bus
 from transport.natsd import EmbeddedNats
 from core import types as T
 from projections import logsource
-from projections.workload import Spec, generate
+from replay.synthetic_log import Spec, generate
 from xirang import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root

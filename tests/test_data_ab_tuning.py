@@ -13,7 +13,7 @@ from core.policy import Policy, assign_variant, with_params
 from projections import ab
 from projections.projector import Projector
 from data_helpers import workload_records, xirang
-from projections.workload import Spec, generate
+from replay.synthetic_log import Spec, generate
 
 AB_POLICY = {"ab_variants": {"control": {}, "b": {"net_benefit_min": 1e12}}, "ab_split_by": "job"}
 

@@ -13,7 +13,7 @@ from core import rebuild, state_digest
 from core import types as T
 from core.policy import Policy, with_params
 from data_helpers import publish, start_nats, workload_records, write_jsonl, xirang
-from projections.workload import Spec, generate
+from replay.synthetic_log import Spec, generate
 
 
 def _lines(records) -> list[bytes]:

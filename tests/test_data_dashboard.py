@@ -25,7 +25,7 @@ from core.state import HOLDING, QUEUED
 from projections import alerts, dashboard, metrics
 from projections.projector import Projector
 from data_helpers import REPO, publish, start_nats, workload_records
-from projections.workload import Spec, generate
+from replay.synthetic_log import Spec, generate
 
 HOUR = 3_600_000
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -111,7 +111,8 @@ def live_dashboard(tmp_path):
 def test_dashboard_renders_live_numbers_in_headless_chromium(live_dashboard, tmp_path):
     server, url = live_dashboard
     records = workload_records()
-    cut1 = max(i for i, r in enumerate(records) if r.event.t <= 3 * HOUR) + 1
+    # two moments at which jobs wait (so the why-jobs-wait table has rows to show)
+    cut1 = max(i for i, r in enumerate(records) if r.event.t <= 2 * HOUR) + 1
     cut2 = max(i for i, r in enumerate(records) if r.event.t <= 6 * HOUR) + 1
     for cut in (cut1, cut2):
         # given the scheduler has written the log up to this point
@@ -140,7 +141,7 @@ def test_dashboard_renders_live_numbers_in_headless_chromium(live_dashboard, tmp
 def test_metrics_endpoint_speaks_prometheus_text(live_dashboard):
     server, url = live_dashboard
     records = workload_records()
-    cut = max(i for i, r in enumerate(records) if r.event.t <= 4 * HOUR) + 1
+    cut = max(i for i, r in enumerate(records) if r.event.t <= 5 * HOUR) + 1
     publish(server.url, records[10:cut])
     wait_for(lambda: json.loads(get(url + "/api/snapshot"))["totals"]["events"] == cut)
     text = get(url + "/metrics").decode()

@@ -11,7 +11,7 @@ from core import types as T
 from projections.notices import Notifier
 from projections.projector import Projector
 from data_helpers import publish, start_nats, write_jsonl, xirang
-from projections.workload import Spec, generate
+from replay.synthetic_log import Spec, generate
 
 HOUR = 3_600_000
 

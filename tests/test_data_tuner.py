@@ -16,7 +16,7 @@ from core import types as T
 from core.policy import Policy, with_params
 from projections import tuner
 from data_helpers import publish, start_nats, xirang
-from projections.workload import Spec, generate
+from replay.synthetic_log import Spec, generate
 from replay.sim import Cluster, simulate
 from replay.workload import TraceJob, Workload
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from projections import whatif, windows
+from projections import windows
+from replay import whatif
 from data_helpers import workload_records, write_jsonl, xirang
 
 EPOCH_2026_11_01_MS = 1_793_491_200_000

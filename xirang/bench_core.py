@@ -1,8 +1,8 @@
 """`xirang bench core`: how fast the pure core is.
 
 - throughput: inputs and events per second through `step` on a generated workload (a
-  512-GPU cluster, Poisson arrivals at all levels, agents that answer every decision
-  promptly: start, checkpoint, release, finish);
+  512-GPU cluster, Poisson arrivals at all levels, the simulator's hosts answering every
+  decision: start, checkpoint, notice, release, finish);
 - decision cost: the time of one scheduling decision (a level-1 job submitted into a full
   10,000-GPU cluster, which plans a preemption) with 1,000 / 10,000 / 100,000 jobs pending,
   and the ratio of the largest to the smallest, measured side by side in one run; and the
@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import heapq
 import random
 import resource
 import statistics
@@ -21,6 +20,9 @@ import time
 
 from core import new_state, step
 from core import types as T
+from replay.peers.xirang import XirangPolicy
+from replay.sim import Cluster, Simulator
+from replay.workload import TraceJob, Workload
 
 DECISION_GPUS = 10_000
 GPUS_PER_NODE = 8
@@ -52,68 +54,43 @@ def _progress(message: str) -> None:
 
 
 def throughput(inputs_max: int, seed: int) -> dict:
-    """Drive a generated workload through step() with prompt agents; count what it does."""
-    _progress(f"throughput over {inputs_max} inputs")
+    """A generated workload through the simulator (`replay.sim`: the simulated hosts answer
+    every decision: start, checkpoint, notice, release, finish) with `core.step` deciding;
+    counts what the core does and times only its steps."""
+    _progress(f"throughput over about {inputs_max} inputs")
     rng = random.Random(seed)
-    state = new_state()
-    due: list[tuple[int, int, T.Input]] = []  # (t, tie, input)
-    tie = 0
-
-    def later(t: int, inp: T.Input) -> None:
-        nonlocal tie
-        tie += 1
-        heapq.heappush(due, (t, tie, inp))
-
-    for i in range(64):
-        later(0, T.NodeUp(node=f"n{i:03d}", gpu_model="A100" if i % 2 else "H100", gpus=GPUS_PER_NODE))
-    t_submit = 0
-    for j in range(inputs_max // 6):
+    nodes = tuple((f"n{i:03d}", "A100" if i % 2 else "H100", GPUS_PER_NODE) for i in range(64))
+    jobs, t_submit = [], 0
+    for j in range(inputs_max // 12):  # with its ticks and checkpoints, about 12 inputs a job
         t_submit += int(rng.expovariate(1 / 20_000))
-        later(t_submit, T.Submit(
-            job=f"job-{j}", team=f"team-{rng.randint(1, 8)}", user=f"user-{rng.randint(1, 30)}",
-            level=rng.choice([0, 1, 2, 3, 4, 4, 5, 5, 6, 6, 7, 7]), gpus=rng.choice([1, 1, 2, 4, 8, 16]),
+        duration = int(rng.expovariate(1 / 3_600_000)) + 60_000
+        jobs.append(TraceJob(
+            id=f"job-{j}", submit_ms=t_submit, duration_ms=duration, gpus=rng.choice([1, 1, 2, 4, 8, 16]),
+            team=f"team-{rng.randint(1, 8)}", user=f"user-{rng.randint(1, 30)}",
+            level=rng.choice([0, 1, 2, 3, 4, 4, 5, 5, 6, 6, 7, 7]),
             gpu_models=rng.choice([["A100"], ["H100"], ["A100", "H100"]]),
-            est_runtime_s=rng.choice([600, 3600, 4 * 3600]), ckpt_interval_s=900, ckpt_cost_s=20,
-            restore_cost_s=15))
-    durations: dict[str, int] = {}
-    inputs = events = 0
-    t = 0
-    started_at = time.perf_counter()
-    while due and inputs < inputs_max:
-        t, _, inp = heapq.heappop(due)
-        _, records = step(state, _stamped(inp, t))
-        inputs += 1
-        events += len(records)
-        for record in records:
-            _answer(record.event, t, rng, durations, later, state)
-        if not due or due[0][0] > t + 60_000:
-            later(t + 60_000, T.Tick())
-    seconds = time.perf_counter() - started_at
+            est_runtime_ms=rng.choice([600, 3600, 4 * 3600]) * 1000, ckpt_interval_ms=900_000,
+            ckpt_cost_ms=20_000, restore_cost_ms=15_000))
+    cluster = Cluster(nodes)
+    policy = _TimedCore({}, cluster, seed)
+    sim = Simulator(Workload(name="bench", jobs=jobs, seed=seed), cluster, policy)
+    sim.run()
+    inputs, events, seconds = policy.steps, sum(policy.counts.values()), policy.core_s
     return {"inputs": inputs, "events": events, "seconds": round(seconds, 3),
             "inputs_per_s": round(inputs / seconds), "events_per_s": round(events / seconds),
-            "simulated_hours": round(t / 3_600_000, 2)}
+            "simulated_hours": round(sim.now / 3_600_000, 2)}
 
 
-def _stamped(inp: T.Input, t: int) -> T.Input:
-    import msgspec
+class _TimedCore(XirangPolicy):
+    """xirang's simulator adapter, timing each step of the core (and handing its decisions
+    to the hosts), not the hosts' own bookkeeping."""
 
-    return msgspec.structs.replace(inp, t=t)
+    core_s = 0.0
 
-
-def _answer(ev, t, rng, durations, later, state) -> None:
-    if isinstance(ev, (T.JobStartRequested, T.JobResumeRequested)):
-        later(t + 2_000, T.Started(job=ev.job))
-        if ev.job not in durations:
-            durations[ev.job] = int(rng.expovariate(1 / 3_600_000)) + 60_000
-        job = state.canonical.jobs[ev.job]
-        remaining = max(1_000, durations[ev.job] - job.progress_ms)
-        later(t + 2_000 + remaining, T.Finished(job=ev.job, ok=True))
-    elif isinstance(ev, T.VictimNotified):
-        later(t + 15_000, T.SafePoint(job=ev.job))
-        if ev.checkpoint_needed:
-            later(t + 30_000, T.CheckpointSaved(job=ev.job, step=t // 1000, digest=f"sha256:{ev.job}{t}",
-                                                bytes=1 << 30))
-        later(t + 31_000, T.Released(job=ev.job))
+    def _step(self, inp: T.Input) -> None:
+        began = time.perf_counter()
+        super()._step(inp)
+        self.core_s += time.perf_counter() - began
 
 
 # ---------------------------------------------------------------- decision cost

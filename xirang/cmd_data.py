@@ -714,7 +714,8 @@ def _register_whatif(sub) -> None:
 
 def cmd_whatif(args) -> int:
     from core import PolicyError, load_policy_toml
-    from projections import whatif
+    from projections import windows
+    from replay import whatif
 
     try:
         alt = load_policy_toml(args.policy)
@@ -727,7 +728,8 @@ def cmd_whatif(args) -> int:
         raise _user_error("--to must be after --from")
     records = load_records(args)
     try:
-        result = whatif.run(records, alt, from_t, to_t, args.seed)
+        span = windows.resolve(from_t, to_t, *windows.record_span(records))
+        result = whatif.run(records, alt, span, args.seed)
     except ValueError as err:
         raise _user_error(f"what-if: {err}") from err
     print(json.dumps(result, indent=1, default=str) if args.json else whatif.render(result))

@@ -18,7 +18,9 @@ Config keys: those of `core.Policy` (as in a policy TOML file), or `policy` (a
 `core.Policy`), plus `tick_s`, `urgent_tick_s`, `report_periodic_checkpoints`, and, to keep
 the run's log: `log_path` (every record the core seals, one JSON a line, the format of
 `xirang replay run --events-out`, so the audit, the projection, what-if, the tuner and the
-review read it like a live log) and `epoch_ms` (log time of the simulation's start, e.g.
+review read it like a live log) or `keep_records` (true: the same records kept in memory,
+`XirangPolicy.records`), `inputs` (more inputs for the core, each at its own `t`, e.g. a
+`set_policy` part-way) and `epoch_ms` (log time of the simulation's start, e.g.
 the first millisecond of a quarter; default 0). The latter defaults to
 true, as live agents report every checkpoint: the core then knows each running job's
 unsaved progress, and releases a victim whose last checkpoint is fresh enough (or that
@@ -42,7 +44,8 @@ TICK_MS = 60_000  # re-evaluation period while jobs wait (simulated time)
 # every second, and an urgent job declined at submit should not wait a minute for its next try.
 URGENT_TICK_MS = 5_000
 
-ADAPTER_KEYS = ("policy", "tick_s", "urgent_tick_s", "report_periodic_checkpoints", "log_path", "epoch_ms")
+ADAPTER_KEYS = ("policy", "tick_s", "urgent_tick_s", "report_periodic_checkpoints", "log_path", "epoch_ms",
+                "keep_records", "inputs")
 
 
 class XirangPolicy:
@@ -57,11 +60,14 @@ class XirangPolicy:
         self.epoch_ms = int(config.pop("epoch_ms", 0))
         log_path = config.pop("log_path", None)
         self.log = open(log_path, "wb") if log_path else None  # closed by summary(), at the end
+        self.records: list[T.Record] | None = [] if config.pop("keep_records", False) else None
+        self.timed_inputs: list[T.Input] = list(config.pop("inputs", ()))
         if config:
             policy = with_params(policy, config)  # PolicyError names a bad key
         # A kept log must say which policy it ran under, so that it folds back to the same
         # state: it starts from the defaults and records the differences as a set_policy.
-        self.initial_params = _differences(policy) if self.log is not None else {}
+        kept = self.log is not None or self.records is not None
+        self.initial_params = _differences(policy) if kept else {}
         self.state = new_state(Policy() if self.initial_params else policy)
         self.cluster = cluster
         self.steps = 0
@@ -78,6 +84,8 @@ class XirangPolicy:
                                    reason="the policy of the simulated run"))
         for name, model, gpus in self.cluster.nodes:
             self._step(T.NodeUp(t=self.epoch_ms, node=name, gpu_model=model, gpus=gpus))
+        for inp in self.timed_inputs:
+            sim.at(inp.t - self.epoch_ms, self._step, inp)
 
     def on_submit(self, spec: TraceJob, t: int) -> None:
         self._step(T.Submit(
@@ -119,6 +127,8 @@ class XirangPolicy:
         counts = self.counts
         if self.log is not None:
             self.log.write(b"".join(T.encode(record) + b"\n" for record in records))
+        if self.records is not None:
+            self.records.extend(records)
         for record in records:
             ev = record.event
             kind = type(ev)

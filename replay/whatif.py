@@ -1,6 +1,8 @@
 """What-if: re-run the recorded inputs of a window under another policy, through the
 simulator (`replay.sim.simulate`, which runs `core.step` itself), and set the simulated
-scorecard beside what really happened.
+scorecard beside what really happened. What really happened is read into the simulator's
+own types (`JobOutcome` per job, a `SimResult` for the window), so that one scorecard
+(`replay.scorecard.policy_card`) and the tuner's objective read all three alike.
 
 From the log (every accepted input is in it, as `InputAccepted`):
 - the cluster: every node that joined up to the window's end (the simulator's cluster is
@@ -23,20 +25,22 @@ the third against the second.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from core import types as T
 from core.policy import Policy, PolicyError, with_params
-from replay.scorecard import policy_card
-from replay.sim import Cluster, JobOutcome, SimResult, simulate
-from replay.workload import TraceJob, Workload
 
-from . import windows
+from .scorecard import policy_card
+from .sim import Cluster, JobOutcome, SimResult, simulate
+from .workload import TraceJob, Workload
 
 
 @dataclass
 class Window:
+    """What a log says about a window: its cluster and policy, its submits and their fate."""
+
     from_t: int
     to_t: int
     nodes: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -116,6 +120,7 @@ def _held_spans(records: Iterable[T.Record], win: Window) -> None:
 
 
 def workload(win: Window) -> Workload:
+    """The window's accepted submits as the simulator's workload (times from the window's start)."""
     jobs = []
     for job_id, sub in win.submits.items():
         out = win.outcomes.get(job_id)
@@ -133,6 +138,7 @@ def workload(win: Window) -> Workload:
 
 
 def cluster(win: Window) -> Cluster:
+    """Every node that joined up to the window's end."""
     return Cluster(tuple((name, model, gpus) for name, (model, gpus) in sorted(win.nodes.items())))
 
 
@@ -146,11 +152,10 @@ def recorded_result(records, win: Window, wl: Workload, cl: Cluster, seed: int =
                      wall_s=0.0, steps=0, events=0)
 
 
-def run(records: list[T.Record], alt: Policy, from_t: int | None = None, to_t: int | None = None,
-        seed: int = 0) -> dict:
-    """Recorded, simulated-as-recorded and simulated-alternative scorecards of a window
-    (by default the log's whole span: the window says which it used)."""
-    span = windows.resolve(from_t, to_t, *windows.record_span(records))
+def run(records: list[T.Record], alt: Policy, span, seed: int = 0) -> dict:
+    """Recorded, simulated-as-recorded and simulated-alternative scorecards of the window
+    `span` (a `projections.windows.Span`: from_t, to_t and how it was chosen, which the
+    result's window repeats, its end cut to the log's last event)."""
     win = scan(records, span.from_t, span.to_t)
     if not win.outcomes:
         raise ValueError("no job was submitted in this window")
@@ -162,7 +167,7 @@ def run(records: list[T.Record], alt: Policy, from_t: int | None = None, to_t: i
     as_recorded.policy = "simulated_recorded_policy"
     alternative = simulate(wl, cl, "xirang", {"policy": alt}, seed=seed)
     alternative.policy = "simulated_alternative"
-    window = windows.Span(win.from_t, min(win.to_t, win.last_t), span.chosen).as_dict()
+    window = dataclasses.replace(span, to_t=min(win.to_t, win.last_t)).as_dict()
     window.update(jobs=len(wl.jobs), gpus=cl.total_gpus, nodes=len(cl.nodes))
     return {"window": window,
             "cards": {r.policy: policy_card(r) for r in (recorded, as_recorded, alternative)}}
@@ -181,6 +186,7 @@ ROWS = [
 
 
 def render(result: dict) -> str:
+    """The three scorecards side by side, as text."""
     cards = result["cards"]
     names = list(cards)
     w = result["window"]
