@@ -26,7 +26,7 @@ from nats.js import api
 from core import types as T
 
 from transport import bus
-from .testing import FAST_POLICY, Cluster, matching, sleep_command, train_command
+from .local_cluster import FAST_POLICY, Cluster, matching, sleep_command, train_command
 
 RAW_STREAM = "XR_BENCH_RAW"
 

@@ -37,7 +37,7 @@ from core import types as T
 from transport.natsd import EmbeddedNats
 
 from .jobwrap import STARTED_FILE
-from .testing import REPO, Cluster, matching, train_command
+from .local_cluster import REPO, Cluster, matching, train_command
 
 FAULTS = ("kill_scheduler", "kill_agent", "stop_agent", "term_agent", "kill_nats")
 HOSTS = 2

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from transport.natsd import free_port, nats_server_binary
-from agents.testing import REPO
+from agents.local_cluster import REPO
 from tests.data_helpers import xirang
 
 USERS = [

@@ -10,7 +10,7 @@ import time
 import duckdb
 import pytest
 
-from agents.testing import xirang_up
+from live_helpers import xirang_up
 from data_helpers import xirang
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from transport import bus
-from agents.testing import Cluster, matching, sleep_command
+from agents.local_cluster import Cluster, matching, sleep_command
 from core import types as T
 
 pytestmark = pytest.mark.timeout(120)

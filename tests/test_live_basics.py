@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from transport import bus
-from agents.testing import REPO, Cluster, matching, sleep_command
+from agents.local_cluster import REPO, Cluster, matching, sleep_command
 from core import new_state, rebuild, step
 from core import types as T
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from agents.gpus import NoGpus, discover, parse_simulate
-from agents.testing import REPO
+from agents.local_cluster import REPO
 
 pytestmark = pytest.mark.timeout(120)
 

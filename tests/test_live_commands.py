@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from agents.testing import REPO, Cluster
+from agents.local_cluster import REPO, Cluster
 from core import types as T
 from xirang.cli import main
 

@@ -15,7 +15,7 @@ import pytest
 from nats.js import api
 
 from agents import ckptfile
-from agents.testing import FAST_POLICY, matching, train_command
+from agents.local_cluster import FAST_POLICY, matching, train_command
 from tests.test_live_preemption import wait_metrics
 from transport import bus
 from core import types as T

@@ -12,7 +12,7 @@ from nats.js import api
 
 from transport import bus
 from agents.host import pid_alive
-from agents.testing import Cluster, matching, sleep_command, train_command
+from agents.local_cluster import Cluster, matching, sleep_command, train_command
 from core import rebuild
 from core import types as T
 

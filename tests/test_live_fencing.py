@@ -11,7 +11,7 @@ import time
 import pytest
 
 from agents.host import pid_alive
-from agents.testing import Cluster, matching, sleep_command
+from agents.local_cluster import Cluster, matching, sleep_command
 from core import types as T
 
 pytestmark = pytest.mark.timeout(120)

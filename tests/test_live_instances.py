@@ -11,7 +11,8 @@ import time
 import pytest
 
 from agents.host import pid_alive
-from agents.testing import REPO, Cluster, xirang_up
+from agents.local_cluster import REPO, Cluster
+from live_helpers import xirang_up
 from core import types as T
 from transport.locks import AlreadyRunning
 from transport.natsd import EmbeddedNats

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.testing import REPO, matching, metrics, train_command
+from agents.local_cluster import REPO, matching, train_command
+from live_helpers import metrics
 from core import types as T
 from transport import bus
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from transport.natsd import EmbeddedNats
-from agents.testing import REPO, Cluster, matching, sleep_command, train_command
+from agents.local_cluster import REPO, Cluster, matching, sleep_command, train_command
 from core import types as T
 
 pytestmark = pytest.mark.timeout(180)

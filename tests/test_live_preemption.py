@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from transport import bus
-from agents.testing import Cluster, matching, metrics, sleep_command, stuck_command, train_command
+from agents.local_cluster import Cluster, matching, sleep_command, train_command
+from live_helpers import metrics, stuck_command
 from core import rebuild
 from core import types as T
 from projections.notices import Notifier

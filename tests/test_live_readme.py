@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agents.host import stop_job_processes
-from agents.testing import REPO
+from agents.local_cluster import REPO
 
 pytestmark = pytest.mark.timeout(180)
 

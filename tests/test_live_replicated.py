@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agents.testing import FAST_POLICY, matching, sleep_command, train_command
+from agents.local_cluster import FAST_POLICY, matching, sleep_command, train_command
 from core import types as T
 from tests.secure_nats import SecureNats, run_cli, running_cluster, spawn
 from tests.test_live_deploy import _run, _wait, wait_for_streams

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from agents.host import pid_alive
-from agents.testing import REPO, xirang_up
+from agents.local_cluster import REPO
+from live_helpers import xirang_up
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agents.testing import REPO, matching
+from agents.local_cluster import REPO, matching
 from core import types as T
 from tests.data_helpers import xirang
 from tests.secure_nats import SecureNats, run_cli, running_cluster, spawn

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from transport import bus
-from agents.testing import Cluster, matching
+from agents.local_cluster import Cluster, matching
 from core import types as T
 from data_helpers import workload_records, write_jsonl, xirang
 from trust.signing import LogVerifier, SignatureError, Signer, create_key, sign_records

@@ -1,12 +1,12 @@
-"""A live cluster for integration tests and benchmarks: a real nats-server on a free port,
-the scheduler and host agents as real OS processes (started and stopped by pid), and
-small synchronous helpers to send inputs and read the log."""
+"""A whole xirang cluster on this machine, for `xirang bench live`, `xirang chaos` and the
+integration tests: a real nats-server on a free port, the scheduler and host agents as
+real OS processes (started and stopped by pid), small synchronous helpers to send inputs
+and read the log, and the example jobs' command lines (`train_command`, `sleep_command`).
+Test-only helpers are in tests/live_helpers.py."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -30,6 +30,9 @@ deadline_min_ms = 5000
 
 
 class Cluster:
+    """A nats-server under `root` plus the scheduler and agent processes started through
+    it; `close()` (or leaving the `with` block) stops them by pid, then the server."""
+
     def __init__(self, root: Path, policy: str = FAST_POLICY, tick_ms: int = 200,
                  lease_ms: int = 1000, node_timeout_ms: int = 10_000) -> None:
         self.root = Path(root)
@@ -154,27 +157,15 @@ class Cluster:
                          f"{count} x {kind.__name__} {fields}")
 
 
-@contextlib.contextmanager
-def xirang_up(data_dir: str, hosts: int, simulate: str, tick_ms: int = 200):
-    """`xirang up --json` as a real process: yields its first line (the NATS URL and the
-    pids it started); stopped by its pid with SIGTERM, as Ctrl-C would, on the way out."""
-    up = subprocess.Popen([sys.executable, "-m", "xirang.cli", "up", "--json", "--data-dir", data_dir,
-                           "--hosts", str(hosts), "--simulate", simulate, "--tick-ms", str(tick_ms)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        yield json.loads(up.stdout.readline())
-    finally:
-        os.kill(up.pid, signal.SIGTERM)
-        up.wait(30)
-
-
 def matching(records, kind, **fields) -> list[T.Record]:
+    """The records whose event is a `kind` with these field values."""
     return [r for r in records if isinstance(r.event, kind)
             and all(getattr(r.event, k) == v for k, v in fields.items())]
 
 
 def train_command(steps: int, step_ms: float = 10, ckpt_s: float | None = None, seed: int = 1,
                   log_every: int = 10) -> list[str]:
+    """examples/train_numpy.py (the SDK: safe points and checkpoints) as a job's command."""
     cmd = [sys.executable, str(REPO / "examples" / "train_numpy.py"), "--steps", str(steps),
            "--step-ms", str(step_ms), "--seed", str(seed), "--log-every", str(log_every)]
     if ckpt_s:
@@ -189,27 +180,3 @@ def sleep_command(seconds: float, trace: Path | None = None) -> list[str]:
         code += f"open({str(trace)!r}, 'a').write(str(os.getpid()) + '\\n')\n"
     code += f"time.sleep({seconds})\n"
     return [sys.executable, "-c", code]
-
-
-STUCK_CODE = """\
-import os, pathlib, signal, time
-# Claims to use the SDK, then never reaches a safe point (a hung collective, say).
-signal.signal(signal.SIGUSR1, lambda *a: None)
-pathlib.Path(os.environ["XR_JOB_DIR"], "sdk").write_text("stuck")
-time.sleep(120)
-"""
-
-
-def stuck_command() -> list[str]:
-    return [sys.executable, "-c", STUCK_CODE]
-
-
-def metrics(output_log: Path) -> list[dict]:
-    out = []
-    for line in output_log.read_text().splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
