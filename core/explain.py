@@ -43,6 +43,9 @@ RESOURCES = "resources"
 
 
 class Pending(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Why one job waits: a reason code, a sentence, the limit that blocks it and, when known,
+    when it will start."""
+
     job: str
     code: str
     reason: str
@@ -63,6 +66,8 @@ def explain_queue(state: State, job_ids: list[str] | None = None) -> dict[str, P
 
 
 def explain(state: State, job_id: str) -> Pending:
+    """Why the job `job_id` is not running now (a pure read of the state: nothing is decided or
+    changed)."""
     c = state.canonical
     job = c.jobs[job_id]
     if job.state == RESERVED:

@@ -114,6 +114,8 @@ def subject_token(name: str) -> str:
 
 
 def name_of_token(token: str) -> str:
+    """The name a subject token stands for (the inverse of `subject_token`); a token that does
+    not decode is returned as it is."""
     if token.startswith(ENCODED_MARK):
         try:
             return bytes.fromhex(token[1:]).decode()

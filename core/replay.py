@@ -27,7 +27,7 @@ class ChainError(ValueError):
 
 
 class DigestMismatch(ChainError):
-    pass
+    """A `StateDigest` in the log does not match the state the log folds to at that point."""
 
 
 def apply_record(state: State, record: T.Record) -> None:

@@ -51,17 +51,26 @@ class _RunFact(_Input, kw_only=True):
 
 
 class NodeUp(_Input, tag="node_up"):
+    """Input from a host: the node is up with `gpus` GPUs of `gpu_model` (joins it, or brings it
+    back)."""
+
     node: str
     gpu_model: str
     gpus: int
 
 
 class NodeDown(_Input, tag="node_down"):
+    """Input: the node is gone (its agent stopped, or it stopped answering); its jobs are
+    requeued."""
+
     node: str
     reason: str = "reported_down"
 
 
 class Submit(_Input, tag="submit"):
+    """Input from a user: a job to schedule at `level` (0 most urgent) with its size, GPU
+    models, runtime estimate and checkpoint costs."""
+
     job: str
     team: str
     user: str
@@ -82,18 +91,27 @@ class Submit(_Input, tag="submit"):
 
 
 class Cancel(_Input, tag="cancel"):
+    """Input from a user: stop the job for good (queued, running or mid-preemption)."""
+
     job: str
 
 
 class Started(_RunFact, tag="started"):
+    """Fact from a host: the job's process is running (after a start or resume request)."""
+
     job: str
 
 
 class CheckpointStarted(_RunFact, tag="checkpoint_started"):
+    """Fact from a job: it began writing a checkpoint."""
+
     job: str
 
 
 class CheckpointSaved(_RunFact, tag="checkpoint_saved"):
+    """Fact from a job: checkpoint `step` is durable (`digest` names its content, `bytes` its
+    size)."""
+
     job: str
     step: int
     digest: str
@@ -101,6 +119,9 @@ class CheckpointSaved(_RunFact, tag="checkpoint_saved"):
 
 
 class CheckpointFailed(_RunFact, tag="checkpoint_failed"):
+    """Fact from a job or host: a checkpoint could not be written, or failed to verify on
+    restore (`digest`)."""
+
     job: str
     reason: str
     # When a restore finds this checkpoint corrupt, the digest that failed to verify.
@@ -108,14 +129,22 @@ class CheckpointFailed(_RunFact, tag="checkpoint_failed"):
 
 
 class SafePoint(_RunFact, tag="safe_point"):
+    """Fact from a notified victim: it reached a safe point (an iteration boundary) and stopped
+    computing."""
+
     job: str
 
 
 class Released(_RunFact, tag="released"):
+    """Fact from a victim's host: the job's processes are gone and its GPUs are free."""
+
     job: str
 
 
 class Finished(_RunFact, tag="finished"):
+    """Fact from a host: the job's process ended (`ok` false when it failed; `exit_code` when
+    seen)."""
+
     job: str
     ok: bool
     # The process's exit status, when the host saw it (None: killed, or an older agent).
@@ -152,10 +181,13 @@ class SetLevel(_JobRequest, tag="set_level", kw_only=True):
 
 
 class Tick(_Input, tag="tick"):
-    pass
+    """Input from the clock: time has passed; run what is due (saga deadlines, aging, a
+    scheduling pass)."""
 
 
 class SetPolicy(_Input, tag="set_policy"):
+    """Input from an operator (or the tuner): change these policy parameters from now on."""
+
     params: dict[str, Any]
     by: str = "operator"
     reason: str = ""
@@ -210,6 +242,9 @@ class InputAccepted(_Event, tag="InputAccepted"):
 
 
 class InputRejected(_Event, tag="InputRejected"):
+    """An input was refused and changed nothing else: `reason` is a stable code, `detail` says
+    what to fix."""
+
     reason: str
     detail: str = ""
     input_type: str = ""
@@ -217,18 +252,25 @@ class InputRejected(_Event, tag="InputRejected"):
 
 
 class NodeJoined(_Event, tag="NodeJoined"):
+    """A node is part of the pool with its GPUs (from `node_up`)."""
+
     node: str
     gpu_model: str
     gpus: int
 
 
 class NodeLost(_Event, tag="NodeLost"):
+    """A node left the pool; `jobs` held GPUs on it and go back to their queues."""
+
     node: str
     reason: str
     jobs: list[str]
 
 
 class JobSubmitted(_Event, tag="JobSubmitted"):
+    """A job entered its level's queue (`level` may be below `requested_level` when its team is
+    downgraded)."""
+
     job: str
     team: str
     user: str
@@ -248,6 +290,8 @@ class JobSubmitted(_Event, tag="JobSubmitted"):
 
 
 class JobStartRequested(_Event, tag="JobStartRequested"):
+    """Host-directed: start the job from scratch on `placement`."""
+
     job: str
     placement: list[Slot]
     nodes: list[str]
@@ -255,6 +299,8 @@ class JobStartRequested(_Event, tag="JobStartRequested"):
 
 
 class JobResumeRequested(_Event, tag="JobResumeRequested"):
+    """Host-directed: start the job on `placement` from checkpoint `ckpt_step` (`ckpt_digest`)."""
+
     job: str
     placement: list[Slot]
     nodes: list[str]
@@ -265,17 +311,23 @@ class JobResumeRequested(_Event, tag="JobResumeRequested"):
 
 
 class JobRunning(_Event, tag="JobRunning"):
+    """The job's host reported it started; it had waited `waited_ms` in the queue."""
+
     job: str
     waited_ms: int
 
 
 class JobFinished(_Event, tag="JobFinished"):
+    """The job completed after `run_ms` of compute; its GPUs are free."""
+
     job: str
     run_ms: int
     nodes: list[str] = []
 
 
 class JobFailed(_Event, tag="JobFailed"):
+    """The job ended with an error (`reason`); its GPUs are free and it is not retried."""
+
     job: str
     run_ms: int
     reason: str
@@ -283,11 +335,16 @@ class JobFailed(_Event, tag="JobFailed"):
 
 
 class JobCancelled(_Event, tag="JobCancelled"):
+    """The job was cancelled; hosts on `nodes` stop its processes."""
+
     job: str
     nodes: list[str] = []
 
 
 class JobRequeued(_Event, tag="JobRequeued"):
+    """The job went back to its queue (preempted, its node lost, or requeue requested), with a
+    recovery `boost`."""
+
     job: str
     boost: int
     reason: str
@@ -296,6 +353,8 @@ class JobRequeued(_Event, tag="JobRequeued"):
 
 
 class PriorityAged(_Event, tag="PriorityAged"):
+    """The job waited past its level's aging threshold and moved up one level."""
+
     job: str
     from_level: int
     to_level: int
@@ -303,6 +362,9 @@ class PriorityAged(_Event, tag="PriorityAged"):
 
 
 class PreemptionPlanned(_Event, tag="PreemptionPlanned"):
+    """A preemption saga began: `preemptor` will run on `placement` once every victim has
+    released, or the saga rolls back at `deadline_t`."""
+
     saga: str
     preemptor: str
     victims: list[str]
@@ -341,18 +403,26 @@ class VictimNotified(_Event, tag="VictimNotified"):
 
 
 class VictimReleased(_Event, tag="VictimReleased"):
+    """A victim of the saga let go of its GPUs, losing `lost_progress_ms` since its last
+    checkpoint."""
+
     saga: str
     job: str
     lost_progress_ms: int
 
 
 class PreemptionCommitted(_Event, tag="PreemptionCommitted"):
+    """Every victim released: the preemptor starts on their GPUs and the victims are requeued."""
+
     saga: str
     preemptor: str
     victims: list[str]
 
 
 class PreemptionRolledBack(_Event, tag="PreemptionRolledBack"):
+    """The saga was undone (`reason`): victims keep or get back their GPUs, and the preemptor
+    waits again."""
+
     saga: str
     reason: str
     preemptor: str = ""
@@ -377,12 +447,18 @@ class PreemptionDeclined(_Event, tag="PreemptionDeclined"):
 
 
 class TeamProtected(_Event, tag="TeamProtected"):
+    """The team was preempted often enough in the fairness window: its jobs are not victims
+    until `until_t`."""
+
     team: str
     until_t: int
     preempted_in_window: int
 
 
 class TeamDowngraded(_Event, tag="TeamDowngraded"):
+    """The team preempted others often enough in the fairness window: its new jobs enter a level
+    lower until `until_t`."""
+
     team: str
     until_t: int
     preempting_in_window: int
@@ -398,6 +474,9 @@ class JobLevelRestored(_Event, tag="JobLevelRestored"):
 
 
 class CompensationGranted(_Event, tag="CompensationGranted"):
+    """A job preempted often enough gets compensation (`kind`: quota GPU-hours, a priority boost
+    or a fee credit)."""
+
     job: str
     team: str
     kind: str  # quota_gpu_hours | priority_boost | fee_credit
@@ -409,10 +488,15 @@ class CompensationGranted(_Event, tag="CompensationGranted"):
 
 
 class CheckpointBegan(_Event, tag="CheckpointBegan"):
+    """The job began writing a checkpoint (from `checkpoint_started`)."""
+
     job: str
 
 
 class CheckpointRecorded(_Event, tag="CheckpointRecorded"):
+    """A checkpoint is durable and holds `progress_ms` of the job's progress; restarts resume
+    from it."""
+
     job: str
     step: int
     digest: str
@@ -421,11 +505,16 @@ class CheckpointRecorded(_Event, tag="CheckpointRecorded"):
 
 
 class CheckpointFailedRecorded(_Event, tag="CheckpointFailedRecorded"):
+    """A checkpoint of the job failed (`reason`); its last good one stands."""
+
     job: str
     reason: str
 
 
 class CheckpointFallback(_Event, tag="CheckpointFallback"):
+    """A checkpoint failed to verify on restore: the job resumes from the one before
+    (`to_step`), losing `lost_progress_ms`."""
+
     job: str
     bad_digest: str
     to_step: int
@@ -434,10 +523,14 @@ class CheckpointFallback(_Event, tag="CheckpointFallback"):
 
 
 class SafePointReached(_Event, tag="SafePointReached"):
+    """A notified victim reached a safe point (from `safe_point`)."""
+
     job: str
 
 
 class PolicyChanged(_Event, tag="PolicyChanged"):
+    """These policy parameters changed (by whom and why), in force from this event on."""
+
     params: dict[str, Any]
     by: str
     reason: str = ""
@@ -453,16 +546,22 @@ class FeedbackRecorded(_Event, tag="FeedbackRecorded"):
 
 
 class JobHeld(_Event, tag="JobHeld"):
+    """The queued job is held (`hold`): not scheduled until released."""
+
     job: str
     by: str
 
 
 class JobHoldReleased(_Event, tag="JobHoldReleased"):
+    """The held job may be scheduled again, in its place by submit time."""
+
     job: str
     by: str
 
 
 class JobLevelSet(_Event, tag="JobLevelSet"):
+    """The job's level changed from `from_level` to `level` (`set_level`)."""
+
     job: str
     level: int
     from_level: int
@@ -605,6 +704,7 @@ def content_matches(record: Record) -> bool:
 
 
 def decode_event(data: bytes | str) -> Event:
+    """An event from its JSON bytes."""
     return _event_decoder.decode(data)
 
 
@@ -642,8 +742,10 @@ def normalized(inp: Input) -> Input:
 
 
 def input_job(inp: Input) -> str:
+    """The job an input is about, or '' when it names none."""
     return getattr(inp, "job", "")
 
 
 def type_name(obj: Any) -> str:
+    """The wire tag of an input or event (`submit`, `JobSubmitted`...)."""
     return obj.__struct_config__.tag

@@ -227,6 +227,8 @@ async def send_raw_input(js, data: bytes, msg_id: str | None = None) -> int:
 
 
 def host_nodes(event: T.Event) -> list[str]:
+    """The nodes whose hosts must see this event (its `nodes`, or the node it is about); [] when
+    no host acts on it."""
     nodes = getattr(event, "nodes", None)
     if nodes:
         return list(nodes)
@@ -279,6 +281,7 @@ async def publish_atomic(nc, messages: list[tuple[str, bytes]], expected_last_se
 
 
 async def stream_last_seq(js, stream: str) -> int:
+    """The sequence number of the newest message in `stream` (0 when empty)."""
     info = await js.stream_info(stream)
     return info.state.last_seq
 
@@ -381,6 +384,8 @@ def _snapshot_sealed(meta: dict, body: bytes) -> bytes:
 
 
 async def save_snapshot(js, state: State, ev_seq: int, signer=None) -> None:
+    """Store the state as of log position `ev_seq` in the snapshot bucket (sealed with the
+    scheduler's key when `signer` is given)."""
     store = await js.object_store(SNAP_BUCKET)
     meta = {"ev_seq": ev_seq, "events_n": state.canonical.events_n, "digest_schema": DIGEST_SCHEMA}
     body = snapshot_bytes(state.canonical)
@@ -390,6 +395,7 @@ async def save_snapshot(js, state: State, ev_seq: int, signer=None) -> None:
 
 
 async def all_records(js) -> list[tuple[int, T.Record]]:
+    """Every record of the log, with its stream sequence, in order."""
     end = await stream_last_seq(js, EV_STREAM)
     return [item async for item in read_records(js, 1, end)]
 

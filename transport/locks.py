@@ -22,12 +22,17 @@ class AlreadyRunning(RuntimeError):
 
 
 class InstanceLock:
+    """An exclusive flock on a file that says one process holds a place (a data folder, a NATS
+    store): a second live holder is refused with `AlreadyRunning`."""
+
     def __init__(self, path: str | os.PathLike, what: str) -> None:
         self.path = Path(path)
         self.what = what
         self.fd: int | None = None
 
     def acquire(self) -> "InstanceLock":
+        """Take the lock or raise `AlreadyRunning` naming the holder; the lock file records this
+        process's pid."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -46,6 +51,7 @@ class InstanceLock:
         return self
 
     def release(self) -> None:
+        """Let go of the lock (the file stays)."""
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

@@ -35,6 +35,7 @@ def nats_server_binary() -> str:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -62,9 +63,12 @@ class EmbeddedNats:
 
     @property
     def url(self) -> str:
+        """The server's client URL."""
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> "EmbeddedNats":
+        """Start nats-server with JetStream on this store (locked against a second server) and
+        wait until it accepts clients."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # One server per store: a second one would share (and corrupt) the JetStream files.
         # The server inherits the lock, so it holds the store even if we die first.
@@ -106,6 +110,8 @@ class EmbeddedNats:
             self._lock = None
 
     def stop(self) -> None:
+        """Stop the server this object started (SIGTERM, then SIGKILL), by its pid, and release
+        the store."""
         proc = self.proc
         if proc is not None and proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)

@@ -28,6 +28,8 @@ class UrlError(ValueError):
 
 
 def server_urls(url: str) -> list[str]:
+    """The comma-separated NATS URLs as a list, each with a scheme (the first one's, else
+    nats://); an empty URL is an error."""
     parts = [p.strip() for p in url.split(",") if p.strip()]
     if not parts:
         raise UrlError("empty NATS URL: give nats://HOST:PORT (or several, comma separated)")
@@ -41,6 +43,8 @@ def server_urls(url: str) -> list[str]:
 
 
 def tls_context(urls: list[str]) -> ssl.SSLContext | None:
+    """The TLS context for these URLs ($XIRANG_TLS_CA, client certificate from the environment),
+    or None when neither a CA nor a tls:// URL asks for TLS."""
     ca = os.environ.get(TLS_CA_ENV)
     if not ca and not any(u.startswith("tls://") for u in urls):
         return None

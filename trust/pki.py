@@ -53,6 +53,8 @@ def _name(common: str) -> x509.Name:
 
 
 def create_ca(directory: Path) -> None:
+    """Create the private CA (key and self-signed certificate) in `directory`, unless one is
+    there already."""
     if (directory / CA_KEY).exists():
         return  # keep the CA: certificates made before must stay valid
     directory.mkdir(parents=True, exist_ok=True)

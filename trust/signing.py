@@ -62,6 +62,7 @@ class KeyFileError(ValueError):
 
 
 def key_id(public: Ed25519PublicKey) -> str:
+    """A public key's short id: the first 16 hex digits of the SHA-256 of its raw bytes."""
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -75,6 +76,7 @@ def _unb64(text: str) -> bytes:
 
 
 def record_message(record: T.Record) -> bytes:
+    """The bytes a record's signature covers."""
     return b"\0".join([RECORD_DOMAIN, str(record.n).encode(), str(record.input_seq).encode(),
                        record.hash.encode()])
 
@@ -91,6 +93,8 @@ class Signer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Signer":
+        """The signer whose private key is in the PEM file at `path` (`KeyFileError` says what
+        to do when it cannot be read)."""
         try:
             data = Path(path).read_bytes()
             private = serialization.load_pem_private_key(data, password=None)
@@ -102,14 +106,17 @@ class Signer:
         return cls(private)
 
     def sign_record(self, record: T.Record) -> T.Record:
+        """The record with this key's id and signature added."""
         sig = self.private.sign(record_message(record))
         return T.keep_stored_event(record, msgspec.structs.replace(record, key=self.key_id, sig=_b64(sig)))
 
     def sign_blob(self, data: bytes) -> dict:
+        """A seal over `data` (key id and signature), e.g. for a snapshot."""
         digest = hashlib.sha256(data).digest()
         return {"key": self.key_id, "sig": _b64(self.private.sign(BLOB_DOMAIN + b"\0" + digest))}
 
     def keyring(self) -> "KeyRing":
+        """A key ring that trusts this signer's public key."""
         return KeyRing({self.key_id: self.private.public_key()})
 
 
@@ -134,6 +141,7 @@ class KeyRing:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "KeyRing":
+        """The trusted public keys in the file at `path`, one a line."""
         try:
             text = Path(path).read_text()
         except OSError as err:
@@ -166,6 +174,7 @@ class KeyRing:
         return None
 
     def verify_blob(self, data: bytes, seal: dict) -> bool:
+        """Whether `seal` is a valid signature over `data` by a trusted key."""
         public = self.keys.get(seal.get("key", ""))
         if public is None:
             return False
@@ -205,6 +214,7 @@ class LogVerifier:
         return covered
 
     def finish(self) -> None:
+        """The log ended: raise `SignatureError` if records are left that no signature covers."""
         if self.unsigned:
             self._uncovered()
 
@@ -228,6 +238,7 @@ def verify_one(keyring: KeyRing, record: T.Record) -> str | None:
 
 
 def key_dir(data_dir: str | os.PathLike) -> Path:
+    """Where a data folder keeps the scheduler's signing keys."""
     return Path(data_dir) / KEY_DIR
 
 
@@ -289,6 +300,8 @@ def find_signer(explicit: str | None, data_dir: str | os.PathLike | None, create
 
 
 def keyring_path(explicit: str | None, data_dir: str | os.PathLike | None) -> Path | None:
+    """The public-key file a reader should trust: --public-key, else $XIRANG_PUBLIC_KEY, else
+    the data folder's; None when there is none to look in."""
     path = explicit or os.environ.get(PUBLIC_ENV)
     if path:
         return Path(path)
