@@ -157,6 +157,8 @@ def _preemption_latency(root: Path, rounds: int) -> dict:
 
 
 def run(args) -> dict:
+    """`xirang bench bus`: raw publishes, end-to-end inputs to records, and preemption latency
+    on a live local cluster; the numbers as a dict."""
     quick = bool(getattr(args, "quick", False))
     count, rounds = (300, 1) if quick else (3000, 3)
     with tempfile.TemporaryDirectory(prefix="xirang-bench-") as tmp:

@@ -55,6 +55,8 @@ SETTLE_S_MAX = 180.0
 
 @dataclass
 class Report:
+    """What a chaos run did (faults injected, jobs, sagas) and whether each invariant held."""
+
     seed: int
     duration_s: float
     faults: dict[str, int] = field(default_factory=dict)
@@ -65,9 +67,11 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """Whether every invariant held."""
         return all(v["held"] for v in self.invariants.values())
 
     def as_dict(self) -> dict:
+        """The report as JSON-ready data."""
         return {
             "seed": self.seed,
             "duration_s": self.duration_s,
@@ -82,6 +86,10 @@ class Report:
 
 
 class Chaos:
+    """A seeded chaos run: a live local cluster (two schedulers, host agents, SDK jobs) under
+    submissions and seeded faults (kills, stops, a nats-server restart), then the invariants
+    checked."""
+
     def __init__(self, root: str | os.PathLike, seed: int, duration_s: float, log=print) -> None:
         self.root = Path(root)
         self.seed = seed
@@ -99,6 +107,8 @@ class Chaos:
     # ------------------------------------------------------------ the run
 
     def run(self) -> Report:
+        """Run the cluster under faults for `duration_s`, let it settle, and check the
+        invariants."""
         with Cluster(self.root, node_timeout_ms=NODE_TIMEOUT_MS) as c:
             self.c = c
             for name in ("s1", "s2"):  # a leader and a hot standby

@@ -45,6 +45,8 @@ def job_key(secret: bytes, job: str) -> bytes:
 
 
 def key_from_env() -> bytes | None:
+    """The job's checkpoint key from $XR_CKPT_KEY (hex), or None when checkpoints are not
+    sealed."""
     value = os.environ.get(KEY_ENV, "")
     return bytes.fromhex(value) if value else None
 
@@ -110,6 +112,8 @@ def decode(data: bytes, key: bytes | None) -> Any:
 
 
 def seal(plain: bytes, key: bytes | None) -> bytes:
+    """Encrypt and authenticate checkpoint bytes with the job's key (AES-GCM); unchanged when
+    there is no key."""
     if key is None:
         return plain
     nonce = os.urandom(NONCE_BYTES)
@@ -117,6 +121,8 @@ def seal(plain: bytes, key: bytes | None) -> bytes:
 
 
 def unseal(data: bytes, key: bytes | None) -> bytes:
+    """The plain checkpoint bytes; `CheckpointError` when they are sealed for another key, or
+    not sealed though a key is given."""
     if not data.startswith(SEALED_MAGIC):
         if key is not None:
             raise CheckpointError("checkpoint is not sealed for this job")

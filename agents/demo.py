@@ -56,6 +56,8 @@ def _train(steps: int, seed: int, step_ms: int = 10, ckpt_s: float = 6.0) -> lis
 
 
 def workload() -> list[T.Submit]:
+    """The demo's jobs: long low-priority training runs, then an urgent job that must preempt
+    them."""
     common = {"ckpt_interval_s": 6, "ckpt_cost_s": 1, "restore_cost_s": 1}
     return [
         T.Submit(job="vision-ft-1", team="vision", user="mei", level=6, gpus=4, gpu_models=["H100"],
@@ -95,15 +97,18 @@ class Timeline:
         return next((name for name, proc in self.children if proc.poll() is not None), "")
 
     def say(self, tag: str, text: str) -> None:
+        """Print one line of the demo's story, stamped with the seconds since it began."""
         print(f"  {time.monotonic() - self.started:6.1f}s  {tag:<9} {text}", flush=True, file=self.out)
 
     async def on_record(self, msg) -> None:
+        """A record of the log: keep it and tell the story of its event."""
         record = T.decode_record(msg.data)
         self.records.append(record)
         self._print(record.event)
         self.changed.set()
 
     async def on_metric(self, msg) -> None:
+        """A training metric from a job: show its step and loss, and note a resume."""
         m = json.loads(msg.data)
         job, step, loss = m["job"], m["step"], m["loss"]
         resumed = bool(m.get("resumed"))
@@ -300,6 +305,8 @@ def _print_summary(s: dict) -> None:
 
 
 def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
+    """`xirang demo`: start a local cluster, submit the demo's jobs, narrate what happens, and
+    summarise (as JSON with `as_json`)."""
     out = Path(out_dir or tempfile.mkdtemp(prefix="xirang-demo-")).resolve()
     say = sys.stderr if as_json else sys.stdout
     out.mkdir(parents=True, exist_ok=True)
@@ -354,4 +361,5 @@ def _verify_and_export(records: list[T.Record], path: Path, keyring_file: Path) 
 
 
 def clean(path: str) -> None:
+    """Remove a demo's folder."""
     shutil.rmtree(path, ignore_errors=True)

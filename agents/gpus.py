@@ -12,6 +12,8 @@ SIMULATE_PATTERN = re.compile(r"^(\d+)x([A-Za-z0-9][A-Za-z0-9_.-]*)$")
 
 
 class Gpu(msgspec.Struct, kw_only=True):
+    """One GPU of the host, as NVML (or the simulation) reports it."""
+
     index: int
     model: str
     memory_mib: int
@@ -20,6 +22,8 @@ class Gpu(msgspec.Struct, kw_only=True):
 
 
 class Inventory(msgspec.Struct, kw_only=True):
+    """The host's GPUs (one model a host) and whether they are simulated."""
+
     model: str
     gpus: list[Gpu]
     simulated: bool
@@ -30,6 +34,7 @@ class NoGpus(RuntimeError):
 
 
 def parse_simulate(spec: str) -> Inventory:
+    """An inventory of simulated GPUs from `COUNTxMODEL` (e.g. 8xH100)."""
     match = SIMULATE_PATTERN.match(spec.strip())
     if not match or int(match.group(1)) < 1:
         raise ValueError(f"--simulate {spec!r}: write COUNTxMODEL, for example 8xH100")
@@ -46,6 +51,7 @@ def short_model(name: str) -> str:
 
 
 def discover() -> Inventory:
+    """The host's real NVIDIA GPUs through NVML; `NoGpus` says what to do when there are none."""
     try:
         with warnings.catch_warnings():  # the pynvml shim warns that it is deprecated
             warnings.simplefilter("ignore", FutureWarning)

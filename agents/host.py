@@ -96,10 +96,16 @@ class Run(msgspec.Struct, kw_only=True):
 
 
 class Acted(msgspec.Struct, kw_only=True):
+    """How far in the log the agent has acted (kept on disk, so a restart does not act twice)."""
+
     last_n: int = 0
 
 
 class HostAgent:
+    """The agent of one GPU host: acts on the log's host-directed events for its node (start,
+    notice, withdraw, stop, cancel), runs the jobs as processes, and reports their facts
+    through its durable outbox."""
+
     def __init__(self, url: str, node: str, inventory: Inventory, state_dir: str | os.PathLike,
                  grace_s: float = 10.0, default_command: list[str] | None = None,
                  keyring_path: str | os.PathLike | None = None,
@@ -166,6 +172,8 @@ class HostAgent:
 
     async def run(self) -> None:
         # One agent per node name and state folder: two would start every job twice.
+        """Hold the node (one agent per node and folder), connect, adopt runs left by a previous
+        agent, and act until stopped."""
         lock = InstanceLock(self.dir / "agent.lock", f"an agent for node {self.node}").acquire()
         try:
             await self._run()
@@ -273,6 +281,7 @@ class HostAgent:
                 delay = min(bus.CONNECT_BACKOFF_MAX_S, delay * 2)
 
     def stop(self) -> None:
+        """Ask the agent to drain and stop."""
         self.stop_event.set()
 
     async def _consumer(self):
@@ -619,6 +628,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -627,6 +637,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def has_marker(pid: int, marker: str) -> bool:
+    """Whether process `pid` carries this run's marker in its environment (so it is our job, not
+    a reused pid)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             return f"{MARKER_ENV}={marker}".encode() in fh.read().split(b"\0")
@@ -679,6 +691,7 @@ def stop_job_processes(root: str | os.PathLike) -> list[int]:
 
 
 async def run_host(url: str, **kwargs) -> None:
+    """Run a host agent until SIGINT or SIGTERM (which drain it)."""
     agent = HostAgent(url, **kwargs)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

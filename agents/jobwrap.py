@@ -25,6 +25,8 @@ def _ignore(_signum, _frame) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Run the command after `--`, record its start, wait for it and write its exit status to
+    EXIT_FILE."""
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m agents.jobwrap EXIT_FILE -- COMMAND...", file=sys.stderr)
         return 2

@@ -59,21 +59,25 @@ class Cluster:
         return proc
 
     def scheduler(self, instance: str = "s1", *extra: str) -> subprocess.Popen:
+        """Start a scheduler process (`instance` its id) on this cluster."""
         return self._spawn(["scheduler", *extra, "--nats", self.url, "--id", instance, "--data-dir", str(self.root),
                             "--tick-ms", str(self.tick_ms), "--lease-ms", str(self.lease_ms),
                             "--node-timeout-ms", str(self.node_timeout_ms),
                             "--policy", str(self.policy_path)], f"{instance}.log")
 
     def agent(self, node: str = "h1", spec: str = "8xH100", grace_s: float = 1.0) -> subprocess.Popen:
+        """Start a host agent process for `node` with simulated GPUs `spec`."""
         return self._spawn(["agent", "--nats", self.url, "--node", node, "--simulate", spec,
                             "--data-dir", str(self.root), "--grace-s", str(grace_s)], f"{node}.log")
 
     def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL a process this cluster started, by pid, and reap it."""
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
 
     def terminate(self, proc: subprocess.Popen) -> None:
+        """SIGTERM a process this cluster started, SIGKILL if it has not exited in 10 s."""
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
         try:
@@ -82,6 +86,8 @@ class Cluster:
             self.kill(proc)
 
     def close(self) -> None:
+        """Stop every process this cluster started (newest first), the jobs under its folder,
+        then the server."""
         for proc in reversed(self.procs):
             self.terminate(proc)
         self._kill_job_processes()
@@ -109,11 +115,13 @@ class Cluster:
         return asyncio.run(go())
 
     def send(self, *inputs: T.Input) -> list[tuple[str, int, bool]]:
+        """Publish inputs on XR_IN: (subject, stream seq, duplicate) for each."""
         async def go(nc, js):
             return [await bus.send_input(js, inp) for inp in inputs]
         return self._run(go)
 
     def records(self) -> list[T.Record]:
+        """Every record of the log so far."""
         async def go(nc, js):
             return [r for _, r in await bus.all_records(js)]
         return self._run(go)
@@ -130,6 +138,7 @@ class Cluster:
         return self._run(go)
 
     def inputs(self) -> list[tuple[int, T.Input]]:
+        """Every message of XR_IN so far, decoded: (stream seq, input)."""
         async def go(nc, js):
             end = await bus.stream_last_seq(js, bus.IN_STREAM)
             out = []
@@ -153,6 +162,7 @@ class Cluster:
             time.sleep(0.2)
 
     def wait_for(self, kind, timeout_s: float = 20.0, count: int = 1, **fields) -> list[T.Record]:
+        """Wait until the log holds `count` events of `kind` with these field values."""
         return self.wait(lambda rs: len(matching(rs, kind, **fields)) >= count, timeout_s,
                          f"{count} x {kind.__name__} {fields}")
 

@@ -32,6 +32,9 @@ _counter = itertools.count()
 
 
 class Outbox:
+    """A folder of facts waiting for the bus: `put` writes one atomically, the sender delivers
+    them in order and removes each once acknowledged."""
+
     def __init__(self, folder: str | os.PathLike, sender: str = "") -> None:
         self.folder = Path(folder)
         self.sender = sender  # who the facts are delivered as (core/identity.py)
@@ -84,6 +87,7 @@ class Outbox:
         return path
 
     def pending(self) -> list[Path]:
+        """The waiting fact files, oldest first."""
         return sorted(self.folder.glob(f"*{SUFFIX}"))
 
     def __len__(self) -> int:

@@ -66,10 +66,16 @@ class LostLeadership(Exception):
 
 
 def now_ms() -> int:
+    """Wall-clock time in milliseconds (the only clock the scheduler reads; the core gets time
+    in its inputs)."""
     return int(time.time() * 1000)
 
 
 class Scheduler:
+    """The scheduler process: holds the leader lease, folds the log into the state, steps the
+    core on each input from XR_IN, and appends the records atomically; a standby follows the
+    log and takes over when the lease lapses."""
+
     def __init__(self, url: str, instance: str | None = None, tick_ms: int = 1000,
                  group_max: int = 256, node_timeout_ms: int = 10_000, lease_ms: int = 3000,
                  snapshot_every_events: int = 5000, snapshot_every_ms: int = 30_000,
@@ -108,6 +114,8 @@ class Scheduler:
         # A lost connection is waited out, never a reason to exit: the client reconnects
         # forever, and a reconnect makes the leader re-read the log (its consumer and any
         # batch in flight may be gone) and gives every host a full timeout again.
+        """Take part in leader election and schedule while leader, until stopped; a lost
+        connection is waited out."""
         self.nc, self.js = await bus.connect_forever(
             self.url, name=self.instance, stop=self.stop_event,
             disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected)
@@ -141,6 +149,7 @@ class Scheduler:
                 await self.nc.close()
 
     def stop(self) -> None:
+        """Ask the scheduler to stop."""
         self.stop_event.set()
 
     async def _open_buckets(self) -> None:

@@ -61,6 +61,7 @@ INDEX_SUFFIX = "index"
 
 
 def digest_of(data: bytes) -> str:
+    """The content digest the log records for checkpoint bytes (`sha256:<hex>`)."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
@@ -108,6 +109,7 @@ class Job:
 
     @property
     def store(self):
+        """The checkpoint object store, opened on first use."""
         if self._store is None:
             self._store = self._call(self.js.object_store(os.environ.get("XR_CKPT_BUCKET", bus.CKPT_BUCKET)))
         return self._store
@@ -336,6 +338,7 @@ class Job:
             time.sleep(1.0)
 
     def close(self) -> None:
+        """Drain the job's NATS connection and stop its I/O thread."""
         if self.active:
             try:
                 self._call(self.nc.drain())

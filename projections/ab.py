@@ -118,6 +118,7 @@ class Units:
         return np.where((k > 0) & (means.sum(axis=-1) > 0), value, np.nan)
 
     def jobs_count(self) -> int:
+        """How many jobs the units hold."""
         return self.jobs
 
 
@@ -224,6 +225,7 @@ def _fmt(cell: dict) -> str:
 
 
 def render(rep: dict) -> str:
+    """The A/B report as text (or how to start an experiment when there is none)."""
     if not rep["variants"]:
         return ("no A/B experiment in this projection: set `ab_variants` (with a 'control' variant)"
                 " in the policy, a set_policy input, so that jobs get a variant")

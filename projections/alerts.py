@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class RateRule:
+    """When a preemption rate is anomalous: its count in the last window is over the history's
+    mean plus k standard deviations (with a floor) and at least `min_count`."""
+
     window_ms: int = 15 * 60_000
     history_windows: int = 12
     k: float = 3.0
@@ -34,6 +37,8 @@ class RateRule:
 
 @dataclass(frozen=True)
 class Alert:
+    """One alert: what kind, about whom, in words, with the value and the threshold it crossed."""
+
     kind: str
     subject: str  # "level 6" or "team lm"
     message: str
@@ -41,10 +46,13 @@ class Alert:
     threshold: float
 
     def as_dict(self) -> dict:
+        """The alert as JSON-ready data."""
         return asdict(self)
 
 
 def evaluate(con, now: int, rule: RateRule = RateRule()) -> list[Alert]:
+    """Every alert that holds at `now`: anomalous preemption rates, team limits in force,
+    downgraded jobs waiting, recent internal errors."""
     return (rate_alerts(con, now, rule) + team_limit_alerts(con, now) + downgraded_waiting_alerts(con, now)
             + internal_error_alerts(con, now))
 
@@ -70,6 +78,7 @@ def internal_error_alerts(con, now: int) -> list[Alert]:
 
 
 def downgraded_waiting_alerts(con, now: int) -> list[Alert]:
+    """One alert per queued job waiting below the level it asked for (its team is downgraded)."""
     rows = con.execute("""
         SELECT job, team, level, requested_level, queued_since_t FROM jobs
         WHERE state = 'queued' AND level > requested_level ORDER BY job""").fetchall()
@@ -82,6 +91,8 @@ def downgraded_waiting_alerts(con, now: int) -> list[Alert]:
 
 
 def rate_alerts(con, now: int, rule: RateRule = RateRule()) -> list[Alert]:
+    """Levels whose rate of preempting, or of being preempted, is anomalous against their own
+    history."""
     return (_rate_alerts(con, now, rule, "sagas", "preemptor_level", "preempting")
             + _rate_alerts(con, now, rule, "preemptions", "victim_level", "preempted"))
 
@@ -114,6 +125,7 @@ def _rate_alerts(con, now: int, rule: RateRule, table: str, column: str, role: s
 
 
 def team_limit_alerts(con, now: int) -> list[Alert]:
+    """Teams protected from preemption, or downgraded for preempting too much, as of `now`."""
     rows = con.execute("""
         SELECT team, kind, max(until_t), arg_max(count, t) FROM team_limits
         WHERE until_t > ? GROUP BY ALL ORDER BY ALL""", [now]).fetchall()

@@ -51,11 +51,15 @@ def token_from(path: str | None) -> str:
 
 @dataclass
 class AnalystSql:
+    """The dashboard's read-only SQL endpoint for analysts: a bearer token, a time limit and a
+    row cap per query."""
+
     token: str
     time_limit_s: float = TIME_LIMIT_S
     rows_max: int = ROWS_MAX
 
     def check_token(self, authorization: str | None) -> None:
+        """Raise `Refused` (403) unless the request carries the configured bearer token."""
         if not self.token:
             raise Refused(
                 403, f"/api/sql is off: start the dashboard with --sql-token-file FILE or ${TOKEN_ENV}"

@@ -41,6 +41,7 @@ EPOCH_MS_MIN = 10**12  # below this, t counts from the start of a scenario, not 
 
 
 def fmt_t(t: int) -> str:
+    """A log time in words: a UTC date and time, or T+h:m:s for logs that start at 0."""
     if t >= EPOCH_MS_MIN:
         return dt.datetime.fromtimestamp(t / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     s = t // 1000
@@ -48,6 +49,7 @@ def fmt_t(t: int) -> str:
 
 
 def fmt_ms(ms: float) -> str:
+    """A duration in words (s, min s, h min)."""
     s = int(round(ms / 1000))
     if s < 120:
         return f"{s} s"
@@ -58,16 +60,21 @@ def fmt_ms(ms: float) -> str:
 
 @dataclass
 class Problem:
+    """Where an audited log goes wrong: the record, its position, and what is wrong."""
+
     n: int  # position in the hash chain where the log goes wrong
     pos: int  # stream sequence or line number
     problem: str
 
     def words(self, pos_name: str) -> str:
+        """The problem in one line."""
         return f"record {self.n} ({pos_name} {self.pos}): {self.problem}"
 
 
 @dataclass
 class JobInfo:
+    """Who a job belongs to and its level, for the audit's job view."""
+
     team: str
     user: str
     level: int
@@ -75,6 +82,9 @@ class JobInfo:
 
 @dataclass
 class Audit:
+    """An audit fed record by record: checks the hash chain, state digests and signatures while
+    folding the log, optionally up to a record or time, and follows one job."""
+
     job: str = ""
     to_n: int | None = None
     to_t: int | None = None
@@ -97,6 +107,7 @@ class Audit:
 
     @property
     def done(self) -> bool:
+        """Whether the audit has stopped (a problem, or the window's end)."""
         return self.problem is not None or self.stopped_early
 
     def feed(self, pos: int, payload: bytes) -> bool:
@@ -184,12 +195,14 @@ class Audit:
                                    "pass --public-key FILE (or set XIRANG_PUBLIC_KEY)")
 
     def signatures(self) -> str:
+        """What the signature check found, in words."""
         if self.verifier is None:
             return "not checked (no public key)" if not self.signed_records else "no public key given"
         keys = ", ".join(sorted(self.verifier.keys_seen)) or "-"
         return f"{self.verifier.signatures} verified (keys {keys})"
 
     def summary(self, pos_name: str) -> dict:
+        """The audit's result as JSON-ready data."""
         c = self.state.canonical
         out = {
             "ok": self.problem is None,

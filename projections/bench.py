@@ -83,6 +83,8 @@ def _file_rate(records: list[T.Record], tmp: str) -> float:
 
 
 def run(args) -> dict:
+    """`xirang bench replay`: publish a synthetic log to an embedded nats-server, then time raw
+    reads against projection rebuilds."""
     jobs = 150 if getattr(args, "quick", False) else 2500
     began = time.perf_counter()
     records = generate(Spec(jobs=jobs, seed=11)).records

@@ -143,6 +143,7 @@ def _pending_table(rows: list[dict]) -> str:
 
 
 def render_fragment(snap: dict) -> str:
+    """The dashboard's live part as HTML (what the page reloads every 2 s)."""
     t = snap["totals"]
     kpis = [("log time", fmt_t(snap["now_t"]), "now"), ("events projected", t["events"], "events"),
             ("last seq", t["last_seq"], "last-seq"), ("pool GPUs", t["pool_gpus"], "pool-gpus"),
@@ -182,6 +183,7 @@ def _satisfaction_table(rows: list[dict]) -> str:
 
 
 def render_page(snap: dict) -> str:
+    """The whole dashboard page: the live fragment, its style and the script that refreshes it."""
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>xirang dashboard</title>'
             f'<style>{_CSS}</style></head><body><div id="live">{render_fragment(snap)}</div>'
             f'<script>{_JS}</script></body></html>')

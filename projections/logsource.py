@@ -103,6 +103,7 @@ class SignedOnly:
         self._held: dict[int, bytes] = {}  # payloads by position, until covered
 
     def __call__(self, batch: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """The records of this batch now covered by a signature (all of them without a keyring)."""
         if self.verifier is None:
             return batch
         out = []
@@ -113,5 +114,6 @@ class SignedOnly:
         return out
 
     def finish(self) -> None:
+        """The read ended: raise if records are left that no signature covers."""
         if self.verifier is not None:
             self.verifier.finish()

@@ -24,6 +24,7 @@ def _rows(con, sql: str, params: list | None = None) -> list[dict[str, Any]]:
 
 
 def now_t(con) -> int:
+    """The newest event time in the projection (0 when empty)."""
     row = con.execute("SELECT max(t) FROM events").fetchone()
     return int(row[0] or 0)
 
@@ -78,6 +79,7 @@ def by_group(con, group: str, now: int) -> list[dict]:
 
 
 def timeline(con, limit: int = TIMELINE_ROWS) -> list[dict]:
+    """The newest preemption sagas, with their victims and outcome."""
     return _rows(con, """
         SELECT saga, planned_t, preemptor, preemptor_team, preemptor_level, victims, benefit, cost,
                benefit - cost AS net, reason, outcome, wait_ms, rollback_reason,
@@ -87,6 +89,8 @@ def timeline(con, limit: int = TIMELINE_ROWS) -> list[dict]:
 
 
 def totals(con) -> dict:
+    """The headline numbers: events, position, queue, GPUs in use and in the pool, preemption
+    outcomes."""
     row = _rows(con, """
         SELECT (SELECT count(*) FROM events) AS events,
                (SELECT coalesce(max(last_seq), 0) FROM projector_position) AS last_seq,
@@ -105,6 +109,8 @@ def totals(con) -> dict:
 
 
 def snapshot(con, now: int | None = None) -> dict:
+    """Everything the dashboard shows, as plain data, as of `now` (the projection's newest time
+    by default)."""
     now = now_t(con) if now is None else now
     return {
         "now_t": now,
@@ -193,6 +199,7 @@ def _grouped(con, column: str) -> list[tuple]:
 
 
 def prometheus(con, input_backlog: int | None = None) -> str:
+    """The projection's numbers in Prometheus text format (`xirang_` series)."""
     now = now_t(con)
     lines: list[str] = []
     for group in ("level", "team", "user"):

@@ -45,6 +45,8 @@ JobLookup = Callable[[str], "tuple[str, str, int] | None"]
 
 @dataclass(frozen=True)
 class Notice:
+    """One message for a user about their job (a preemption notice, a requeue, compensation...)."""
+
     seq: int  # position of the event in the log (stream sequence or line)
     t: int
     user: str
@@ -53,9 +55,11 @@ class Notice:
     message: str
 
     def as_dict(self) -> dict:
+        """The notice as JSON-ready data."""
         return asdict(self)
 
     def line(self) -> str:
+        """The notice as one line of text."""
         return f"{fmt_t(self.t)}  {self.job:<18} {self.kind:<22} {self.message}"
 
 
@@ -120,18 +124,21 @@ class Notifier:
         self.known = known
 
     def lookup(self, job: str) -> tuple[str, str, int] | None:
+        """(user, team, level) of a job, from what this notifier has seen or the `known` lookup."""
         found = self.jobs.get(job)
         if found is None and self.known is not None:
             found = self.known(job)
         return found
 
     def feed(self, seq: int, record: T.Record) -> list[Notice]:
+        """The notices one record gives rise to (remembering who submitted which job)."""
         ev = record.event
         if isinstance(ev, T.JobSubmitted):
             self.jobs[ev.job] = (ev.user, ev.team, ev.level)
         return derive(seq, ev, self.lookup)
 
     def all(self, items: Iterable[tuple[int, T.Record]], user: str | None = None) -> list[Notice]:
+        """Every notice of these records, or only `user`'s."""
         out = []
         for seq, record in items:
             out.extend(n for n in self.feed(seq, record) if user is None or n.user == user)
@@ -162,9 +169,11 @@ class ReadMarks:
         return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
     def get(self, user: str) -> int:
+        """The log position up to which `user` has read their notices (0: none)."""
         return self._load().get(user, 0)
 
     def set(self, user: str, seq: int) -> None:
+        """Record that `user` has read up to `seq` (never moves back)."""
         marks = self._load()
         if seq <= marks.get(user, 0):
             return

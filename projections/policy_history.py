@@ -21,4 +21,5 @@ def policy_at(con, t: int | None = None) -> Policy:
 
 
 def current_policy(con) -> Policy:
+    """The policy in force at the projection's end."""
     return policy_at(con)

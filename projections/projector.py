@@ -55,6 +55,9 @@ CAUGHT_UP_BATCH = 1000
 
 
 class Projector:
+    """Folds log records into DuckDB tables, exactly once: each batch is applied with its stream
+    position in one transaction."""
+
     def __init__(self, db: str | duckdb.DuckDBPyConnection, stream: str = "XR_EV",
                  pending_reasons: bool = False) -> None:
         self.con = duckdb.connect(db) if isinstance(db, str) else db
@@ -283,9 +286,11 @@ class Projector:
         return None if row is None else (row["user"], row["team"], row["level"])
 
     def job_event(self, seq: int, n: int, ev: T.Event, job: str, detail: str, saga: str = "") -> None:
+        """Append one row to a job's event history."""
         self._append("job_events", seq, n, ev.t, job, ev.__struct_config__.tag, saga, detail)
 
     def job(self, job_id: str) -> dict:
+        """The job's row, loaded or created, marked to be written at the batch's end."""
         row = self.jobs.get(job_id)
         if row is None:
             row = self._fetch("jobs", job_id) or _new_job(job_id)
@@ -300,6 +305,7 @@ class Projector:
         return dict(zip(cols, row)) if row else None
 
     def usage(self, team: str, level: int) -> dict:
+        """The (team, level) usage row, created when new."""
         key = (team, level)
         row = self.team_usage.get(key)
         if row is None:
@@ -310,6 +316,7 @@ class Projector:
         return row
 
     def saga(self, saga_id: str) -> dict | None:
+        """The saga's row (marked to be written), or None when unknown."""
         row = self.sagas.get(saga_id) or self._fetch("sagas", saga_id)
         if row is not None:
             self.sagas[saga_id] = row
@@ -317,6 +324,7 @@ class Projector:
         return row
 
     def preemption(self, saga: str, victim: str) -> dict | None:
+        """The row of one victim of a saga (marked to be written), or None."""
         key = (saga, victim)
         row = self.preemptions.get(key)
         if row is not None:
@@ -334,6 +342,7 @@ class Projector:
         return best
 
     def node(self, name: str) -> dict:
+        """The node's row, created when new, marked to be written."""
         row = self.nodes.get(name)
         if row is None:
             row = self.nodes[name] = {"node": name, "gpu_model": "", "gpus": 0, "up": True,

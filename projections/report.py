@@ -28,6 +28,7 @@ from .audit import fmt_ms, fmt_t  # noqa: E402
 
 
 def jain(values) -> float | None:
+    """Jain's fairness index of the values (None when there are none or all are 0)."""
     xs = np.asarray([v for v in values if v is not None], dtype=float)
     if xs.size == 0 or not np.any(xs):
         return None
@@ -35,6 +36,7 @@ def jain(values) -> float | None:
 
 
 def gather(con, from_t: int, to_t: int) -> dict:
+    """Every figure of the period report from the projection, as plain data."""
     q = lambda sql, *p: con.execute(sql, list(p)).fetchall()  # noqa: E731
     sagas = q("""SELECT planned_t, benefit, cost, outcome, wait_ms FROM sagas
                  WHERE planned_t BETWEEN ? AND ? ORDER BY planned_t""", from_t, to_t)
@@ -85,6 +87,7 @@ def _png(fig) -> str:
 
 
 def charts(d: dict) -> dict[str, str]:
+    """The report's charts as base64 PNGs, by name."""
     out = {}
     fig, ax = plt.subplots(figsize=(7, 3))
     committed = [s for s in d["sagas"] if s[3] == "committed"]
@@ -120,6 +123,7 @@ def _f(value, digits: int = 3) -> str:
 
 
 def render(d: dict) -> str:
+    """The period report as one self-contained HTML page."""
     c = charts(d)
     median = lambda xs: float(np.median(xs)) if xs else None  # noqa: E731
     rows = [

@@ -235,6 +235,7 @@ def _png(fig) -> str:
 
 
 def charts(d: dict) -> dict[str, str]:
+    """The review's charts as base64 PNGs, by name."""
     out = {}
     nb = d["net_benefit"]
     parts = ["urgent_wait_saved_gpu_h", "lost_gpu_h", "fairness_penalty_gpu_h", "objective_gpu_h"]
@@ -306,6 +307,7 @@ def _cell(value) -> str:
 
 
 def render(d: dict) -> str:
+    """The quarterly review as one self-contained HTML page."""
     c = charts(d)
     nb = d["net_benefit"]
     rec = nb["recorded"]

@@ -151,6 +151,7 @@ KEYS = {"jobs": ("job",), "sagas": ("saga",), "preemptions": ("saga", "victim"),
 
 
 def columns(con, table: str) -> list[str]:
+    """A table's column names, in order."""
     rows = con.execute(
         "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
         "ORDER BY ordinal_position", [table]).fetchall()
@@ -174,6 +175,7 @@ ADDED_COLUMNS = (("sagas", "reclaim", "BOOLEAN"), ("preemptions", "reclaim", "BO
 
 
 def create(con) -> None:
+    """Create the tables (adding columns that newer versions added) and the views."""
     con.execute(TABLES)
     for table, column, sql_type in ADDED_COLUMNS:
         con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{column}" {sql_type}')

@@ -82,6 +82,7 @@ class Objective:
     fairness_weight: float = 1.0
 
     def describe(self) -> str:
+        """The objective in words."""
         return (f"{self.urgent_weight:g} x urgent (levels 0-{URGENT_LEVEL_MAX}) GPU-hours of wait saved"
                 f" against no preemption - {self.lost_weight:g} x GPU-hours of work lost -"
                 f" {self.fairness_weight:g} x drop in Jain's index over teams' fair shares x GPU-hours"
@@ -90,6 +91,9 @@ class Objective:
 
 @dataclass
 class Score:
+    """A run scored by the objective: GPU-hours of urgent wait saved, work lost, the fairness
+    penalty, and per level and team."""
+
     objective_gpu_h: float
     urgent_saved_gpu_h: float
     lost_gpu_h: float
@@ -99,6 +103,7 @@ class Score:
     per_team: dict
 
     def as_dict(self) -> dict:
+        """The score as JSON-ready data."""
         return {"objective_gpu_h": round(self.objective_gpu_h, 4),
                 "urgent_wait_saved_gpu_h": round(self.urgent_saved_gpu_h, 4),
                 "lost_gpu_h": round(self.lost_gpu_h, 4),
@@ -134,6 +139,7 @@ class Replay:
     @classmethod
     def from_log(cls, records, from_t: int, to_t: int, objective: Objective | None = None,
                  policy: Policy | None = None, sim_options: dict | None = None) -> "Replay":
+        """A replay of the log's window [from_t, to_t] (its jobs, nodes and policy)."""
         win = whatif.scan(records, from_t, to_t)
         if not win.nodes:
             raise ValueError("no node joined before the window's end: nothing to run jobs on")
@@ -150,6 +156,7 @@ class Replay:
         return self._memo[key]
 
     def score(self, policy: Policy) -> Score:
+        """Simulate the window under `policy` (memoised) and score it."""
         result, card = self._run(policy)
         return self.score_result(result, card)
 
@@ -217,13 +224,16 @@ class Param:
 
     @property
     def label(self) -> str:
+        """The parameter's name, with its index for a per-level list."""
         return self.name if self.index is None else f"{self.name}[{self.index}]"
 
     def get(self, policy: Policy) -> float:
+        """The parameter's value in `policy`."""
         value = getattr(policy, self.name)
         return value[self.index] if self.index is not None else value
 
     def params(self, policy: Policy, value: float) -> dict:
+        """The set_policy params that give the parameter `value` (rounded as its type needs)."""
         value = int(round(value)) if self.integer else round(float(value), 6)
         if self.index is None:
             return {self.name: value}
@@ -261,6 +271,7 @@ GROUPS: dict[str, list[Param]] = {
 
 
 def param_by_label(label: str) -> Param:
+    """The tunable parameter with this label; KeyError lists the tunable ones."""
     for params in GROUPS.values():
         for param in params:
             if param.label == label:
@@ -274,6 +285,9 @@ def param_by_label(label: str) -> Param:
 
 @dataclass
 class Proposal:
+    """A change the tuner proposes for one group, with the values before, the evidence and the
+    reason."""
+
     group: str
     params: dict
     before: dict  # the parameters' values before
@@ -281,11 +295,14 @@ class Proposal:
     reason: str
 
     def as_input(self, t: int = 0) -> T.SetPolicy:
+        """The proposal as a set_policy input by the tuner, its evidence in the reason (cut to
+        fit)."""
         budget = TEXT_CHARS_MAX - len(self.reason) - len(EVIDENCE_MARK)
         text = self.reason + EVIDENCE_MARK + compact_evidence(self.evidence, budget)
         return T.SetPolicy(t=t, params=self.params, by="tuner", reason=text)
 
     def as_dict(self) -> dict:
+        """The proposal as JSON-ready data."""
         return {"group": self.group, "params": self.params, "before": self.before, "reason": self.reason,
                 "evidence": self.evidence}
 
@@ -390,6 +407,8 @@ def _proposal(replay: Replay, group: str, params: dict, before: dict, old: Score
 
 @dataclass
 class Change:
+    """A policy change the tuner made: when, what, the policy before and after, and why."""
+
     t: int
     params: dict
     before: Policy

@@ -25,9 +25,11 @@ class Span:
     chosen: str  # e.g. "given", "the log's whole span", "the last full quarter (2026Q3)"
 
     def describe(self) -> str:
+        """The window in words, with how it was chosen."""
         return f"window {fmt_t(self.from_t)} .. {fmt_t(self.to_t)} ({self.chosen})"
 
     def as_dict(self) -> dict:
+        """The window as JSON-ready data (times as numbers and in words)."""
         return {"from_t": self.from_t, "to_t": self.to_t, "from": fmt_t(self.from_t),
                 "to": fmt_t(self.to_t), "chosen": self.chosen}
 
@@ -79,11 +81,13 @@ def quarter_bounds(quarter: str) -> tuple[int, int]:
 
 
 def quarter_of(t: int) -> str:
+    """The calendar quarter (UTC) of a log time, as 2026Q4."""
     when = dt.datetime.fromtimestamp(t / 1000, UTC)
     return f"{when.year}Q{(when.month - 1) // 3 + 1}"
 
 
 def previous_quarter(quarter: str) -> str:
+    """The quarter before, as 2026Q3."""
     year, q = int(quarter[:4]), int(quarter[5:])
     return f"{year - 1}Q4" if q == 1 else f"{year}Q{q - 1}"
 

@@ -20,6 +20,8 @@ GPUS = 512
 
 
 def run(args) -> dict:
+    """`xirang bench sim`: each policy on the first Philly jobs on 512 GPUs; simulated events
+    and decisions per wall second."""
     jobs = JOBS_QUICK if getattr(args, "quick", False) else JOBS_FULL
     workload = load_trace("philly", seed=0, limit=jobs)
     cluster = Cluster.uniform(GPUS)

@@ -67,6 +67,7 @@ def _stats(values: np.ndarray) -> dict:
 
 
 def jain(values: list[float]) -> float | None:
+    """Jain's fairness index of the values (1: all equal), None when there are none."""
     values = [v for v in values if v is not None]
     if not values:
         return None
@@ -76,6 +77,8 @@ def jain(values: list[float]) -> float | None:
 
 
 def policy_card(result: SimResult) -> dict:
+    """One policy's scorecard: waits, JCT, preemptions, lost GPU-hours, utilisation and
+    fairness, overall and per level."""
     jobs = result.jobs
     level = np.array([j.level for j in jobs])
     gpus = np.array([j.gpus for j in jobs], dtype=float)
@@ -239,6 +242,8 @@ def _teams(jobs, total_gpus: int) -> dict:
 
 
 def scorecard(results: list[SimResult]) -> dict:
+    """Every result's card side by side (same workload), with xirang's acceptance checks when
+    the peers are there."""
     if not results:
         raise ValueError("no results to score")
     cards = {r.policy: policy_card(r) for r in results}
@@ -274,6 +279,8 @@ FAIRNESS_TOLERANCE = 0.005
 
 
 def acceptance(cards: dict) -> dict:
+    """xirang's targets against the peers' cards: urgent wait against k8s and none, lost
+    GPU-hours, longest waits, mean wait per level, fairness."""
     x, k, n = cards["xirang"], cards["k8s"], cards["none"]
     xp = x["wait_s_levels_0_1"]["p99"]
     kp = k["wait_s_levels_0_1"]["p99"]
@@ -343,6 +350,7 @@ def _ratio(value) -> str:
 
 
 def render_table(card: dict) -> str:
+    """The scorecard as text tables for the terminal."""
     cards = card["policies"]
     lines = [f"workload {card['workload']}: {card['jobs']} jobs on {card['gpus']} GPUs, seed {card['seed']}"]
     head = ("policy", "wait mean", "p50", "p99", "max", "JCT mean", "JCT p99", "preempt",
@@ -401,6 +409,7 @@ def _grid(rows) -> list[str]:
 
 
 def write_outputs(card: dict, results: list[SimResult], out_dir: str) -> list[str]:
+    """Write scorecard.json, scorecard.duckdb and the charts into `out_dir`; their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [write_json(card, os.path.join(out_dir, "scorecard.json")),
              write_duckdb(card, results, os.path.join(out_dir, "scorecard.duckdb"))]
@@ -409,6 +418,7 @@ def write_outputs(card: dict, results: list[SimResult], out_dir: str) -> list[st
 
 
 def write_json(card: dict, path: str) -> str:
+    """Write the scorecard as sorted, indented JSON; the path."""
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(card, fh, indent=2, sort_keys=True, default=_json_default)
         fh.write("\n")
@@ -486,6 +496,8 @@ def _write_jobs_table(con, results: list[SimResult]) -> None:
 
 
 def write_charts(card: dict, results: list[SimResult], out_dir: str) -> list[str]:
+    """Draw the wait-by-level, urgent-wait CDF and overview charts as PNGs in `out_dir`; their
+    paths."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -44,6 +44,8 @@ PROGRESS_EVERY_EVENTS = 20_000
 
 @dataclass(frozen=True)
 class Cluster:
+    """The simulated pool: its nodes as (name, GPU model, GPUs)."""
+
     nodes: tuple[tuple[str, str, int], ...]  # (name, gpu model, gpus)
 
     @classmethod
@@ -59,15 +61,20 @@ class Cluster:
 
     @property
     def total_gpus(self) -> int:
+        """GPUs in the pool."""
         return sum(n[2] for n in self.nodes)
 
     @property
     def models(self) -> list[str]:
+        """The pool's GPU models, sorted."""
         return sorted({n[1] for n in self.nodes})
 
 
 @dataclass
 class SimResult:
+    """One policy's run of a workload: every job's outcome, the simulated span and what it cost
+    to compute."""
+
     policy: str
     workload: str
     seed: int
@@ -140,6 +147,7 @@ class Simulator(SimHosts):
         self.policy.on_submit(spec, self.now)
 
     def job_finished(self, job: HostJob) -> None:
+        """A job ended: maybe move the progress bar."""
         self._report_progress()
 
     def _report_progress(self, force: bool = False) -> None:

@@ -47,6 +47,9 @@ CKPT_BYTES_PER_GPU = 1 << 30
 
 @dataclass(frozen=True)
 class HostLatency:
+    """How long hosts take: a launch, a report or command on the wire, a notice to the next safe
+    point."""
+
     launch_ms: int = 5_000  # start command -> process running (container and framework start)
     report_ms: int = 200  # a fact to the scheduler, or a command to a host
     safe_point_ms: int = 10_000  # notice -> next safe point (an iteration boundary)
@@ -75,6 +78,7 @@ class JobOutcome:
 
     @property
     def held_ms(self) -> int:
+        """Milliseconds the job held GPUs, over all its allocations."""
         return sum(end - start for start, end in self.held_spans)
 
 
@@ -92,6 +96,9 @@ DONE = "done"
 
 @dataclass(slots=True)
 class HostJob:
+    """A job as its hosts see it: its phase, progress, checkpoints, and the outcome being
+    measured."""
+
     spec: TraceJob
     out: JobOutcome
     phase: str = IDLE
@@ -184,9 +191,12 @@ class SimHosts:
         self._push(self.now + self.lat.report_ms, self._host_start, job_id, list(placement), ckpt_step)
 
     def notify(self, job_id: str, checkpoint_needed: bool) -> None:
+        """A preemption notice: go to the next safe point, save if `checkpoint_needed`, then
+        release."""
         self._push(self.now + self.lat.report_ms, self._host_notify, job_id, checkpoint_needed)
 
     def withdraw(self, job_id: str) -> None:
+        """The notice is withdrawn: a job not yet released carries on computing."""
         self._push(self.now + self.lat.report_ms, self._host_withdraw, job_id)
 
     def kill(self, job_id: str, grace_ms: int) -> None:
@@ -194,6 +204,7 @@ class SimHosts:
         self._push(self.now + self.lat.report_ms, self._host_kill, job_id, grace_ms)
 
     def cancel(self, job_id: str) -> None:
+        """Stop the job at once and free its GPUs; nothing is reported."""
         self._push(self.now + self.lat.report_ms, self._host_cancel, job_id)
 
     # ------------------------------------------------------------ the host model

@@ -26,6 +26,8 @@ from .workload import Workload, load_trace
 
 @dataclass(frozen=True)
 class Case:
+    """One operating point of a sweep: a trace, a window of its jobs, a pool size and a seed."""
+
     trace: str
     gpus: int
     seed: int = 0
@@ -34,10 +36,12 @@ class Case:
 
     @property
     def label(self) -> str:
+        """The case in words, for the table."""
         window = "" if self.window is None else f"[{self.window[0]}:+{self.window[1]}]"
         return f"{self.trace}{window} {self.gpus} GPUs seed {self.seed}"
 
     def trace_spec(self) -> str:
+        """The trace as `load_trace` takes it (`bursts` is generated for the case's pool)."""
         return f"bursts:{self.gpus}" if self.trace == "bursts" else self.trace
 
 

@@ -73,12 +73,15 @@ class TraceJob:
 
 @dataclass
 class Workload:
+    """The jobs of a trace, in arrival order, and which columns got seeded defaults."""
+
     name: str
     jobs: list[TraceJob]  # sorted by (submit_ms, order in the file)
     seed: int
     defaulted: list[str] = field(default_factory=list)  # columns that got seeded defaults
 
     def limit(self, n: int | None) -> "Workload":
+        """The first `n` jobs (all when n is None)."""
         if n is None:
             return self
         return Workload(self.name, self.jobs[:n], self.seed, self.defaulted)
@@ -88,6 +91,7 @@ class Workload:
 
 
 def load_philly(path: str, seed: int = 0, limit: int | None = None) -> Workload:
+    """The Philly trace as a workload (see the module docstring for its columns and defaults)."""
     rows = _read_rows(path)
     if not rows:
         raise TraceError(f"{path}: no jobs")
@@ -113,6 +117,8 @@ def load_philly(path: str, seed: int = 0, limit: int | None = None) -> Workload:
 
 
 def load_canonical(path: str, seed: int = 0, limit: int | None = None) -> Workload:
+    """A canonical trace CSV as a workload; `TraceError` names the file and line of what is
+    wrong."""
     rows = _read_rows(path)
     if not rows:
         raise TraceError(f"{path}: no jobs")
@@ -160,6 +166,8 @@ def load_trace(spec: str, seed: int = 0, limit: int | None = None, philly_path: 
 
 
 def default_philly_path() -> str:
+    """Where the shared Philly trace is: the `shared` folder beside the repository or a folder
+    of checkouts."""
     import os
 
     # The shared folder sits beside the repository, or beside a folder of checkouts.

@@ -1,0 +1,1 @@
+"""The `xirang` command line: it parses, calls and prints (`xirang.cli.main`)."""

@@ -29,6 +29,8 @@ GPUS_PER_NODE = 8
 
 
 def run(args) -> dict:
+    """`xirang bench core`: core throughput, and decision and tick cost as the backlog grows;
+    the numbers as a dict."""
     quick = bool(getattr(args, "quick", False))
     sizes = [1_000, 10_000] if quick else [1_000, 10_000, 100_000]
     result = {

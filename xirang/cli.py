@@ -31,10 +31,12 @@ class OneLineParser(argparse.ArgumentParser):
     """A bad argument is told in one line that says where to look, not a usage block."""
 
     def error(self, message: str):
+        """Exit 2 with the problem in one line."""
         self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `xirang` argument parser with every command registered."""
     parser = OneLineParser(
         prog="xirang",
         description="Event-sourced GPU job scheduler with safe, atomic, fair preemption.")
@@ -54,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one `xirang` command; any failure is one line on stderr and a non-zero exit
+    (XIRANG_DEBUG=1 shows tracebacks)."""
     from trust.connect import refuse_password_argument
 
     refused = refuse_password_argument(sys.argv[1:] if argv is None else argv)

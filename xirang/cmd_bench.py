@@ -17,6 +17,7 @@ BENCHES = {
 
 
 def register(sub) -> None:
+    """Add the `bench` command(s) to the CLI's subparsers."""
     bench = sub.add_parser("bench", help="benchmarks with JSON output")
     bench.add_argument("name", choices=sorted(BENCHES))
     bench.add_argument("--json", action="store_true", help="print JSON only")
@@ -25,6 +26,7 @@ def register(sub) -> None:
 
 
 def cmd_bench(args) -> int:
+    """`xirang bench WHAT`: run one benchmark and print its JSON."""
     module_name, func_name = BENCHES[args.name].split(":")
     result = getattr(importlib.import_module(module_name), func_name)(args)
     print(json.dumps(result, indent=None if args.json else 2, sort_keys=True))

@@ -10,6 +10,7 @@ import tempfile
 
 
 def register(sub) -> None:
+    """Add the `chaos` command(s) to the CLI's subparsers."""
     p = sub.add_parser("chaos", help="run a local cluster under seeded faults and check its invariants")
     p.add_argument("--seed", type=int, default=0, help="decides the workload and the fault plan")
     p.add_argument(
@@ -21,6 +22,7 @@ def register(sub) -> None:
 
 
 def cmd_chaos(args) -> int:
+    """`xirang chaos`: a seeded chaos run on a local cluster; exit 1 if an invariant broke."""
     from xirang.errors import UserError
 
     if args.duration <= 0:

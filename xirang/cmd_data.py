@@ -37,6 +37,8 @@ def _user_error(message: str):
 
 
 def register(sub) -> None:
+    """Add the data (`project`, `sql`, `export`, `audit`, `dashboard`, `alerts`, `ab report`,
+    `tune`, `whatif`, `report`) command(s) to the CLI's subparsers."""
     _register_project(sub)
     _register_sql(sub)
     _register_export(sub)
@@ -50,6 +52,7 @@ def register(sub) -> None:
 
 
 def add_source(parser) -> None:
+    """The --nats / --log choice of where to read the log."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--nats", metavar="URL", help="read XR_EV from this NATS server (default:"
                        " $XIRANG_NATS, else the server `xirang up` started)")
@@ -74,6 +77,7 @@ def resolve_source(args) -> None:
 
 
 def add_db(parser, default: str = DEFAULT_DB) -> None:
+    """The --db option (the projection's DuckDB file)."""
     parser.add_argument("--db", default=default, help=f"DuckDB file (default {default})")
 
 
@@ -96,6 +100,7 @@ def parse_time(text: str | None) -> int | None:
 
 
 def check_log_file(path: str) -> None:
+    """Refuse, saying how to make one, a log file that does not exist."""
     if not os.path.isfile(path):
         raise _user_error(f"log file {path} does not exist (export one with"
                           " `xirang replay run INPUTS --events-out FILE`)")
@@ -118,6 +123,8 @@ def _register_project(sub) -> None:
 
 
 def open_projector(db: str, rebuild: bool = False, stream: str = "XR_EV"):
+    """A projector on the DuckDB file `db` (deleted first with `rebuild`); a locked file is
+    explained."""
     import duckdb
 
     from projections.projector import Projector
@@ -135,6 +142,8 @@ def open_projector(db: str, rebuild: bool = False, stream: str = "XR_EV"):
 
 
 def cmd_project(args) -> int:
+    """`xirang project`: fold the log (file or XR_EV) into the DuckDB projection, once or
+    following it."""
     if args.batch < 1:
         raise _user_error("--batch must be at least 1")
     resolve_source(args)
@@ -204,6 +213,7 @@ async def _project_nats(args) -> int:
 
 
 async def connect_or_explain(url: str):
+    """Connect to NATS at `url`, or raise a UserError saying what to check."""
     from transport import bus
 
     try:
@@ -238,6 +248,8 @@ READ_WAIT_S = 5.0  # how long a reader waits for a writer's batch to end
 
 
 def open_readonly(db: str):
+    """The projection opened read-only (retrying while a projector holds it); a missing file is
+    explained."""
     import duckdb
 
     if not os.path.exists(db):
@@ -262,6 +274,7 @@ def open_readonly(db: str):
 
 
 def cmd_sql(args) -> int:
+    """`xirang sql`: run one read-only SQL query on the projection and print a table or JSON."""
     import duckdb
 
     con = open_readonly(args.db)
@@ -285,6 +298,7 @@ def cmd_sql(args) -> int:
 
 
 def format_table(names: list[str], rows: list[tuple]) -> str:
+    """Rows as an aligned text table under their column names."""
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
     line = "  ".join(n.ljust(w) for n, w in zip(names, widths))
@@ -319,6 +333,7 @@ def _register_export(sub) -> None:
 
 
 def cmd_export(args) -> int:
+    """`xirang export`: every projection table as a Parquet file in a folder."""
     con = open_readonly(args.db)
     os.makedirs(args.parquet, exist_ok=True)
     names = [r[0] for r in con.execute(
@@ -355,6 +370,8 @@ def _register_audit(sub) -> None:
 
 
 def cmd_audit(args) -> int:
+    """`xirang audit`: verify the log's hash chain, state digests and signatures, optionally
+    follow one job or stop at a point."""
     from projections.audit import Audit
     from projections.logsource import jsonl_batches
 
@@ -446,6 +463,8 @@ def _register_dashboard(sub) -> None:
 
 
 def cmd_dashboard(args) -> int:
+    """`xirang dashboard`: serve the live dashboard, metrics and (with a token) analyst SQL over
+    HTTP."""
     from projections import dashboard
     from projections.analyst_sql import AnalystSql, token_from
     from projections.logsource import jsonl_batches
@@ -530,6 +549,7 @@ def _register_alerts(sub) -> None:
 
 
 def cmd_alerts(args) -> int:
+    """`xirang alerts`: the alerts that hold at a time."""
     from projections import alerts, metrics
 
     con = open_readonly(args.db)
@@ -562,6 +582,7 @@ def _register_ab(sub) -> None:
 
 
 def cmd_ab_report(args) -> int:
+    """`xirang ab report`: each A/B variant against control, with bootstrap intervals."""
     from projections import ab, windows
 
     con = open_readonly(args.db)
@@ -597,6 +618,8 @@ def _register_tune(sub) -> None:
 
 
 def cmd_tune(args) -> int:
+    """`xirang tune`: replay the recent window under candidate policies and propose (or apply) a
+    better one."""
     from projections import tuner
 
     if args.window_ms is not None and args.window_ms <= 0:
@@ -713,6 +736,7 @@ def _register_whatif(sub) -> None:
 
 
 def cmd_whatif(args) -> int:
+    """`xirang whatif`: a window of the log re-run under another policy, beside what happened."""
     from core import PolicyError, load_policy_toml
     from projections import windows
     from replay import whatif
@@ -771,6 +795,7 @@ def _register_report(sub) -> None:
 
 
 def cmd_report(args) -> int:
+    """`xirang report`: the period report as HTML."""
     from projections import report, windows
 
     con = open_readonly(args.db)

@@ -33,6 +33,8 @@ from xirang.errors import UserError
 
 
 def register(sub) -> None:
+    """Add the job (`submit`, `cancel`, `jobs`, `queue`, `history`, `logs`, `nodes`, `shares`,
+    `hold`, `release`, `requeue`, `set-level`) command(s) to the CLI's subparsers."""
     _register_submit(sub)
     cancel = sub.add_parser("cancel", help="cancel a job (scancel)")
     common(cancel)
@@ -101,6 +103,7 @@ def default_user() -> str:
 
 
 def common(p) -> None:
+    """The options every job command takes: --nats, --json, --data-dir."""
     p.add_argument("--nats", metavar="URL", help="NATS server URL (default: $XIRANG_NATS, else the one"
                    " `xirang up` started)")
     p.add_argument("--json", action="store_true", help="machine-readable output (JSON only)")
@@ -108,6 +111,7 @@ def common(p) -> None:
 
 
 def filters(p) -> None:
+    """The --team / --user / --level / --state filters."""
     p.add_argument("--team")
     p.add_argument("--user")
     p.add_argument("--level", type=int, choices=range(8), metavar="0-7")
@@ -115,6 +119,7 @@ def filters(p) -> None:
 
 
 def watch(p) -> None:
+    """The --watch option (redraw every S seconds)."""
     p.add_argument("--watch", type=float, metavar="S", nargs="?", const=2.0,
                    help="redraw every S seconds (default 2) until Ctrl-C")
 
@@ -146,6 +151,7 @@ def _register_submit(sub) -> None:
 
 
 def cmd_submit(args) -> int:
+    """`xirang submit`: send a job and say whether it was accepted (or why not)."""
     from core import types as T
 
     try:
@@ -171,12 +177,15 @@ def _resolve_example(command: list[str]) -> list[str]:
 
 
 def cmd_cancel(args) -> int:
+    """`xirang cancel`: cancel a job."""
     from core import types as T
 
     return _send_and_answer(args, T.Cancel(job=args.job))
 
 
 def cmd_job_request(args) -> int:
+    """`xirang hold | release | requeue | set-level`: send the request about a job and print the
+    outcome."""
     from core import types as T
 
     kind = {"hold": T.Hold, "release": T.ReleaseHold, "requeue": T.Requeue, "set-level": T.SetLevel}[args.request]
@@ -253,6 +262,7 @@ def _state(args):
 
 
 def now_ms() -> int:
+    """Wall-clock time in milliseconds."""
     return int(time.time() * 1000)
 
 
@@ -277,6 +287,7 @@ def _filtered(args, rows):
 
 
 def cmd_jobs(args) -> int:
+    """`xirang jobs`: open jobs with their state, placement and why each waits."""
     def draw() -> int:
         from projections.views import job_rows
 
@@ -308,6 +319,7 @@ def cmd_jobs(args) -> int:
 
 
 def cmd_queue(args) -> int:
+    """`xirang queue`: each level's jobs in serving order."""
     def draw() -> int:
         from projections.views import job_rows, queue_levels
 
@@ -344,6 +356,7 @@ def cmd_queue(args) -> int:
 
 
 def cmd_history(args) -> int:
+    """`xirang history`: every job the log has seen, with how it ended."""
     from agents.client import records
     from projections.views import history_rows, keep
     from xirang.cmd_data import parse_time
@@ -367,6 +380,7 @@ def cmd_history(args) -> int:
 
 
 def cmd_logs(args) -> int:
+    """`xirang logs`: a job's output on its host (local cluster)."""
     from agents.client import records
     from agents.logs import job_output_paths
 
@@ -414,6 +428,7 @@ def _job_ended(recs, job: str) -> bool:
 
 
 def cmd_nodes(args) -> int:
+    """`xirang nodes`: each node's GPUs free and used, and its jobs."""
     from projections.views import node_rows
 
     rows = node_rows(_state(args))
@@ -428,6 +443,7 @@ def cmd_nodes(args) -> int:
 
 
 def cmd_shares(args) -> int:
+    """`xirang shares`: each team's quota, fair share, GPUs held and limits in force."""
     from projections.views import share_rows
 
     rows = share_rows(_state(args))

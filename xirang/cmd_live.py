@@ -19,6 +19,8 @@ URL_FILE = "nats.url"
 
 
 def register(sub) -> None:
+    """Add the live-cluster (`up`, `scheduler`, `agent`, `demo`) command(s) to the CLI's
+    subparsers."""
     def common(p, server: bool = False) -> None:
         p.add_argument("--nats", metavar="URL", help="NATS server URL (default: $XIRANG_NATS, "
                        + ("else an embedded server" if server else "else the one `xirang up` started") + ")")
@@ -87,6 +89,8 @@ def _user_error(message: str):
 
 
 def client_url(args) -> str:
+    """The NATS URL a client command uses: --nats, $XIRANG_NATS, else the one `xirang up` wrote;
+    a UserError says how to start one."""
     url = args.nats or os.environ.get("XIRANG_NATS")
     path = Path(args.data_dir) / URL_FILE
     if not url and path.exists():
@@ -123,6 +127,7 @@ def _logging(args) -> None:
 
 
 def cmd_scheduler(args) -> int:
+    """`xirang scheduler`: run the scheduler (leader or hot standby) until stopped."""
     from agents.scheduler import run_scheduler
     from core.policy import PolicyError, read_policy_toml
 
@@ -193,6 +198,7 @@ def checkpoint_secret(path: str | None, data_dir: str) -> bytes:
 
 
 def cmd_agent(args) -> int:
+    """`xirang agent`: run a GPU host agent until stopped."""
     from agents.gpus import NoGpus, discover, parse_simulate
     from agents.host import run_host
 
@@ -221,6 +227,7 @@ def cmd_agent(args) -> int:
 
 
 def cmd_up(args) -> int:
+    """`xirang up`: embedded NATS, the scheduler and N simulated hosts, until Ctrl-C."""
     specs = [s for s in args.simulate.split(",") if s]
     from agents.gpus import parse_simulate
 
@@ -273,6 +280,7 @@ def _hold(lock):
 
 
 def cmd_demo(args) -> int:
+    """`xirang demo`: the end-to-end demonstration."""
     from agents.demo import run_demo
 
     return run_demo(out_dir=args.out, as_json=args.json)

@@ -14,6 +14,7 @@ from core.types import SetPolicy, encode, type_name
 
 
 def register(sub) -> None:
+    """Add the `replay run` command(s) to the CLI's subparsers."""
     replay = sub.add_parser("replay", help="run scenario files through the core")
     rsub = replay.add_subparsers(dest="replay_command", metavar="ACTION")
     rsub.required = True
@@ -25,6 +26,8 @@ def register(sub) -> None:
 
 
 def cmd_run(args) -> int:
+    """`xirang replay run`: feed a scenario file through the core and print (or write) the
+    records."""
     from xirang.errors import UserError
 
     policy_params = None

@@ -10,6 +10,7 @@ from xirang.errors import UserError
 
 
 def register(sub) -> None:
+    """Add the `key`, `nats add-user` and `tls init` command(s) to the CLI's subparsers."""
     key = sub.add_parser("key", help="the scheduler's Ed25519 log-signing key: create, rotate, show")
     key_sub = key.add_subparsers(dest="key_command", metavar="ACTION")
     key_sub.required = True
@@ -65,6 +66,7 @@ def register(sub) -> None:
 
 
 def cmd_key(args) -> int:
+    """`xirang key`: create, rotate or show the scheduler's log-signing key."""
     from pathlib import Path
 
     from trust.signing import PUBLIC_FILE, KeyFileError, KeyRing, create_key
@@ -97,6 +99,7 @@ def cmd_key(args) -> int:
 
 
 def cmd_nats_add_user(args) -> int:
+    """`xirang nats add-user`: add a NATS user of a role and write its credentials file."""
     from trust.natsauth import RosterError, add_user
 
     try:
@@ -114,6 +117,7 @@ def cmd_nats_add_user(args) -> int:
 
 
 def cmd_tls_init(args) -> int:
+    """`xirang tls init`: make the private CA (once) and a certificate per server."""
     from trust.pki import PkiError, init
 
     servers = {}

@@ -31,6 +31,7 @@ time + restores, times GPUs.
 
 
 def register(sub) -> None:
+    """Add the `sim` command(s) to the CLI's subparsers."""
     sim = sub.add_parser(
         "sim", help="simulate policies on a trace and write a scorecard",
         description="Run a GPU job trace through several scheduling policies on a simulated "
@@ -65,6 +66,7 @@ def register(sub) -> None:
 
 
 def cmd_sim(args) -> int:
+    """`xirang sim`: run a trace through the policies, print the scorecard and write its files."""
     from replay.scorecard import render_table, scorecard, write_outputs
 
     jobs = _plan(args)
@@ -192,6 +194,7 @@ class ProgressBar:
         self._last = 0.0
 
     def update(self, name: str, done: int, total: int, sim_t_ms: int = 0) -> None:
+        """One policy's progress: redraw the line (at most every 10 s when not on a terminal)."""
         self.done[name] = (done, total, sim_t_ms)
         now = time.perf_counter()
         if self.quiet or (not self.tty and now - self._last < 10 and done != total):
@@ -208,6 +211,7 @@ class ProgressBar:
         sys.stderr.flush()
 
     def close(self) -> None:
+        """End the progress line."""
         if not self.quiet and self.tty:
             sys.stderr.write("\n")
             sys.stderr.flush()

@@ -12,6 +12,7 @@ POLICIES_DEFAULT = "none,k8s,xirang"
 
 
 def register(sub) -> None:
+    """Add the `sweep` command(s) to the CLI's subparsers."""
     sweep = sub.add_parser(
         "sweep", help="run the scorecard over pool sizes, windows and seeds; one table",
         description="Run policies on every combination of --gpus, --windows and --seeds of one "
@@ -62,6 +63,7 @@ def _windows(text: str) -> list[tuple[int, int] | None]:
 
 
 def cmd_sweep(args) -> int:
+    """`xirang sweep`: the scorecard over many operating points, one table."""
     from core import PolicyError, load_policy_toml
     from replay.peers import POLICIES
     from replay.sweep import Case, run_case, sweep_table

@@ -19,6 +19,7 @@ DEFAULT_USER = os.environ.get("USER", "user")
 
 
 def register(sub) -> None:
+    """Add the `feedback`, `notices` and `review` command(s) to the CLI's subparsers."""
     _register_feedback(sub)
     _register_notices(sub)
     _register_review(sub)
@@ -39,6 +40,7 @@ def _register_feedback(sub) -> None:
 
 
 def cmd_feedback(args) -> int:
+    """`xirang feedback`: send a score (and comment) about how a job was treated."""
     from core import types as T
 
     return _send_and_answer(args, T.Feedback(job=args.job, user=args.user, score=args.score,
@@ -65,6 +67,8 @@ def _register_notices(sub) -> None:
 
 
 def cmd_notices(args) -> int:
+    """`xirang notices`: a user's notices from the log (new ones, or all), or publish
+    everyone's."""
     from projections.notices import Notifier, ReadMarks
     from xirang.cmd_data import resolve_source
 
@@ -171,6 +175,7 @@ def _register_review(sub) -> None:
 
 
 def cmd_review(args) -> int:
+    """`xirang review`: the quarterly review as HTML."""
     from projections import review, tuner, windows
     from xirang.cmd_data import load_records, parse_time
 

@@ -68,4 +68,5 @@ def _words(err: BaseException) -> str:
 
 
 def debugging() -> bool:
+    """Whether XIRANG_DEBUG asks for tracebacks."""
     return os.environ.get("XIRANG_DEBUG", "") not in ("", "0")

@@ -8,6 +8,8 @@ POLICIES = ("none", "k8s", "slurm", "xirang")
 
 
 def make_policy(name: str, config: dict, cluster, seed: int):
+    """The policy named `name` (one of POLICIES) built with its config for this cluster;
+    ValueError names the choices."""
     if name == "none":
         from .none import NonePolicy as cls
     elif name == "k8s":

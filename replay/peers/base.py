@@ -35,6 +35,9 @@ TERMINATING = "terminating"
 
 @dataclass(slots=True)
 class PeerJob:
+    """A peer policy's record of one job: its place in the queue, its state and where it runs or
+    is nominated to run."""
+
     spec: TraceJob
     level: int
     eligible_t: int
@@ -47,10 +50,12 @@ class PeerJob:
 
     @property
     def id(self) -> str:
+        """The job's id."""
         return self.spec.id
 
     @property
     def gpus(self) -> int:
+        """GPUs the job needs."""
         return self.spec.gpus
 
 
@@ -69,14 +74,18 @@ class Pool:
         self.node_gpus_max = max(self.size.values())
 
     def nodes_for(self, models: list[str]) -> list[str]:
+        """The nodes of these GPU models (every node when the job names none)."""
         if not models:
             return self.names
         return [n for n in self.names if self.model[n] in models]
 
     def avail(self, node: str) -> int:
+        """GPUs of the node neither used nor reserved."""
         return self.free[node] - self.reserved[node]
 
     def place(self, gpus: int, models: list[str]) -> list[tuple[str, int]] | None:
+        """Where `gpus` GPUs of these models fit now, as core places them ([(node, gpus)]), or
+        None."""
         if self.free_total - self.reserved_total < gpus:
             return None
         nodes = self.nodes_for(models)
@@ -102,18 +111,21 @@ class Pool:
         return None
 
     def occupy(self, job_id: str, placement: list[tuple[str, int]]) -> None:
+        """The job takes the GPUs of its placement."""
         for n, g in placement:
             self.free[n] -= g
             self.free_total -= g
             self.bound[n][job_id] = g
 
     def vacate(self, job_id: str, placement: list[tuple[str, int]]) -> None:
+        """The job's GPUs are free again."""
         for n, g in placement:
             self.free[n] += g
             self.free_total += g
             self.bound[n].pop(job_id, None)
 
     def reserve(self, reservation: list[tuple[str, int]], sign: int = 1) -> None:
+        """Hold (`sign` 1) or let go (-1) of GPUs for a nominated job."""
         for n, g in reservation:
             self.reserved[n] += sign * g
             self.reserved_total += sign * g
@@ -147,14 +159,17 @@ class PeerPolicy:
         self.sim = None
 
     def bind(self, sim) -> None:
+        """Attach to the simulator whose commands the policy uses."""
         self.sim = sim
 
     def summary(self) -> dict:
+        """Extra numbers for the scorecard."""
         return {"preemptions_decided": self.preemptions}
 
     # ------------------------------------------------------------ arrivals and facts
 
     def on_submit(self, spec: TraceJob, t: int) -> None:
+        """A trace arrival: queue the job and ask for a scheduling pass now."""
         self._seq += 1
         job = PeerJob(spec=spec, level=spec.level, eligible_t=t, seq=self._seq)
         self.jobs[spec.id] = job
@@ -162,6 +177,8 @@ class PeerPolicy:
         self.sim.wake_at(t)
 
     def on_fact(self, inp: T.Input) -> None:
+        """A host's fact: a start is confirmed, a finished job frees its GPUs, a released victim
+        frees them and goes back to the queue."""
         job = self.jobs.get(inp.job)
         if job is None:
             return
@@ -194,14 +211,20 @@ class PeerPolicy:
             self.level_gpus[job.level] -= job.gpus
 
     def preemption_known_futile(self, job: PeerJob) -> bool:
+        """Whether a victim search for a job like this one already failed and nothing changed
+        since."""
         return self._no_victims.get((job.level, job.gpus, tuple(job.spec.gpu_models))) == self.version
 
     def note_preemption_futile(self, job: PeerJob) -> None:
+        """Remember that no victim set makes room for jobs like this one, until the pool
+        changes."""
         self._no_victims[(job.level, job.gpus, tuple(job.spec.gpu_models))] = self.version
 
     # ------------------------------------------------------------ actions
 
     def start(self, job: PeerJob, placement: list[tuple[str, int]]) -> None:
+        """Bind the job to `placement` and tell its hosts to start it (resuming from its newest
+        checkpoint)."""
         self.version += 1
         self.pool.occupy(job.id, placement)
         self.bound_jobs[job.id] = job
@@ -212,6 +235,7 @@ class PeerPolicy:
         self.level_gpus[job.level] += job.gpus
 
     def evict(self, victim: PeerJob, grace_ms: int) -> None:
+        """Kill the victim with `grace_ms` to finish (its GPUs are free once it has released)."""
         self.level_gpus[victim.level] -= victim.gpus
         victim.state = TERMINATING
         self.version += 1
@@ -266,9 +290,11 @@ class PeerPolicy:
     # ------------------------------------------------------------ to implement
 
     def enqueue(self, job: PeerJob) -> None:
+        """Put a job in the policy's queue (on arrival or after eviction)."""
         raise NotImplementedError
 
     def on_wake(self, t: int) -> None:
+        """A scheduling pass at time `t`."""
         raise NotImplementedError
 
     def _single_node(self, job: PeerJob) -> tuple[list[PeerJob], list] | None:
@@ -296,6 +322,7 @@ def victims_on_node(policy: PeerPolicy, node: str, preemptor: PeerJob) -> tuple[
 
 
 def gpus_on(job: PeerJob, node: str) -> int:
+    """GPUs the job holds on `node`."""
     for n, g in job.placement:
         if n == node:
             return g

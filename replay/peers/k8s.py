@@ -37,6 +37,9 @@ DEFAULT_GRACE_S = 30.0
 
 
 class K8sPolicy(NonePolicy):
+    """Kubernetes-style priority preemption (see the module docstring): greedy priority pass,
+    PostFilter victims per node, graceful kills."""
+
     name = "k8s"
     preempts = True
 

@@ -25,6 +25,9 @@ def rank(job: PeerJob) -> tuple:
 
 
 class NonePolicy(PeerPolicy):
+    """Strict priority without preemption: each pass starts, in priority order, every job that
+    fits now."""
+
     name = "none"
 
     def __init__(self, config: dict, cluster, seed: int) -> None:
@@ -32,16 +35,20 @@ class NonePolicy(PeerPolicy):
         self.classes: dict[tuple, dict[str, PeerJob]] = {}
 
     def enqueue(self, job: PeerJob) -> None:
+        """Add the job to the FIFO class of its (level, GPUs, models)."""
         job.cls = (job.level, job.gpus, tuple(job.spec.gpu_models))
         self.classes.setdefault(job.cls, {})[job.id] = job
 
     def dequeue(self, job: PeerJob) -> None:
+        """Take the job out of its class."""
         members = self.classes[job.cls]
         del members[job.id]
         if not members:
             del self.classes[job.cls]
 
     def on_wake(self, t: int) -> None:
+        """One pass: start nominated jobs whose GPUs are free, then walk the classes in priority
+        order, starting each head that fits."""
         self.steps += 1
         self.start_nominated(rank)
         heap = []

@@ -58,6 +58,9 @@ DEFAULTS = {
 
 
 class SlurmPolicy(PeerPolicy):
+    """Slurm-style scheduling (see the module docstring): multifactor priority with age, QOS
+    preemption with requeue, EASY backfill."""
+
     name = "slurm"
 
     def __init__(self, config: dict, cluster, seed: int) -> None:
@@ -89,6 +92,7 @@ class SlurmPolicy(PeerPolicy):
     # ------------------------------------------------------------ priority
 
     def priority(self, job: PeerJob, t: int) -> float:
+        """The job's multifactor priority at `t`: age, QOS (its level) and partition."""
         age = min(max(0, t - job.eligible_t), self.max_age_ms)
         return (self.w_age * age / self.max_age_ms + self.w_qos * (7 - job.level) / 7
                 + self.w_part)
@@ -97,6 +101,7 @@ class SlurmPolicy(PeerPolicy):
         return (-self.priority(job, t), job.eligible_t, job.seq, job.id)
 
     def enqueue(self, job: PeerJob) -> None:
+        """Insert the job in priority order."""
         self.arrivals += 1
         key = self._key(job, self.sim.now)
         self.keys[job.id] = key
@@ -114,6 +119,8 @@ class SlurmPolicy(PeerPolicy):
     # ------------------------------------------------------------ the passes
 
     def on_wake(self, t: int) -> None:
+        """One pass: recompute priorities when due, start nominated jobs, the main scheduler,
+        then backfill."""
         self.steps += 1
         if t >= self.next_calc_t:
             self._recalc(t)

@@ -49,6 +49,9 @@ ADAPTER_KEYS = ("policy", "tick_s", "urgent_tick_s", "report_periodic_checkpoint
 
 
 class XirangPolicy:
+    """xirang's policy in the simulator: `core.step` decides, this adapter turns arrivals and
+    host facts into inputs and the core's host-directed events into host commands."""
+
     name = "xirang"
 
     def __init__(self, config: dict, cluster, seed: int) -> None:
@@ -78,6 +81,8 @@ class XirangPolicy:
         self.downgraded: list[str] = []  # jobs that entered the queue below their asked level
 
     def bind(self, sim) -> None:
+        """Attach to the simulator: record the run's policy (when the log is kept), the nodes,
+        and queue the timed inputs."""
         self.sim = sim
         if self.initial_params:
             self._step(T.SetPolicy(t=self.epoch_ms, params=self.initial_params, by="simulator",
@@ -88,6 +93,7 @@ class XirangPolicy:
             sim.at(inp.t - self.epoch_ms, self._step, inp)
 
     def on_submit(self, spec: TraceJob, t: int) -> None:
+        """A trace arrival as a `submit` input."""
         self._step(T.Submit(
             t=t + self.epoch_ms, job=spec.id, team=spec.team, user=spec.user, level=spec.level, gpus=spec.gpus,
             gpu_models=list(spec.gpu_models), est_runtime_s=spec.est_runtime_ms / 1000,
@@ -95,9 +101,11 @@ class XirangPolicy:
             restore_cost_s=spec.restore_cost_ms / 1000))
 
     def on_fact(self, inp: T.Input) -> None:
+        """A host's fact, stepped through the core as it is (its time shifted by `epoch_ms`)."""
         self._step(msgspec.structs.replace(inp, t=inp.t + self.epoch_ms) if self.epoch_ms else inp)
 
     def on_wake(self, t: int) -> None:
+        """A `tick` input at `t`."""
         self.last_tick_t = t
         self._step(T.Tick(t=t + self.epoch_ms))
 
@@ -113,6 +121,8 @@ class XirangPolicy:
         return min(waiting) - self.epoch_ms if waiting else None
 
     def summary(self) -> dict:
+        """Events by type, rejections by input and reason, and the jobs that entered below their
+        level; closes the kept log."""
         if self.log is not None:
             self.log.close()
             self.log = None
