@@ -172,6 +172,16 @@ class SimHosts:
             if until is not None and until():
                 return
 
+    def advance_to(self, t: int) -> None:
+        """Run everything due up to and including virtual time `t`, then set the clock to `t`."""
+        heap = self._heap
+        while heap and heap[0][0] <= t:
+            due, _, fn, args = heapq.heappop(heap)
+            self.now = due
+            self.events += 1
+            fn(*args)
+        self.now = max(self.now, t)
+
     def job_finished(self, job: HostJob) -> None:
         """Called when a job has computed to its end (a subclass counts progress here)."""
 

@@ -1,7 +1,11 @@
 """A seeded random world for property tests: a random cluster, a random workload, and
-agents that answer the scheduler's decisions the way real ones might (promptly, late, or
-never; checkpoints that fail; nodes that die). Run as a script it prints the event log, so
-a test can compare logs across processes and hash seeds."""
+hosts that answer the scheduler's decisions the way real ones might (promptly, late, or
+never; checkpoints that fail; nodes that die). Two sources of facts are mixed: the
+simulated hosts (`replay.simhost`, the one model of how hosts answer: launches, periodic
+checkpoints, safe points, releases, finishes, each delivered late by a random number of
+steps or never), and an adversary that makes up facts the hosts might send at any time,
+right or wrong. Run as a script it prints the event log, so a test can compare logs across
+processes and hash seeds."""
 
 from __future__ import annotations
 
@@ -9,11 +13,16 @@ import random
 import sys
 from typing import Callable
 
+import msgspec
+
 from core import new_state, step
 from core import types as T
 from core.state import State
+from replay.simhost import IDLE, SimHosts
+from replay.workload import TraceJob
 
 MODELS = ["A100", "H100", "L4"]
+HOST_FACT_SHARE = 0.3  # of the inputs, those that are the simulated hosts' next fact
 
 
 class World:
@@ -25,11 +34,15 @@ class World:
         self.records: list[T.Record] = []
         self.nodes = [(f"node-{i}", self.rng.choice(MODELS), self.rng.choice([4, 8]))
                       for i in range(self.rng.randint(2, 6))]
+        self.heard: list[T.Input] = []  # the simulated hosts' facts, not delivered yet
+        self.hosts = SimHosts(report=self.heard.append)
 
     def feed(self, inp: T.Input, check: Callable[[State, T.Input, list[T.Record]], None] | None = None,
              before: bytes | None = None) -> list[T.Record]:
         _, records = step(self.state, inp)
         self.records.extend(records)
+        for record in records:
+            self._tell_hosts(record.event)
         if check is not None:
             check(self.state, inp, records, before)
         return records
@@ -37,10 +50,53 @@ class World:
     def boot(self) -> list[T.Input]:
         return [T.NodeUp(t=0, node=name, gpu_model=model, gpus=gpus) for name, model, gpus in self.nodes]
 
+    def _tell_hosts(self, ev: T.Event) -> None:
+        """Host-directed events reach the simulated hosts, as they would real ones."""
+        hosts, kind = self.hosts, type(ev)
+        if kind is T.JobSubmitted:
+            hosts.add_job(self._trace_job(ev))
+        elif kind is T.JobStartRequested or kind is T.JobResumeRequested:
+            job = hosts.jobs[ev.job]
+            if job.phase != IDLE:  # the adversary's facts made the core restart it: a fresh process
+                hosts.add_job(job.spec)
+            placement = [(slot.node, len(slot.gpus)) for slot in ev.placement]
+            hosts.start(ev.job, placement, 0 if kind is T.JobStartRequested else None)
+        elif kind is T.VictimNotified:
+            hosts.notify(ev.job, ev.checkpoint_needed)
+        elif kind is T.NoticeWithdrawn:
+            hosts.withdraw(ev.job)
+        elif kind in (T.JobCancelled, T.JobStopRequested, T.JobFinished, T.JobFailed, T.JobRequeued):
+            # the core holds it ended or off its GPUs (the adversary may have said so)
+            self._stop_on_hosts(ev.job)
+        elif kind is T.NodeLost:
+            for job_id in ev.jobs:
+                self._stop_on_hosts(job_id)
+
+    def _stop_on_hosts(self, job_id: str) -> None:
+        """The hosts stop the job's processes, and what they had not yet said of it is lost."""
+        self.hosts.cancel(job_id)
+        self.heard[:] = [fact for fact in self.heard if fact.job != job_id]
+
+    def _trace_job(self, ev: T.JobSubmitted) -> TraceJob:
+        """The job as its hosts will run it: it often outruns its estimate, which keeps the
+        pool full and the sagas coming."""
+        duration_ms = max(1000, int(ev.est_runtime_s * 1000 * self.rng.uniform(0.5, 4.0)))
+        return TraceJob(id=ev.job, submit_ms=ev.t, duration_ms=duration_ms, gpus=ev.gpus, team=ev.team,
+                        user=ev.user, level=ev.level, gpu_models=list(ev.gpu_models),
+                        ckpt_interval_ms=int(ev.ckpt_interval_s * 1000), ckpt_cost_ms=int(ev.ckpt_cost_s * 1000),
+                        restore_cost_ms=int(ev.restore_cost_s * 1000), est_runtime_ms=int(ev.est_runtime_s * 1000))
+
     def next_input(self) -> T.Input:
         rng = self.rng
         self.t += rng.choice([0, 1000, 5000, 30_000, 120_000, 600_000])
         t = self.t
+        self.hosts.advance_to(t)
+        if self.heard and rng.random() < HOST_FACT_SHARE:
+            # the hosts' oldest undelivered fact, arriving now (or, now and then, lost)
+            fact = self.heard.pop(0)
+            if rng.random() < 0.02:
+                return T.Tick(t=t)
+            return msgspec.structs.replace(fact, t=t)
         jobs = self.state.canonical.jobs
         by_state: dict[str, list[str]] = {}
         for job_id in sorted(jobs):
@@ -53,7 +109,8 @@ class World:
                 return T.Tick(t=t)
             job_id = rng.choice(by_state["starting"])
             job = jobs[job_id]
-            if job.resume_pending and job.checkpoints and rng.random() < 0.3:
+            # (often: the simulated hosts start most jobs promptly, so few wait to be hit)
+            if job.resume_pending and job.checkpoints and rng.random() < 0.6:
                 return T.CheckpointFailed(t=t, job=job_id, reason="digest_mismatch",
                                           digest=job.checkpoints[-1].digest)
             return T.Started(t=t, job=job_id)
