@@ -307,3 +307,50 @@ def test_a_log_an_upgraded_scheduler_went_on_writing_audits_across_the_upgrade(t
     assert summary["ok"], summary.get("problem")
     assert summary["records_verified"] == len(lines) + len(appended)
     assert summary["state_digests_verified"] == len(_digest_records(lines + appended))
+
+
+def _write(path: Path, records) -> Path:
+    path.write_bytes(b"".join(T.encode_record(r) + b"\n" for r in records))
+    return path
+
+
+def _inputs() -> list[T.Input]:
+    return [T.parse_input(line) for line in (GOLDEN / "inputs.jsonl").read_bytes().splitlines()]
+
+
+def test_redecide_makes_every_decision_of_a_log_this_release_wrote_again(tmp_path):
+    from core.replay import run_inputs
+
+    path = _write(tmp_path / "fresh.jsonl", run_inputs(_inputs()))
+    summary = _audit(path, "--redecide")
+    accepted = sum(b'"type":"InputAccepted"' in line for line in path.read_bytes().splitlines())
+    assert summary["ok"] and summary["redecide"] == {
+        "inputs_redecided": accepted,
+        "same": True,
+        "policy_defaults": "this release",
+    }
+
+
+def test_redecide_names_the_first_decision_that_other_rules_made_differently(tmp_path):
+    """A log decided under other policy defaults (which the log does not pin) verifies, and
+    re-deciding says where this release's defaults first decide otherwise."""
+    from core.policy import with_params
+    from core.replay import run_inputs
+
+    writer = new_state(with_params(Policy(), {"net_benefit_min": 1e12}))  # never worth preempting
+    records = list(run_inputs(_inputs(), writer))
+    assert not any(isinstance(r.event, T.PreemptionPlanned) for r in records)
+    summary = _audit(_write(tmp_path / "other-defaults.jsonl", records), "--redecide")
+    assert summary["ok"], summary.get("problem")
+    first = summary["redecide"]["first_difference"]
+    declined = next(r for r in records if isinstance(r.event, T.PreemptionDeclined))
+    assert summary["redecide"]["same"] is False and first["record"] == declined.n
+    assert "PreemptionDeclined" in first["recorded"] and "PreemptionPlanned" in first["this_release"]
+    assert "decided under other rules" in summary["redecide_words"]
+
+
+def test_redecide_on_the_oldest_log_uses_its_releases_policy_defaults_and_never_fails_the_audit():
+    summary = _audit(GOLDEN / LOGS[0], "--redecide")
+    assert summary["ok"]
+    assert summary["redecide"]["policy_defaults"] == summary["legacy_digest_releases"][0]
+    assert summary["redecide"]["inputs_redecided"] >= 1

@@ -366,6 +366,9 @@ def _register_audit(sub) -> None:
     p.add_argument("--public-key", metavar="FILE",
                    help="the scheduler's public keyring; every record must carry or be covered by its "
                         "signature (default: $XIRANG_PUBLIC_KEY, else .xirang/keys/scheduler.pub if there)")
+    p.add_argument("--redecide", action="store_true",
+                   help="once the log verifies, step every accepted input again through this release's "
+                        "core and say whether it decides the same, or where it first does not")
     p.set_defaults(func=cmd_audit)
 
 
@@ -373,27 +376,61 @@ def cmd_audit(args) -> int:
     """`xirang audit`: verify the log's hash chain, state digests and signatures, optionally
     follow one job or stop at a point."""
     from projections.audit import Audit
-    from projections.logsource import jsonl_batches
 
     if args.to_seq is not None and args.to_seq < 0:
         raise _user_error("--to-seq must be a record number >= 0")
     audit = Audit(job=args.job or "", to_n=args.to_seq, to_t=parse_time(args.to_time),
                   verifier=_log_verifier(args.public_key))
     resolve_source(args)
-    if args.log:
-        pos_name = "line"
-        for batch in jsonl_batches(args.log):
-            if not all(audit.feed(pos, data) for pos, data in batch):
-                break
-    else:
-        pos_name = "stream seq"
-        asyncio.run(_audit_nats(args.nats, audit))
+    pos_name = "line" if args.log else "stream seq"
+    _feed_log(args, audit)
     audit.finish()
     summary = audit.summary(pos_name)
+    redecided = _redecide(args, audit) if args.redecide and audit.problem is None else None
+    if redecided is not None:
+        summary["redecide"] = redecided.summary()
+        summary["redecide_words"] = redecided.words()
     if args.job and args.job not in audit.jobs:
         summary["job_problem"] = f"job {args.job} does not appear in the audited log"
     _print_audit(args, audit, summary)
     return 0 if audit.problem is None else 1
+
+
+def _feed_log(args, reader) -> None:
+    """Every record of the audited log (file or stream), in order, to `reader.feed`."""
+    from projections.logsource import jsonl_batches
+
+    if args.log:
+        for batch in jsonl_batches(args.log):
+            if not all(reader.feed(pos, data) for pos, data in batch):
+                break
+    else:
+        asyncio.run(_audit_nats(args.nats, reader))
+
+
+def _redecide(args, audit):
+    """A second pass over a verified log: its decisions re-made (projections/redecide.py),
+    with the policy defaults of the older release whose digests it matched, if any."""
+    from projections.redecide import Redecide, legacy_policy
+
+    release = audit.legacy_releases[0] if audit.legacy_releases else ""
+    redecide = Redecide(legacy_policy(release), release) if release else Redecide()
+    _feed_log(args, _Window(redecide, audit.state.canonical.events_n))
+    redecide.finish()
+    return redecide
+
+
+class _Window:
+    """Passes records up to record `last_n` (where the audit stopped) to `reader`."""
+
+    def __init__(self, reader, last_n: int) -> None:
+        self.reader, self.last_n, self.seen = reader, last_n, 0
+
+    def feed(self, pos: int, data: bytes) -> bool:
+        self.seen += 1
+        if self.seen > self.last_n:
+            return False
+        return self.reader.feed(pos, data)
 
 
 def _log_verifier(public_key: str | None):
@@ -434,6 +471,8 @@ def _print_audit(args, audit, summary: dict) -> None:
         print(f"chain head {summary['chain_head']}; state digest {summary['state_digest']}")
     print(f"state at record {summary['last_record']}: {summary['jobs_open']} open jobs,"
           f" {summary['jobs_done']} done, {summary['sagas_open']} open preemptions")
+    if "redecide_words" in summary:
+        print(summary["redecide_words"])
     if args.job:
         print(f"\nhistory of {args.job}:")
         if "job_problem" in summary:
