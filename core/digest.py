@@ -46,6 +46,7 @@ import msgspec
 
 from . import types as T
 from .digest_legacy import LEGACY_CHANGES, LEGACY_FIELDS, LEGACY_POLICY_DEFAULTS
+from . import state as S
 from .state import DIGEST_MODULUS, DIGEST_SCHEMA, Canonical, State, live_digest
 
 LEGACY_SCHEMA = 1
@@ -59,6 +60,9 @@ class _Release(msgspec.Struct, frozen=True):
     name: str
     fields: dict[str, frozenset[str]]  # type name -> the fields it had
     policy_defaults: dict[str, Any]
+    # Types that encode today exactly as this release encoded them: the same fields, and
+    # none with a default (which schema 2 would leave out).
+    native: frozenset[str] = frozenset()
 
 
 def _legacy_releases() -> tuple[_Release, ...]:
@@ -76,7 +80,17 @@ def _legacy_releases() -> tuple[_Release, ...]:
                 fields[type_name] -= set(names)
             defaults.update(change[3])
         until = f"{commit}"
-    return tuple(releases)
+    return tuple(msgspec.structs.replace(r, native=_native(r)) for r in releases)
+
+
+def _native(release: _Release) -> frozenset[str]:
+    types = (S.Job, S.Node, S.Saga, S.Window, S.Estimate, S.LevelWait, S.Ledger, S.Checkpoint, T.Slot)
+    return frozenset(
+        cls.__name__
+        for cls in types
+        if release.fields.get(cls.__name__) == frozenset(cls.__struct_fields__)
+        and all(f.required for f in msgspec.inspect.type_info(cls).fields)
+    )
 
 
 LEGACY_RELEASES = _legacy_releases()
@@ -138,18 +152,26 @@ def _legacy_policy(c: Canonical, release: _Release) -> dict[str, Any]:
     return policy
 
 
+_PLAIN = (str, int, float, bool, type(None))
+
+
 def _view(value: Any, release: _Release) -> Any:
     """A value as `release` encoded it: structs with exactly the fields it knew, all of them."""
+    if isinstance(value, _PLAIN):
+        return value
     if isinstance(value, msgspec.Struct):
-        known = release.fields.get(type(value).__name__)
+        name = type(value).__name__
+        if name in release.native:
+            return value  # encodes as the release did: same fields, none left out at a default
+        known = release.fields.get(name)
         if known is None:
-            raise ValueError(f"no schema-1 field set for {type(value).__name__}")
-        return {
-            name: _view(getattr(value, name), release) for name in value.__struct_fields__ if name in known
-        }
+            raise ValueError(f"no schema-1 field set for {name}")
+        return {k: _view(v, release) for k, v in msgspec.structs.asdict(value).items() if k in known}
     if isinstance(value, dict):
         return {key: _view(item, release) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
+        if value and isinstance(value[0], _PLAIN):
+            return value  # lists in the state hold one kind of thing
         return [_view(item, release) for item in value]
     return value
 
