@@ -117,7 +117,11 @@ class Audit:
         try:
             record = T.decode_record(payload)
         except msgspec.DecodeError as err:
-            self.problem = Problem(self.state.canonical.events_n + 1, pos, f"not a log record: {err}")
+            words = f"not a log record: {err}"
+            if str(err).startswith("Invalid value") and str(err).endswith("`$.type`"):
+                words += (" (an event type this release does not know: was the log written by a newer"
+                          " xirang? audit it with that release or a later one)")
+            self.problem = Problem(self.state.canonical.events_n + 1, pos, words)
             return False
         if (self.to_n is not None and record.n > self.to_n) or (
                 self.to_t is not None and record.event.t > self.to_t):

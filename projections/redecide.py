@@ -65,6 +65,7 @@ class Redecide:
         return self.difference is None
 
     def finish(self) -> None:
+        """After the last record: re-decide the batch still open."""
         if self.batch and self.difference is None:
             self._redecide(self.batch)
         self.batch = []
@@ -98,6 +99,7 @@ class Redecide:
         c.events_n, c.chain = record.n, record.hash
 
     def summary(self) -> dict[str, Any]:
+        """Inputs re-decided, whether all were decided as recorded, the first difference."""
         out: dict[str, Any] = {
             "inputs_redecided": self.inputs,
             "same": self.difference is None,
@@ -108,6 +110,7 @@ class Redecide:
         return out
 
     def words(self) -> str:
+        """The summary as one sentence for people."""
         rules = f"this release's decision rules and the policy defaults of {self.policy_from}"
         if self.difference is None:
             return f"re-decided with {rules}: all {self.inputs} accepted inputs decided as recorded"

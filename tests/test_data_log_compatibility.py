@@ -365,3 +365,36 @@ def test_redecide_on_the_oldest_log_uses_its_releases_policy_defaults_and_never_
     assert summary["ok"]
     assert summary["redecide"]["policy_defaults"] == summary["legacy_digest_releases"][0]
     assert summary["redecide"]["inputs_redecided"] >= 1
+
+
+def test_a_log_rewritten_by_another_json_tool_still_verifies_over_the_same_keys(tmp_path):
+    """Spaces, another key order, escaped non-ASCII: the hash is then checked over the same
+    keys and values put back into canonical form, so only a changed key or value fails."""
+
+    def rewrite(obj):
+        if isinstance(obj, dict):
+            return {k: rewrite(obj[k]) for k in reversed(list(obj))}
+        return [rewrite(x) for x in obj] if isinstance(obj, list) else obj
+
+    lines = _lines(LOGS[0])
+    rewritten = [json.dumps(rewrite(json.loads(line)), ensure_ascii=True).encode() for line in lines]
+    assert all(a != b for a, b in zip(lines, rewritten))
+    path = tmp_path / "rewritten.jsonl"
+    path.write_bytes(b"\n".join(rewritten) + b"\n")
+    assert _audit(path)["ok"]
+    n = next(n for n, line in enumerate(rewritten, 1) if b'"JobSubmitted"' in line)
+    rewritten[n - 1] = _change(rewritten[n - 1], b'"gpus": 4', b'"gpus": 3')
+    path.write_bytes(b"\n".join(rewritten) + b"\n")
+    summary = _audit(path)
+    assert not summary["ok"] and summary["problem_record"] == n
+
+
+def test_an_event_type_of_a_newer_release_is_named_as_such(tmp_path):
+    lines = _lines(LOGS[2])
+    n = next(n for n, line in enumerate(lines, 1) if b'"type":"JobRunning"' in line)
+    lines[n - 1] = _change(lines[n - 1], b'"type":"JobRunning"', b'"type":"JobRunningFaster"')
+    path = tmp_path / "newer.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    summary = _audit(path)
+    assert not summary["ok"] and summary["problem_record"] == n
+    assert "written by a newer xirang" in summary["problem"]
