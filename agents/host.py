@@ -40,6 +40,7 @@ from nats.js.errors import NotFoundError
 
 from core import types as T
 
+from trust.natsauth import CREDS_ENV, JobMinter
 from trust.signing import KeyRing, verify_one
 
 from . import ckptfile
@@ -68,6 +69,8 @@ RELEASED_MARKER = "released"
 NOTICE_FILE = "notice.json"
 EXIT_FILE = "exit.json"
 MARKER_ENV = "XR_RUN"
+# The run's own NATS credentials, in its private folder.
+JOB_CREDS_FILE = "nats.creds"
 # A job notified this soon after it started may still be loading the SDK: wait for its
 # marker this long before treating it as a job without the SDK.
 SDK_WAIT_S = 5.0
@@ -109,12 +112,13 @@ class HostAgent:
     def __init__(self, url: str, node: str, inventory: Inventory, state_dir: str | os.PathLike,
                  grace_s: float = 10.0, default_command: list[str] | None = None,
                  keyring_path: str | os.PathLike | None = None,
-                 job_creds: str | os.PathLike | None = None, ckpt_secret: bytes | None = None) -> None:
+                 job_minter: JobMinter | None = None, ckpt_secret: bytes | None = None) -> None:
         self.url = url
         # The hosts' shared secret from which each job's checkpoint key is derived.
         self.ckpt_secret = ckpt_secret
-        # The credentials jobs get (the `job` role), never the host's own.
-        self.job_creds = Path(job_creds).resolve() if job_creds else None
+        # Mints each run's own short-lived NATS user (trust/natsauth.JobMinter, with this
+        # node's scoped job signing key); jobs never get the host's own credentials.
+        self.job_minter = job_minter
         # Every decision must carry the scheduler's valid signature before we act on it.
         # The keyring is read when the first record arrives (the scheduler may make its
         # key just after we start).
@@ -163,6 +167,8 @@ class HostAgent:
         self.runs.pop(run.job, None)
         if run.dir:
             self.outbox.retire(Path(run.dir) / "outbox")
+            # The run's credentials die with it (they would expire soon anyway).
+            (Path(run.dir) / JOB_CREDS_FILE).unlink(missing_ok=True)
         try:
             (self.runs_dir / f"{_safe(run.job)}.json").unlink()
         except FileNotFoundError:
@@ -460,8 +466,9 @@ class HostAgent:
         command = list(ev.command) or list(self.default_command)
         # A job never inherits the host's secrets: not its NATS credentials, not any key.
         env = {k: v for k, v in os.environ.items() if k not in JOB_WITHHELD_ENV}
-        if self.job_creds:
-            env["XIRANG_CREDS"] = str(self.job_creds)
+        if self.job_minter is not None:
+            # In the run's private folder (0600), never on its command line.
+            env[CREDS_ENV] = str(self.job_minter.write(ev.job, Path(run.dir) / JOB_CREDS_FILE))
         if self.ckpt_secret:
             env[ckptfile.KEY_ENV] = ckptfile.job_key(self.ckpt_secret, ev.job).hex()
         # `python` in a job's command means the interpreter (and venv) the agent runs in.
@@ -472,7 +479,6 @@ class HostAgent:
             "XR_JOB": ev.job,
             "XR_NODE": self.node,
             "XR_NATS_URL": self.url,
-            "XR_CKPT_BUCKET": bus.CKPT_BUCKET,
             "XR_JOB_DIR": run.dir,
             "XR_OUTBOX": str(self.outbox.watch_job(Path(run.dir) / "outbox", ev.job)),
             "XR_PRIMARY": "1" if run.primary else "0",
@@ -558,6 +564,7 @@ class HostAgent:
 
     async def _check(self, run: Run) -> None:
         if self._alive(run):
+            self._renew_creds(run)
             if run.notice_pending:
                 self._deliver_notice(run)
             if run.term_sent_t and not run.killed and time.time() - run.term_sent_t > self.grace_s:
@@ -566,6 +573,20 @@ class HostAgent:
                 _signal_group(run.pid, signal.SIGKILL)
             return
         await self._exited(run)
+
+    def _renew_creds(self, run: Run) -> None:
+        """A live run's credentials are renewed once a third of their lifetime has passed;
+        the job's NATS client reads the file again at each (re)connect, so a connection the
+        server closes at expiry comes back with the renewed ones."""
+        if self.job_minter is None or not run.dir:
+            return
+        path = Path(run.dir) / JOB_CREDS_FILE
+        try:
+            age_s = time.time() - path.stat().st_mtime
+        except FileNotFoundError:
+            age_s = float("inf")  # e.g. adopted from an agent without a minter
+        if age_s >= self.job_minter.ttl_s / 3:
+            self.job_minter.write(run.job, path)
 
     def _alive(self, run: Run) -> bool:
         child = self._children.get(run.pid)

@@ -8,11 +8,14 @@
         step += 1
         job.safe_point(step, state)      # may checkpoint; on a notice: checkpoint, release, exit
 
-Checkpoints go to the JetStream object store XR_CKPT as `<job>/<step>`, together with the
-numpy and `random` global RNG states, in a format that cannot run code (agents/ckptfile.py:
+Checkpoints go to the JetStream stream XR_CKPT under the job's own subjects
+(transport/checkpoints.py: a few slots, the oldest reused), together with the numpy and
+`random` global RNG states, in a format that cannot run code (agents/ckptfile.py:
 npz without pickle plus a JSON manifest, sealed with the job's own key), under a SHA-256
 digest (`sha256:<hex>`) that is reported to the scheduler and checked again on restore; the
-newest K are kept. On a resume the SDK restores the checkpoint the scheduler's signed
+newest K are kept. The job reaches them with its run's own short-lived NATS credentials
+($XIRANG_CREDS, minted by its host agent), which allow its own checkpoints and nothing
+else. On a resume the SDK restores the checkpoint the scheduler's signed
 resume order names; if its digest does not verify it reports `checkpoint_failed {reason:
 digest_mismatch, digest}` (the scheduler records the fallback) and tries the previous one
 from its sealed index, then reports `started`.
@@ -42,11 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from core import types as T
 
 from transport import bus
+from transport import checkpoints as ckptstore
+from trust.natsauth import CREDS_ENV, job_token
 from . import ckptfile
 from .outbox import Outbox
 
@@ -57,7 +61,8 @@ REPORT_TIMEOUT_S = 5.0
 # A checkpoint that could not be uploaded is retried after this, doubling up to the max.
 CKPT_RETRY_FIRST_S = 1.0
 CKPT_RETRY_MAX_S = 30.0
-INDEX_SUFFIX = "index"
+# How often the SDK looks whether its host renewed the run's NATS credentials.
+CREDS_CHECK_S = 1.0
 
 
 def digest_of(data: bytes) -> str:
@@ -89,10 +94,12 @@ class Job:
         self._thread.start()
         self.outbox = Outbox(os.environ["XR_OUTBOX"]) if os.environ.get("XR_OUTBOX") else None
         self._ckpt_retry_s = CKPT_RETRY_FIRST_S
-        self._store = None
         # Never gives up on the bus: the job runs on through an outage.
-        self.nc, self.js = self._call(bus.connect_forever(os.environ["XR_NATS_URL"], name=f"job-{self.job}"),
-                                      timeout_s=None)
+        self._creds_path = os.environ.get(CREDS_ENV, "")
+        self._creds_seen = _mtime(self._creds_path)
+        self.nc, self.js = self._call(self._connect(), timeout_s=None)
+        if self._creds_path:
+            asyncio.run_coroutine_threadsafe(self._keep_credentials_fresh(), self._loop)
         signal.signal(signal.SIGUSR1, self._on_notice)
         (self.dir / "sdk").write_text(str(os.getpid()))  # tells the agent to notify, not kill
         self._notice = (self.dir / "notice.json").exists()  # notified while we were loading
@@ -107,12 +114,29 @@ class Job:
             future.cancel()
             raise
 
-    @property
-    def store(self):
-        """The checkpoint object store, opened on first use."""
-        if self._store is None:
-            self._store = self._call(self.js.object_store(os.environ.get("XR_CKPT_BUCKET", bus.CKPT_BUCKET)))
-        return self._store
+    async def _connect(self):
+        return await bus.connect_forever(os.environ["XR_NATS_URL"], name=f"job-{self.job}")
+
+    async def _keep_credentials_fresh(self) -> None:
+        """The run's credentials expire (the server then closes the connection for good);
+        its host agent renews the file well before. On a renewal (or a closed connection)
+        connect again with the file's new user, then let the old connection go."""
+        while True:
+            await asyncio.sleep(CREDS_CHECK_S)
+            seen = _mtime(self._creds_path)
+            if seen == self._creds_seen and not self.nc.is_closed:
+                continue
+            old = self.nc
+            try:
+                self.nc, self.js = await self._connect()
+            except Exception as err:  # noqa: BLE001 - tried again at the next check
+                print(f"xirang sdk: reconnecting with renewed credentials failed ({err!r})", file=sys.stderr)
+                continue
+            self._creds_seen = seen
+            try:
+                await old.drain()
+            except Exception:  # noqa: BLE001 - already closed
+                pass
 
     def _connected(self) -> bool:
         return bool(self.nc.is_connected)
@@ -153,27 +177,20 @@ class Job:
         line = {"job": self.job, "step": step, **values}
         print(json.dumps(line), flush=True)
         if self.active:
-            subject = f"xr.job.{bus.node_token(self.job)}.metrics"
+            subject = f"xr.job.{job_token(self.job)}.metrics"
             asyncio.run_coroutine_threadsafe(self.nc.publish(subject, json.dumps(line).encode()), self._loop)
 
     # ------------------------------------------------------------ checkpoints
 
-    def _index_name(self) -> str:
-        return f"{self.job}/{INDEX_SUFFIX}"
-
     def _read_index(self) -> list[dict]:
-        try:
-            result = self._call(self.store.get(self._index_name()))
-        except (ObjectNotFoundError, NotFoundError):
+        data = self._call(ckptstore.get_index(self.js, self.job))
+        if data is None:
             return []  # no index yet
         try:
-            return json.loads(ckptfile.unseal(bytes(result.data), ckptfile.key_from_env()))
+            return json.loads(ckptfile.unseal(data, ckptfile.key_from_env()))
         except (ckptfile.CheckpointError, ValueError):
             print("xirang sdk: the checkpoint index is not sealed for this job; ignoring it", file=sys.stderr)
             return []
-
-    def _object_name(self, step: int) -> str:
-        return f"{self.job}/{step:012d}"
 
     def checkpoint(self, step: int, state: Any) -> tuple[str, int]:
         """Save now; returns (digest, bytes). Reports checkpoint_started and _saved. Only
@@ -210,17 +227,16 @@ class Job:
         return digest, len(data)
 
     def _upload(self, step: int, data: bytes, digest: str) -> None:
-        self._call(self.store.put(self._object_name(step), data))
         index = [e for e in self._read_index() if e["step"] != step]
-        index.append({"step": step, "digest": digest, "bytes": len(data)})
-        for old in index[:-self.keep]:
-            try:
-                self._call(self.store.delete(self._object_name(old["step"])))
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        # The slot of the oldest checkpoint kept is reused (a job cannot delete: the stream
+        # keeps one message per subject); the newest keep-1 stay untouched.
+        recent = {e.get("slot") for e in index[-(self.keep - 1):]} if self.keep > 1 else set()
+        slot = next(s for s in range(self.keep) if s not in recent)
+        self._call(ckptstore.put(self.js, self.job, slot, data))
+        index.append({"step": step, "digest": digest, "bytes": len(data), "slot": slot})
         index = index[-self.keep:]
-        self._call(self.store.put(self._index_name(), ckptfile.seal(json.dumps(index).encode(),
-                                                                    ckptfile.key_from_env())))
+        self._call(ckptstore.put_index(self.js, self.job,
+                                       ckptfile.seal(json.dumps(index).encode(), ckptfile.key_from_env())))
 
     def _upload_failed(self, step: int, why: str) -> None:
         print(f"xirang sdk: checkpoint of step {step} not saved ({why}); retrying in"
@@ -263,12 +279,15 @@ class Job:
         return restored["step"], restored["state"]
 
     def _load_verified(self, entry: dict) -> dict | None:
-        def fetch() -> bytes | None:
-            try:
-                return bytes(self._call(self.store.get(self._object_name(entry["step"]))).data)
-            except (ObjectNotFoundError, NotFoundError):
-                return None  # missing counts as failing verification
-        data = self._retry_forever(f"fetching checkpoint step {entry['step']}", fetch)
+        # A checkpoint the index does not place (e.g. only the resume order names it) is
+        # looked for in every slot; missing counts as failing verification.
+        slots = [entry["slot"]] if entry.get("slot") is not None else list(range(self.keep))
+        data = None
+        for slot in slots:
+            data = self._retry_forever(f"fetching checkpoint step {entry['step']}",
+                                       lambda slot=slot: self._call(ckptstore.get(self.js, self.job, slot)))
+            if data is not None and digest_of(data) == entry["digest"]:
+                break
         if data is None:
             return None
         if digest_of(data) != entry["digest"]:
@@ -345,6 +364,13 @@ class Job:
             except Exception:  # noqa: BLE001 - exiting anyway
                 pass
             self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime if path else 0.0
+    except OSError:
+        return 0.0
 
 
 def _numpy_rng_state():

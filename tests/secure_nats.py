@@ -1,4 +1,5 @@
 """The shipped deploy/nats configs, started on loopback as the README says: users made by
+`xirang nats init` and
 `xirang nats add-user`, certificates by `xirang tls init`, the config files copied with
 only their addresses and folders changed. Servers are real processes, stopped by pid."""
 
@@ -20,7 +21,6 @@ from tests.data_helpers import xirang
 
 USERS = [
     ["scheduler"],
-    ["job"],
     ["host", "h1"],
     ["client", "vision", "li"],
     ["client", "safety", "kim"],
@@ -38,6 +38,8 @@ class SecureNats:
         self.ports = [free_port() for _ in range(nodes)]
         self.route_ports = [free_port() for _ in range(nodes)] if nodes > 1 else []
         self.procs: list[subprocess.Popen] = []
+        done = xirang("nats", "init", "--dir", str(self.conf_dir))
+        assert done.returncode == 0, done.stderr
         for user in USERS:
             done = xirang("nats", "add-user", *user, "--dir", str(self.conf_dir))
             assert done.returncode == 0, done.stderr
@@ -96,7 +98,7 @@ class SecureNats:
         return ",".join(f"tls://localhost:{port}" for port in self.ports)
 
     def creds(self, name: str) -> str:
-        return str(self.conf_dir / "creds" / f"{name}.json")
+        return str(self.conf_dir / "creds" / f"{name}.creds")
 
     def env(self, user: str) -> dict:
         return {

@@ -1,6 +1,7 @@
 """The shipped NATS configuration works as written and holds against its own users: a
-server started from deploy/nats/single.conf (TLS, NKEY users from `xirang nats add-user`)
-runs SDK jobs that checkpoint and restore, and the attacks of issue 13 fail: no host,
+server started from deploy/nats/single.conf (TLS, decentralised JWT users from `xirang nats
+init`/`add-user`) runs SDK jobs that checkpoint and restore with their own short-lived
+credentials (renewed by the host while they run), and the attacks of issue 13 fail: no host,
 client or job may touch the log stream, a client acts only as itself, and the log still
 verifies."""
 
@@ -10,6 +11,7 @@ import asyncio
 import json
 import shlex
 import time
+from pathlib import Path
 
 import pytest
 from nats.js import api
@@ -18,6 +20,9 @@ from agents import ckptfile
 from agents.local_cluster import FAST_POLICY, matching, train_command
 from tests.test_live_preemption import wait_metrics
 from transport import bus
+from transport import checkpoints as ckptstore
+from trust import natsjwt
+from trust.natsauth import JobMinter, read_creds
 from core import types as T
 from tests.secure_nats import SecureNats, run_cli, running_cluster, spawn
 
@@ -32,7 +37,8 @@ def secure(tmp_path, monkeypatch):
 
 def _run(nats: SecureNats, user: str, coro_fn, timeout_s: float = 2.0):
     async def go():
-        nc, js = await bus.connect(nats.url, creds=nats.creds(user), reconnects=1)
+        creds = user if user.endswith(".creds") else nats.creds(user)
+        nc, js = await bus.connect(nats.url, creds=creds, reconnects=1)
         try:
             return await coro_fn(nc, nc.jetstream(timeout=timeout_s))
         finally:
@@ -144,8 +150,8 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
             "2",
             "--public-key",
             str(tmp_path / "sched" / "keys" / "scheduler.pub"),
-            "--job-creds",
-            nats.creds("job"),
+            "--job-creds-ttl-s",
+            "9",
         )
     )
     _wait(nats, lambda rs: matching(rs, T.NodeJoined, node="h1"), 20, "h1 joined")
@@ -176,12 +182,17 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     )
     assert code == 0 and answer["outcome"] == "accepted", answer
     _wait(nats, lambda rs: matching(rs, T.CheckpointRecorded, job="train"), 30, "a checkpoint")
-    # the job got the job role's credentials and its own checkpoint key, none of the host's secrets
+    # the job got its own credentials (in its run folder, minted with h1's job key, short-lived)
+    # and its own checkpoint key, none of the host's secrets
     run = json.loads((tmp_path / "host" / "hosts" / "h1" / "runs" / "train.json").read_text())
     environ = dict(
         item.split("=", 1) for item in open(f"/proc/{run['pid']}/environ").read().split("\0") if "=" in item
     )
-    assert environ["XIRANG_CREDS"] == nats.creds("job") and "XR_CKPT_KEY" in environ
+    host = read_creds(nats.creds("host-h1"))
+    job = read_creds(environ["XIRANG_CREDS"])
+    assert environ["XIRANG_CREDS"] == str(Path(run["dir"]) / "nats.creds") and "XR_CKPT_KEY" in environ
+    assert job["claims"]["iss"] == natsjwt.public_key(host["job_key"]) and job["seed"] != host["seed"]
+    assert job["claims"]["exp"] - time.time() <= 9 and job["job_key"] is None
     assert "@" not in environ["XR_NATS_URL"] and "XIRANG_CKPT_SECRET_FILE" not in environ
     # ... and restores from it after an urgent job of safety:kim preempted it
     code, answer = run_cli(
@@ -214,20 +225,30 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     lines = wait_metrics(resumed_log)
     assert lines[0]["step"] == resume.event.ckpt_step and lines[0].get("resumed") == 1, lines[:2]
 
-    # another job reaches the checkpoint bucket but cannot read (or forge) train's checkpoint
-    async def read_checkpoint(nc, js):
-        store = await js.object_store(bus.CKPT_BUCKET)
-        return bytes((await store.get(f"train/{resume.event.ckpt_step:012d}")).data)
+    # another job's credentials cannot read train's checkpoints; train's can, and they are
+    # sealed for train alone
+    minter = JobMinter.from_creds(nats.creds("host-h1"), ttl_s=60)
+    another = str(minter.write("another-job", tmp_path / "another.creds"))
+    train_creds = str(minter.write("train", tmp_path / "train.creds"))
 
-    data = _run(nats, "job", read_checkpoint, timeout_s=10)
+    async def read_checkpoints(nc, js):
+        found = [await ckptstore.get(js, "train", slot) for slot in range(3)]
+        return [data for data in found if data is not None]
+
+    with pytest.raises(Exception):  # noqa: B017 - refused by the server: the request gets no reply
+        _run(nats, another, read_checkpoints)
     secret = bytes.fromhex((tmp_path / "host" / "keys" / "checkpoint.secret").read_text().strip())
+    saved = [
+        ckptfile.decode(d, ckptfile.job_key(secret, "train"))
+        for d in _run(nats, train_creds, read_checkpoints)
+    ]
+    assert resume.event.ckpt_step in {payload["step"] for payload in saved}
     with pytest.raises(ckptfile.CheckpointError):
-        ckptfile.decode(data, ckptfile.job_key(secret, "another-job"))
-    assert ckptfile.decode(data, ckptfile.job_key(secret, "train"))["step"] == resume.event.ckpt_step
+        ckptfile.decode(_run(nats, train_creds, read_checkpoints)[0], ckptfile.job_key(secret, "another-job"))
 
     # the attacks: nobody but the scheduler may write, reconfigure, purge or delete the log
     before = _records(nats)
-    for user in ("host-h1", "job", "client-vision-li", "op-alice"):
+    for user in ("host-h1", another, "client-vision-li", "op-alice"):
         assert _run(nats, user, _attack_log) == [], user
 
     async def stream_config(nc, js):

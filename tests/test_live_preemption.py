@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from transport import bus
+from transport import checkpoints as ckptstore
+from agents import sdk
 from agents.local_cluster import Cluster, matching, sleep_command, train_command
 from live_helpers import metrics, stuck_command
 from core import rebuild
@@ -124,11 +125,14 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
     newest, previous = ckpts[-1], ckpts[-2]
 
     async def corrupt(nc, js):
-        store = await js.object_store(bus.CKPT_BUCKET)
-        name = f"c1/{newest.step:012d}"
-        data = bytearray((await store.get(name)).data)
-        data[len(data) // 2] ^= 0xFF
-        await store.put(name, bytes(data))
+        for slot in range(sdk.CHECKPOINTS_KEPT):
+            data = await ckptstore.get(js, "c1", slot)
+            if data is not None and sdk.digest_of(data) == newest.digest:
+                data = bytearray(data)
+                data[len(data) // 2] ^= 0xFF
+                await ckptstore.put(js, "c1", slot, bytes(data))
+                return slot
+        raise AssertionError("c1's newest checkpoint is in no slot")
     cluster._run(corrupt)
 
     records = cluster.wait(lambda rs: len(matching(rs, T.JobRunning, job="c1")) == 2, timeout_s=30,

@@ -55,7 +55,7 @@ def test_killing_the_log_streams_leader_mid_saga_loses_nothing(cluster, tmp_path
     procs.append(spawn(
         tmp_path, nats.env("host-h1"), "agent", "--nats", nats.url, "--node", "h1", "--simulate",
         "8xH100", "--data-dir", str(tmp_path / "host"), "--grace-s", "2", "--public-key",
-        str(tmp_path / "sched" / "keys" / "scheduler.pub"), "--job-creds", nats.creds("job"),
+        str(tmp_path / "sched" / "keys" / "scheduler.pub"), "--job-creds-ttl-s", "30",
     ))  # fmt: skip
     _wait(nats, lambda rs: matching(rs, T.NodeJoined, node="h1"), 30, "h1 joined")
     # Slow steps: the victim is still on its way to a safe point when the leader dies.

@@ -108,12 +108,14 @@ def test_a_job_speaks_only_for_itself_through_its_runs_outbox(tmp_path):
 
 
 def test_the_permissions_name_a_host_as_the_bus_does_even_with_dots_in_its_name():
-    from trust.natsauth import bus_node_token, permissions
+    from trust.natsauth import bus_node_token, role_permissions, user_tags
     from transport.bus import node_token
 
     for name in ("gpu-1", "gpu-1.example.com", "节点7", "a_b"):
         assert bus_node_token(name) == node_token(name)
-    entry = {"name": "host-x", "role": "host", "names": ["gpu-1.example.com"], "nkey": "U"}
-    allowed = permissions(entry, [entry])["publish"]["allow"]
-    assert f"$JS.API.CONSUMER.MSG.NEXT.XR_EV.host-{node_token('gpu-1.example.com')}" in allowed
-    assert f"xr.hb.{node_token('gpu-1.example.com')}" in allowed
+    # the host template names its durable, heartbeat and claim subjects by the node tag ...
+    allowed = role_permissions("host", [])["pub"]["allow"]
+    assert "$JS.API.CONSUMER.MSG.NEXT.XR_EV.host-{{tag(node)}}" in allowed
+    assert "xr.hb.{{tag(node)}}" in allowed and "xr.agent.claim.{{tag(node)}}" in allowed
+    # ... which is the bus's token for the node
+    assert f"node:{node_token('gpu-1.example.com')}" in user_tags("host", ["gpu-1.example.com"])

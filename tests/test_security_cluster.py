@@ -83,7 +83,7 @@ def test_the_readme_cluster_steps_work_with_tls_and_a_rogue_server_cannot_join(c
     procs.append(
         spawn(
             tmp_path,
-            {**nats.env("host-h1"), "XIRANG_JOB_CREDS": nats.creds("job")},
+            nats.env("host-h1"),
             "agent",
             "--nats",
             nats.url,

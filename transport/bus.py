@@ -8,7 +8,8 @@
   in the same atomic batch, so a host agent's durable consumer reads only its own.
   Rebuilding state reads only `xr.ev.log.>`.
 - XR_SNAP (object store): the newest state snapshot and the XR_EV sequence it covers.
-- XR_CKPT (object store): job checkpoints, written by the job SDK.
+- XR_CKPT (stream, one message per subject): job checkpoints, each job's under its own
+  subjects (transport/checkpoints.py), written and read by the job SDK.
 - XR_LEASE (key-value): the scheduler leader lease (compare-and-set on revision).
 - `xr.hb.<node>`: host heartbeats, plain NATS (not stored).
 
@@ -35,6 +36,7 @@ from core import types as T
 from core.replay import apply_record
 from core.identity import sender_tokens
 from trust.connect import connect_options
+from . import checkpoints
 from core.state import DIGEST_SCHEMA, State
 from trust.signing import LogVerifier, sign_records
 
@@ -51,7 +53,7 @@ HB_PREFIX = "xr.hb"
 # Alerts for operators (plain NATS, not stored): `xr.alert.<kind>`, JSON.
 ALERT_PREFIX = "xr.alert"
 SNAP_BUCKET = "XR_SNAP"
-CKPT_BUCKET = "XR_CKPT"
+CKPT_STREAM = "XR_CKPT"
 LEASE_BUCKET = "XR_LEASE"
 SNAP_OBJECT = "latest"
 DEDUP_WINDOW_S = 600.0
@@ -135,11 +137,11 @@ async def ensure_streams(js, replicas: int | None = None) -> None:
         name=EV_STREAM, subjects=["xr.ev.>"], storage=api.StorageType.FILE,
         retention=api.RetentionPolicy.LIMITS, allow_atomic=True, deny_delete=True,
         deny_purge=True, num_replicas=replicas, duplicate_window=DEDUP_WINDOW_S))
-    for bucket in (SNAP_BUCKET, CKPT_BUCKET):
-        try:
-            await js.object_store(bucket)
-        except (NotFoundError, BadRequestError, Exception):  # noqa: BLE001 - any miss means create
-            await _create_object_store(js, bucket, replicas)
+    try:
+        await js.object_store(SNAP_BUCKET)
+    except (NotFoundError, BadRequestError, Exception):  # noqa: BLE001 - any miss means create
+        await _create_object_store(js, SNAP_BUCKET, replicas)
+    await _ensure_stream(js, checkpoints.stream_config(replicas))
     try:
         await js.key_value(LEASE_BUCKET)
     except Exception:  # noqa: BLE001

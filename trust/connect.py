@@ -3,9 +3,11 @@
 - URLs: one URL or several separated by commas; a server after the first may omit the
   scheme (`tls://nats-1:4222,nats-2:4222,nats-3:4222`). A URL with a password may come
   from the environment, never from a command line (`xirang` refuses one in `--nats`).
-- Credentials: `$XIRANG_CREDS` (or the `creds` argument), a file made by
-  `xirang nats add-user`: the user's NKEY seed (the server checks its signature), the
-  sender identity its inputs carry, and its private inbox prefix.
+- Credentials: `$XIRANG_CREDS` (or the `creds` argument), a NATS `.creds` file made by
+  `xirang nats add-user` (or, for a job, by its host agent): the user's JWT (its role's
+  permissions, the sender identity its inputs carry, its name, hence its private inbox)
+  and its NKEY seed, which signs the server's nonce. The file is read again at every
+  (re)connect, so credentials renewed in place are picked up.
 - TLS: `tls://` URLs, or `$XIRANG_TLS_CA` set: the server's certificate must chain to that
   CA (made by `xirang tls init`); `$XIRANG_TLS_CERT`/`$XIRANG_TLS_KEY` add a client
   certificate where the server asks for one.
@@ -66,9 +68,9 @@ def connect_options(url: str, creds: str | None = None) -> tuple[dict, str]:
     path = creds or os.environ.get(CREDS_ENV)
     if path:
         data = read_creds(path)
-        options["nkeys_seed_str"] = data["seed"]
-        options["inbox_prefix"] = data.get("inbox", "_INBOX")
-        identity = data.get("identity", "")
+        options["user_credentials"] = str(path)
+        options["inbox_prefix"] = data["inbox"]
+        identity = data["identity"]
     return options, identity
 
 

@@ -61,9 +61,10 @@ def register(sub) -> None:
     agent.add_argument("--simulate", metavar="NxMODEL", help="simulated inventory, e.g. 8xH100")
     agent.add_argument("--gpu-model", help="override the discovered model name")
     agent.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL")
-    agent.add_argument("--job-creds", metavar="FILE", default=os.environ.get("XIRANG_JOB_CREDS"),
-                       help="NATS credentials its jobs get (the `job` role; default $XIRANG_JOB_CREDS); "
-                            "the agent's own ($XIRANG_CREDS) never reach a job")
+    agent.add_argument("--job-creds-ttl-s", type=float, default=3600.0,
+                       help="lifetime of each job run's own NATS credentials, minted with the job signing "
+                            "key in the agent's creds file ($XIRANG_CREDS) and renewed while the run "
+                            "lives (default 3600); the agent's own credentials never reach a job")
     agent.add_argument("--ckpt-secret-file", metavar="FILE", default=os.environ.get("XIRANG_CKPT_SECRET_FILE"),
                        help="the hosts' shared secret that seals each job's checkpoints under its own key "
                             "(default $XIRANG_CKPT_SECRET_FILE, else DATA_DIR/keys/checkpoint.secret, made there "
@@ -197,6 +198,22 @@ def checkpoint_secret(path: str | None, data_dir: str) -> bytes:
     return bytes.fromhex(text)
 
 
+def job_minter(ttl_s: float):
+    """What mints each job run's own NATS user: the job signing key in the agent's creds
+    file; None on an open server (no creds)."""
+    from trust.natsauth import CREDS_ENV, JobMinter, RosterError
+
+    path = os.environ.get(CREDS_ENV)
+    try:
+        minter = JobMinter.from_creds(path, ttl_s)
+    except RosterError as err:
+        raise _user_error(str(err)) from err
+    if path and minter is None:
+        raise _user_error(f"{path} holds no job signing key: a host agent needs the creds file of a "
+                          f"`xirang nats add-user host NODE` user (its jobs get credentials minted with it)")
+    return minter
+
+
 def cmd_agent(args) -> int:
     """`xirang agent`: run a GPU host agent until stopped."""
     from agents.gpus import NoGpus, discover, parse_simulate
@@ -216,7 +233,7 @@ def cmd_agent(args) -> int:
         asyncio.run(run_host(url, node=args.node, inventory=inventory,
                              state_dir=Path(args.data_dir) / "hosts", grace_s=args.grace_s,
                              keyring_path=keyring_path(args.public_key, args.data_dir),
-                             job_creds=args.job_creds,
+                             job_minter=job_minter(args.job_creds_ttl_s),
                              ckpt_secret=checkpoint_secret(args.ckpt_secret_file, args.data_dir)))
     except AlreadyRunning as err:
         raise _user_error(str(err)) from err

@@ -1,5 +1,6 @@
 """Security commands: `xirang key create | rotate | show` (the scheduler's log-signing key),
-`xirang nats add-user` (NATS users, their credentials and accounts.conf), `xirang tls init`
+`xirang nats init | add-user` (the NATS operator and account, users and their credentials,
+accounts.conf), `xirang tls init`
 (a private CA and the servers' certificates)."""
 
 from __future__ import annotations
@@ -30,12 +31,22 @@ def register(sub) -> None:
         p.set_defaults(func=cmd_key)
 
     nats_p = sub.add_parser(
-        "nats", help="NATS users and permissions: add-user writes credentials and accounts.conf"
+        "nats", help="NATS operator, account and users (decentralised JWT auth): init, add-user"
     )
     nats_sub = nats_p.add_subparsers(dest="nats_command", metavar="ACTION")
     nats_sub.required = True
+    init_p = nats_sub.add_parser(
+        "init", help="make the operator, the system and xirang accounts and their role keys; write accounts.conf"
+    )
+    init_p.add_argument(
+        "--dir",
+        default="deploy/nats",
+        help="folder of keys/, roster.json and the accounts.conf the server includes (default deploy/nats)",
+    )
+    init_p.add_argument("--json", action="store_true")
+    init_p.set_defaults(func=cmd_nats_init)
     add = nats_sub.add_parser(
-        "add-user", help="add a user: scheduler | job | host NODE | client TEAM USER | op USER"
+        "add-user", help="add a user: scheduler | host NODE | client TEAM USER | op USER (jobs: by their host)"
     )
     add.add_argument("role", choices=["scheduler", "job", "host", "client", "op"])
     add.add_argument("names", nargs="*", help="host: NODE; client: TEAM USER; op: USER")
@@ -111,7 +122,38 @@ def cmd_nats_add_user(args) -> int:
     else:
         print(
             f"user {entry['name']} ({entry['role']}) added; credentials in {creds} (give them to that user "
-            f"only: XIRANG_CREDS={creds}); reload the server to apply: nats-server --signal reload"
+            f"only: XIRANG_CREDS={creds})"
+            + (
+                "; the account changed (this node's job signing key): copy accounts.conf to the servers "
+                "and reload them (nats-server --signal reload)"
+                if entry["role"] == "host"
+                else ""
+            )
+        )
+    return 0
+
+
+def cmd_nats_init(args) -> int:
+    """`xirang nats init`: the operator, accounts and role keys (kept if there), accounts.conf."""
+    from trust.natsauth import Authority
+
+    authority = Authority(args.dir)
+    fresh = not authority.initialised
+    accounts = authority.init()
+    out = {
+        "accounts_conf": str(accounts),
+        "operator": authority.public("operator", "operator"),
+        "account": authority.public("account"),
+        "keys": str(authority.keys),
+        "created": fresh,
+    }
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        print(
+            f"{'made' if fresh else 'kept'} operator {out['operator']} and account {out['account']}; "
+            f"{accounts} written (the servers include it); keep {out['keys']} (the private keys) off the "
+            f"servers. Next: xirang nats add-user ... --dir {args.dir}"
         )
     return 0
 
