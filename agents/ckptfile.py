@@ -6,9 +6,10 @@
   more member. Loading it can build arrays and plain values, nothing else.
 - Sealed per job. The host agent gives each job its own key (`XR_CKPT_KEY`, derived from
   the hosts' shared secret and the job id, `job_key`), and the archive is encrypted and
-  authenticated with AES-256-GCM under it. Any job may reach the checkpoint bucket (the
-  server cannot tell jobs apart), but one job can neither read another's checkpoint nor
-  make one that the other would accept.
+  authenticated with AES-256-GCM under it. NATS already keeps each job to its own
+  checkpoint subjects (its own short-lived credentials, trust/natsauth.py); the seal is the
+  second wall: one job can neither read another's checkpoint nor make one that the other
+  would accept, even with the other's subjects in reach.
 - The job's checkpoint index (step, digest) is sealed the same way, so the fallbacks a
   restore may try are only checkpoints this job itself saved and reported, i.e. those the
   log recorded; the first one tried is always the digest the signed resume order names.

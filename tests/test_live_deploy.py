@@ -155,6 +155,12 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
         )
     )
     _wait(nats, lambda rs: matching(rs, T.NodeJoined, node="h1"), 20, "h1 joined")
+    # the node claim works under the host's permissions: a second agent for h1 is refused
+    second = spawn(tmp_path, nats.env("host-h1"), "agent", "--nats", nats.url, "--node", "h1",
+                   "--simulate", "2xH100", "--data-dir", str(tmp_path / "host2"))  # fmt: skip
+    procs.append(second)
+    assert second.wait(30) != 0
+    assert "already running" in "".join(p.read_text() for p in tmp_path.glob("agent-*.log"))
 
     # an SDK job of vision:li checkpoints under the job role's permissions ...
     train = shlex.join(train_command(100_000, ckpt_s=1.0))

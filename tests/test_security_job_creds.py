@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
 import time
 
 import nats
 import pytest
 
+from tests.data_helpers import xirang
 from tests.secure_nats import SecureNats, running_cluster
 from transport import bus
 from transport import checkpoints as ckptstore
@@ -162,3 +164,59 @@ def test_a_jobs_credentials_expire_and_a_host_cannot_mint_beyond_the_job_templat
         assert not await refused(forged(plain, host["job_key"]))
 
     asyncio.run(go())
+
+
+def test_notices_node_claims_and_a_new_hosts_jobs_follow_the_shipped_permissions(secure, tmp_path):
+    async def go():
+        li = await _session(secure, secure.creds("client-vision-li"))
+        kim = await _session(secure, secure.creds("client-safety-kim"))
+        alice = await _session(secure, secure.creds("op-alice"))
+        h1 = await _session(secure, secure.creds("host-h1"))
+        second = await _session(secure, secure.creds("host-h1"))
+        try:
+            # a user reads only their own notices; operators publish them
+            got = await li.nc.subscribe("xr.notice.li")
+            await li.nc.subscribe("xr.notice.kim")
+            await _settle(li)
+            assert li.refused("xr.notice.kim") and not li.refused("xr.notice.li")
+            await alice.nc.publish("xr.notice.li", b"{}")
+            await _settle(alice)
+            assert (await got.next_msg(timeout=2)).data == b"{}"
+            await kim.nc.publish("xr.notice.li", b"forged")
+            await _settle(kim)
+            assert kim.refused("xr.notice.li")
+
+            # the agent of a node answers claims for its node (a second agent learns it is
+            # not alone); it may not answer or ask for another node
+            async def answer(msg):
+                await msg.respond(b"taken")
+
+            await h1.nc.subscribe("xr.agent.claim.h1", cb=answer)
+            await _settle(h1)
+            assert (await second.nc.request("xr.agent.claim.h1", b"", timeout=2)).data == b"taken"
+            await h1.nc.subscribe("xr.agent.claim.h2")
+            await _settle(h1)
+            assert h1.refused("xr.agent.claim.h2")
+        finally:
+            for session in (li, kim, alice, h1, second):
+                await session.nc.close()
+
+    asyncio.run(go())
+
+    # a host added later: its jobs' credentials work once the servers reload accounts.conf
+    assert xirang("nats", "add-user", "host", "h2", "--dir", str(secure.conf_dir)).returncode == 0
+    job = str(JobMinter.from_creds(secure.creds("host-h2")).write("j2", tmp_path / "j2.creds"))
+
+    async def connects(creds: str) -> bool:
+        try:
+            await (await _session(secure, creds)).nc.close()
+            return True
+        except Exception:  # noqa: BLE001 - refused
+            return False
+
+    assert asyncio.run(connects(secure.creds("host-h2"))) and not asyncio.run(connects(job))
+    os.kill(secure.procs[0].pid, signal.SIGHUP)  # nats-server --signal reload
+    deadline = time.monotonic() + 10
+    while not asyncio.run(connects(job)):
+        assert time.monotonic() < deadline, "the reloaded server still refuses h2's jobs"
+        time.sleep(0.2)
