@@ -1,7 +1,7 @@
 """`xirang bench replay --json`: projection rebuild throughput against raw reads of XR_EV.
 
 One run, one embedded nats-server, one stream: the log of a synthetic workload (made by
-`core.step` through the workload driver) is appended the way the scheduler appends it
+`core.step` through the simulator: `replay.synthetic_log`) is appended the way the scheduler appends it
 (log copy plus host copies, atomic batches). Then, alternating so that neither side gets
 a warmer machine, it times
 - raw reads: an ordered consumer on `xr.ev.log.>` handing over (seq, payload) batches,

@@ -1,5 +1,5 @@
 """Shared set-up for the data tests: a real nats-server with the XR_EV stream, logs made by
-the workload driver through `core.step`, and the CLI run as a real subprocess."""
+the simulator (`replay.synthetic_log`) through `core.step`, and the CLI run as a real subprocess."""
 
 from __future__ import annotations
 
