@@ -127,7 +127,7 @@ class Audit:
                 self.to_t is not None and record.event.t > self.to_t):
             self.stopped_early = True
             if self.verifier is not None:  # their signature lies past the window's end
-                all(self._fold(r, p) for r, p in self.verifier.unsigned)
+                all(self._fold(r, p) for r, p in self.verifier.held)
             return False
         try:
             # Only what the scheduler's signature covers is folded (a forged record never acts).

@@ -80,7 +80,8 @@ BAD_ARGUMENTS = {
     "feedback": [["feedback", "j", "--score", "9"], ["feedback", "j"]],
     "notices": [["notices", "--log", "missing.jsonl"]],
     "review": [["review", "--quarter", "2026Q9"], ["review", "--to", "5"], ["review", "--tune-param", "nope"]],
-    "key": [["key", "show", "--dir", "missing"], ["key", "rotate", "--dir", "missing"], ["key"]],
+    "key": [["key", "show", "--dir", "missing"], ["key", "rotate", "--dir", "missing"], ["key"],
+            ["key", "adopt", "--dir", "missing", "--log", "missing.jsonl"]],
     "nats": [["nats", "add-user", "client", "only-a-team", "--dir", "nd"], ["nats", "add-user", "wizard"]],
     "tls": [["tls", "init", "--dir", "td"], ["tls", "init", "--server", "no-equals-sign"]],
 }

@@ -398,3 +398,47 @@ def test_an_event_type_of_a_newer_release_is_named_as_such(tmp_path):
     summary = _audit(path)
     assert not summary["ok"] and summary["problem_record"] == n
     assert "written by a newer xirang" in summary["problem"]
+
+
+def test_an_adopted_unsigned_history_is_trusted_exactly_up_to_its_head(tmp_path):
+    """`xirang key adopt`: the key vouches for records 1..n of a log written before signing;
+    a re-hashed forgery, a cut log, a record appended after n, or an altered adoption line
+    are each refused and named."""
+    from trust.signing import KeyFileError, KeyRing
+
+    lines = _lines(LOGS[0])
+    path = tmp_path / "old.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    keys = tmp_path / "keys"
+    create_key(keys)
+    adopt = xirang("key", "adopt", "--dir", str(keys), "--log", str(path), "--json")
+    assert adopt.returncode == 0, adopt.stderr
+    keyring = keys / "scheduler.pub"
+    assert KeyRing.load(keyring).adopted.n == len(lines)
+    assert _audit(path, "--public-key", str(keyring))["ok"]
+
+    def audited(changed: list[bytes]) -> dict:
+        path.write_bytes(b"\n".join(changed) + b"\n")
+        return _audit(path, "--public-key", str(keyring))
+
+    forged = _rehash_from([*lines[:9], _change(lines[9], b'"t":', b'"t":1'), *lines[10:]], 10)
+    summary = audited(forged)
+    assert (
+        summary["problem_record"] == len(lines)
+        and "head of the history the keyring adopted" in summary["problem"]
+    )
+    summary = audited(lines[:-1])
+    assert summary["problem_record"] == 1 and "before record" in summary["problem"]
+    more = T.encode_record(next(r for r in _fold_records(lines, T.Tick(t=10**7))))
+    summary = audited([*lines, more])
+    assert summary["problem_record"] == len(lines) + 1 and "not signed by the scheduler" in summary["problem"]
+    text = keyring.read_text()
+    keyring.write_text(text.replace(f"adopted {len(lines)} ", f"adopted {len(lines) - 1} "))
+    with pytest.raises(KeyFileError, match="does not verify"):
+        KeyRing.load(keyring)
+
+
+def _fold_records(lines: list[bytes], *inputs: T.Input):
+    from core.replay import run_inputs
+
+    return run_inputs(list(inputs), _fold(lines))

@@ -19,6 +19,12 @@ verifies with the public key (all an auditor needs):
   no signature, a bad one, or one by a key the reader does not trust.
 - Rotation: `xirang key rotate` makes a new key; the public keyring keeps every public key
   (one a line), so records signed before the rotation still verify.
+- Adoption: a log written before records were signed (releases before 2026-12-01 01:40)
+  carries no signature. `xirang key adopt` audits it (hash chain and state digests) and
+  adds to the keyring one line signed by the scheduler's key, `adopted <n> <hash> ...`:
+  the key vouches for that history up to record n. A reader then holds the unsigned
+  records up to n and trusts them all once record n has exactly that hash (the chain links
+  every one before it), so a scheduler with a key can go on with an older release's log.
 
 Files: the private key is PKCS#8 PEM (mode 0600); the keyring is text, one
 `ed25519 <base64 public key> <key id>` a line. The key id is the first 16 hex digits of
@@ -47,6 +53,7 @@ PUBLIC_FILE = "scheduler.pub"
 PRIVATE_ENV = "XIRANG_SIGNING_KEY"
 PUBLIC_ENV = "XIRANG_PUBLIC_KEY"
 RECORD_DOMAIN = b"xirang-record-v1"
+ADOPT_DOMAIN = b"xirang-adopt-v1"
 BLOB_DOMAIN = b"xirang-blob-v1"
 
 
@@ -117,6 +124,11 @@ class Signer:
         digest = hashlib.sha256(data).digest()
         return {"key": self.key_id, "sig": _b64(self.private.sign(BLOB_DOMAIN + b"\0" + digest))}
 
+    def adopt(self, n: int, head_hash: str) -> "Adopted":
+        """Vouch for an unsigned history whose record n has hash `head_hash`."""
+        sig = _b64(self.private.sign(adopt_message(n, head_hash)))
+        return Adopted(n, head_hash, self.key_id, sig)
+
     def keyring(self) -> "KeyRing":
         """A key ring that trusts this signer's public key."""
         return KeyRing({self.key_id: self.private.public_key()})
@@ -135,11 +147,49 @@ def sign_records(records: list[T.Record], signer: Signer | None, hosts_of) -> li
 # ---------------------------------------------------------------- verifying (everyone else)
 
 
-class KeyRing:
-    """The public keys a reader trusts, by key id."""
+class Adopted(msgspec.Struct, frozen=True):
+    """Unsigned history a trusted key vouches for: records 1..n, record n with this hash."""
 
-    def __init__(self, keys: dict[str, Ed25519PublicKey]) -> None:
+    n: int
+    hash: str
+    key: str
+    sig: str
+
+    def message(self) -> bytes:
+        """The bytes the adoption's signature covers."""
+        return adopt_message(self.n, self.hash)
+
+    def line(self) -> str:
+        """The keyring line that records it."""
+        return f"adopted {self.n} {self.hash} {self.key} {self.sig}"
+
+    @classmethod
+    def parse(cls, words: list[str], keys: dict[str, Ed25519PublicKey], where: str) -> "Adopted":
+        """An `adopted <n> <hash> <key id> <signature>` keyring line, its signature checked."""
+        if len(words) != 5 or not words[1].isdigit():
+            raise KeyFileError(f"{where}: expected `adopted <record n> <hash> <key id> <signature>`")
+        adopted = cls(int(words[1]), words[2], words[3], words[4])
+        public = keys.get(adopted.key)
+        if public is None:
+            raise KeyFileError(f"{where}: adopted by key {adopted.key}, which is not in this keyring")
+        try:
+            public.verify(_unb64(adopted.sig), adopted.message())
+        except (InvalidSignature, ValueError) as err:
+            raise KeyFileError(f"{where}: the adoption's signature does not verify (altered?)") from err
+        return adopted
+
+
+def adopt_message(n: int, head_hash: str) -> bytes:
+    """What an adoption signs: its domain, the head's record number and hash."""
+    return b"\0".join([ADOPT_DOMAIN, str(n).encode(), head_hash.encode()])
+
+
+class KeyRing:
+    """The public keys a reader trusts, by key id, and any unsigned history they adopted."""
+
+    def __init__(self, keys: dict[str, Ed25519PublicKey], adopted: "Adopted | None" = None) -> None:
         self.keys = keys
+        self.adopted = adopted  # unsigned history a trusted key vouches for (`xirang key adopt`)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "KeyRing":
@@ -149,9 +199,13 @@ class KeyRing:
         except OSError as err:
             raise KeyFileError(f"cannot read the public keyring {path}: {err}") from err
         keys = {}
+        adopted_lines = []
         for i, line in enumerate(text.splitlines(), 1):
             words = line.split("#", 1)[0].split()
             if not words:
+                continue
+            if words[0] == "adopted":
+                adopted_lines.append((i, words))
                 continue
             if len(words) < 2 or words[0] != "ed25519":
                 raise KeyFileError(f"{path}:{i}: expected `ed25519 <base64 public key> [key id]`")
@@ -162,7 +216,10 @@ class KeyRing:
             keys[key_id(public)] = public
         if not keys:
             raise KeyFileError(f"{path}: no public key in it")
-        return cls(keys)
+        adopted = None
+        for i, words in adopted_lines:
+            adopted = Adopted.parse(words, keys, f"{path}:{i}")
+        return cls(keys, adopted)
 
     def problem(self, record: T.Record) -> str | None:
         """Why this record's own signature is not good, or None."""
@@ -195,12 +252,16 @@ class LogVerifier:
     def __init__(self, keyring: KeyRing) -> None:
         self.keyring = keyring
         self.unsigned: list[tuple[T.Record, int]] = []  # read, not yet covered by a signature
+        self.adopting: list[tuple[T.Record, int]] = []  # read, up to the adopted history's head
         self.signatures = 0
         self.keys_seen: set[str] = set()
 
     def admit(self, record: T.Record, pos: int = 0) -> list[tuple[T.Record, int]]:
         """The records (with their positions) that a signature now covers, in order, to be
         trusted; [] while `record` waits for the signature that covers it."""
+        adopted = self.keyring.adopted
+        if adopted is not None and record.n <= adopted.n:
+            return self._adopt(record, pos, adopted)
         if self.unsigned and record.input_seq != self.unsigned[0][0].input_seq:
             self._uncovered()
         if not record.sig:
@@ -215,8 +276,28 @@ class LogVerifier:
         self.unsigned = []
         return covered
 
+    @property
+    def held(self) -> list[tuple[T.Record, int]]:
+        """Records read and not yet covered, in order."""
+        return [*self.adopting, *self.unsigned]
+
+    def _adopt(self, record: T.Record, pos: int, adopted: Adopted) -> list[tuple[T.Record, int]]:
+        self.adopting.append((record, pos))
+        if record.n < adopted.n:
+            return []
+        if record.hash != adopted.hash:
+            raise SignatureError(record.n, "is not the head of the history the keyring adopted (`xirang key "
+                                           "adopt`): the log up to it was altered", pos)
+        covered, self.adopting = self.adopting, []
+        return covered
+
     def finish(self) -> None:
         """The log ended: raise `SignatureError` if records are left that no signature covers."""
+        if self.adopting:
+            first, pos = self.adopting[0]
+            raise SignatureError(first.n, f"the log ends at record {self.adopting[-1][0].n}, before record "
+                                          f"{self.keyring.adopted.n} that the keyring adopted: records were "
+                                          "deleted", pos)
         if self.unsigned:
             self._uncovered()
 

@@ -383,7 +383,7 @@ def cmd_audit(args) -> int:
                   verifier=_log_verifier(args.public_key))
     resolve_source(args)
     pos_name = "line" if args.log else "stream seq"
-    _feed_log(args, audit)
+    feed_log(args, audit)
     audit.finish()
     summary = audit.summary(pos_name)
     redecided = _redecide(args, audit) if args.redecide and audit.problem is None else None
@@ -396,7 +396,7 @@ def cmd_audit(args) -> int:
     return 0 if audit.problem is None else 1
 
 
-def _feed_log(args, reader) -> None:
+def feed_log(args, reader) -> None:
     """Every record of the audited log (file or stream), in order, to `reader.feed`."""
     from projections.logsource import jsonl_batches
 
@@ -415,7 +415,7 @@ def _redecide(args, audit):
 
     release = audit.legacy_releases[0] if audit.legacy_releases else ""
     redecide = Redecide(legacy_policy(release), release) if release else Redecide()
-    _feed_log(args, _Window(redecide, audit.state.canonical.events_n))
+    feed_log(args, _Window(redecide, audit.state.canonical.events_n))
     redecide.finish()
     return redecide
 

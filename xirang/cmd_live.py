@@ -174,7 +174,7 @@ def scheduler_keys(args):
         raise _user_error(str(err)) from err
     keys = dict(ring.keys) if ring else {}
     keys.update(signer.keyring().keys)
-    return signer, KeyRing(keys)
+    return signer, KeyRing(keys, ring.adopted if ring else None)
 
 
 def checkpoint_secret(path: str | None, data_dir: str) -> bytes:

@@ -29,6 +29,19 @@ def register(sub) -> None:
         )
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=cmd_key)
+    adopt = key_sub.add_parser(
+        "adopt",
+        help="vouch, with the scheduler's key, for a log written before records were signed (it is "
+        "audited first), so a scheduler with a key can go on with it",
+    )
+    adopt.add_argument(
+        "--dir", default=".xirang/keys", help="where scheduler.key and scheduler.pub live (default .xirang/keys)"
+    )
+    from xirang.cmd_data import add_source
+
+    add_source(adopt)
+    adopt.add_argument("--json", action="store_true")
+    adopt.set_defaults(func=cmd_key_adopt)
 
     nats_p = sub.add_parser(
         "nats", help="NATS operator, account and users (decentralised JWT auth): init, add-user"
@@ -106,6 +119,46 @@ def cmd_key(args) -> int:
                 "restart the schedulers with the new private key; the keyring still trusts the old "
                 "key for the records it signed"
             )
+    return 0
+
+
+def cmd_key_adopt(args) -> int:
+    """`xirang key adopt`: audit an unsigned log, then add to the keyring the scheduler key's
+    signed word for its history (trust/signing.py, Adoption)."""
+    from pathlib import Path
+
+    from projections.audit import Audit
+    from trust.signing import PRIVATE_FILE, PUBLIC_FILE, KeyFileError, Signer
+    from xirang.cmd_data import feed_log, resolve_source
+
+    resolve_source(args)
+    audit = Audit()
+    feed_log(args, audit)
+    audit.finish()
+    c = audit.state.canonical
+    if audit.problem is not None:
+        raise UserError(f"the log does not verify, so it cannot be adopted: {audit.problem.words('position')}")
+    if audit.signed_records:
+        raise UserError("the log is signed already: adoption is for logs written before records were signed")
+    if c.events_n == 0:
+        raise UserError("the log is empty: nothing to adopt")
+    try:
+        signer = Signer.load(Path(args.dir) / PRIVATE_FILE)
+    except KeyFileError as err:
+        raise UserError(str(err)) from err
+    adopted = signer.adopt(c.events_n, c.chain)
+    keyring = Path(args.dir) / PUBLIC_FILE
+    with open(keyring, "a") as fh:
+        fh.write(f"{adopted.line()}  # records 1..{c.events_n}, audited ({audit.digests} state digests)\n")
+    out = {"adopted_records": c.events_n, "head_hash": c.chain, "key_id": adopted.key, "keyring": str(keyring)}
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        print(
+            f"adopted records 1..{c.events_n} (head {c.chain[:16]}, {audit.digests} state digests verified) "
+            f"under key {adopted.key}: written to {keyring}. Give this keyring to every reader (host "
+            "agents, standby schedulers, auditors); the scheduler can now go on with this log."
+        )
     return 0
 
 
