@@ -177,9 +177,9 @@ class HostAgent:
     # ------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
-        # One agent per node name and state folder: two would start every job twice.
         """Hold the node (one agent per node and folder), connect, adopt runs left by a previous
         agent, and act until stopped."""
+        # One agent per node name and state folder: two would start every job twice.
         lock = InstanceLock(self.dir / "agent.lock", f"an agent for node {self.node}").acquire()
         try:
             await self._run()

@@ -111,11 +111,11 @@ class Scheduler:
     # ------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
+        """Take part in leader election and schedule while leader, until stopped; a lost
+        connection is waited out."""
         # A lost connection is waited out, never a reason to exit: the client reconnects
         # forever, and a reconnect makes the leader re-read the log (its consumer and any
         # batch in flight may be gone) and gives every host a full timeout again.
-        """Take part in leader election and schedule while leader, until stopped; a lost
-        connection is waited out."""
         self.nc, self.js = await bus.connect_forever(
             self.url, name=self.instance, stop=self.stop_event,
             disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected)

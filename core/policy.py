@@ -22,13 +22,13 @@ QUEUE_POLICIES = (FCFS, FAIR_SHARE, ROUND_ROBIN)
 
 
 class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # --- queues
-    # Queue order within each level: 0-2 first come first served, 3-5 team fair share by
-    # quota, 6-7 round robin over teams.
     """Every tunable of the scheduler, with its default: queue order per level, guaranteed
     shares, the preemption decision model, fairness windows, aging, sagas and compensation.
     Set by TOML at start and by `set_policy` inputs."""
 
+    # --- queues
+    # Queue order within each level: 0-2 first come first served, 3-5 team fair share by
+    # quota, 6-7 round robin over teams.
     queue_policy: list[str] = msgspec.field(default_factory=lambda: [FCFS, FCFS, FCFS, FAIR_SHARE, FAIR_SHARE, FAIR_SHARE,
                                ROUND_ROBIN, ROUND_ROBIN])
     # Team weights for fair share; a team not listed weighs 1.
