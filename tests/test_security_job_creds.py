@@ -16,7 +16,7 @@ import nats
 import pytest
 
 from tests.data_helpers import xirang
-from tests.secure_nats import SecureNats, running_cluster
+from tests.secure_nats import SecureNats, run_cli, running_cluster
 from transport import bus
 from transport import checkpoints as ckptstore
 from trust import natsjwt
@@ -164,6 +164,10 @@ def test_a_jobs_credentials_expire_and_a_host_cannot_mint_beyond_the_job_templat
         assert not await refused(forged(plain, host["job_key"]))
 
     asyncio.run(go())
+    # and the CLI says so in one line, not "no server"
+    expired = str(JobMinter(host["job_key"], host["account"], ttl_s=-5).write("x", tmp_path / "x.creds"))
+    code, out = run_cli({**secure.env("op-alice"), "XIRANG_CREDS": expired}, "jobs", "--nats", secure.url)
+    assert code != 0 and "refused the credentials" in out and "Traceback" not in out, out
 
 
 def test_notices_node_claims_and_a_new_hosts_jobs_follow_the_shipped_permissions(secure, tmp_path):
