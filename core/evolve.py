@@ -14,7 +14,7 @@ from .policy import with_params
 from .state import (
     FINISHED, HELD, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING,
     Checkpoint, Job, Ledger, LevelWait, Node, Saga, State, Window, Estimate,
-    forget_releases, forget_remaining, hold_add, hold_remove, job_progress_ms, queue_add,
+    forget_node, forget_releases, forget_remaining, hold_add, hold_remove, job_progress_ms, queue_add,
     queue_remove, set_holder, touch_job, _index_node_capacity, node_free_count, rebuild_index,
 )
 
@@ -46,6 +46,7 @@ def touched_jobs(ev: T.Event) -> list[str]:
 def _node_joined(s: State, ev: T.NodeJoined) -> None:
     node = Node(name=ev.node, gpu_model=ev.gpu_model, gpus=ev.gpus, holder=[""] * ev.gpus)
     s.canonical.nodes[ev.node] = node
+    forget_node(s.index, ev.node)
     _index_node_capacity(s.index, node)
 
 
@@ -67,7 +68,7 @@ def _node_lost(s: State, ev: T.NodeLost) -> None:
     node.up = False
     node.holder = [""] * node.gpus
     ix.jobs_by_node.pop(node.name, None)
-    ix.node_releases.pop(node.name, None)
+    forget_node(ix, node.name)
 
 
 # ---------------------------------------------------------------- jobs

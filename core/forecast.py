@@ -8,6 +8,7 @@ reach a safe point. Memoised in the index for the current time (see `Index`).
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 
 from .placement import gpus_on
@@ -95,14 +96,8 @@ class ReleaseCurve:
     pool's typical pace, the GPUs freed by the median release over its time."""
 
     def __init__(self, state: State, nodes, beyond_ms: int) -> None:
-        releases = sorted(release for node in nodes for release in node_releases(state, node))
-        self.free = sum(node_free_count(node) for node in nodes)
-        self.times = [at for at, _ in releases]
-        self.freed: list[int] = list(itertools.accumulate(g for _, g in releases))
+        self.free, self.times, self.freed, self.pace = _pooled_releases(state, nodes)
         self.beyond_ms = (self.times[-1] if self.times else 0) + beyond_ms
-        median = len(self.times) // 2
-        # GPUs per ms at the median release; None when nothing runs.
-        self.pace = (self.freed[median] / max(self.times[median], 1)) if self.times else None
 
     def wait_for(self, gpus: int) -> int:
         """When `gpus` GPUs of these nodes will have been free at once (0 if they are now)."""
@@ -114,19 +109,74 @@ class ReleaseCurve:
         return on_curve if self.pace is None else min(on_curve, int(need / self.pace))
 
 
+def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], float | None]:
+    """The free GPUs of these nodes, their release times pooled, soonest first, the GPUs
+    freed by each, and the pace at the median release (GPUs per ms; None when nothing
+    runs). Memoised (see `fits_memo`)."""
+    memo = fits_memo(state)
+    key = ("pooled", tuple(node.name for node in nodes))
+    pooled = memo.get(key)
+    if pooled is None:
+        releases = sorted(release for node in nodes for release in node_releases(state, node))
+        times = [at for at, _ in releases]
+        freed = list(itertools.accumulate(g for _, g in releases))
+        median = len(times) // 2
+        pace = (freed[median] / max(times[median], 1)) if times else None
+        pooled = memo[key] = (sum(node_free_count(node) for node in nodes), times, freed, pace)
+    return pooled
+
+
+def fits_memo(state: State) -> dict:
+    """Forecasts over nodes, kept while no node's releases or free GPUs change (the index's
+    `releases_gen`) and the time stays the same."""
+    ix = state.index
+    node_releases_at(state)
+    if ix.fits_memo_gen != ix.releases_gen:
+        ix.fits_memo.clear()
+        ix.fits_memo_gen = ix.releases_gen
+    return ix.fits_memo
+
+
+def node_releases_at(state: State) -> None:
+    """Move the memoised release lists to the current time (they are dropped when it moved)."""
+    ix = state.index
+    if ix.node_releases_t != state.canonical.t:
+        ix.node_releases.clear()
+        ix.node_releases_t = state.canonical.t
+        ix.releases_gen += 1
+
+
 def remaining_or_runtime(state: State, job_id: str) -> int:
     """Until a holding job releases its GPUs: its remaining time when running, else its
-    whole expected runtime. Memoised in the index for the current time (see Index)."""
-    ix = state.index
-    if ix.remaining_memo_t != state.canonical.t:
-        ix.remaining_memo.clear()
-        ix.remaining_memo_t = state.canonical.t
-    value = ix.remaining_memo.get(job_id)
-    if value is None:
-        other = state.canonical.jobs[job_id]
-        value = remaining_ms(state, other) if other.state == RUNNING else expected_runtime_ms(state, other)
-        ix.remaining_memo[job_id] = value
-    return value
+    whole expected runtime. Its `release_spec` is memoised in the index until an event
+    touches the job (or the estimates or the policy change)."""
+    spec = state.index.remaining_memo.get(job_id)
+    if spec is None:
+        spec = state.index.remaining_memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
+    return remaining_at(spec, state.canonical.t)
+
+
+def release_spec(state: State, job: Job) -> tuple[int, int, int, int]:
+    """`remaining_or_runtime` as a function of the time, (fixed, total, done, since): `fixed`
+    when the value does not move (>= 0), else a running job's expected total and its
+    progress `done` at `since`, from which it progresses at the clock's pace."""
+    total = expected_runtime_ms(state, job)
+    if job.state != RUNNING:
+        return (total, 0, 0, 0)
+    if job.run_started_t == 0 or job.frozen_t:
+        return (remaining_ms(state, job), 0, 0, 0)
+    return (-1, total, job.progress_ms, job.run_started_t)
+
+
+def remaining_at(spec: tuple[int, int, int, int], t: int) -> int:
+    """The value of a `release_spec` at time `t` (as `remaining_ms` computes it)."""
+    fixed, total, done, since = spec
+    if fixed >= 0:
+        return fixed
+    done += max(0, t - since)
+    if done < total:
+        return total - done
+    return max(done - total, total // LINDY_FLOOR_FRACTION, 1)
 
 
 def node_releases(state: State, node) -> list[tuple[int, int]]:
@@ -135,21 +185,41 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
     scheduling pass asks for the same nodes' releases for every job it weighs (natural
     waits, release curves, reservations)."""
     ix = state.index
-    if ix.node_releases_t != state.canonical.t:
-        ix.node_releases.clear()
-        ix.node_releases_t = state.canonical.t
+    t = state.canonical.t
+    if ix.node_releases_t != t:
+        node_releases_at(state)
     releases = ix.node_releases.get(node.name)
     if releases is None:
-        jobs = state.canonical.jobs
-        releases = sorted((remaining_or_runtime(state, j), len(gpus_on(jobs[j], node.name)))
-                          for j in ix.jobs_by_node.get(node.name, {}))
+        holders = ix.node_holders.get(node.name)
+        if holders is None:
+            jobs = state.canonical.jobs
+            holders = ix.node_holders[node.name] = [
+                (j, len(gpus_on(jobs[j], node.name))) for j in ix.jobs_by_node.get(node.name, {})]
+        memo = ix.remaining_memo
+        releases = []
+        for job_id, gpus in holders:
+            spec = memo.get(job_id)
+            if spec is None:
+                spec = memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
+            releases.append((remaining_at(spec, t), gpus))
+        releases.sort()
         ix.node_releases[node.name] = releases
     return releases
 
 
 def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     """The earliest time the job's gang would fit without preempting, and on which nodes,
-    as running jobs finish as estimated; None if it never would on these nodes."""
+    as running jobs finish as estimated; None if it never would on these nodes. Memoised
+    (see `fits_memo`): it depends on the nodes and the job's size only."""
+    memo = fits_memo(state)
+    key = ("earliest", job.gpus, tuple(node.name for node in nodes))
+    if key not in memo:
+        memo[key] = _earliest_fit(state, job, nodes)
+    fit = memo[key]
+    return None if fit is None else (fit[0], list(fit[1]))
+
+
+def _earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     single = job.gpus <= max((n.gpus for n in nodes), default=0)
     best: tuple[int, list[str]] | None = None
     by_model: dict[str, list[tuple[str, int, list[tuple[int, int]]]]] = {}
@@ -216,10 +286,8 @@ class RequeueFit:
         self.preemptor_gpus = preemptor_gpus
         self.preemptor_runtime_ms = preemptor_runtime_ms
         self.node_size_max = max((node.gpus for node in nodes), default=0)
-        self._fits: dict[tuple[str, int], int | None] = {}
         self._by_name = {node.name: node for node in nodes}
-        # Per victim size: (earliest fit, node) over the nodes as they are, soonest first.
-        self._ranked: dict[int, list[tuple[int, str]]] = {}
+        self._names = tuple(node.name for node in nodes)
 
     def wait_ms(self, victim: Job, at_least_ms: int = 0) -> int | None:
         """The victim's earliest fit after the preemption, but no sooner than `at_least_ms`
@@ -243,22 +311,20 @@ class RequeueFit:
         return None if best is None else max(best, at_least_ms)
 
     def _soonest_elsewhere(self, gpus: int, own: dict[str, int]) -> int | None:
-        ranked = self._ranked.get(gpus)
+        # Per victim size: (earliest fit, node) over the nodes as they are, soonest first;
+        # memoised (`fits_memo`): the same for every plan over these nodes.
+        memo = fits_memo(self.state)
+        key = ("ranked", gpus, self._names)
+        ranked = memo.get(key)
         if ranked is None:
-            ranked = sorted((wait, node.name) for node in self.nodes
-                            if node.gpus >= gpus and (wait := self._fit(node, gpus)) is not None)
-            self._ranked[gpus] = ranked
+            ranked = memo[key] = sorted(
+                (wait, node.name) for node in self.nodes
+                if node.gpus >= gpus
+                and (wait := _first_fit_time(node_free_count(node), node_releases(self.state, node), gpus)) is not None)
         for wait, name in ranked:
             if name not in own:
                 return wait
         return None
-
-    def _fit(self, node, gpus: int) -> int | None:
-        """The earliest fit of `gpus` on the node as it is (memoised for this plan)."""
-        key = (node.name, gpus)
-        if key not in self._fits:
-            self._fits[key] = _first_fit_time(node_free_count(node), node_releases(self.state, node), gpus)
-        return self._fits[key]
 
     def _after_preemption(self, node, victim: Job, own_gpus: int) -> tuple[int, list[tuple[int, int]]]:
         """The node's free GPUs and releases once the preemptor has taken the victim's GPUs
@@ -273,20 +339,49 @@ class RequeueFit:
         return max(0, free + own_gpus - taken), releases
 
     def _gang_wait(self, victim: Job, own: dict[str, int]) -> int | None:
+        # Per model, the nodes' free GPUs and releases pooled as they are (memoised, see
+        # `fits_memo`); the victim's own nodes' part is swapped for what the preemption
+        # leaves there, and the two walked merged, soonest first.
         best = None
-        for model in sorted(dict.fromkeys(node.gpu_model for node in self.nodes)):
-            free_total = 0
-            pooled: list[tuple[int, int]] = []
-            for node in self.nodes:
-                if node.gpu_model != model:
+        for model, free_all, pooled in self._pooled_by_model():
+            free_total = free_all
+            skip: dict[tuple[int, int], int] = {}
+            mine: list[tuple[int, int]] = []
+            for name in own:
+                node = self._by_name.get(name)
+                if node is None or node.gpu_model != model:
                     continue
-                if node.name in own:
-                    free, releases = self._after_preemption(node, victim, own[node.name])
-                else:
-                    free, releases = node_free_count(node), node_releases(self.state, node)
+                free_total -= node_free_count(node)
+                for release in node_releases(self.state, node):
+                    skip[release] = skip.get(release, 0) + 1
+                free, releases = self._after_preemption(node, victim, own[name])
                 free_total += free
-                pooled += releases
-            wait = _first_fit_time(free_total, sorted(pooled), victim.gpus)
+                mine += releases
+            mine.sort()
+            wait = _first_fit_time(free_total, heapq.merge(_without(pooled, skip), mine), victim.gpus)
             if wait is not None and (best is None or wait < best):
                 best = wait
         return best
+
+    def _pooled_by_model(self) -> list[tuple[str, int, list[tuple[int, int]]]]:
+        memo = fits_memo(self.state)
+        key = ("by_model", self._names)
+        pooled = memo.get(key)
+        if pooled is None:
+            pooled = []
+            for model in sorted(dict.fromkeys(node.gpu_model for node in self.nodes)):
+                of_model = [node for node in self.nodes if node.gpu_model == model]
+                pooled.append((model, sum(node_free_count(node) for node in of_model),
+                               sorted(r for node in of_model for r in node_releases(self.state, node))))
+            memo[key] = pooled
+        return pooled
+
+
+def _without(releases: list[tuple[int, int]], skip: dict[tuple[int, int], int]):
+    """`releases` (sorted) less the multiset `skip`, in order."""
+    skip = dict(skip)
+    for release in releases:
+        if skip.get(release):
+            skip[release] -= 1
+            continue
+        yield release

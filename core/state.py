@@ -233,21 +233,28 @@ class Index:
         # Nodes the last pass held for blocked jobs -> (when the job is expected to start
         # there, the job's id).
         self.reserved_nodes: dict[str, tuple[int, str]] = {}
-        self.jobs_sum = 0
-        # Which schema-1 release's digests this log's last one matched (core/digest.py):
-        # tried first at the next one.
-        self.legacy_digest_release = 0
-        # Expected time until each holding job releases its GPUs, at time `remaining_memo_t`:
-        # a job's entry is dropped whenever an event touches it, all of them when the time,
-        # the learned estimates or the policy change.
-        self.remaining_memo: dict[str, int] = {}
-        self.remaining_memo_t = -1
+        self.jobs_sum = 0  # of `job_hashes`; jobs in `hashes_stale` are not in it yet
+        # Jobs touched since their hash was last taken: hashed when a digest needs the sum
+        # (`jobs_hash_total`), so a job touched many times between digests is hashed once.
+        self.hashes_stale: dict[str, None] = {}
+        # Per holding job, how long until it releases its GPUs as a function of the time
+        # (`core.forecast.release_spec`): dropped whenever an event touches the job, all of
+        # them when the learned estimates or the policy change.
+        self.remaining_memo: dict[str, tuple[int, int, int, int]] = {}
+        # Per node, [(job id, GPUs there)] of the jobs holding GPUs on it: dropped when a job
+        # joins or leaves the node or an event touches one of its jobs.
+        self.node_holders: dict[str, list[tuple[str, int]]] = {}
         # Per node, (ms until release, GPUs) of the jobs holding GPUs there, soonest first,
-        # at time `node_releases_t`, built from `remaining_memo`: a node's entry is dropped
-        # when a job joins or leaves it or an event touches one of its jobs, all of them
-        # whenever `remaining_memo` is cleared.
+        # at time `node_releases_t`: dropped with the node's holders, all of them whenever
+        # the time moves or `remaining_memo` is cleared.
         self.node_releases: dict[str, list[tuple[int, int]]] = {}
         self.node_releases_t = -1
+        # Bumped whenever a node's releases or free GPUs may have changed: forecasts over
+        # several nodes (pooled releases, earliest fits) are kept in `fits_memo` while it
+        # stays the same (the jobs weighed in one pass mostly look at the same nodes).
+        self.releases_gen = 0
+        self.fits_memo: dict[tuple, Any] = {}
+        self.fits_memo_gen = -1
 
 
 class State:
@@ -295,6 +302,7 @@ def rebuild_index(c: Canonical) -> Index:
 
 def _index_node_capacity(ix: Index, node: Node) -> None:
     ix.placement_dirty = True
+    ix.releases_gen += 1
     model = node.gpu_model
     ix.capacity_by_model[model] = ix.capacity_by_model.get(model, 0) + node.gpus
     ix.node_size_max_by_model[model] = max(ix.node_size_max_by_model.get(model, 0), node.gpus)
@@ -396,6 +404,7 @@ def set_holder(c: Canonical, ix: Index, node_name: str, gpu: int, job_id: str) -
     before = node.holder[gpu]
     if before == job_id:
         return
+    ix.releases_gen += 1
     if node.up:
         free_before = node_free_count(node)
     node.holder[gpu] = job_id
@@ -472,21 +481,37 @@ _CANONICAL_DEFAULTS = msgspec.structs.asdict(Canonical())
 
 def live_digest(state: "State") -> str:
     """The digest of the live state, from the index's running sum of job hashes."""
-    return state_digest(state.canonical, state.index.jobs_sum)
+    return state_digest(state.canonical, jobs_hash_total(state))
 
 
 def touch_job(state: "State", job_id: str) -> None:
-    """Keep the jobs' hash sum in step after an event changed (or removed) a job."""
+    """Keep the index in step after an event changed (or removed) a job: its hash is taken
+    again when a digest needs it; its release forecast is forgotten."""
     ix = state.index
     ix.remaining_memo.pop(job_id, None)
-    old = ix.job_hashes.pop(job_id, 0)
+    ix.hashes_stale[job_id] = None
     job = state.canonical.jobs.get(job_id)
     if job is not None:
         forget_releases(ix, job.placement)
-    new = job_hash(job) if job is not None else 0
-    if new:
-        ix.job_hashes[job_id] = new
-    ix.jobs_sum = (ix.jobs_sum - old + new) % DIGEST_MODULUS
+
+
+def jobs_hash_total(state: "State") -> int:
+    """The sum of the hashes of the jobs in the state (what `jobs_hash_sum` computes from
+    scratch), from the index's running sum, hashing again only the jobs touched since."""
+    ix = state.index
+    if ix.hashes_stale:
+        jobs = state.canonical.jobs
+        total = ix.jobs_sum
+        for job_id in ix.hashes_stale:
+            old = ix.job_hashes.pop(job_id, 0)
+            job = jobs.get(job_id)
+            new = job_hash(job) if job is not None else 0
+            if new:
+                ix.job_hashes[job_id] = new
+            total += new - old
+        ix.jobs_sum = total % DIGEST_MODULUS
+        ix.hashes_stale.clear()
+    return ix.jobs_sum
 
 
 def snapshot_bytes(c: Canonical) -> bytes:
@@ -519,12 +544,23 @@ def window_count(times: list[int], t: int, window_ms: int) -> int:
 
 
 def forget_releases(ix: Index, placement) -> None:
-    """Drop the memoised release lists of the nodes a placement covers."""
+    """Drop the memoised holders and release lists of the nodes a placement covers."""
     for slot in placement:
         ix.node_releases.pop(slot.node, None)
+        ix.node_holders.pop(slot.node, None)
+    if placement:
+        ix.releases_gen += 1
+
+
+def forget_node(ix: Index, node_name: str) -> None:
+    """Drop what is memoised about a node's releases (its jobs or GPUs changed)."""
+    ix.node_releases.pop(node_name, None)
+    ix.node_holders.pop(node_name, None)
+    ix.releases_gen += 1
 
 
 def forget_remaining(ix: Index) -> None:
-    """Drop every memoised remaining time and release list (estimates or policy changed)."""
+    """Drop every memoised release forecast (estimates or policy changed)."""
     ix.remaining_memo.clear()
     ix.node_releases.clear()
+    ix.releases_gen += 1

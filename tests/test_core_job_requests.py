@@ -5,6 +5,7 @@ the exit status of a failed job is kept."""
 from core import types as T
 from core.explain import explain
 from core.replay import rebuild
+from core.state import jobs_hash_total
 
 from scenario import Run, node, of, start_all, submit
 
@@ -32,10 +33,10 @@ def test_a_held_job_is_not_scheduled_until_released():
 
 def test_only_the_owner_or_an_operator_may_act_on_a_job():
     run = busy_pool()
-    before = run.state.index.jobs_sum  # the jobs, not the log position
+    before = jobs_hash_total(run.state)  # the jobs, not the log position
     refused = of(run.at(4000, T.Hold(job="waiter", by="cy")), T.InputRejected)
     assert refused[0].reason == "not_your_job" and "operator" in refused[0].detail
-    assert run.state.index.jobs_sum == before
+    assert jobs_hash_total(run.state) == before
     assert of(run.at(4000, T.Hold(job="waiter")), T.InputRejected)[0].reason == "by_must_be_set"
     assert of(run.at(4000, T.Hold(job="waiter", by="root", operator=True)), T.JobHeld)
 

@@ -18,9 +18,9 @@ let it publish on, see core/identity.py):
 - host `<node>`: publishes its node's facts (`xr.in.host.<node>.>`), heartbeat and node
   claim, reads only its own decisions through its durable consumer `host-<node>`; holds
   the node's job signing key (in its creds file), a key scoped to the job template;
-- job (minted by its host for one run, expiring): its own checkpoints, written only under
-  its node's subjects (`xr.ckpt.<job>.<node>.>`), read by direct get of `xr.ckpt.<job>.>`
-  (from whichever node wrote them), its metrics (`xr.job.<job>.metrics`), its own inbox; no input at all: its facts go through its run's outbox, which the host agent
+- job (minted by its host for one run, expiring): its own checkpoints (`xr.ckpt.<job>.>`,
+  written and read by subject, direct get) and metrics (`xr.job.<job>.metrics`), its own
+  inbox; no input at all: its facts go through its run's outbox, which the host agent
   delivers after checking they are that job's own (agents/outbox.py);
 - client `<team>` `<user>`: submits, cancels, gives feedback as itself
   (`xr.in.client.<team>.<user>.>`), reads the log through its own consumers and only its
@@ -130,10 +130,9 @@ def inbox(name: str) -> str:
 # ---------------------------------------------------------------- permissions (templates)
 
 
-def role_permissions(role: str, roster: list[dict], node_name: str = "") -> dict:
-    """What every user of `role` may do: the template of the role's scoped signing key
-    (for `job`, the key of the host `node_name`). `{{name()}}` and `{{tag(x)}}` are filled
-    by the server from the user's JWT."""
+def role_permissions(role: str, roster: list[dict]) -> dict:
+    """What every user of `role` may do: the template of the role's scoped signing key.
+    `{{name()}}` and `{{tag(x)}}` are filled by the server from the user's JWT."""
     own_inbox = "_INBOX.{{name()}}.>"
     if role == "scheduler":
         return natsjwt.permissions(
@@ -168,12 +167,10 @@ def role_permissions(role: str, roster: list[dict], node_name: str = "") -> dict
             [own_inbox, "xr.hb.{{tag(node)}}", "xr.agent.claim.{{tag(node)}}"],
         )
     if role == "job":
-        # Writes only under its node's subjects (a host's key cannot mint a job that writes
-        # where another node's jobs do); reads its own job's, from whichever node wrote them.
-        job, node = "{{tag(job)}}", bus_node_token(node_name)
+        job = "{{tag(job)}}"
         return natsjwt.permissions(
             [
-                f"{CKPT_PREFIX}.{job}.{node}.>",
+                f"{CKPT_PREFIX}.{job}.>",
                 f"$JS.API.DIRECT.GET.{CKPT_STREAM}.{CKPT_PREFIX}.{job}.>",
                 f"xr.job.{job}.metrics",
             ],
@@ -266,10 +263,9 @@ class Authority:
             natsjwt.user_scope(self.public(f"role-{role}"), role, role_permissions(role, roster))
             for role in ROLES
         ]
+        job_template = role_permissions("job", roster)
         scopes += [
-            natsjwt.user_scope(
-                e["job_key"], f"job@{e['names'][0]}", role_permissions("job", roster, e["names"][0])
-            )
+            natsjwt.user_scope(e["job_key"], f"job@{e['names'][0]}", job_template)
             for e in roster
             if e["role"] == "host"
         ]
