@@ -17,6 +17,9 @@ jobs through `done_hash`). Folding the log must rebuild a state with the same di
       events written before it produce (evolve must not derive it for old events);
     * never change the default of a state field, never reuse a field's name for a new
       meaning (policy defaults may change: they are not digested);
+    * inside an entity, give a new field a plain default (0, "", False, [], {}): msgspec
+      leaves out only those; one made by a `default_factory` of your own is always
+      encoded (a new field of `Canonical` itself is compared with its default, either way);
     * a change that cannot keep to this bumps DIGEST_SCHEMA, and this module gives the
       older schema its own projection, as schema 1 has below.
 - Schema 1 (no `schema` key: every digest written before schema 2): every field the

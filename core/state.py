@@ -234,6 +234,9 @@ class Index:
         # there, the job's id).
         self.reserved_nodes: dict[str, tuple[int, str]] = {}
         self.jobs_sum = 0  # of `job_hashes`; jobs in `hashes_stale` are not in it yet
+        # Which schema-1 release's digests this log's last one matched (core/digest.py):
+        # tried first at the next one.
+        self.legacy_digest_release = 0
         # Jobs touched since their hash was last taken: hashed when a digest needs the sum
         # (`jobs_hash_total`), so a job touched many times between digests is hashed once.
         self.hashes_stale: dict[str, None] = {}
