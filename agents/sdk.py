@@ -80,6 +80,8 @@ class Job:
         self.keep = keep
         self.dir = Path(os.environ.get("XR_JOB_DIR", "."))
         self.run = os.environ.get("XR_RUN", "")
+        # Checkpoints are written under this node's subjects (the run's credentials allow no other).
+        self.node = os.environ.get("XR_NODE", "") or "local"
         # The run's fencing token: the record that started it (XR_RUN is node/job/n).
         self.attempt = int(self.run.rsplit("/", 1)[-1]) if self.run.rsplit("/", 1)[-1].isdigit() else 0
         self.primary = os.environ.get("XR_PRIMARY", "1") == "1"
@@ -232,10 +234,10 @@ class Job:
         # keeps one message per subject); the newest keep-1 stay untouched.
         recent = {e.get("slot") for e in index[-(self.keep - 1):]} if self.keep > 1 else set()
         slot = next(s for s in range(self.keep) if s not in recent)
-        self._call(ckptstore.put(self.js, self.job, slot, data))
-        index.append({"step": step, "digest": digest, "bytes": len(data), "slot": slot})
+        self._call(ckptstore.put(self.js, self.job, self.node, slot, data))
+        index.append({"step": step, "digest": digest, "bytes": len(data), "slot": slot, "node": self.node})
         index = index[-self.keep:]
-        self._call(ckptstore.put_index(self.js, self.job,
+        self._call(ckptstore.put_index(self.js, self.job, self.node,
                                        ckptfile.seal(json.dumps(index).encode(), ckptfile.key_from_env())))
 
     def _upload_failed(self, step: int, why: str) -> None:
@@ -280,12 +282,14 @@ class Job:
 
     def _load_verified(self, entry: dict) -> dict | None:
         # A checkpoint the index does not place (e.g. only the resume order names it) is
-        # looked for in every slot; missing counts as failing verification.
+        # looked for in every slot, newest write on any node; missing fails verification.
         slots = [entry["slot"]] if entry.get("slot") is not None else list(range(self.keep))
+        node = entry.get("node") or ckptstore.ANY_NODE
         data = None
         for slot in slots:
-            data = self._retry_forever(f"fetching checkpoint step {entry['step']}",
-                                       lambda slot=slot: self._call(ckptstore.get(self.js, self.job, slot)))
+            data = self._retry_forever(
+                f"fetching checkpoint step {entry['step']}",
+                lambda slot=slot: self._call(ckptstore.get(self.js, self.job, slot, node)))
             if data is not None and digest_of(data) == entry["digest"]:
                 break
         if data is None:

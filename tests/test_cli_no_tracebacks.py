@@ -82,7 +82,12 @@ BAD_ARGUMENTS = {
     "review": [["review", "--quarter", "2026Q9"], ["review", "--to", "5"], ["review", "--tune-param", "nope"]],
     "key": [["key", "show", "--dir", "missing"], ["key", "rotate", "--dir", "missing"], ["key"],
             ["key", "adopt", "--dir", "missing", "--log", "missing.jsonl"]],
-    "nats": [["nats", "add-user", "client", "only-a-team", "--dir", "nd"], ["nats", "add-user", "wizard"]],
+    "nats": [
+        ["nats", "add-user", "client", "only-a-team", "--dir", "nd"],
+        ["nats", "add-user", "wizard"],
+        ["nats", "add-user", "job", "--dir", "nd"],
+        ["nats", "revoke", "nobody", "--dir", "nd"],
+    ],
     "tls": [["tls", "init", "--dir", "td"], ["tls", "init", "--server", "no-equals-sign"]],
 }
 

@@ -126,11 +126,11 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
 
     async def corrupt(nc, js):
         for slot in range(sdk.CHECKPOINTS_KEPT):
-            data = await ckptstore.get(js, "c1", slot)
-            if data is not None and sdk.digest_of(data) == newest.digest:
-                data = bytearray(data)
+            found = await ckptstore.get_located(js, "c1", slot)
+            if found is not None and sdk.digest_of(found[1]) == newest.digest:
+                data = bytearray(found[1])
                 data[len(data) // 2] ^= 0xFF
-                await ckptstore.put(js, "c1", slot, bytes(data))
+                await ckptstore.put(js, "c1", found[0], slot, bytes(data))
                 return slot
         raise AssertionError("c1's newest checkpoint is in no slot")
     cluster._run(corrupt)

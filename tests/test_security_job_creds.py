@@ -16,7 +16,7 @@ import nats
 import pytest
 
 from tests.data_helpers import xirang
-from tests.secure_nats import SecureNats, running_cluster
+from tests.secure_nats import SecureNats, run_cli, running_cluster
 from transport import bus
 from transport import checkpoints as ckptstore
 from trust import natsjwt
@@ -87,16 +87,17 @@ def test_a_jobs_credentials_reach_its_own_checkpoints_only_and_are_not_the_hosts
     async def go():
         mine, other = await _session(secure, a), await _session(secure, b)
         try:
-            await ckptstore.put(mine.js, "train.a", 0, b"weights of a" * 1000)
+            await ckptstore.put(mine.js, "train.a", "h1", 0, b"weights of a" * 1000)
             assert await ckptstore.get(mine.js, "train.a", 0) == b"weights of a" * 1000
             # the other job cannot read it ...
             with pytest.raises(asyncio.TimeoutError):  # the request is refused: no reply comes
                 await ckptstore.get(other.js, "train.a", 0)
-            own = ckptstore.subject("train.a", 0, "meta")
-            assert other.refused(f"$JS.API.DIRECT.GET.XR_CKPT.{own}"), other.errors
+            newest = ckptstore.subject("train.a", ckptstore.ANY_NODE, 0, "meta")
+            assert other.refused(f"$JS.API.DIRECT.GET.XR_CKPT.{newest}"), other.errors
+            own = ckptstore.subject("train.a", "h1", 0, "meta")
             # ... nor overwrite it, nor speak for it or its host, nor listen on its inbox
             for subject in (
-                ckptstore.subject("train.a", 0, 0),
+                ckptstore.subject("train.a", "h1", 0, 0),
                 f"xr.job.{own.split('.')[2]}.metrics",
                 "xr.in.host.h1.checkpoint_saved",
                 "xr.in.client.vision.li.submit",
@@ -112,9 +113,13 @@ def test_a_jobs_credentials_reach_its_own_checkpoints_only_and_are_not_the_hosts
                 await _settle(other)
                 assert other.refused(subject), subject
             assert await ckptstore.get(mine.js, "train.a", 0) == b"weights of a" * 1000
-            # its own checkpoints work as well
-            await ckptstore.put(other.js, "train-b", 0, b"b")
+            # its own checkpoints work as well, but only under its node's subjects
+            await ckptstore.put(other.js, "train-b", "h1", 0, b"b")
             assert await ckptstore.get(other.js, "train-b", 0) == b"b"
+            elsewhere = ckptstore.subject("train-b", "h2", 0, "meta")
+            await other.nc.publish(elsewhere, b"{}")
+            await _settle(other)
+            assert other.refused(elsewhere)
         finally:
             await mine.nc.close()
             await other.nc.close()
@@ -164,9 +169,13 @@ def test_a_jobs_credentials_expire_and_a_host_cannot_mint_beyond_the_job_templat
         assert not await refused(forged(plain, host["job_key"]))
 
     asyncio.run(go())
+    # and the CLI says so in one line, not "no server"
+    expired = str(JobMinter(host["job_key"], host["account"], ttl_s=-5).write("x", tmp_path / "x.creds"))
+    code, out = run_cli({**secure.env("op-alice"), "XIRANG_CREDS": expired}, "jobs", "--nats", secure.url)
+    assert code != 0 and "refused the credentials" in out and "Traceback" not in out, out
 
 
-def test_notices_node_claims_and_a_new_hosts_jobs_follow_the_shipped_permissions(secure, tmp_path):
+def test_notices_node_claims_new_hosts_and_revocations_follow_the_shipped_permissions(secure, tmp_path):
     async def go():
         li = await _session(secure, secure.creds("client-vision-li"))
         kim = await _session(secure, secure.creds("client-safety-kim"))
@@ -220,3 +229,32 @@ def test_notices_node_claims_and_a_new_hosts_jobs_follow_the_shipped_permissions
     while not asyncio.run(connects(job)):
         assert time.monotonic() < deadline, "the reloaded server still refuses h2's jobs"
         time.sleep(0.2)
+
+    # a job resumed on the new host reads what it saved on h1, and writes under h2 only
+    on_h1 = str(JobMinter.from_creds(secure.creds("host-h1")).write("jx", tmp_path / "jx-h1.creds"))
+    on_h2 = str(JobMinter.from_creds(secure.creds("host-h2")).write("jx", tmp_path / "jx-h2.creds"))
+
+    async def move():
+        first, second = await _session(secure, on_h1), await _session(secure, on_h2)
+        try:
+            await ckptstore.put(first.js, "jx", "h1", 1, b"saved on h1")
+            assert await ckptstore.get(second.js, "jx", 1) == b"saved on h1"
+            await ckptstore.put(second.js, "jx", "h2", 2, b"saved on h2")
+            assert await ckptstore.get_located(first.js, "jx", 2) == ("h2", b"saved on h2")
+        finally:
+            await first.nc.close()
+            await second.nc.close()
+
+    asyncio.run(move())
+
+    # revoking a client and a host: after a reload their credentials, and the host's jobs',
+    # are refused; the others' still work
+    for user in ("client-safety-kim", "host-h2"):
+        assert xirang("nats", "revoke", user, "--dir", str(secure.conf_dir)).returncode == 0
+    os.kill(secure.procs[0].pid, signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while asyncio.run(connects(secure.creds("client-safety-kim"))):
+        assert time.monotonic() < deadline, "the reloaded server still takes a revoked user"
+        time.sleep(0.2)
+    assert not asyncio.run(connects(secure.creds("host-h2"))) and not asyncio.run(connects(on_h2))
+    assert asyncio.run(connects(secure.creds("client-vision-li"))) and asyncio.run(connects(on_h1))

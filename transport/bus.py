@@ -35,7 +35,7 @@ from core import load_snapshot, new_state, snapshot_bytes
 from core import types as T
 from core.replay import apply_record
 from core.identity import sender_tokens
-from trust.connect import connect_options
+from trust.connect import CredentialsRefused, connect_options, credentials_refused
 from . import checkpoints
 from core.state import DIGEST_SCHEMA, State
 from trust.signing import LogVerifier, sign_records
@@ -90,15 +90,23 @@ async def connect(url: str, name: str = "xirang", creds: str | None = None,
                   **kwargs) -> tuple[nats.NATS, object]:
     """Connect to one or several servers (comma separated), with the credentials in
     `creds` or $XIRANG_CREDS and TLS as trust/connect.py says."""
-    async def _quiet(_err):  # reconnect noise is handled by the callers' timeouts
-        return None
+    refused: list[BaseException] = []
+
+    async def _quiet(err):  # reconnect noise is handled by the callers' timeouts
+        if "authorization violation" in str(err).lower() or isinstance(err, nats.errors.AuthorizationError):
+            refused.append(err)
 
     options, identity = connect_options(url, creds)
     if identity:
         _IDENTITY["from_creds"] = identity
-    nc = await nats.connect(name=name, max_reconnect_attempts=kwargs.pop("reconnects", 60),
-                            reconnect_time_wait=kwargs.pop("reconnect_time_wait", 0.25), connect_timeout=5,
-                            error_cb=_quiet, **options, **kwargs)
+    try:
+        nc = await nats.connect(name=name, max_reconnect_attempts=kwargs.pop("reconnects", 60),
+                                reconnect_time_wait=kwargs.pop("reconnect_time_wait", 0.25), connect_timeout=5,
+                                error_cb=_quiet, **options, **kwargs)
+    except nats.errors.NoServersError as err:
+        if refused:  # the server answered, and said no: not an outage
+            raise CredentialsRefused(credentials_refused(creds)) from err
+        raise
     return nc, nc.jetstream(timeout=10)
 
 

@@ -25,6 +25,21 @@ TLS_CERT_ENV = "XIRANG_TLS_CERT"
 TLS_KEY_ENV = "XIRANG_TLS_KEY"
 
 
+class CredentialsRefused(ConnectionError):
+    """The NATS server answered and refused the credentials (expired, revoked, or not
+    signed by a key of the operator it trusts)."""
+
+
+def credentials_refused(creds: str | None = None) -> str:
+    """What to say when the server refuses the credentials, naming the file."""
+    path = creds or os.environ.get(CREDS_ENV) or "(none: $XIRANG_CREDS is not set)"
+    return (
+        f"the NATS server refused the credentials {path}: they are expired (a job's run credentials "
+        f"live --job-creds-ttl-s), not for this cluster's operator, or missing; get a creds file from "
+        f"`xirang nats add-user` and set XIRANG_CREDS"
+    )
+
+
 class UrlError(ValueError):
     """A NATS URL that cannot be used, with what to write instead."""
 

@@ -18,9 +18,9 @@ let it publish on, see core/identity.py):
 - host `<node>`: publishes its node's facts (`xr.in.host.<node>.>`), heartbeat and node
   claim, reads only its own decisions through its durable consumer `host-<node>`; holds
   the node's job signing key (in its creds file), a key scoped to the job template;
-- job (minted by its host for one run, expiring): its own checkpoints (`xr.ckpt.<job>.>`,
-  written and read by subject, direct get) and metrics (`xr.job.<job>.metrics`), its own
-  inbox; no input at all: its facts go through its run's outbox, which the host agent
+- job (minted by its host for one run, expiring): its own checkpoints, written only under
+  its node's subjects (`xr.ckpt.<job>.<node>.>`), read by direct get of `xr.ckpt.<job>.>`
+  (from whichever node wrote them), its metrics (`xr.job.<job>.metrics`), its own inbox; no input at all: its facts go through its run's outbox, which the host agent
   delivers after checking they are that job's own (agents/outbox.py);
 - client `<team>` `<user>`: submits, cancels, gives feedback as itself
   (`xr.in.client.<team>.<user>.>`), reads the log through its own consumers and only its
@@ -130,9 +130,10 @@ def inbox(name: str) -> str:
 # ---------------------------------------------------------------- permissions (templates)
 
 
-def role_permissions(role: str, roster: list[dict]) -> dict:
-    """What every user of `role` may do: the template of the role's scoped signing key.
-    `{{name()}}` and `{{tag(x)}}` are filled by the server from the user's JWT."""
+def role_permissions(role: str, roster: list[dict], node_name: str = "") -> dict:
+    """What every user of `role` may do: the template of the role's scoped signing key
+    (for `job`, the key of the host `node_name`). `{{name()}}` and `{{tag(x)}}` are filled
+    by the server from the user's JWT."""
     own_inbox = "_INBOX.{{name()}}.>"
     if role == "scheduler":
         return natsjwt.permissions(
@@ -167,10 +168,12 @@ def role_permissions(role: str, roster: list[dict]) -> dict:
             [own_inbox, "xr.hb.{{tag(node)}}", "xr.agent.claim.{{tag(node)}}"],
         )
     if role == "job":
-        job = "{{tag(job)}}"
+        # Writes only under its node's subjects (a host's key cannot mint a job that writes
+        # where another node's jobs do); reads its own job's, from whichever node wrote them.
+        job, node = "{{tag(job)}}", bus_node_token(node_name)
         return natsjwt.permissions(
             [
-                f"{CKPT_PREFIX}.{job}.>",
+                f"{CKPT_PREFIX}.{job}.{node}.>",
                 f"$JS.API.DIRECT.GET.{CKPT_STREAM}.{CKPT_PREFIX}.{job}.>",
                 f"xr.job.{job}.metrics",
             ],
@@ -245,7 +248,13 @@ class Authority:
     def roster(self) -> list[dict]:
         """The users added so far ([] before the first)."""
         path = self.dir / ROSTER_FILE
-        return json.loads(path.read_text()) if path.exists() else []
+        roster = json.loads(path.read_text()) if path.exists() else []
+        if any(e.get("role") not in ROLES or (e["role"] == "host" and "job_key" not in e) for e in roster):
+            raise RosterError(
+                f"{path} was written by an older xirang (static NKEY users): move it and creds/ away, "
+                f"then `xirang nats init` and add the users again"
+            )
+        return roster
 
     def init(self) -> Path:
         """Operator, system account and xirang account (with its role keys), once; then
@@ -263,13 +272,18 @@ class Authority:
             natsjwt.user_scope(self.public(f"role-{role}"), role, role_permissions(role, roster))
             for role in ROLES
         ]
-        job_template = role_permissions("job", roster)
         scopes += [
-            natsjwt.user_scope(e["job_key"], f"job@{e['names'][0]}", job_template)
+            natsjwt.user_scope(
+                e["job_key"], f"job@{e['names'][0]}", role_permissions("job", roster, e["names"][0])
+            )
             for e in roster
-            if e["role"] == "host"
+            if e["role"] == "host" and not e.get("revoked_at")
         ]
         claims = natsjwt.account_claims(ACCOUNT, self.public("account"), scopes, jetstream=True)
+        # Revoked users: the server refuses every JWT of theirs issued up to that second.
+        revoked = {e["nkey"]: e["revoked_at"] for e in roster if e.get("revoked_at")}
+        if revoked:
+            claims["nats"]["revocations"] = dict(sorted(revoked.items()))
         return natsjwt.encode(claims, self.seed("operator", "operator"))
 
     def write_accounts(self) -> Path:
@@ -320,7 +334,7 @@ class Authority:
             self.init()
         roster = self.roster()
         name = user_name(role, names)
-        if any(entry["name"] == name for entry in roster):
+        if any(entry["name"] == name and not entry.get("revoked_at") for entry in roster):
             raise RosterError(f"user {name} exists already in {self.dir / ROSTER_FILE}")
         user_seed = natsjwt.new_seed("user")
         entry = {"name": name, "role": role, "names": names, "nkey": natsjwt.public_key(user_seed)}
@@ -339,6 +353,21 @@ class Authority:
         if role == "host":
             self.write_accounts()
         return entry, creds_path
+
+    def revoke(self, name: str, now_s: int | None = None) -> dict:
+        """Revoke a user by name (e.g. `client-vision-li`, `host-gpu-1`): the account lists
+        its key as revoked (the server refuses its JWTs), a host's job signing key leaves the
+        account (its jobs' credentials stop too). accounts.conf is rewritten: reload."""
+        roster = self.roster()
+        live = [e for e in roster if e["name"] == name and not e.get("revoked_at")]
+        if not live:
+            known = ", ".join(sorted(e["name"] for e in roster if not e.get("revoked_at"))) or "none"
+            raise RosterError(f"no user {name} to revoke (users: {known})")
+        # The same second as its JWT's iat still counts as revoked (the server compares <=).
+        live[0]["revoked_at"] = int(time.time() if now_s is None else now_s)
+        (self.dir / ROSTER_FILE).write_text(json.dumps(roster, indent=1) + "\n")
+        self.write_accounts()
+        return live[0]
 
 
 def add_user(directory: str | os.PathLike, role: str, names: list[str]) -> tuple[dict, Path]:

@@ -35,7 +35,9 @@ def register(sub) -> None:
         "audited first), so a scheduler with a key can go on with it",
     )
     adopt.add_argument(
-        "--dir", default=".xirang/keys", help="where scheduler.key and scheduler.pub live (default .xirang/keys)"
+        "--dir",
+        default=".xirang/keys",
+        help="where scheduler.key and scheduler.pub live (default .xirang/keys)",
     )
     from xirang.cmd_data import add_source
 
@@ -49,7 +51,8 @@ def register(sub) -> None:
     nats_sub = nats_p.add_subparsers(dest="nats_command", metavar="ACTION")
     nats_sub.required = True
     init_p = nats_sub.add_parser(
-        "init", help="make the operator, the system and xirang accounts and their role keys; write accounts.conf"
+        "init",
+        help="make the operator, the system and xirang accounts and their role keys; write accounts.conf",
     )
     init_p.add_argument(
         "--dir",
@@ -59,7 +62,8 @@ def register(sub) -> None:
     init_p.add_argument("--json", action="store_true")
     init_p.set_defaults(func=cmd_nats_init)
     add = nats_sub.add_parser(
-        "add-user", help="add a user: scheduler | host NODE | client TEAM USER | op USER (jobs: by their host)"
+        "add-user",
+        help="add a user: scheduler | host NODE | client TEAM USER | op USER (jobs: by their host)",
     )
     add.add_argument("role", choices=["scheduler", "job", "host", "client", "op"])
     add.add_argument("names", nargs="*", help="host: NODE; client: TEAM USER; op: USER")
@@ -70,6 +74,15 @@ def register(sub) -> None:
     )
     add.add_argument("--json", action="store_true")
     add.set_defaults(func=cmd_nats_add_user)
+    revoke = nats_sub.add_parser(
+        "revoke", help="revoke a user (e.g. client-vision-li, host-gpu-1): its credentials stop working"
+    )
+    revoke.add_argument("user", help="the user's name, as add-user printed it")
+    revoke.add_argument(
+        "--dir", default="deploy/nats", help="the folder init and add-user used (default deploy/nats)"
+    )
+    revoke.add_argument("--json", action="store_true")
+    revoke.set_defaults(func=cmd_nats_revoke)
 
     tls = sub.add_parser("tls", help="a private CA and certificates for the NATS servers")
     tls_sub = tls.add_subparsers(dest="tls_command", metavar="ACTION")
@@ -137,7 +150,9 @@ def cmd_key_adopt(args) -> int:
     audit.finish()
     c = audit.state.canonical
     if audit.problem is not None:
-        raise UserError(f"the log does not verify, so it cannot be adopted: {audit.problem.words('position')}")
+        raise UserError(
+            f"the log does not verify, so it cannot be adopted: {audit.problem.words('position')}"
+        )
     if audit.signed_records:
         raise UserError("the log is signed already: adoption is for logs written before records were signed")
     if c.events_n == 0:
@@ -150,7 +165,12 @@ def cmd_key_adopt(args) -> int:
     keyring = Path(args.dir) / PUBLIC_FILE
     with open(keyring, "a") as fh:
         fh.write(f"{adopted.line()}  # records 1..{c.events_n}, audited ({audit.digests} state digests)\n")
-    out = {"adopted_records": c.events_n, "head_hash": c.chain, "key_id": adopted.key, "keyring": str(keyring)}
+    out = {
+        "adopted_records": c.events_n,
+        "head_hash": c.chain,
+        "key_id": adopted.key,
+        "keyring": str(keyring),
+    }
     if args.json:
         print(json.dumps(out, sort_keys=True))
     else:
@@ -188,11 +208,14 @@ def cmd_nats_add_user(args) -> int:
 
 def cmd_nats_init(args) -> int:
     """`xirang nats init`: the operator, accounts and role keys (kept if there), accounts.conf."""
-    from trust.natsauth import Authority
+    from trust.natsauth import Authority, RosterError
 
     authority = Authority(args.dir)
     fresh = not authority.initialised
-    accounts = authority.init()
+    try:
+        accounts = authority.init()
+    except RosterError as err:
+        raise UserError(str(err)) from err
     out = {
         "accounts_conf": str(accounts),
         "operator": authority.public("operator", "operator"),
@@ -237,4 +260,23 @@ def cmd_tls_init(args) -> int:
         print(f"CA {out['ca']} (clients: XIRANG_TLS_CA={out['ca']}; keep ca-key.pem offline)")
         for name, files in out["servers"].items():
             print(f"  {name}: {files['cert']} {files['key']}")
+    return 0
+
+
+def cmd_nats_revoke(args) -> int:
+    """`xirang nats revoke USER`: the account refuses the user's credentials from now on."""
+    from trust.natsauth import Authority, RosterError
+
+    try:
+        entry = Authority(args.dir).revoke(args.user)
+    except RosterError as err:
+        raise UserError(str(err)) from err
+    if args.json:
+        print(json.dumps({"user": entry["name"], "nkey": entry["nkey"], "revoked_at": entry["revoked_at"]}))
+    else:
+        print(
+            f"user {entry['name']} revoked"
+            + (" (and its node's job signing key)" if entry["role"] == "host" else "")
+            + f"; copy {args.dir}/accounts.conf to the servers and reload them (nats-server --signal reload)"
+        )
     return 0
