@@ -27,7 +27,7 @@ from .pricing import VictimCost, price_victims, pricing_for
 from .state import QUEUED, Job, Node, State
 from .types import Slot
 from .substitutes import substitute_penalty, substitutes
-from .victims import choose_victims
+from .victims import cannot_free_enough, choose_victims
 
 
 class Plan(msgspec.Struct, kw_only=True):
@@ -91,6 +91,9 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
                                 reclaim, own_only)
     if not eligible:
         return Decline(reason="user_preempting_limit" if own_only else "no_eligible_victims")
+    if not stand_ins and cannot_free_enough(state, job, scope.models, scope.nodes, eligible, guard,
+                                            p.victims_per_preemption_max):
+        return Decline(reason="no_victim_set_within_limits")  # whatever the prices: skip them
     curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
     natural_wait = natural_wait_ms(state, job, scope.nodes, curve)
     pricing = pricing_for(state, job, p, scope.runtime_ms, natural_wait)

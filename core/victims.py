@@ -158,3 +158,51 @@ def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int
             chosen.remove(unit)
             freed -= unit[2]
     return [unit[1] for unit in chosen]
+
+
+def cannot_free_enough(state: State, job: Job, models: list[str], nodes, eligible: list[Job], guard: Guard,
+                       cap: int) -> bool:
+    """Whether `choose_victims` is sure to find no set, whatever the victims' prices: on no
+    node (for a gang, no GPU model) could even the `cap` largest of the victims the guard
+    allows one at a time, and no more than each level's guaranteed share leaves, free the
+    GPUs the job lacks there. A plan that would end `no_victim_set_within_limits` then skips
+    pricing. (Only a necessary condition of a set: prices never make a set possible.)"""
+    allowed = [victim for victim in eligible if guard.allows({}, victim)]
+    if job.gpus <= node_size_max(models, state.index):
+        victim_nodes = dict.fromkeys(slot.node for victim in eligible for slot in victim.placement)
+        by_node: dict[str, list[tuple[int, Job]]] = {}
+        for victim in allowed:
+            for name in dict.fromkeys(slot.node for slot in victim.placement):
+                by_node.setdefault(name, []).append((len(gpus_on(victim, name)), victim))
+        for node in nodes:
+            if node.name not in victim_nodes or node.gpus < job.gpus:
+                continue
+            need = job.gpus - node_free_count(node)
+            if need <= 0 or _may_free(state, by_node.get(node.name, []), need, guard, cap):
+                return False
+        return True
+    for model in sorted(dict.fromkeys(node.gpu_model for node in nodes)):
+        of_model = {node.name: None for node in nodes if node.gpu_model == model}
+        need = job.gpus - sum(node_free_count(node) for node in nodes if node.name in of_model)
+        units = [(sum(len(slot.gpus) for slot in victim.placement if slot.node in of_model), victim)
+                 for victim in allowed]
+        if need <= 0 or _may_free(state, units, need, guard, cap):
+            return False
+    return True
+
+
+def _may_free(state: State, units: list[tuple[int, Job]], need: int, guard: Guard, cap: int) -> bool:
+    """Whether victims of `units` ((GPUs freed here, victim)) might free `need` GPUs: the
+    `cap` largest together, and each level's no more than its guaranteed share leaves."""
+    largest = sorted((gpus for gpus, _ in units), reverse=True)[:cap]
+    if sum(largest) < need:
+        return False
+    by_level: dict[int, int] = {}
+    for gpus, victim in units:
+        by_level[victim.level] = by_level.get(victim.level, 0) + gpus
+    level_gpus = state.index.level_gpus
+    bound = 0
+    for level in sorted(by_level):
+        floor = guard.level_floor[level]
+        bound += min(by_level[level], level_gpus[level] - floor) if floor else by_level[level]
+    return bound >= need
