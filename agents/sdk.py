@@ -63,6 +63,8 @@ CKPT_RETRY_FIRST_S = 1.0
 CKPT_RETRY_MAX_S = 30.0
 # How often the SDK looks whether its host renewed the run's NATS credentials.
 CREDS_CHECK_S = 1.0
+# A connection replaced by one with renewed credentials is drained this much later.
+RETIRE_S = 5.0
 
 
 def digest_of(data: bytes) -> str:
@@ -99,6 +101,7 @@ class Job:
         # Never gives up on the bus: the job runs on through an outage.
         self._creds_path = os.environ.get(CREDS_ENV, "")
         self._creds_seen = _mtime(self._creds_path)
+        self._retiring: set = set()
         self.nc, self.js = self._call(self._connect(), timeout_s=None)
         if self._creds_path:
             asyncio.run_coroutine_threadsafe(self._keep_credentials_fresh(), self._loop)
@@ -135,10 +138,18 @@ class Job:
                 print(f"xirang sdk: reconnecting with renewed credentials failed ({err!r})", file=sys.stderr)
                 continue
             self._creds_seen = seen
-            try:
-                await old.drain()
-            except Exception:  # noqa: BLE001 - already closed
-                pass
+            task = asyncio.get_running_loop().create_task(self._retire(old))
+            self._retiring.add(task)  # a task nobody holds may be collected before it ends
+            task.add_done_callback(self._retiring.discard)
+
+    @staticmethod
+    async def _retire(old) -> None:
+        """Let calls already under way on a replaced connection finish, then drain it."""
+        await asyncio.sleep(RETIRE_S)
+        try:
+            await old.drain()
+        except Exception:  # noqa: BLE001 - already closed (e.g. its credentials expired)
+            pass
 
     def _connected(self) -> bool:
         return bool(self.nc.is_connected)

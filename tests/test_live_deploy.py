@@ -151,7 +151,7 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
             "--public-key",
             str(tmp_path / "sched" / "keys" / "scheduler.pub"),
             "--job-creds-ttl-s",
-            "9",
+            "6",
         )
     )
     _wait(nats, lambda rs: matching(rs, T.NodeJoined, node="h1"), 20, "h1 joined")
@@ -198,7 +198,7 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     job = read_creds(environ["XIRANG_CREDS"])
     assert environ["XIRANG_CREDS"] == str(Path(run["dir"]) / "nats.creds") and "XR_CKPT_KEY" in environ
     assert job["claims"]["iss"] == natsjwt.public_key(host["job_key"]) and job["seed"] != host["seed"]
-    assert job["claims"]["exp"] - time.time() <= 9 and job["job_key"] is None
+    assert job["claims"]["exp"] - time.time() <= 6 and job["job_key"] is None
     assert "@" not in environ["XR_NATS_URL"] and "XIRANG_CKPT_SECRET_FILE" not in environ
     # ... and restores from it after an urgent job of safety:kim preempted it
     code, answer = run_cli(
@@ -230,6 +230,15 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     resumed_log = tmp_path / "host" / "hosts" / "h1" / "runs" / f"train-{resume.n}" / "output.log"
     lines = wait_metrics(resumed_log)
     assert lines[0]["step"] == resume.event.ckpt_step and lines[0].get("resumed") == 1, lines[:2]
+    # the resumed run outlives its first credentials (6 s) and still checkpoints: its host
+    # renews them and the SDK reconnects with the renewed ones
+    resumed_t = matching(records, T.JobRunning, job="train")[-1].event.t
+    _wait(
+        nats,
+        lambda rs: any(r.event.t >= resumed_t + 7_000 for r in matching(rs, T.CheckpointRecorded, job="train")),
+        40,
+        "a checkpoint after the first credentials expired",
+    )
 
     # another job's credentials cannot read train's checkpoints; train's can, and they are
     # sealed for train alone
