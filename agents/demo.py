@@ -4,7 +4,7 @@ An embedded nats-server, the scheduler and two simulated 8-GPU hosts of differen
 run as separate OS processes. Five teams fill the cluster with low-priority training jobs
 (real numpy training loops using the job SDK, plus one plain job without it); then a
 level-0 job needing all 8 H100s arrives and preempts the three jobs on the H100 host in one
-saga: they reach a safe point, checkpoint to the JetStream object store, release; the
+saga: they reach a safe point, checkpoint to JetStream (their own XR_CKPT subjects), release; the
 urgent job runs; the victims resume from their checkpoints and their loss carries on from
 where it was. The terminal shows the timeline as the log records it and ends with a
 summary. Every process it started is stopped by pid; the log is verified (hash chain and
