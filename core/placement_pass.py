@@ -47,7 +47,10 @@ def place_queued(ctx: Ctx) -> None:
     oldest starving job and the first jobs that do not fit get reservations (EASY backfill:
     later jobs may use reserved nodes only if expected to end before the holder starts)."""
     ix = ctx.state.index
-    if not ix.placement_dirty or not any(ix.free_by_model.values()):
+    if not ix.placement_dirty:
+        return
+    if not any(ix.free_by_model.values()):
+        _drain_for_the_urgent_head(ctx.state)
         return
     reserved = _serve_the_starving(ctx)
     ix.reserved_nodes = reserved
@@ -68,6 +71,26 @@ def place_queued(ctx: Ctx) -> None:
         elif reserves:
             placing.maybe_reserve(job)
     ix.placement_dirty = False
+
+
+def _drain_for_the_urgent_head(state: State) -> None:
+    """With no GPU free there is nothing to place, but the head of the serving order, when
+    it is urgent, still gets its head reservation (for a single-node gang, the node to
+    drain: core/drain.py): a full pool is just where every node mixes work it cannot
+    preempt with work it can, and without the hold what that work lets go is taken at once
+    by whatever queues behind. The other reservations stay as the last pass made them."""
+    c = state.canonical
+    ix = state.index
+    head = next((job_id for level in range(min(c.policy.urgent_levels, LEVELS))
+                 for job_id in serving_order(state, level)), None)
+    if head is None or c.policy.head_reservations_max <= 0:
+        return
+    # The head's own hold is made afresh (its last decision may have changed where it
+    # waits best); holds of jobs no longer queued are dropped.
+    reserved = {name: held for name, held in ix.reserved_nodes.items()
+                if held[1] != head and held[1] in c.jobs and c.jobs[held[1]].state == QUEUED}
+    _reserve(state, c.jobs[head], reserved)
+    ix.reserved_nodes = reserved
 
 
 def _placement_order(state: State) -> Iterator[tuple[str, bool]]:

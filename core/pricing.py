@@ -48,6 +48,10 @@ class Pricing(msgspec.Struct, frozen=True):
     # victim waits beyond that, the jobs it lets ahead (as urgent as it or more) gain.
     displaced_max_ms: int
     release_wait_max_ms: int = 0  # the preemptor's level's bound on a victim's release; 0: none
+    preemptor_level: int = 0  # a victim is never weighed at or above it (see `priced_level`)
+    # Per gang size, the GPUs queued jobs other than the preemptor ask for: a victim's GPUs
+    # the preemptor does not take go at once to those that fit in them (see `victim_cost`).
+    queued_by_size: dict[int, int] = {}
 
 
 def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
@@ -60,7 +64,7 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     t = state.canonical.t
     last = last_checkpoint(victim)
     since_ckpt = job_progress_ms(victim, t) - (last.progress_ms if last else 0)
-    weight = p.level_weight[priced_level(victim, t)]
+    weight = p.level_weight[priced_level(victim, t, pricing.preemptor_level)]
     wasted_weight = victim.gpus * max(weight, p.wasted_work_weight_min, pricing.wasted_weight_min)
     # Releasing from the last checkpoint (or scratch) is always possible; saving first, or
     # finishing the save under way, only if the preemptor's level waits long enough for it.
@@ -86,8 +90,15 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
             best = (key, wasted, lost, save, restore, ready, checkpoint_needed)
     _, wasted, lost, save, restore, ready, checkpoint_needed = best
     shared = min(victim.gpus, pricing.preemptor_gpus)
+    # The GPUs the preemptor does not take (a gang victim's rest) go at once to the queued
+    # jobs small enough for them, as far as those ask: the victim's wait there is their
+    # gain, GPU-time moved, not lost. Only those the queue leaves idle until the victim
+    # returns are charged its whole requeue wait. So a gang's displacement does not grow
+    # with the backlog while the urgent wait it blocks does.
+    rest = victim.gpus - shared
+    idle = max(0, rest - queued_fitting(pricing.queued_by_size, rest))
     displaced_gpu_ms = (shared * min(requeue_wait_ms, pricing.displaced_max_ms)
-                        + (victim.gpus - shared) * requeue_wait_ms)
+                        + idle * requeue_wait_ms)
     cost = wasted + weight * displaced_gpu_ms / 1000.0
     return VictimCost(
         job=victim.id, gpus=victim.gpus, lost_ms=lost, save_ms=save, restore_ms=restore,
@@ -115,6 +126,21 @@ def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> flo
     return pressure
 
 
+def queued_by_size(state: State, preemptor: Job) -> dict[int, int]:
+    """Per gang size, GPUs asked for by the queued jobs other than the preemptor."""
+    sizes = state.index.queued_gpus_by_size
+    if preemptor.state != QUEUED or preemptor.gpus not in sizes:
+        return sizes
+    sizes = dict(sizes)
+    sizes[preemptor.gpus] -= preemptor.gpus
+    return sizes
+
+
+def queued_fitting(sizes: dict[int, int], gpus: int) -> int:
+    """GPUs asked for by queued jobs whose gangs fit in `gpus`."""
+    return sum(asked for size, asked in sizes.items() if size <= gpus)
+
+
 def victim_safe_point_ms(victim: Job, learned_ms: int) -> int:
     """Notice to safe point for this victim: half its safe-point interval when known (it is
     somewhere inside an iteration), else what victims have been seen to take."""
@@ -123,12 +149,16 @@ def victim_safe_point_ms(victim: Job, learned_ms: int) -> int:
     return learned_ms
 
 
-def priced_level(victim: Job, t: int) -> int:
+def priced_level(victim: Job, t: int, preemptor_level: int = 0) -> int:
     """The level a victim's losses are weighed at: its own, raised by its recovery boost
     while its restart protection lasts (a job preempted lately is dearer to preempt again,
-    even by the urgent levels its protection does not cover)."""
+    even by the urgent levels its protection does not cover), but never to the
+    preemptor's level or above: the preemptor's level has the right to preempt it, and a
+    victim weighed as urgent as the preemptor could never be worth displacing (its
+    displacement would outweigh the very wait it saves), which would turn "dearer" into
+    "protected" against the levels the protection does not cover."""
     if victim.protected_until_t > t and victim.boost:
-        return max(0, victim.level - victim.boost)
+        return min(victim.level, max(preemptor_level + 1, victim.level - victim.boost))
     return victim.level
 
 
@@ -151,25 +181,33 @@ def pricing_for(state: State, job: Job, p: Policy, runtime_ms: int, natural_wait
         wasted_weight_min=queue_pressure(state, p, job),
         waiting_weight=p.level_weight[job.level] * job.gpus / 1000.0, preemptor_gpus=job.gpus,
         safe_point_ms=safe_point, displaced_max_ms=min(runtime_ms, max(0, natural_wait - safe_point)),
-        release_wait_max_ms=p.release_wait_max_ms[job.level])
+        release_wait_max_ms=p.release_wait_max_ms[job.level], preemptor_level=job.level,
+        queued_by_size=queued_by_size(state, job))
 
 
 def price_victims(state: State, job: Job, eligible: list[Job], p: Policy, pricing: Pricing,
                   curve: ReleaseCurve, fit: RequeueFit | None) -> dict[str, VictimCost]:
     """Each eligible victim's cost. Its requeue wait is the later of two: the queue's view
     (the release curve of the preemptor's nodes, after the GPUs queued at its requeue level
-    or more urgent and the GPUs the preemptor takes) and where it can really run again
+    or more urgent and the GPUs the preemptor takes: its own GPUs come back to the pool
+    with the preemption, so it needs no release for them; none when no job is queued ahead
+    of it) and where it can really run again
     (`fit`: per node, or per gang). A reclaim (`fit` None) charges no displacement."""
-    queue_waits: dict[tuple[int, int], int] = {}
+    queue_waits: dict[int, int] = {}  # per requeue level
     costs: dict[str, VictimCost] = {}
     for victim in eligible:
         if fit is None:
             wait = 0
         else:
-            key = (requeue_level(state, victim), victim.gpus)
-            if key not in queue_waits:
-                queue_waits[key] = curve.wait_for(queued_ahead(state, job, key[0]) + job.gpus + victim.gpus)
-            fits_at = fit.wait_ms(victim, at_least_ms=queue_waits[key])
-            wait = queue_waits[key] if fits_at is None else fits_at
+            level = requeue_level(state, victim)
+            if level not in queue_waits:
+                # The preemption frees the victim's own GPUs: what it asks for itself is
+                # back in the pool at once, so the releases must cover only the jobs queued
+                # ahead of it and the GPUs the preemptor takes. With no job ahead, where it
+                # fits again after the preemptor's take is `fit`'s to say.
+                ahead = queued_ahead(state, job, level)
+                queue_waits[level] = curve.wait_for(ahead + job.gpus) if ahead else 0
+            fits_at = fit.wait_ms(victim, at_least_ms=queue_waits[level])
+            wait = queue_waits[level] if fits_at is None else fits_at
         costs[victim.id] = victim_cost(state, victim, wait, p, pricing)
     return costs

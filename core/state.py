@@ -220,6 +220,8 @@ class Index:
         self.level_team_gpus: list[dict[str, int]] = [{} for _ in range(LEVELS)]
         # GPUs asked for by queued jobs, per base level (what aging does not change)
         self.queued_gpus_base: list[int] = [0] * LEVELS
+        # gang size -> GPUs asked for by queued jobs of that size (who could use n GPUs)
+        self.queued_gpus_by_size: dict[int, int] = {}
         # Queued jobs that entered below their requested level (a team downgrade)
         self.downgraded_queued: dict[str, None] = {}
         # level -> {job id: None} of jobs holding GPUs, to find preemption victims by level
@@ -335,6 +337,7 @@ def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     ix.queued_count[job.eff_level] += 1
     ix.queued_gpus[job.eff_level] += job.gpus
     ix.queued_gpus_base[job.level] += job.gpus
+    ix.queued_gpus_by_size[job.gpus] = ix.queued_gpus_by_size.get(job.gpus, 0) + job.gpus
     if job.level > job.requested_level:
         ix.downgraded_queued[job.id] = None
     ix.team_queued_gpus[job.team] = ix.team_queued_gpus.get(job.team, 0) + job.gpus
@@ -357,6 +360,9 @@ def queue_remove(ix: Index, job: Job) -> None:
     ix.queued_count[job.eff_level] -= 1
     ix.queued_gpus[job.eff_level] -= job.gpus
     ix.queued_gpus_base[job.level] -= job.gpus
+    ix.queued_gpus_by_size[job.gpus] -= job.gpus
+    if not ix.queued_gpus_by_size[job.gpus]:
+        del ix.queued_gpus_by_size[job.gpus]
     ix.downgraded_queued.pop(job.id, None)
     ix.team_queued_gpus[job.team] -= job.gpus
     if ix.team_queued_gpus[job.team] == 0:

@@ -520,3 +520,68 @@ def run_weight_ratio() -> float:
 
     p = Policy()
     return p.level_weight[1] / p.wasted_work_weight_min
+
+
+def test_a_recently_preempted_victim_is_weighed_below_its_preemptors_level_never_at_it():
+    """A level-4 job preempted once with a boost of 3 restarts, protected, weighed at its
+    boosted level. A second level-1 job may still take it: weighed at level 1 it would cost
+    as much as the very wait the preemption saves, and "dearer" would become "protected"
+    against a level the protection does not cover; it is weighed at level 2 at most."""
+    run = Run(requeue_boost_per_preemption=3, requeue_boost_max=3, min_run_after_restart_ms=HOUR)
+    run.at(0, node("a1"))
+    run.at(1000, submit("victim", 4, 8, team="search", user="li", est_runtime_s=100 * 3600, ckpt_interval_s=0))
+    start_all(run, 1000)
+    _victim_preempted(run, HOUR + 1000, "p1", HOUR)
+    run.at(HOUR + 20 * MIN, T.Finished(job="p1", ok=True))
+    start_all(run, HOUR + 21 * MIN)
+    victim = run.job("victim")
+    assert victim.state == "running" and victim.boost == 3 and victim.protected_until_t > HOUR + 30 * MIN
+    plans = of(run.at(HOUR + 30 * MIN, submit("p2", 1, 8, team="safety", user="p2", est_runtime_s=3 * HOUR)),
+               T.PreemptionPlanned)
+    assert [p.victims for p in plans] == [["victim"]]
+    from core.pricing import priced_level
+
+    assert priced_level(victim, HOUR + 30 * MIN, preemptor_level=1) == 2
+    assert priced_level(victim, HOUR + 30 * MIN, preemptor_level=0) == 1
+
+
+def _gang_under_backlog(backlog: int) -> list:
+    """A level-4 gang holds both nodes (16 GPUs, 20 h to go, checkpointed just now); `backlog`
+    one-GPU level-3 jobs queue behind it; then a one-GPU level-1 job arrives."""
+    run = Run()
+    run.at(0, node("a1"), node("a2"))
+    run.at(1000, submit("gang", 4, 16, team="train", user="g", est_runtime_s=20 * 3600))
+    start_all(run, 2000)
+    fresh_checkpoint(run, 10 * MIN, "gang")
+    run.at(10 * MIN + 500, *[submit(f"q{i}", 3, 1, team="q", user=f"q{i}", est_runtime_s=4 * 3600)
+                             for i in range(backlog)])
+    return of(run.at(10 * MIN + 1000, submit("fix", 1, 1, team="sre", user="o", est_runtime_s=1800)),
+              T.PreemptionPlanned)
+
+
+def test_a_gangs_gpus_the_preemptor_does_not_take_are_charged_only_where_the_queue_leaves_them_idle():
+    """A one-GPU urgent job can only free a GPU by preempting a 16-GPU gang. The gang's 15
+    other GPUs go to the queued jobs at once: its wait there is their gain, not a loss. A
+    backlog that makes the gang's requeue wait long therefore does not make it dearer: the
+    verdict for the urgent job does not flip with load."""
+    quiet, loaded = _gang_under_backlog(0), _gang_under_backlog(40)
+    assert [p.victims for p in quiet] == [["gang"]]
+    assert [p.victims for p in loaded] == [["gang"]]
+    assert loaded[0].cost <= quiet[0].cost
+
+
+def test_a_victims_requeue_wait_counts_no_release_for_its_own_gpus():
+    """One node, a level-6 job on its 8 GPUs with 20 h to go, a one-GPU level-1 job of 30
+    min: with nobody queued ahead, the victim runs again when the preemptor ends (its GPUs
+    come back to the pool with the preemption; it waits for no release of its own), so
+    its displacement, 7 of its GPUs idle meanwhile, is priced at about 30 min, not 20 h."""
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("victim", 6, 8, team="v", user="v", est_runtime_s=20 * 3600))
+    start_all(run, 2000)
+    fresh_checkpoint(run, 10 * MIN, "victim")
+    plans = of(run.at(10 * MIN + 1000, submit("fix", 1, 1, team="s", user="s", est_runtime_s=1800)),
+               T.PreemptionPlanned)
+    assert [p.victims for p in plans] == [["victim"]]
+    p = run.state.canonical.policy
+    assert plans[0].cost < p.level_weight[6] * 8 * 2 * 1800  # well under 20 h of displacement

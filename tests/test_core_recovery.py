@@ -2,7 +2,7 @@
 
 from core import types as T
 
-from scenario import HOUR, MIN, Run, node, of, start_all, submit
+from scenario import HOUR, MIN, Run, node, of, start_all, submit, tick
 
 
 def preempted_once(run: Run, t: int, preemptor: str, checkpoints: list[tuple[int, str]]) -> None:
@@ -51,8 +51,11 @@ def test_a_restarted_victim_is_protected_for_its_minimum_run_time():
     protected = run.at(restarted_t + 5 * MIN, submit("second", 1, 8, team="safety", user="s2"))
     assert not of(protected, T.PreemptionPlanned)
     min_run = run.state.canonical.policy.min_run_after_restart_ms
+    # Past the protection the first in line (level 1 is first come first served) preempts
+    # on the next pass.
     later = run.at(restarted_t + min_run + 1, submit("third", 1, 8, team="safety", user="s3"))
-    assert of(later, T.PreemptionPlanned)
+    later += run.at(restarted_t + min_run + 5000, tick(restarted_t + min_run + 5000))
+    assert [(p.preemptor, p.victims) for p in of(later, T.PreemptionPlanned)] == [("second", ["victim"])]
 
 
 def test_compensation_is_granted_past_the_preemption_threshold():
