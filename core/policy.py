@@ -167,6 +167,11 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     team_downgrade_ms: int = 1800 * 1000  # or until the team is back within its quota
     downgrade_levels: int = 2
     downgrade_applies_below_level: int = 3  # jobs submitted at levels < this are downgraded
+    # An operator's opt-in (0: off, the model's rule): a downgraded job gets its requested
+    # level back once it has waited this long, even while its team's quota has not yet
+    # recovered. It bounds what the downgrade costs one urgent job, at the price of the
+    # limit: a team past it still gets its urgent jobs through after this wait.
+    downgraded_wait_max_ms: int = 0
     user_preempted_max: int = 4
     user_preempting_max: int = 4
 

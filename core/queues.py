@@ -60,8 +60,9 @@ def age_queued(ctx: Ctx) -> None:
 
 def restore_levels(ctx: Ctx) -> None:
     """Queued jobs that entered below their requested level under a team downgrade go back
-    to it once the team's preemption quota has recovered: a downgrade bounds a team's
-    preempting; it does not keep an urgent job waiting longer than the downgrade lasts."""
+    to it once the team's preemption quota has recovered (or, with the operator's opt-in
+    `downgraded_wait_max_ms`, once the job has waited that long): a downgrade bounds a
+    team's preempting; it does not keep an urgent job waiting longer than it lasts."""
     ix = ctx.state.index
     if not ix.downgraded_queued:
         return
@@ -69,15 +70,24 @@ def restore_levels(ctx: Ctx) -> None:
     t = ctx.inp.t
     for job_id in sorted(ix.downgraded_queued):
         job = c.jobs[job_id]
-        if c.team_downgraded_until.get(job.team, 0) <= t:
+        if downgrade_ends_t(ctx.state, job) <= t:
             ctx.emit(T.JobLevelRestored(t=t, job=job_id, level=job.requested_level,
                                         waited_ms=t - job.queued_since_t))
+
+
+def downgrade_ends_t(state: State, job) -> int:
+    """When a downgraded queued job gets its requested level back: when its team's quota
+    recovers, or after `downgraded_wait_max_ms` of waiting when the policy bounds it."""
+    c = state.canonical
+    ends = c.team_downgraded_until.get(job.team, 0)
+    bound = c.policy.downgraded_wait_max_ms
+    return min(ends, job.queued_since_t + bound) if bound else ends
 
 
 def downgrades_end_t(state: State) -> int | None:
     """When the first downgrade holding a queued job's level down ends, if any does."""
     c = state.canonical
-    ends = [c.team_downgraded_until.get(c.jobs[job_id].team, 0) for job_id in state.index.downgraded_queued]
+    ends = [downgrade_ends_t(state, c.jobs[job_id]) for job_id in state.index.downgraded_queued]
     return min(ends) if ends else None
 
 

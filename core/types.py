@@ -466,7 +466,8 @@ class TeamDowngraded(_Event, tag="TeamDowngraded"):
 
 class JobLevelRestored(_Event, tag="JobLevelRestored"):
     """A queued job entered below its requested level under a team downgrade; the team's
-    preemption quota has recovered, so it goes back to the level it asked for."""
+    preemption quota has recovered (or the job has waited the policy's
+    `downgraded_wait_max_ms`), so it goes back to the level it asked for."""
 
     job: str
     level: int

@@ -189,10 +189,10 @@ def test_a_log_written_before_own_work_went_uncounted_folds_as_it_was_written():
     assert len(old_style.canonical.team_windows["prod"].preempted) == 2
 
 
-def prod_preempted_twice() -> Run:
+def prod_preempted_twice(**params) -> Run:
     """Team prod passes an allowance of two preemptions an hour."""
     run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
-              user_preempted_max=100)
+              user_preempted_max=100, **params)
     fill_nodes(run, 3)
     preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
     preempt_cycle(run, 21 * MIN, "p2", "prod", "b")
@@ -581,3 +581,21 @@ def test_a_downgrade_lasts_until_the_teams_preemption_quota_recovers():
     assert run.job("p4").level == 1 and run.job("p4").eff_level <= 1
     after = of(run.at(until + 1000, submit("p5", 1, 8, team="prod", user="e")), T.JobSubmitted)[0]
     assert after.level == 1
+
+
+def test_an_operator_may_bound_the_wait_of_a_downgraded_urgent_job():
+    """With `downgraded_wait_max_ms` (an opt-in; off, a downgraded job waits for its team's
+    quota), a job queued downgraded gets its level back once it has waited that long, while
+    the team stays downgraded for the jobs it submits next."""
+    run = prod_preempted_twice(downgraded_wait_max_ms=5 * MIN)
+    until = run.events(T.TeamDowngraded)[0].until_t
+    run.at(23 * MIN, T.Cancel(job="p1"), T.Cancel(job="p2"))
+    run.at(24 * MIN, node("h9", "H100"), T.NodeDown(node="h9"))
+    during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])),
+                T.JobSubmitted)[0]
+    assert (during.requested_level, during.level) == (1, 3)
+    assert not of(run.at(29 * MIN - 1000, tick(29 * MIN - 1000)), T.JobLevelRestored)
+    restored = of(run.at(29 * MIN, tick(29 * MIN)), T.JobLevelRestored)
+    assert [(e.job, e.level, e.waited_ms) for e in restored] == [("p4", 1, 5 * MIN)]
+    later = of(run.at(30 * MIN, submit("p5", 1, 8, team="prod", user="e")), T.JobSubmitted)[0]
+    assert 30 * MIN < until and later.level == 3  # the team is still downgraded
