@@ -74,15 +74,16 @@ def place_queued(ctx: Ctx) -> None:
 
 
 def _drain_for_the_urgent_head(state: State) -> None:
-    """With no GPU free there is nothing to place, but the head of the serving order, when
-    it is urgent, still gets its head reservation (for a single-node gang, the node to
-    drain: core/drain.py): a full pool is just where every node mixes work it cannot
-    preempt with work it can, and without the hold what that work lets go is taken at once
-    by whatever queues behind. The other reservations stay as the last pass made them."""
+    """With no GPU free there is nothing to place, but the first urgent gang in serving
+    order still gets its hold (the node to drain: core/drain.py): a full pool is just where
+    every node mixes work it cannot preempt with work it can, and without the hold what
+    that work lets go is taken at once by whatever queues behind. A one-GPU job needs no
+    drained node (any one victim frees it a GPU). The other reservations stay as the last
+    pass made them."""
     c = state.canonical
     ix = state.index
     head = next((job_id for level in range(min(c.policy.urgent_levels, LEVELS))
-                 for job_id in serving_order(state, level)), None)
+                 for job_id in serving_order(state, level) if c.jobs[job_id].gpus > 1), None)
     if head is None or c.policy.head_reservations_max <= 0:
         return
     # The head's own hold is made afresh (its last decision may have changed where it
