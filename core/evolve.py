@@ -14,7 +14,7 @@ from .policy import with_params
 from .state import (
     FINISHED, HELD, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING,
     Checkpoint, Job, Ledger, LevelWait, Node, Saga, State, Window, Estimate,
-    forget_node, forget_releases, forget_remaining, hold_add, hold_remove, job_progress_ms, queue_add,
+    forget_node, forget_release_lists, forget_releases, forget_remaining, hold_add, hold_remove, job_progress_ms, queue_add,
     queue_remove, set_holder, touch_job, _index_node_capacity, node_free_count, rebuild_index,
 )
 
@@ -172,7 +172,9 @@ def _job_ended(s: State, ev: T.JobFinished | T.JobFailed | T.JobCancelled) -> No
 def _learn_runtime(s: State, job: Job, run_ms: int) -> None:
     key = f"{job.team}/{job.kind}"
     s.canonical.estimates[key] = _with_sample(s.canonical.estimates.get(key) or Estimate(), run_ms)
-    forget_remaining(s.index)
+    # The jobs of this team and kind expect other runtimes now: their memoised release
+    # specs see the new estimate (core.forecast.release_spec); the release lists go.
+    forget_release_lists(s.index)
 
 
 def _with_sample(est: Estimate, value_ms: int) -> Estimate:

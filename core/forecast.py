@@ -149,28 +149,31 @@ def node_releases_at(state: State) -> None:
 def remaining_or_runtime(state: State, job_id: str) -> int:
     """Until a holding job releases its GPUs: its remaining time when running, else its
     whole expected runtime. Its `release_spec` is memoised in the index until an event
-    touches the job (or the estimates or the policy change)."""
+    touches the job, its team and kind's learned runtime changes, or the policy changes."""
     spec = state.index.remaining_memo.get(job_id)
-    if spec is None:
+    if spec is None or state.canonical.estimates.get(spec[4]) is not spec[5]:
         spec = state.index.remaining_memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
     return remaining_at(spec, state.canonical.t)
 
 
-def release_spec(state: State, job: Job) -> tuple[int, int, int, int]:
-    """`remaining_or_runtime` as a function of the time, (fixed, total, done, since): `fixed`
-    when the value does not move (>= 0), else a running job's expected total and its
-    progress `done` at `since`, from which it progresses at the clock's pace."""
+def release_spec(state: State, job: Job) -> tuple:
+    """`remaining_or_runtime` as a function of the time, (fixed, total, done, since, key,
+    estimate): `fixed` when the value does not move (>= 0), else a running job's expected
+    total and its progress `done` at `since`, from which it progresses at the clock's pace;
+    and the learned estimate it used (valid while `estimates[key]` is that same one)."""
+    key = f"{job.team}/{job.kind}"
+    estimate = state.canonical.estimates.get(key)
     total = expected_runtime_ms(state, job)
     if job.state != RUNNING:
-        return (total, 0, 0, 0)
+        return (total, 0, 0, 0, key, estimate)
     if job.run_started_t == 0 or job.frozen_t:
-        return (remaining_ms(state, job), 0, 0, 0)
-    return (-1, total, job.progress_ms, job.run_started_t)
+        return (remaining_ms(state, job), 0, 0, 0, key, estimate)
+    return (-1, total, job.progress_ms, job.run_started_t, key, estimate)
 
 
-def remaining_at(spec: tuple[int, int, int, int], t: int) -> int:
+def remaining_at(spec: tuple, t: int) -> int:
     """The value of a `release_spec` at time `t` (as `remaining_ms` computes it)."""
-    fixed, total, done, since = spec
+    fixed, total, done, since = spec[:4]
     if fixed >= 0:
         return fixed
     done += max(0, t - since)
@@ -196,12 +199,17 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
             holders = ix.node_holders[node.name] = [
                 (j, len(gpus_on(jobs[j], node.name))) for j in ix.jobs_by_node.get(node.name, {})]
         memo = ix.remaining_memo
+        estimates = state.canonical.estimates
         releases = []
         for job_id, gpus in holders:
             spec = memo.get(job_id)
-            if spec is None:
+            if spec is None or estimates.get(spec[4]) is not spec[5]:
                 spec = memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
-            releases.append((remaining_at(spec, t), gpus))
+            fixed, total, done, since = spec[:4]
+            if fixed < 0:  # as remaining_at
+                done += max(0, t - since)
+                fixed = total - done if done < total else max(done - total, total // LINDY_FLOOR_FRACTION, 1)
+            releases.append((fixed, gpus))
         releases.sort()
         ix.node_releases[node.name] = releases
     return releases

@@ -182,7 +182,8 @@ class _PlacementPass:
         self.starts_by_node = _starts_by_node(reserved)
         self.heads_left = self.state.canonical.policy.head_reservations_max
         self.attempts_left = self.backfill_left = self.state.canonical.policy.scan_jobs_max
-        self.models_of: dict[tuple[str, ...], list[str]] = {}
+        # Per job's model list: the models it accepts and their largest node.
+        self.models_of: dict[tuple[str, ...], tuple[list[str], int]] = {}
         self.blocked: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
         self.free_open = sum(self.state.index.free_by_model.values())
         self.free_unheld = self.free_open - _free_on(self.state.canonical, reserved)
@@ -207,10 +208,12 @@ class _PlacementPass:
         state = self.state
         ix = state.index
         key = tuple(job.gpu_models)
-        models = self.models_of.get(key)
-        if models is None:
-            models = self.models_of[key] = acceptable_models(job.gpu_models, ix)
-        shape = (key, job.gpus > node_size_max(models, ix))
+        known = self.models_of.get(key)
+        if known is None:
+            models = acceptable_models(job.gpu_models, ix)
+            known = self.models_of[key] = (models, node_size_max(models, ix))
+        models, size_max = known
+        shape = (key, job.gpus > size_max)
         ends_t = self.t + expected_runtime_ms(state, job)
         if free_gpus(models, ix) < job.gpus or any(
                 g <= job.gpus and e <= ends_t for g, e in self.blocked.get(shape, ())):

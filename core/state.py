@@ -243,9 +243,9 @@ class Index:
         # (`jobs_hash_total`), so a job touched many times between digests is hashed once.
         self.hashes_stale: dict[str, None] = {}
         # Per holding job, how long until it releases its GPUs as a function of the time
-        # (`core.forecast.release_spec`): dropped whenever an event touches the job, all of
-        # them when the learned estimates or the policy change.
-        self.remaining_memo: dict[str, tuple[int, int, int, int]] = {}
+        # (`core.forecast.release_spec`, which names the learned estimate it used): dropped
+        # whenever an event touches the job, all of them when the policy changes.
+        self.remaining_memo: dict[str, tuple] = {}
         # Per node, [(job id, GPUs there)] of the jobs holding GPUs on it: dropped when a job
         # joins or leaves the node or an event touches one of its jobs.
         self.node_holders: dict[str, list[tuple[str, int]]] = {}
@@ -565,6 +565,13 @@ def forget_node(ix: Index, node_name: str) -> None:
     """Drop what is memoised about a node's releases (its jobs or GPUs changed)."""
     ix.node_releases.pop(node_name, None)
     ix.node_holders.pop(node_name, None)
+    ix.releases_gen += 1
+
+
+def forget_release_lists(ix: Index) -> None:
+    """Drop every memoised release list (a learned runtime changed; the jobs' release specs
+    check their estimate themselves)."""
+    ix.node_releases.clear()
     ix.releases_gen += 1
 
 
