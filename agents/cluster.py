@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from .jobuser import JOB_USER_ENV, own_user_name
+
 
 def stop_children(children: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
     """Stop the processes this process started: SIGTERM each, SIGKILL any still there after `timeout_s`."""
@@ -56,6 +58,9 @@ def start_cluster(url: str, data_dir, hosts: int, specs: list[str], policy: str 
 
 def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
     out = open(log_path, "ab")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    # A local cluster's simulated hosts run their (example) jobs as the user who started it,
+    # as before, whatever that user is (its folders may not be reachable by `nobody`).
+    env = {**os.environ, JOB_USER_ENV: os.environ.get(JOB_USER_ENV) or own_user_name()}
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     out.close()
     return proc

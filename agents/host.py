@@ -47,6 +47,7 @@ from . import ckptfile
 from transport import bus
 from transport.locks import AlreadyRunning, InstanceLock
 from .gpus import Inventory
+from .jobuser import JobUser, JobUserError, own_user_name, probe, warn_shared
 from .outbox import Outbox
 
 log = logging.getLogger("xirang.host")
@@ -112,8 +113,14 @@ class HostAgent:
     def __init__(self, url: str, node: str, inventory: Inventory, state_dir: str | os.PathLike,
                  grace_s: float = 10.0, default_command: list[str] | None = None,
                  keyring_path: str | os.PathLike | None = None,
-                 job_minter: JobMinter | None = None, ckpt_secret: bytes | None = None) -> None:
+                 job_minter: JobMinter | None = None, ckpt_secret: bytes | None = None,
+                 job_user: JobUser | None = None) -> None:
         self.url = url
+        # Who the jobs run as (None: the agent's own user). With another user, whatever the
+        # agent writes is its own only (umask 077); the runs' folders are handed to the user.
+        self.job_user = job_user
+        if job_user is not None:
+            os.umask(0o077)
         # The hosts' shared secret from which each job's checkpoint key is derived.
         self.ckpt_secret = ckpt_secret
         # Mints each run's own short-lived NATS user (trust/natsauth.JobMinter, with this
@@ -146,6 +153,7 @@ class HostAgent:
 
     def _load(self) -> None:
         self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_down_state()
         acted = self.dir / "acted.json"
         if acted.exists():
             self.acted = msgspec.json.decode(acted.read_bytes(), type=Acted)
@@ -156,6 +164,20 @@ class HostAgent:
         for folder in list(self.outbox.job_folders):
             if all(Path(run.dir) / "outbox" != folder for run in self.runs.values()):
                 self.outbox.retire(folder)
+
+    def _lock_down_state(self) -> None:
+        """The agent's state is its own: with jobs under another user, its folder and the runs
+        folder are search-only for others (a job reaches its own run folder by name, lists
+        nothing), its outbox 0700 and its files 0600 (also those an older agent left)."""
+        if self.job_user is None:
+            return
+        os.chmod(self.dir.parent, 0o711)  # the hosts folder (shared by nodes' agents)
+        for folder in (self.dir, self.runs_dir):
+            os.chmod(folder, 0o711)
+            for entry in folder.iterdir():
+                if entry.is_file() and not entry.is_symlink():
+                    os.chmod(entry, 0o600)
+        os.chmod(self.outbox.folder, 0o700)
 
     def _save_acted(self) -> None:
         _write_atomic(self.dir / "acted.json", msgspec.json.encode(self.acted))
@@ -188,6 +210,13 @@ class HostAgent:
 
     async def _run(self) -> None:
         self._load()
+        if self.job_user is None:
+            warn_shared(own_user_name())
+        else:
+            problem = probe(self.job_user, self.runs_dir, os.getcwd())
+            if problem:
+                raise JobUserError(problem)
+            log.info("host %s: jobs run as %s (uid %d)", self.node, self.job_user.name, self.job_user.uid)
         self._outbox_wake = asyncio.Event()
         self._caught_up = asyncio.Event()
         # Outages are waited out: the client reconnects forever, jobs keep running, facts
@@ -234,7 +263,7 @@ class HostAgent:
             if run.primary and (Path(run.dir) / SDK_MARKER).exists():
                 notice = {"saga": f"drain-{run.n}", "deadline_t": deadline_ms, "checkpoint_needed": True,
                           "drain": True}
-                _write_atomic(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
+                self._write_notice(run, notice)
                 _signal_group(run.pid, signal.SIGUSR1)
                 # SIGKILL (by the monitor) if it has not exited by the notice's deadline.
                 run.term_sent_t = time.time() + sdk_grace_s - self.grace_s
@@ -447,6 +476,7 @@ class HostAgent:
         run_dir = self.runs_dir / f"{_safe(ev.job)}-{n}"
         adopted = find_marked_process(marker, str(run_dir))
         run_dir.mkdir(parents=True, exist_ok=True)
+        self._hand_over(run_dir)
         run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume,
                   started_t=time.time())
         if adopted:
@@ -462,6 +492,15 @@ class HostAgent:
             # the checkpoint's digest (a bad one must be reported before it starts).
             await self._report(T.Started(job=ev.job, attempt=n), f"{marker}:started")
 
+    def _hand_over(self, path: Path) -> None:
+        """Give the job user what its job must read or write (its run folder and files in it)."""
+        if self.job_user is not None:
+            self.job_user.own(path)
+
+    def _write_notice(self, run: Run, notice: dict) -> None:
+        _write_atomic(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
+        self._hand_over(Path(run.dir) / NOTICE_FILE)
+
     def _spawn(self, run: Run, marker: str, gpus: list[int], ev) -> int:
         command = list(ev.command) or list(self.default_command)
         # A job never inherits the host's secrets: not its NATS credentials, not any key.
@@ -469,10 +508,15 @@ class HostAgent:
         if self.job_minter is not None:
             # In the run's private folder (0600), never on its command line.
             env[CREDS_ENV] = str(self.job_minter.write(ev.job, Path(run.dir) / JOB_CREDS_FILE))
+            self._hand_over(Path(env[CREDS_ENV]))
         if self.ckpt_secret:
             env[ckptfile.KEY_ENV] = ckptfile.job_key(self.ckpt_secret, ev.job).hex()
         # `python` in a job's command means the interpreter (and venv) the agent runs in.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        if self.job_user is not None:
+            env.update(HOME=run.dir, USER=self.job_user.name, LOGNAME=self.job_user.name)
+        outbox = self.outbox.watch_job(Path(run.dir) / "outbox", ev.job)
+        self._hand_over(outbox)
         env.update({
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
             MARKER_ENV: marker,
@@ -480,19 +524,22 @@ class HostAgent:
             "XR_NODE": self.node,
             "XR_NATS_URL": self.url,
             "XR_JOB_DIR": run.dir,
-            "XR_OUTBOX": str(self.outbox.watch_job(Path(run.dir) / "outbox", ev.job)),
+            "XR_OUTBOX": str(outbox),
             "XR_PRIMARY": "1" if run.primary else "0",
             "XR_REPORT_STARTED": "1" if run.resume and run.primary else "0",
             "XR_RESUME_STEP": str(getattr(ev, "ckpt_step", 0) or 0),
             "XR_RESUME_DIGEST": getattr(ev, "ckpt_digest", "") or "",
         })
         out = open(Path(run.dir) / "output.log", "ab")
+        self._hand_over(Path(run.dir) / "output.log")
         import subprocess
+
+        as_user = self.job_user.popen_kwargs() if self.job_user is not None else {}
 
         proc = subprocess.Popen(
             [sys.executable, "-m", "agents.jobwrap", str(Path(run.dir) / EXIT_FILE), "--", *command],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=os.getcwd())
+            start_new_session=True, cwd=os.getcwd(), **as_user)
         out.close()
         self._children[proc.pid] = proc
         return proc.pid
@@ -503,7 +550,7 @@ class HostAgent:
             return  # already gone: its exit was (or will be) reported
         run.notified, run.withdrawn = True, False
         notice = {"saga": ev.saga, "deadline_t": ev.deadline_t, "checkpoint_needed": ev.checkpoint_needed}
-        _write_atomic(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
+        self._write_notice(run, notice)
         run.notice_pending = True
         self._save_run(run)
         self._deliver_notice(run)
@@ -587,6 +634,7 @@ class HostAgent:
             age_s = float("inf")  # e.g. adopted from an agent without a minter
         if age_s >= self.job_minter.ttl_s / 3:
             self.job_minter.write(run.job, path)
+            self._hand_over(path)
 
     def _alive(self, run: Run) -> bool:
         child = self._children.get(run.pid)

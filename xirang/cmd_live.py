@@ -65,6 +65,10 @@ def register(sub) -> None:
                        help="lifetime of each job run's own NATS credentials, minted with the job signing "
                             "key in the agent's creds file ($XIRANG_CREDS) and renewed while the run "
                             "lives (default 3600); the agent's own credentials never reach a job")
+    agent.add_argument("--job-user", metavar="NAME", default=os.environ.get("XIRANG_JOB_USER"),
+                       help="the unprivileged OS user an agent running as root starts its jobs as (default "
+                            "$XIRANG_JOB_USER, else nobody), so a job cannot read the agent's credentials or "
+                            "state folder; an agent not running as root runs jobs as its own user (and warns)")
     agent.add_argument("--ckpt-secret-file", metavar="FILE", default=os.environ.get("XIRANG_CKPT_SECRET_FILE"),
                        help="the hosts' shared secret that seals each job's checkpoints under its own key "
                             "(default $XIRANG_CKPT_SECRET_FILE, else DATA_DIR/keys/checkpoint.secret, made there "
@@ -218,6 +222,7 @@ def cmd_agent(args) -> int:
     """`xirang agent`: run a GPU host agent until stopped."""
     from agents.gpus import NoGpus, discover, parse_simulate
     from agents.host import run_host
+    from agents.jobuser import JobUserError, resolve
 
     try:
         inventory = parse_simulate(args.simulate) if args.simulate else discover()
@@ -225,6 +230,10 @@ def cmd_agent(args) -> int:
         raise _user_error(str(err)) from err
     if args.gpu_model:
         inventory.model = args.gpu_model
+    try:
+        job_user = resolve(args.job_user)
+    except JobUserError as err:
+        raise _user_error(str(err)) from err
     _logging(args)
     url, server = server_url(args)
     try:
@@ -234,8 +243,9 @@ def cmd_agent(args) -> int:
                              state_dir=Path(args.data_dir) / "hosts", grace_s=args.grace_s,
                              keyring_path=keyring_path(args.public_key, args.data_dir),
                              job_minter=job_minter(args.job_creds_ttl_s),
-                             ckpt_secret=checkpoint_secret(args.ckpt_secret_file, args.data_dir)))
-    except AlreadyRunning as err:
+                             ckpt_secret=checkpoint_secret(args.ckpt_secret_file, args.data_dir),
+                             job_user=job_user))
+    except (AlreadyRunning, JobUserError) as err:
         raise _user_error(str(err)) from err
     finally:
         if server:

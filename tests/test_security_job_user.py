@@ -1,0 +1,178 @@
+"""Jobs run as an unprivileged OS user: a host agent started as root under the shipped
+config (TLS, JWT users) starts its jobs as `nobody` by default. A job cannot read the host's
+credentials file or the agent's state folder (EACCES), yet an SDK job still reads its own
+credentials, checkpoints and reports through its outbox; an agent restarted after SIGKILL
+adopts the job process it left."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agents.local_cluster import FAST_POLICY, REPO, matching, train_command
+from core import types as T
+from tests.secure_nats import run_cli, running_cluster, spawn
+from tests.test_live_deploy import _wait, wait_for_streams
+
+pytestmark = pytest.mark.timeout(90)
+
+SNOOP = """
+import errno, os, sys
+creds, state = sys.argv[1], sys.argv[2]
+refused = []
+for what, attempt in (("creds", lambda: open(creds).read()), ("state", lambda: os.listdir(state)),
+                      ("acted", lambda: open(os.path.join(state, "acted.json")).read()),
+                      ("runs", lambda: os.listdir(os.path.join(state, "runs"))),
+                      ("outbox", lambda: os.listdir(os.path.join(state, "outbox")))):
+    try:
+        attempt()
+        print(what, "READ")
+    except OSError as err:
+        print(what, errno.errorcode[err.errno])
+        refused.append(err.errno == errno.EACCES)
+print("uid", os.getuid(), "home", os.environ.get("HOME"))
+sys.exit(0 if len(refused) == 5 and all(refused) else 1)
+"""
+
+
+def _job_python() -> str:
+    """An interpreter `nobody` may run (this venv's may sit below /root, which it may not)."""
+    for candidate in (
+        os.path.realpath(sys.executable),
+        f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}",
+    ):
+        try:
+            if subprocess.run([candidate, "-c", "0"], user="nobody", capture_output=True).returncode == 0:
+                return candidate
+        except OSError:
+            continue  # not there, or not for nobody
+    pytest.skip("no python interpreter that nobody may run")
+
+
+@pytest.fixture
+def world_dir():
+    """A folder `nobody` may reach (a test's tmp_path is 0700), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="xr-jobuser-"))
+    os.chmod(path, 0o711)
+    try:
+        yield path
+    finally:
+        from agents.host import stop_job_processes
+
+        stop_job_processes(path)  # the jobs it ran as nobody, by their run folders below it
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _uid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid in /proc/{pid}/status")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="an agent can start jobs as another user only as root")
+def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secrets(
+    tmp_path, monkeypatch, world_dir
+):
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody")
+    python = _job_python()
+    site = sysconfig.get_paths()["purelib"]
+    platsite = sysconfig.get_paths()["platlib"]
+    for folder in (REPO, site):
+        if subprocess.run(["test", "-r", str(folder), "-a", "-x", str(folder)], user="nobody").returncode:
+            pytest.skip(f"nobody cannot read {folder}")
+    with running_cluster(tmp_path, monkeypatch) as (nats, procs):
+        (tmp_path / "policy.toml").write_text(FAST_POLICY)
+        sched = ["scheduler", "--nats", nats.url, "--data-dir", str(tmp_path / "sched"), "--tick-ms", "200"]
+        procs.append(
+            spawn(tmp_path, nats.env("scheduler"), *sched, "--policy", str(tmp_path / "policy.toml"))
+        )
+        wait_for_streams(nats)
+        # the host's credentials where a real host keeps them: a readable folder, the file 0600
+        creds = world_dir / "host-h1.creds"
+        shutil.copy(nats.creds("host-h1"), creds)
+        os.chmod(creds, 0o600)
+        data = world_dir / "data"
+        data.mkdir(mode=0o711)
+        env = {k: v for k, v in nats.env("host-h1").items() if k not in ("XIRANG_JOB_USER", "PYTHONHOME")}
+        shutil.copy(nats.ca, world_dir / "ca.pem")  # a public certificate: readable by all
+        os.chmod(world_dir / "ca.pem", 0o644)
+        env.update(
+            XIRANG_CREDS=str(creds),
+            XIRANG_TLS_CA=str(world_dir / "ca.pem"),
+            PYTHONPATH=os.pathsep.join([str(REPO), site, platsite]),
+        )
+        agent_cmd = [python, "-m", "xirang.cli", "agent", "--nats", nats.url, "--node", "h1",
+                     "--simulate", "2xH100", "--data-dir", str(data), "--grace-s", "1",
+                     "--public-key", str(tmp_path / "sched" / "keys" / "scheduler.pub")]  # fmt: skip
+
+        def start_agent() -> subprocess.Popen:
+            out = open(tmp_path / f"agent-{len(procs)}.log", "ab")
+            proc = subprocess.Popen(agent_cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=REPO, env=env)  # fmt: skip
+            procs.append(proc)
+            return proc
+
+        agent = start_agent()
+        _wait(nats, lambda rs: matching(rs, T.NodeJoined, node="h1"), 30, "h1 joined")
+        state = data / "hosts" / "h1"
+
+        def submit(name: str, command: list[str]) -> None:
+            code, answer = run_cli(nats.env("client-vision-li"), "submit", name, "--team", "vision", "--user", "li",
+                                   "--level", "6", "--gpus", "1", "--gpu-model", "H100", "--ckpt-cost-s", "0.1",
+                                   "--command", shlex.join(command), "--nats", nats.url, "--json")  # fmt: skip
+            assert code == 0 and answer["outcome"] == "accepted", answer
+
+        submit("snoop", [python, "-c", SNOOP, str(creds), str(state)])
+        train = train_command(100_000, ckpt_s=0.5)
+        submit("train", [python, *train[1:]])
+        _wait(nats, lambda rs: matching(rs, T.JobFinished, job="snoop"), 30, "the snooping job finished")
+        # it ran as nobody, got EACCES for everything of the host's, and said so by its exit status
+        output = next(state.glob("runs/snoop-*/output.log")).read_text()
+        for what in ("creds", "state", "acted", "runs", "outbox"):
+            assert f"{what} EACCES" in output, output
+        assert f"uid {nobody.pw_uid} " in output, output
+        assert not matching(_wait(nats, lambda rs: True, 1, ""), T.JobFailed, job="snoop")  # exit status 0
+        # the agent's own secrets stay its own
+        assert (os.stat(creds).st_uid, os.stat(creds).st_mode & 0o777) == (0, 0o600)
+        assert (os.stat(state).st_uid, os.stat(state).st_mode & 0o777) == (0, 0o711)
+        assert os.stat(state / "outbox").st_mode & 0o777 == 0o700
+        assert os.stat(state / "acted.json").st_mode & 0o777 == 0o600
+
+        # the SDK job, as nobody, reads its own credentials and reports through its outbox
+        _wait(
+            nats, lambda rs: matching(rs, T.CheckpointRecorded, job="train"), 30, "train's first checkpoint"
+        )
+        pid = int(json.loads((state / "runs" / "train.json").read_text())["pid"])
+        assert _uid(pid) == nobody.pw_uid
+        run_dir = next(state.glob("runs/train-*"))
+        assert (
+            os.stat(run_dir).st_uid == nobody.pw_uid
+            and os.stat(run_dir / "nats.creds").st_uid == nobody.pw_uid
+        )
+
+        # an agent restarted after SIGKILL adopts the job (same pid) and its facts still flow
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+        seen = len(matching(_wait(nats, lambda rs: True, 1, ""), T.CheckpointRecorded, job="train"))
+        start_agent()
+        _wait(nats, lambda rs: len(matching(rs, T.CheckpointRecorded, job="train")) > seen + 1, 30,
+              "train checkpoints after the restart")  # fmt: skip
+        assert int(json.loads((state / "runs" / "train.json").read_text())["pid"]) == pid
+        assert _uid(pid) == nobody.pw_uid
+        log = "".join(p.read_text() for p in tmp_path.glob("agent-*.log"))
+        assert "jobs run as nobody" in log, log[-2000:]
