@@ -48,7 +48,7 @@ from transport import bus
 from transport.locks import AlreadyRunning, InstanceLock
 from .gpus import Inventory
 from .jobuser import JobUser, JobUserError, own_user_name, probe, warn_shared
-from .outbox import Outbox
+from .outbox import JOB_MARKER, Outbox
 
 log = logging.getLogger("xirang.host")
 
@@ -161,9 +161,22 @@ class HostAgent:
             run = msgspec.json.decode(path.read_bytes(), type=Run)
             self.runs[run.job] = run
         self.outbox.watch_marked(self.runs_dir)  # runs' own outboxes, facts still waiting
+        self._trust_own_records_over_markers()
         for folder in list(self.outbox.job_folders):
             if all(Path(run.dir) / "outbox" != folder for run in self.runs.values()):
                 self.outbox.retire(folder)
+
+    def _trust_own_records_over_markers(self) -> None:
+        """A run's outbox folder belongs to its job (user): the job named in its marker is
+        taken from the agent's own run record, or from a marker the agent itself wrote (owned
+        by the agent's user); a folder with a marker a job replaced is not delivered."""
+        for folder in list(self.outbox.job_folders):
+            run = next((r for r in self.runs.values() if Path(r.dir) / "outbox" == folder), None)
+            if run is not None:
+                self.outbox.job_folders[folder] = run.job
+            elif (folder / JOB_MARKER).stat().st_uid != os.geteuid():
+                log.warning("host %s: ignoring %s: its job marker was not written by this agent", self.node, folder)
+                del self.outbox.job_folders[folder]
 
     def _lock_down_state(self) -> None:
         """The agent's state is its own: with jobs under another user, its folder and the runs
