@@ -29,9 +29,10 @@ pytestmark = pytest.mark.timeout(90)
 
 SNOOP = """
 import errno, os, sys
-creds, state = sys.argv[1], sys.argv[2]
+creds, state, secret = sys.argv[1], sys.argv[2], sys.argv[3]
 refused = []
 for what, attempt in (("creds", lambda: open(creds).read()), ("state", lambda: os.listdir(state)),
+                      ("secret", lambda: open(secret).read()),
                       ("acted", lambda: open(os.path.join(state, "acted.json")).read()),
                       ("runs", lambda: os.listdir(os.path.join(state, "runs"))),
                       ("outbox", lambda: os.listdir(os.path.join(state, "outbox")))):
@@ -42,7 +43,7 @@ for what, attempt in (("creds", lambda: open(creds).read()), ("state", lambda: o
         print(what, errno.errorcode[err.errno])
         refused.append(err.errno == errno.EACCES)
 print("uid", os.getuid(), "home", os.environ.get("HOME"))
-sys.exit(0 if len(refused) == 5 and all(refused) else 1)
+sys.exit(0 if len(refused) == 6 and all(refused) else 1)
 """
 
 
@@ -137,13 +138,15 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
                                    "--command", shlex.join(command), "--nats", nats.url, "--json")  # fmt: skip
             assert code == 0 and answer["outcome"] == "accepted", answer
 
-        submit("snoop", [python, "-c", SNOOP, str(creds), str(state)])
+        submit(
+            "snoop", [python, "-c", SNOOP, str(creds), str(state), str(data / "keys" / "checkpoint.secret")]
+        )
         train = train_command(100_000, ckpt_s=0.5)
         submit("train", [python, *train[1:]])
         _wait(nats, lambda rs: matching(rs, T.JobFinished, job="snoop"), 30, "the snooping job finished")
         # it ran as nobody, got EACCES for everything of the host's, and said so by its exit status
         output = next(state.glob("runs/snoop-*/output.log")).read_text()
-        for what in ("creds", "state", "acted", "runs", "outbox"):
+        for what in ("creds", "secret", "state", "acted", "runs", "outbox"):
             assert f"{what} EACCES" in output, output
         assert f"uid {nobody.pw_uid} " in output, output
         assert not matching(_wait(nats, lambda rs: True, 1, ""), T.JobFailed, job="snoop")  # exit status 0
@@ -176,3 +179,19 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
         assert _uid(pid) == nobody.pw_uid
         log = "".join(p.read_text() for p in tmp_path.glob("agent-*.log"))
         assert "jobs run as nobody" in log, log[-2000:]
+
+
+def test_the_job_user_defaults_to_nobody_for_root_and_an_unknown_or_unusable_user_is_refused():
+    from agents.jobuser import JobUserError, own_user_name, resolve
+
+    with pytest.raises(JobUserError, match="no such user"):
+        resolve("no-such-user-xirang")
+    assert resolve(own_user_name()) is None  # the agent's own user: jobs share it (the agent warns)
+    if os.geteuid() == 0:
+        user = resolve(None)
+        assert user is not None and user.name == "nobody" and user.uid != 0
+        assert user.popen_kwargs() == {"user": user.uid, "group": user.gid, "extra_groups": []}
+    else:
+        assert resolve(None) is None
+        with pytest.raises(JobUserError, match="only an agent running as root"):
+            resolve("root")
