@@ -510,6 +510,9 @@ class HostAgent:
         if self.job_user is not None:
             self.job_user.own(path)
 
+    def _job_owner(self) -> tuple[int, int] | None:
+        return None if self.job_user is None else (self.job_user.uid, self.job_user.gid)
+
     def _write_notice(self, run: Run, notice: dict) -> None:
         _write_atomic(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
         self._hand_over(Path(run.dir) / NOTICE_FILE)
@@ -520,8 +523,8 @@ class HostAgent:
         env = {k: v for k, v in os.environ.items() if k not in JOB_WITHHELD_ENV}
         if self.job_minter is not None:
             # In the run's private folder (0600), never on its command line.
-            env[CREDS_ENV] = str(self.job_minter.write(ev.job, Path(run.dir) / JOB_CREDS_FILE))
-            self._hand_over(Path(env[CREDS_ENV]))
+            path = self.job_minter.write(ev.job, Path(run.dir) / JOB_CREDS_FILE, owner=self._job_owner())
+            env[CREDS_ENV] = str(path)
         if self.ckpt_secret:
             env[ckptfile.KEY_ENV] = ckptfile.job_key(self.ckpt_secret, ev.job).hex()
         # `python` in a job's command means the interpreter (and venv) the agent runs in.
@@ -646,8 +649,7 @@ class HostAgent:
         except FileNotFoundError:
             age_s = float("inf")  # e.g. adopted from an agent without a minter
         if age_s >= self.job_minter.ttl_s / 3:
-            self.job_minter.write(run.job, path)
-            self._hand_over(path)
+            self.job_minter.write(run.job, path, owner=self._job_owner())  # the job's, as it lands
 
     def _alive(self, run: Run) -> bool:
         child = self._children.get(run.pid)

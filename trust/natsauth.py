@@ -432,10 +432,17 @@ class JobMinter:
         )
         return natsjwt.encode(claims, self.signing_seed)
 
-    def write(self, job: str, path: str | os.PathLike, now_s: float | None = None) -> Path:
-        """A fresh user (new NKEY) for `job`, expiring ttl_s from now, into `path` (0600).
-        Called again before it expires, it renews the run's credentials in place."""
+    def write(
+        self,
+        job: str,
+        path: str | os.PathLike,
+        now_s: float | None = None,
+        owner: tuple[int, int] | None = None,
+    ) -> Path:
+        """A fresh user (new NKEY) for `job`, expiring ttl_s from now, into `path` (0600, of
+        `owner` (uid, gid) if given: the job's user). Called again before it expires, it
+        renews the run's credentials in place."""
         now_s = time.time() if now_s is None else now_s
         seed = natsjwt.new_seed("user")
         token = self.token(job, natsjwt.public_key(seed), now_s + self.ttl_s)
-        return natsjwt.write_private(Path(path), natsjwt.creds_text(token, seed))
+        return natsjwt.write_private(Path(path), natsjwt.creds_text(token, seed), owner)
