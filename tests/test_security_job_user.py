@@ -195,3 +195,28 @@ def test_the_job_user_defaults_to_nobody_for_root_and_an_unknown_or_unusable_use
         assert resolve(None) is None
         with pytest.raises(JobUserError, match="only an agent running as root"):
             resolve("root")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a folder to another user needs root")
+def test_a_job_cannot_relabel_its_outbox_as_another_jobs_across_an_agent_restart(tmp_path):
+    from agents.gpus import parse_simulate
+    from agents.host import HostAgent
+    from agents.jobuser import resolve
+    from agents.outbox import JOB_MARKER
+
+    try:
+        user = resolve("nobody")
+    except ValueError:
+        pytest.skip("no user nobody")
+    agent = HostAgent("nats://127.0.0.1:9", node="h1", inventory=parse_simulate("1xH100"), state_dir=tmp_path,
+                      job_user=user)  # fmt: skip
+    agent.runs_dir.mkdir(parents=True)
+    # a live run whose job rewrote its marker, and an ended run's folder with a forged one
+    live, ended = agent.runs_dir / "train-3" / "outbox", agent.runs_dir / "old-2" / "outbox"
+    for folder in (live, ended):
+        folder.mkdir(parents=True)
+        (folder / JOB_MARKER).write_text("victim")
+        os.chown(folder / JOB_MARKER, user.uid, user.gid)
+    (agent.runs_dir / "train.json").write_text(json.dumps({"job": "train", "n": 3, "dir": str(live.parent)}))
+    agent._load()
+    assert agent.outbox.job_folders == {live: "train"}
