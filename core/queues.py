@@ -25,11 +25,22 @@ TEAM_OLDEST_LOOKED_AT = 4
 
 
 def aging_threshold_ms(state: State, level: int) -> int:
-    """Shrinks as the level's queue deepens and as its historical wait grows."""
+    """Shrinks as the level's queue deepens and as its historical wait grows. Memoised in
+    the index per level while the policy, the level's wait history (replaced, never changed
+    in place) and its queue depth stay the same: every step asks for it."""
     p = state.canonical.policy
-    base = p.aging_threshold_ms[level]
     depth = queue_depth(state.index, level)
-    history = state.canonical.level_wait[level].mean_ms
+    wait = state.canonical.level_wait[level]
+    memo = state.index.aging_memo[level]
+    if memo is not None and memo[0] is p and memo[1] is wait and memo[2] == depth:
+        return memo[3]
+    threshold = _aging_threshold_ms(p, level, depth, wait.mean_ms)
+    state.index.aging_memo[level] = (p, wait, depth, threshold)
+    return threshold
+
+
+def _aging_threshold_ms(p, level: int, depth: int, history: float) -> int:
+    base = p.aging_threshold_ms[level]
     speedup = (1.0 + p.aging_depth_factor * math.log2(1 + depth)
                + p.aging_history_factor * history / max(base, 1))
     return max(p.aging_threshold_min_ms, int(base / speedup))

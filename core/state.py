@@ -259,6 +259,9 @@ class Index:
         # stays the same (the jobs weighed in one pass mostly look at the same nodes).
         self.releases_gen = 0
         self.fits_memo: dict[tuple, Any] = {}
+        # Per level, (policy, level wait, queue depth, aging threshold) last worked out
+        # (`core.queues.aging_threshold_ms`).
+        self.aging_memo: list[tuple | None] = [None] * LEVELS
         self.fits_memo_gen = -1
 
 
