@@ -34,8 +34,16 @@ RAW_STREAM = "XR_BENCH_RAW"
 def _inputs(count: int, prefix: str) -> list[bytes]:
     out = []
     for i in range(count):
-        inp = T.Submit(job=f"{prefix}-{i}", team=f"team-{i % 7}", user=f"user-{i % 13}", level=3 + i % 5,
-                       gpus=1 + i % 4, gpu_models=["H100"], est_runtime_s=3600, id=f"{prefix}-{i}")
+        inp = T.Submit(
+            job=f"{prefix}-{i}",
+            team=f"team-{i % 7}",
+            user=f"user-{i % 13}",
+            level=3 + i % 5,
+            gpus=1 + i % 4,
+            gpu_models=["H100"],
+            est_runtime_s=3600,
+            id=f"{prefix}-{i}",
+        )
         out.append(T.encode(inp))
     return out
 
@@ -44,18 +52,23 @@ async def _publish_pipelined(js, subject_of, payloads: list[bytes], ids: list[st
     started = time.perf_counter()
     futures = []
     for data, msg_id in zip(payloads, ids):
-        futures.append(await js.publish_async(subject_of(data), data, headers={"Nats-Msg-Id": msg_id},
-                                              wait_stall=30))
+        futures.append(
+            await js.publish_async(subject_of(data), data, headers={"Nats-Msg-Id": msg_id}, wait_stall=30)
+        )
     await asyncio.gather(*futures)
     return time.perf_counter() - started
 
 
 async def _raw(js, count: int, tag: str) -> dict:
-    await js.add_stream(api.StreamConfig(name=RAW_STREAM, subjects=["bench.raw.>"],
-                                         storage=api.StorageType.FILE, duplicate_window=600))
+    await js.add_stream(
+        api.StreamConfig(
+            name=RAW_STREAM, subjects=["bench.raw.>"], storage=api.StorageType.FILE, duplicate_window=600
+        )
+    )
     payloads = _inputs(count, tag)
-    elapsed = await _publish_pipelined(js, lambda _d: "bench.raw.submit", payloads,
-                                       [f"{tag}-{i}" for i in range(count)])
+    elapsed = await _publish_pipelined(
+        js, lambda _d: "bench.raw.submit", payloads, [f"{tag}-{i}" for i in range(count)]
+    )
     await js.delete_stream(RAW_STREAM)
     return {"messages": count, "seconds": round(elapsed, 3), "per_s": round(count / elapsed, 1)}
 
@@ -70,8 +83,9 @@ async def _end_to_end(js, count: int, tag: str) -> dict:
     payloads = _inputs(count, tag)
     target = await bus.stream_last_seq(js, bus.IN_STREAM) + count
     started = time.perf_counter()
-    published_s = await _publish_pipelined(js, lambda _d: f"{bus.IN_PREFIX}.submit", payloads,
-                                           [f"{tag}-{i}" for i in range(count)])
+    published_s = await _publish_pipelined(
+        js, lambda _d: f"{bus.IN_PREFIX}.submit", payloads, [f"{tag}-{i}" for i in range(count)]
+    )
     # Poll the log's tail rather than follow it: a follower would steal the publisher's CPU.
     deadline = time.perf_counter() + 120
     while await _last_input_seq(js) < target:
@@ -79,8 +93,12 @@ async def _end_to_end(js, count: int, tag: str) -> dict:
             raise TimeoutError("the scheduler did not catch up within 120 s")
         await asyncio.sleep(0.002)
     elapsed = time.perf_counter() - started
-    return {"inputs": count, "seconds": round(elapsed, 3), "per_s": round(count / elapsed, 1),
-            "publish_seconds": round(published_s, 3)}
+    return {
+        "inputs": count,
+        "seconds": round(elapsed, 3),
+        "per_s": round(count / elapsed, 1),
+        "publish_seconds": round(published_s, 3),
+    }
 
 
 async def _last_input_seq(js) -> int:
@@ -125,25 +143,57 @@ def _preemption_latency(root: Path, rounds: int) -> dict:
         c.scheduler("bench")
         c.agent("h1", "8xH100")
         c.wait_for(T.NodeJoined, node="h1", timeout_s=30)
-        victims = [T.Submit(job=f"victim-{i}", team=f"t{i}", user=f"u{i}", level=6, gpus=4, gpu_models=["H100"],
-                            est_runtime_s=600, ckpt_interval_s=60, ckpt_cost_s=1, restore_cost_s=1,
-                            command=train_command(1_000_000, step_ms=10, seed=i)) for i in range(2)]
+        victims = [
+            T.Submit(
+                job=f"victim-{i}",
+                team=f"t{i}",
+                user=f"u{i}",
+                level=6,
+                gpus=4,
+                gpu_models=["H100"],
+                est_runtime_s=600,
+                ckpt_interval_s=60,
+                ckpt_cost_s=1,
+                restore_cost_s=1,
+                command=train_command(1_000_000, step_ms=10, seed=i),
+            )
+            for i in range(2)
+        ]
         c.send(*victims)
         for r in range(rounds):
-            c.wait(lambda rs: all(len(matching(rs, T.JobRunning, job=v.job)) == r + 1 for v in victims),
-                   timeout_s=30, what="victims running")
+            c.wait(
+                lambda rs: all(len(matching(rs, T.JobRunning, job=v.job)) == r + 1 for v in victims),
+                timeout_s=30,
+                what="victims running",
+            )
             time.sleep(2.0)  # the SDK is loaded and training
             job = f"urgent-{r}"
             submitted_ms = int(time.time() * 1000)
-            c.send(T.Submit(job=job, team="ops", user="kim", level=0, gpus=8, gpu_models=["H100"],
-                            est_runtime_s=5, command=sleep_command(0.5)))
+            c.send(
+                T.Submit(
+                    job=job,
+                    team="ops",
+                    user="kim",
+                    level=0,
+                    gpus=8,
+                    gpu_models=["H100"],
+                    est_runtime_s=5,
+                    command=sleep_command(0.5),
+                )
+            )
             records = c.wait_for(T.JobStartRequested, job=job, timeout_s=30)
             start = matching(records, T.JobStartRequested, job=job)[0].event
             saga = matching(records, T.PreemptionPlanned, preemptor=job)[0].event
             ckpt_ms = 0
             for victim in saga.victims:
-                began = [x.event.t for x in matching(records, T.CheckpointBegan, job=victim) if x.event.t >= saga.t]
-                saved = [x.event.t for x in matching(records, T.CheckpointRecorded, job=victim) if x.event.t >= saga.t]
+                began = [
+                    x.event.t for x in matching(records, T.CheckpointBegan, job=victim) if x.event.t >= saga.t
+                ]
+                saved = [
+                    x.event.t
+                    for x in matching(records, T.CheckpointRecorded, job=victim)
+                    if x.event.t >= saga.t
+                ]
                 if began and saved:
                     ckpt_ms = max(ckpt_ms, saved[0] - began[0])
             samples.append(start.t - submitted_ms)
@@ -151,9 +201,14 @@ def _preemption_latency(root: Path, rounds: int) -> dict:
             c.wait_for(T.JobFinished, job=job, timeout_s=30)
         for v in victims:
             c.send(T.Cancel(job=v.job))
-    return {"rounds": rounds, "victims": 2, "submit_to_start_ms": samples,
-            "less_checkpoint_ms": net, "median_ms": statistics.median(samples),
-            "median_less_checkpoint_ms": statistics.median(net)}
+    return {
+        "rounds": rounds,
+        "victims": 2,
+        "submit_to_start_ms": samples,
+        "less_checkpoint_ms": net,
+        "median_ms": statistics.median(samples),
+        "median_less_checkpoint_ms": statistics.median(net),
+    }
 
 
 def run(args) -> dict:
@@ -168,9 +223,13 @@ def run(args) -> dict:
             throughput = asyncio.run(_throughput(c.url, count, rounds))
         latency = _preemption_latency(root / "preempt", 1 if quick else 3)
     return {
-        "bench": "bus", "quick": quick, "sync_interval": "always", **throughput,
+        "bench": "bus",
+        "quick": quick,
+        "sync_interval": "always",
+        **throughput,
         "preemption_latency": latency,
         "python": sys.version.split()[0],
-        "nats_server": subprocess.run([str(Path(sys.executable).parent / "nats-server"), "--version"],
-                                      capture_output=True, text=True).stdout.strip(),
+        "nats_server": subprocess.run(
+            [str(Path(sys.executable).parent / "nats-server"), "--version"], capture_output=True, text=True
+        ).stdout.strip(),
     }

@@ -19,12 +19,14 @@ OUTCOME_TIMEOUT_S = 15.0
 
 def run(url: str, work) -> Any:
     """Connect to `url`, run `await work(nc, js)`, close; connection failures propagate."""
+
     async def go():
         nc, js = await bus.connect(url, reconnects=2)
         try:
             return await work(nc, js)
         finally:
             await nc.close()
+
     return asyncio.run(go())
 
 
@@ -43,14 +45,17 @@ def load_state(url: str):
     async def work(nc, js):
         state, _ = await bus.load_state(js, keyring=keyring)
         return state
+
     return run(url, work)
 
 
 def records(url: str, start_seq: int = 1) -> list[tuple[int, T.Record]]:
     """Every record of the log from `start_seq` on, with its stream sequence."""
+
     async def work(nc, js):
         end = await bus.stream_last_seq(js, bus.EV_STREAM)
         return [item async for item in bus.read_records(js, start_seq, end)]
+
     return run(url, work)
 
 
@@ -101,7 +106,11 @@ async def _send_and_wait(url: str, inp: T.Input, timeout_s: float) -> dict:
         msg_id, seq, duplicate = await bus.send_input(js, inp, sender=client_sender(inp))
         base = {"type": T.type_name(inp), "job": T.input_job(inp), "id": msg_id, "seq": seq}
         if duplicate:
-            return {**base, "outcome": "duplicate", "detail": f"input id {msg_id} was sent before (seq {seq})"}
+            return {
+                **base,
+                "outcome": "duplicate",
+                "detail": f"input id {msg_id} was sent before (seq {seq})",
+            }
         found: asyncio.Future = asyncio.get_running_loop().create_future()
 
         async def on_msg(msg) -> None:
@@ -109,16 +118,24 @@ async def _send_and_wait(url: str, inp: T.Input, timeout_s: float) -> dict:
             if record.input_seq == seq and not found.done():
                 found.set_result(record)
 
-        sub = await js.subscribe(f"{bus.LOG_PREFIX}.>", stream=bus.EV_STREAM, ordered_consumer=True,
-                                 cb=on_msg, config=api.ConsumerConfig(
-                                     deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                     opt_start_seq=start + 1))
+        sub = await js.subscribe(
+            f"{bus.LOG_PREFIX}.>",
+            stream=bus.EV_STREAM,
+            ordered_consumer=True,
+            cb=on_msg,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start + 1
+            ),
+        )
         try:
             record = await asyncio.wait_for(found, timeout_s)
         except asyncio.TimeoutError:
-            return {**base, "outcome": "pending",
-                    "detail": f"queued on XR_IN (seq {seq}) but no scheduler answered within {timeout_s:.0f} s"
-                              " (is `xirang scheduler` running?)"}
+            return {
+                **base,
+                "outcome": "pending",
+                "detail": f"queued on XR_IN (seq {seq}) but no scheduler answered within {timeout_s:.0f} s"
+                " (is `xirang scheduler` running?)",
+            }
         finally:
             await sub.unsubscribe()
         ev = record.event

@@ -35,9 +35,17 @@ def stop_cluster(children: list[tuple[str, subprocess.Popen]], agents_timeout_s:
     stop_children([proc for name, proc in children if name == "scheduler"])
 
 
-def start_cluster(url: str, data_dir, hosts: int, specs: list[str], policy: str | None = None,
-                  tick_ms: int = 1000, log_dir: Path | None = None, node_names: list[str] | None = None,
-                  extra_sched: list[str] | None = None) -> list[tuple[str, subprocess.Popen]]:
+def start_cluster(
+    url: str,
+    data_dir,
+    hosts: int,
+    specs: list[str],
+    policy: str | None = None,
+    tick_ms: int = 1000,
+    log_dir: Path | None = None,
+    node_names: list[str] | None = None,
+    extra_sched: list[str] | None = None,
+) -> list[tuple[str, subprocess.Popen]]:
     """Start the scheduler and simulated hosts as OS processes; their output goes to files."""
     log_dir = Path(log_dir or Path(data_dir) / "logs")
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -50,8 +58,19 @@ def start_cluster(url: str, data_dir, hosts: int, specs: list[str], policy: str 
     for i in range(hosts):
         spec = specs[i % len(specs)]
         name = node_names[i] if node_names else f"host-{i + 1}"
-        cmd = base + ["agent", "--nats", url, "--data-dir", str(data_dir), "--node", name,
-                      "--simulate", spec, "--grace-s", "5"]
+        cmd = base + [
+            "agent",
+            "--nats",
+            url,
+            "--data-dir",
+            str(data_dir),
+            "--node",
+            name,
+            "--simulate",
+            spec,
+            "--grace-s",
+            "5",
+        ]
         children.append((name, _spawn(cmd, log_dir / f"{name}.log")))
     return children
 

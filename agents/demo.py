@@ -51,8 +51,18 @@ TRAIN = [sys.executable, str(EXAMPLES_DIR / "train_numpy.py")]
 
 
 def _train(steps: int, seed: int, step_ms: int = 10, ckpt_s: float = 6.0) -> list[str]:
-    return TRAIN + ["--steps", str(steps), "--seed", str(seed), "--step-ms", str(step_ms),
-                    "--checkpoint-every-s", str(ckpt_s), "--log-every", "100"]
+    return TRAIN + [
+        "--steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--step-ms",
+        str(step_ms),
+        "--checkpoint-every-s",
+        str(ckpt_s),
+        "--log-every",
+        "100",
+    ]
 
 
 def workload() -> list[T.Submit]:
@@ -60,24 +70,86 @@ def workload() -> list[T.Submit]:
     them."""
     common = {"ckpt_interval_s": 6, "ckpt_cost_s": 1, "restore_cost_s": 1}
     return [
-        T.Submit(job="vision-ft-1", team="vision", user="mei", level=6, gpus=4, gpu_models=["H100"],
-                 est_runtime_s=120, command=_train(2600, 1), **common),
-        T.Submit(job="nlp-sweep-1", team="nlp", user="raj", level=6, gpus=2, gpu_models=["H100"],
-                 est_runtime_s=120, command=_train(2400, 2), **common),
-        T.Submit(job="nlp-sweep-2", team="nlp", user="raj", level=7, gpus=2, gpu_models=["H100"],
-                 est_runtime_s=120, command=_train(2400, 3), **common),
-        T.Submit(job="search-hp-1", team="search", user="li", level=5, gpus=4, gpu_models=["A100"],
-                 est_runtime_s=60, command=_train(2000, 4), **common),
-        T.Submit(job="bio-eval-1", team="bio", user="ana", level=4, gpus=2, gpu_models=["A100"],
-                 est_runtime_s=60, command=_train(1500, 5), **common),
-        T.Submit(job="search-etl-1", team="search", user="li", level=7, gpus=2, gpu_models=["A100"],
-                 est_runtime_s=30, preemptible=True,
-                 command=[sys.executable, "-c", "import time; time.sleep(12)"]),
+        T.Submit(
+            job="vision-ft-1",
+            team="vision",
+            user="mei",
+            level=6,
+            gpus=4,
+            gpu_models=["H100"],
+            est_runtime_s=120,
+            command=_train(2600, 1),
+            **common,
+        ),
+        T.Submit(
+            job="nlp-sweep-1",
+            team="nlp",
+            user="raj",
+            level=6,
+            gpus=2,
+            gpu_models=["H100"],
+            est_runtime_s=120,
+            command=_train(2400, 2),
+            **common,
+        ),
+        T.Submit(
+            job="nlp-sweep-2",
+            team="nlp",
+            user="raj",
+            level=7,
+            gpus=2,
+            gpu_models=["H100"],
+            est_runtime_s=120,
+            command=_train(2400, 3),
+            **common,
+        ),
+        T.Submit(
+            job="search-hp-1",
+            team="search",
+            user="li",
+            level=5,
+            gpus=4,
+            gpu_models=["A100"],
+            est_runtime_s=60,
+            command=_train(2000, 4),
+            **common,
+        ),
+        T.Submit(
+            job="bio-eval-1",
+            team="bio",
+            user="ana",
+            level=4,
+            gpus=2,
+            gpu_models=["A100"],
+            est_runtime_s=60,
+            command=_train(1500, 5),
+            **common,
+        ),
+        T.Submit(
+            job="search-etl-1",
+            team="search",
+            user="li",
+            level=7,
+            gpus=2,
+            gpu_models=["A100"],
+            est_runtime_s=30,
+            preemptible=True,
+            command=[sys.executable, "-c", "import time; time.sleep(12)"],
+        ),
     ]
 
 
-URGENT = T.Submit(job="safety-hotfix", team="safety", user="kim", level=0, gpus=8, gpu_models=["H100"],
-                  est_runtime_s=15, ckpt_interval_s=0, command=_train(700, 9, ckpt_s=0))
+URGENT = T.Submit(
+    job="safety-hotfix",
+    team="safety",
+    user="kim",
+    level=0,
+    gpus=8,
+    gpu_models=["H100"],
+    est_runtime_s=15,
+    ckpt_interval_s=0,
+    command=_train(700, 9, ckpt_s=0),
+)
 
 
 class Timeline:
@@ -128,21 +200,31 @@ class Timeline:
         elif isinstance(ev, T.PolicyChanged):
             say("POLICY", f"set by {ev.by}: {', '.join(f'{k}={v}' for k, v in sorted(ev.params.items()))}")
         elif isinstance(ev, T.JobSubmitted):
-            say("SUBMIT", f"{ev.job} team={ev.team} level={ev.level} {ev.gpus} x {'/'.join(ev.gpu_models) or 'any'}")
+            say(
+                "SUBMIT",
+                f"{ev.job} team={ev.team} level={ev.level} {ev.gpus} x {'/'.join(ev.gpu_models) or 'any'}",
+            )
         elif isinstance(ev, T.InputRejected):
             say("REJECT", f"{ev.input_type} {ev.job}: {ev.reason} ({ev.detail})")
         elif isinstance(ev, T.JobStartRequested):
             say("START", f"{ev.job} on {_slots(ev.placement)}")
         elif isinstance(ev, T.JobResumeRequested):
-            say("RESUME", f"{ev.job} on {_slots(ev.placement)} from checkpoint step {ev.ckpt_step} ({ev.reason})")
+            say(
+                "RESUME",
+                f"{ev.job} on {_slots(ev.placement)} from checkpoint step {ev.ckpt_step} ({ev.reason})",
+            )
         elif isinstance(ev, T.JobRunning):
             say("RUNNING", f"{ev.job} (waited {ev.waited_ms / 1000:.1f}s)")
         elif isinstance(ev, T.PreemptionPlanned):
             say("PREEMPT", f"{ev.saga}: {ev.preemptor} preempts {', '.join(ev.victims)} atomically")
             say("", f"benefit {ev.benefit:.1f} > cost {ev.cost:.1f} (weighted GPU-s): {ev.reason}")
         elif isinstance(ev, T.VictimNotified):
-            say("NOTICE", f"{ev.job}: reach a safe point" + (", checkpoint" if ev.checkpoint_needed else "")
-                + f", release (deadline in {(ev.deadline_t - ev.t) / 1000:.0f}s)")
+            say(
+                "NOTICE",
+                f"{ev.job}: reach a safe point"
+                + (", checkpoint" if ev.checkpoint_needed else "")
+                + f", release (deadline in {(ev.deadline_t - ev.t) / 1000:.0f}s)",
+            )
         elif isinstance(ev, T.CheckpointRecorded):
             say("CKPT", f"{ev.job} step {ev.step}, {ev.bytes} bytes, {ev.digest[:19]}...")
         elif isinstance(ev, T.VictimReleased):
@@ -161,11 +243,17 @@ class Timeline:
         elif isinstance(ev, T.JobFailed):
             say("FAILED", f"{ev.job}: {ev.reason}")
         elif isinstance(ev, T.CompensationGranted):
-            say("COMPENSATE", f"{ev.job} ({ev.team}) gets {ev.amount:g} {ev.kind.replace('_', ' ')}"
-                f" after {ev.preempt_count} preemptions")
+            say(
+                "COMPENSATE",
+                f"{ev.job} ({ev.team}) gets {ev.amount:g} {ev.kind.replace('_', ' ')}"
+                f" after {ev.preempt_count} preemptions",
+            )
         elif isinstance(ev, T.CheckpointFallback):
-            say("FALLBACK", f"{ev.job}: checkpoint {ev.bad_digest[:12]} did not verify; back to step"
-                f" {ev.to_step} (loses {human_duration(ev.lost_progress_ms)})")
+            say(
+                "FALLBACK",
+                f"{ev.job}: checkpoint {ev.bad_digest[:12]} did not verify; back to step"
+                f" {ev.to_step} (loses {human_duration(ev.lost_progress_ms)})",
+            )
         elif isinstance(ev, T.NodeLost):
             say("NODE", f"{ev.node} lost ({ev.reason}); requeued {', '.join(ev.jobs) or 'no job'}")
         elif isinstance(ev, T.PreemptionDeclined):
@@ -208,9 +296,13 @@ def _running(records, job: str) -> bool:
 async def _drive(url: str, timeline: Timeline, deadline: float) -> dict:
     nc, js = await bus.connect(url)
     await bus.ensure_streams(js)
-    log_sub = await js.subscribe(f"{bus.LOG_PREFIX}.>", stream=bus.EV_STREAM, ordered_consumer=True,
-                                 cb=timeline.on_record, config=api.ConsumerConfig(
-                                     deliver_policy=api.DeliverPolicy.ALL))
+    log_sub = await js.subscribe(
+        f"{bus.LOG_PREFIX}.>",
+        stream=bus.EV_STREAM,
+        ordered_consumer=True,
+        cb=timeline.on_record,
+        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL),
+    )
     metric_sub = await nc.subscribe("xr.job.*.metrics", cb=timeline.on_metric)
     try:
         ok = await _wait(timeline, lambda rs: _count(rs, T.NodeJoined) >= 2, 30)
@@ -223,8 +315,11 @@ async def _drive(url: str, timeline: Timeline, deadline: float) -> dict:
         ok = await _wait(timeline, lambda rs: all(_running(rs, j.job) for j in jobs), 40)
         if not ok:
             return {"error": "the workload did not start within 40 s"}
-        timeline.say("WAIT", "cluster full: 16/16 GPUs busy with low-priority work; training until each"
-                             " H100 job has saved a checkpoint")
+        timeline.say(
+            "WAIT",
+            "cluster full: 16/16 GPUs busy with low-priority work; training until each"
+            " H100 job has saved a checkpoint",
+        )
         # The urgent job comes once its would-be victims have something to resume from, so the
         # demo shows a resume whichever way the decision model has them let go (a fresh save,
         # or their last checkpoint when losing the few seconds since is cheaper than the wait).
@@ -236,7 +331,9 @@ async def _drive(url: str, timeline: Timeline, deadline: float) -> dict:
         all_jobs = [j.job for j in jobs] + [URGENT.job]
 
         def all_done(rs) -> bool:
-            done = {r.event.job for r in rs if isinstance(r.event, (T.JobFinished, T.JobFailed, T.JobCancelled))}
+            done = {
+                r.event.job for r in rs if isinstance(r.event, (T.JobFinished, T.JobFailed, T.JobCancelled))
+            }
             return all(j in done for j in all_jobs)
 
         finished = await _wait(timeline, all_done, max(5.0, deadline - time.monotonic()))
@@ -253,32 +350,75 @@ def _summary(timeline: Timeline, out: Path, outcome: dict, verify: str) -> dict:
     for r in records:
         ev = r.event
         if isinstance(ev, T.PreemptionPlanned):
-            end = next((x for x in records if isinstance(x.event, (T.PreemptionCommitted, T.PreemptionRolledBack))
-                        and x.event.saga == ev.saga), None)
-            sagas.append({
-                "saga": ev.saga, "preemptor": ev.preemptor, "victims": ev.victims,
-                "benefit": ev.benefit, "cost": ev.cost, "reason": ev.reason,
-                "outcome": "none yet" if end is None else
-                ("committed" if isinstance(end.event, T.PreemptionCommitted) else f"rolled back: {end.event.reason}"),
-                "plan_to_end_ms": None if end is None else end.event.t - ev.t,
-            })
+            end = next(
+                (
+                    x
+                    for x in records
+                    if isinstance(x.event, (T.PreemptionCommitted, T.PreemptionRolledBack))
+                    and x.event.saga == ev.saga
+                ),
+                None,
+            )
+            sagas.append(
+                {
+                    "saga": ev.saga,
+                    "preemptor": ev.preemptor,
+                    "victims": ev.victims,
+                    "benefit": ev.benefit,
+                    "cost": ev.cost,
+                    "reason": ev.reason,
+                    "outcome": "none yet"
+                    if end is None
+                    else (
+                        "committed"
+                        if isinstance(end.event, T.PreemptionCommitted)
+                        else f"rolled back: {end.event.reason}"
+                    ),
+                    "plan_to_end_ms": None if end is None else end.event.t - ev.t,
+                }
+            )
     victims = []
     for saga in sagas:
         for job in saga["victims"]:
-            released = next((r.event for r in records if isinstance(r.event, T.VictimReleased) and r.event.job == job), None)
-            resumed = next((r.event for r in records if isinstance(r.event, T.JobResumeRequested) and r.event.job == job), None)
+            released = next(
+                (r.event for r in records if isinstance(r.event, T.VictimReleased) and r.event.job == job),
+                None,
+            )
+            resumed = next(
+                (
+                    r.event
+                    for r in records
+                    if isinstance(r.event, T.JobResumeRequested) and r.event.job == job
+                ),
+                None,
+            )
             history = timeline.loss.get(job, [])
             after = next(((s, loss) for s, loss, res in history if res), None)
-            victims.append({
-                "job": job, "lost_progress_ms": released.lost_progress_ms if released else None,
-                "resumed_from_step": resumed.ckpt_step if resumed else None,
-                "loss_when_preempted": timeline.loss_at_release.get(job),
-                "loss_on_resume": after, "final_loss": history[-1][:2] if history else None,
-                "finished": any(isinstance(r.event, T.JobFinished) and r.event.job == job for r in records),
-            })
-    return {"outcome": outcome, "sagas": sagas, "victims": victims, "records": len(records),
-            "log_verified": verify, "out_dir": str(out), "events": str(out / "events.jsonl"),
-            "nats_store": str(out / "nats"), "host_state": str(out / "hosts"), "logs": str(out / "logs")}
+            victims.append(
+                {
+                    "job": job,
+                    "lost_progress_ms": released.lost_progress_ms if released else None,
+                    "resumed_from_step": resumed.ckpt_step if resumed else None,
+                    "loss_when_preempted": timeline.loss_at_release.get(job),
+                    "loss_on_resume": after,
+                    "final_loss": history[-1][:2] if history else None,
+                    "finished": any(
+                        isinstance(r.event, T.JobFinished) and r.event.job == job for r in records
+                    ),
+                }
+            )
+    return {
+        "outcome": outcome,
+        "sagas": sagas,
+        "victims": victims,
+        "records": len(records),
+        "log_verified": verify,
+        "out_dir": str(out),
+        "events": str(out / "events.jsonl"),
+        "nats_store": str(out / "nats"),
+        "host_state": str(out / "hosts"),
+        "logs": str(out / "logs"),
+    }
 
 
 def _print_summary(s: dict) -> None:
@@ -288,20 +428,32 @@ def _print_summary(s: dict) -> None:
     elif not s["outcome"].get("finished"):
         print("DEMO INCOMPLETE: not every job finished within the time limit")
     for saga in s["sagas"]:
-        print(f"{saga['saga']}: {saga['preemptor']} preempted {', '.join(saga['victims'])}: {saga['outcome']}"
-              f" in {human_duration(saga['plan_to_end_ms'])}")
-        print(f"  why: benefit {saga['benefit']} vs cost {saga['cost']} (weighted GPU-seconds); {saga['reason']}")
+        print(
+            f"{saga['saga']}: {saga['preemptor']} preempted {', '.join(saga['victims'])}: {saga['outcome']}"
+            f" in {human_duration(saga['plan_to_end_ms'])}"
+        )
+        print(
+            f"  why: benefit {saga['benefit']} vs cost {saga['cost']} (weighted GPU-seconds); {saga['reason']}"
+        )
     for v in s["victims"]:
         before = v["loss_when_preempted"]
         after = v["loss_on_resume"]
         final = v["final_loss"]
-        print(f"  {v['job']}: lost {human_duration(v['lost_progress_ms'] or 0)} of progress; resumed from step {v['resumed_from_step']}"
-              + (f"; loss {before[1]:.4f} @ {before[0]} -> {after[1]:.4f} @ {after[0]} on resume" if before and after else "")
-              + (f" -> {final[1]:.4f} @ {final[0]} final" if final else "")
-              + ("" if v["finished"] else " (not finished)"))
+        print(
+            f"  {v['job']}: lost {human_duration(v['lost_progress_ms'] or 0)} of progress; resumed from step {v['resumed_from_step']}"
+            + (
+                f"; loss {before[1]:.4f} @ {before[0]} -> {after[1]:.4f} @ {after[0]} on resume"
+                if before and after
+                else ""
+            )
+            + (f" -> {final[1]:.4f} @ {final[0]} final" if final else "")
+            + ("" if v["finished"] else " (not finished)")
+        )
     print(f"log: {s['records']} records, {s['log_verified']}")
-    print(f"files: {s['out_dir']}  (events.jsonl = the log; nats/ = JetStream store; hosts/ = job runs and"
-          " their output; logs/ = scheduler and host logs)")
+    print(
+        f"files: {s['out_dir']}  (events.jsonl = the log; nats/ = JetStream store; hosts/ = job runs and"
+        " their output; logs/ = scheduler and host logs)"
+    )
 
 
 def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
@@ -317,11 +469,22 @@ def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
     children = []
     timeline = Timeline(started, say)
     try:
-        children = start_cluster(server.url, out, 2, ["8xH100", "8xA100"], policy=str(out / "policy.toml"),
-                                 tick_ms=500, log_dir=out / "logs", node_names=[H100_NODE, A100_NODE])
-        print(f"  NATS {server.url} (pid {server.proc.pid}); scheduler pid {children[0][1].pid}; "
-              f"hosts {H100_NODE} (8xH100) pid {children[1][1].pid}, {A100_NODE} (8xA100) pid {children[2][1].pid}",
-              flush=True, file=say)
+        children = start_cluster(
+            server.url,
+            out,
+            2,
+            ["8xH100", "8xA100"],
+            policy=str(out / "policy.toml"),
+            tick_ms=500,
+            log_dir=out / "logs",
+            node_names=[H100_NODE, A100_NODE],
+        )
+        print(
+            f"  NATS {server.url} (pid {server.proc.pid}); scheduler pid {children[0][1].pid}; "
+            f"hosts {H100_NODE} (8xH100) pid {children[1][1].pid}, {A100_NODE} (8xA100) pid {children[2][1].pid}",
+            flush=True,
+            file=say,
+        )
         timeline.children = children
         try:
             outcome = asyncio.run(_drive(server.url, timeline, started + DEMO_TIMEOUT_S))
@@ -339,7 +502,11 @@ def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
     else:
         _print_summary(summary)
         print(f"done in {summary['wall_s']} s; every process started was stopped")
-    good = outcome.get("finished") and summary["sagas"] and all(s["outcome"] == "committed" for s in summary["sagas"])
+    good = (
+        outcome.get("finished")
+        and summary["sagas"]
+        and all(s["outcome"] == "committed" for s in summary["sagas"])
+    )
     return 0 if good else 1
 
 
@@ -356,8 +523,10 @@ def _verify_and_export(records: list[T.Record], path: Path, keyring_file: Path) 
         state = rebuild(trusted)
     except ValueError as err:
         return f"VERIFICATION FAILED: {err}"
-    return (f"hash chain, state digests and {verifier.signatures} scheduler signatures verified "
-            f"(head {state.canonical.chain[:16]}; `xirang audit --log {path} --public-key {keyring_file}`)")
+    return (
+        f"hash chain, state digests and {verifier.signatures} scheduler signatures verified "
+        f"(head {state.canonical.chain[:16]}; `xirang audit --log {path} --public-key {keyring_file}`)"
+    )
 
 
 def clean(path: str) -> None:

@@ -39,8 +39,7 @@ def parse_simulate(spec: str) -> Inventory:
     if not match or int(match.group(1)) < 1:
         raise ValueError(f"--simulate {spec!r}: write COUNTxMODEL, for example 8xH100")
     count, model = int(match.group(1)), match.group(2)
-    gpus = [Gpu(index=i, model=model, memory_mib=81_559, uuid=f"GPU-sim-{model}-{i}")
-            for i in range(count)]
+    gpus = [Gpu(index=i, model=model, memory_mib=81_559, uuid=f"GPU-sim-{model}-{i}") for i in range(count)]
     return Inventory(model=model, gpus=gpus, simulated=True)
 
 
@@ -61,8 +60,9 @@ def discover() -> Inventory:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as err:
-        raise NoGpus(f"no NVIDIA driver found ({err}); pass --simulate 8xH100 to run a simulated "
-                     "host") from err
+        raise NoGpus(
+            f"no NVIDIA driver found ({err}); pass --simulate 8xH100 to run a simulated host"
+        ) from err
     try:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -73,8 +73,15 @@ def discover() -> Inventory:
                 util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
             except pynvml.NVMLError:
                 util = 0
-            gpus.append(Gpu(index=i, model=short_model(name), memory_mib=memory.total // 2**20,
-                            uuid=_text(pynvml.nvmlDeviceGetUUID(handle)), utilisation_pct=util))
+            gpus.append(
+                Gpu(
+                    index=i,
+                    model=short_model(name),
+                    memory_mib=memory.total // 2**20,
+                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                    utilisation_pct=util,
+                )
+            )
     finally:
         pynvml.nvmlShutdown()
     if not gpus:

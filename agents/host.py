@@ -77,8 +77,14 @@ JOB_CREDS_FILE = "nats.creds"
 SDK_WAIT_S = 5.0
 NO_KEY = "no_key"
 # What the agent's environment may hold that its jobs must not see.
-JOB_WITHHELD_ENV = ("XIRANG_CREDS", "XIRANG_JOB_CREDS", "XIRANG_SIGNING_KEY", "XIRANG_IDENTITY",
-                    "XIRANG_TLS_KEY", "XIRANG_CKPT_SECRET_FILE")
+JOB_WITHHELD_ENV = (
+    "XIRANG_CREDS",
+    "XIRANG_JOB_CREDS",
+    "XIRANG_SIGNING_KEY",
+    "XIRANG_IDENTITY",
+    "XIRANG_TLS_KEY",
+    "XIRANG_CKPT_SECRET_FILE",
+)
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -110,11 +116,19 @@ class HostAgent:
     notice, withdraw, stop, cancel), runs the jobs as processes, and reports their facts
     through its durable outbox."""
 
-    def __init__(self, url: str, node: str, inventory: Inventory, state_dir: str | os.PathLike,
-                 grace_s: float = 10.0, default_command: list[str] | None = None,
-                 keyring_path: str | os.PathLike | None = None,
-                 job_minter: JobMinter | None = None, ckpt_secret: bytes | None = None,
-                 job_user: JobUser | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        node: str,
+        inventory: Inventory,
+        state_dir: str | os.PathLike,
+        grace_s: float = 10.0,
+        default_command: list[str] | None = None,
+        keyring_path: str | os.PathLike | None = None,
+        job_minter: JobMinter | None = None,
+        ckpt_secret: bytes | None = None,
+        job_user: JobUser | None = None,
+    ) -> None:
         self.url = url
         # Who the jobs run as (None: the agent's own user). With another user, whatever the
         # agent writes is its own only (umask 077); the runs' folders are handed to the user.
@@ -175,7 +189,9 @@ class HostAgent:
             if run is not None:
                 self.outbox.job_folders[folder] = run.job
             elif (folder / JOB_MARKER).stat().st_uid != os.geteuid():
-                log.warning("host %s: ignoring %s: its job marker was not written by this agent", self.node, folder)
+                log.warning(
+                    "host %s: ignoring %s: its job marker was not written by this agent", self.node, folder
+                )
                 del self.outbox.job_folders[folder]
 
     def _lock_down_state(self) -> None:
@@ -237,12 +253,23 @@ class HostAgent:
         self.nc, self.js = await bus.connect_forever(self.url, name=f"host-{self.node}", stop=self.stop_event)
         await self._refuse_if_node_taken()
         sub = await self._retry("opening the decision consumer", self._open)
-        await self._report(T.NodeUp(node=self.node, gpu_model=self.inventory.model,
-                                    gpus=len(self.inventory.gpus)), f"up-{uuid.uuid4().hex}")
-        log.info("host %s: %d x %s up, %d runs adopted, last acted record %d", self.node,
-                 len(self.inventory.gpus), self.inventory.model, len(self.runs), self.acted.last_n)
-        tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._monitor()),
-                 asyncio.create_task(self._send_outbox())]
+        await self._report(
+            T.NodeUp(node=self.node, gpu_model=self.inventory.model, gpus=len(self.inventory.gpus)),
+            f"up-{uuid.uuid4().hex}",
+        )
+        log.info(
+            "host %s: %d x %s up, %d runs adopted, last acted record %d",
+            self.node,
+            len(self.inventory.gpus),
+            self.inventory.model,
+            len(self.runs),
+            self.acted.last_n,
+        )
+        tasks = [
+            asyncio.create_task(self._heartbeats()),
+            asyncio.create_task(self._monitor()),
+            asyncio.create_task(self._send_outbox()),
+        ]
         try:
             await self._consume(sub)
             if self.stop_event.is_set():
@@ -274,8 +301,12 @@ class HostAgent:
             run.stopping = "agent_stopped"
             self._save_run(run)
             if run.primary and (Path(run.dir) / SDK_MARKER).exists():
-                notice = {"saga": f"drain-{run.n}", "deadline_t": deadline_ms, "checkpoint_needed": True,
-                          "drain": True}
+                notice = {
+                    "saga": f"drain-{run.n}",
+                    "deadline_t": deadline_ms,
+                    "checkpoint_needed": True,
+                    "drain": True,
+                }
                 self._write_notice(run, notice)
                 _signal_group(run.pid, signal.SIGUSR1)
                 # SIGKILL (by the monitor) if it has not exited by the notice's deadline.
@@ -341,9 +372,13 @@ class HostAgent:
             # A new host only cares about decisions from now on; its node_up comes next.
             deliver = api.DeliverPolicy.NEW
         return await self.js.pull_subscribe(
-            f"{bus.HOST_PREFIX}.{self.token}.>", durable=durable, stream=bus.EV_STREAM,
-            config=api.ConsumerConfig(deliver_policy=deliver, ack_policy=api.AckPolicy.EXPLICIT,
-                                      ack_wait=30, max_deliver=-1))
+            f"{bus.HOST_PREFIX}.{self.token}.>",
+            durable=durable,
+            stream=bus.EV_STREAM,
+            config=api.ConsumerConfig(
+                deliver_policy=deliver, ack_policy=api.AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1
+            ),
+        )
 
     async def _refuse_if_node_taken(self) -> None:
         """Another agent answering for this node (from another folder or machine) means
@@ -362,11 +397,13 @@ class HostAgent:
             if other.get("instance") != self.instance:
                 raise AlreadyRunning(
                     f"an agent for node {self.node} is already running (pid {other.get('pid', '?')} on"
-                    f" {other.get('host', '?')}): stop it first, or name this node differently")
+                    f" {other.get('host', '?')}): stop it first, or name this node differently"
+                )
 
         async def answer(msg) -> None:
             body = {"instance": self.instance, "pid": os.getpid(), "host": socket.gethostname()}
             await msg.respond(json.dumps(body).encode())
+
         try:
             await self.nc.subscribe(subject, cb=answer)
         except Exception as err:  # noqa: BLE001 - a role without the subject: no claim check
@@ -380,13 +417,23 @@ class HostAgent:
             if now - last > PAUSE_DETECT_S:
                 # We were stopped (SIGSTOP, a frozen VM): our node may have been declared
                 # down and our jobs given away. Read the decisions first; report after.
-                log.warning("host %s: paused for %.1f s; catching up on decisions before reporting",
-                            self.node, now - last)
+                log.warning(
+                    "host %s: paused for %.1f s; catching up on decisions before reporting",
+                    self.node,
+                    now - last,
+                )
                 self._caught_up.clear()
             last = now
-            body = {"node": self.node, "gpu_model": self.inventory.model,
-                    "gpus": len(self.inventory.gpus), "jobs": sorted(self.runs), "t": int(time.time() * 1000),
-                    "instance": self.instance, "pid": os.getpid(), "host": socket.gethostname()}
+            body = {
+                "node": self.node,
+                "gpu_model": self.inventory.model,
+                "gpus": len(self.inventory.gpus),
+                "jobs": sorted(self.runs),
+                "t": int(time.time() * 1000),
+                "instance": self.instance,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+            }
             try:
                 await self.nc.publish(subject, json.dumps(body).encode())
             except Exception:  # noqa: BLE001 - reconnecting; the scheduler's timeout is the judge
@@ -424,16 +471,25 @@ class HostAgent:
             await msg.nak(delay=1)
             return
         if problem:
-            log.error("host %s: refusing record %d (%s): %s", self.node, record.n,
-                      T.type_name(record.event), problem)
+            log.error(
+                "host %s: refusing record %d (%s): %s",
+                self.node,
+                record.n,
+                T.type_name(record.event),
+                problem,
+            )
             await self._ack(msg)
             return
         if record.n > self.acted.last_n:
             try:
                 await self._act(record)
             except Exception:  # noqa: BLE001 - one bad decision must not stop the host
-                log.exception("host %s: acting on record %d (%s) failed; skipped", self.node,
-                              record.n, T.type_name(record.event))
+                log.exception(
+                    "host %s: acting on record %d (%s) failed; skipped",
+                    self.node,
+                    record.n,
+                    T.type_name(record.event),
+                )
             self.acted.last_n = record.n
             self._save_acted()
         await self._ack(msg)
@@ -450,9 +506,12 @@ class HostAgent:
             path = self.keyring_path
             if path is None or not path.exists():
                 if not self._warned_no_key:
-                    log.error("host %s: no scheduler public key at %s: pass --public-key FILE "
-                              "(from `xirang key create`); decisions wait until it is there",
-                              self.node, path)
+                    log.error(
+                        "host %s: no scheduler public key at %s: pass --public-key FILE "
+                        "(from `xirang key create`); decisions wait until it is there",
+                        self.node,
+                        path,
+                    )
                     self._warned_no_key = True
                 return NO_KEY
             self.keyring = KeyRing.load(path)
@@ -490,16 +549,21 @@ class HostAgent:
         adopted = find_marked_process(marker, str(run_dir))
         run_dir.mkdir(parents=True, exist_ok=True)
         self._hand_over(run_dir)
-        run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume,
-                  started_t=time.time())
+        run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume, started_t=time.time())
         if adopted:
             run.pid = adopted
         else:
             run.pid = self._spawn(run, marker, gpus, ev)
         self.runs[ev.job] = run
         self._save_run(run)
-        log.info("host %s: %s %s on GPUs %s (pid %d)", self.node,
-                 "resumed" if resume else "started", ev.job, gpus, run.pid)
+        log.info(
+            "host %s: %s %s on GPUs %s (pid %d)",
+            self.node,
+            "resumed" if resume else "started",
+            ev.job,
+            gpus,
+            run.pid,
+        )
         if primary and not resume:
             # An SDK job restoring a checkpoint reports `started` itself, after checking
             # the checkpoint's digest (a bad one must be reported before it starts).
@@ -533,19 +597,21 @@ class HostAgent:
             env.update(HOME=run.dir, USER=self.job_user.name, LOGNAME=self.job_user.name)
         outbox = self.outbox.watch_job(Path(run.dir) / "outbox", ev.job)
         self._hand_over(outbox)
-        env.update({
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
-            MARKER_ENV: marker,
-            "XR_JOB": ev.job,
-            "XR_NODE": self.node,
-            "XR_NATS_URL": self.url,
-            "XR_JOB_DIR": run.dir,
-            "XR_OUTBOX": str(outbox),
-            "XR_PRIMARY": "1" if run.primary else "0",
-            "XR_REPORT_STARTED": "1" if run.resume and run.primary else "0",
-            "XR_RESUME_STEP": str(getattr(ev, "ckpt_step", 0) or 0),
-            "XR_RESUME_DIGEST": getattr(ev, "ckpt_digest", "") or "",
-        })
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+                MARKER_ENV: marker,
+                "XR_JOB": ev.job,
+                "XR_NODE": self.node,
+                "XR_NATS_URL": self.url,
+                "XR_JOB_DIR": run.dir,
+                "XR_OUTBOX": str(outbox),
+                "XR_PRIMARY": "1" if run.primary else "0",
+                "XR_REPORT_STARTED": "1" if run.resume and run.primary else "0",
+                "XR_RESUME_STEP": str(getattr(ev, "ckpt_step", 0) or 0),
+                "XR_RESUME_DIGEST": getattr(ev, "ckpt_digest", "") or "",
+            }
+        )
         out = open(Path(run.dir) / "output.log", "ab")
         self._hand_over(Path(run.dir) / "output.log")
         import subprocess
@@ -554,8 +620,14 @@ class HostAgent:
 
         proc = subprocess.Popen(
             [sys.executable, "-m", "agents.jobwrap", str(Path(run.dir) / EXIT_FILE), "--", *command],
-            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=os.getcwd(), **as_user)
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=os.getcwd(),
+            **as_user,
+        )
         out.close()
         self._children[proc.pid] = proc
         return proc.pid
@@ -611,8 +683,10 @@ class HostAgent:
         deadline = time.monotonic() + self.grace_s + 5
         while self.runs and time.monotonic() < deadline:
             await asyncio.sleep(MONITOR_S)
-        await self._report(T.NodeUp(node=self.node, gpu_model=self.inventory.model,
-                                    gpus=len(self.inventory.gpus)), f"up-{uuid.uuid4().hex}")
+        await self._report(
+            T.NodeUp(node=self.node, gpu_model=self.inventory.model, gpus=len(self.inventory.gpus)),
+            f"up-{uuid.uuid4().hex}",
+        )
 
     # ------------------------------------------------------------ processes
 
@@ -672,10 +746,16 @@ class HostAgent:
         elif run.notified:
             await self._report(T.Released(job=run.job, attempt=run.n), f"{marker}:released")
         else:
-            await self._report(T.Finished(job=run.job, ok=rc == 0, exit_code=rc, attempt=run.n),
-                               f"{marker}:finished")
-        log.info("host %s: %s exited (status %s)%s", self.node, run.job, rc,
-                 f", {run.stopping}" if run.stopping else "")
+            await self._report(
+                T.Finished(job=run.job, ok=rc == 0, exit_code=rc, attempt=run.n), f"{marker}:finished"
+            )
+        log.info(
+            "host %s: %s exited (status %s)%s",
+            self.node,
+            run.job,
+            rc,
+            f", {run.stopping}" if run.stopping else "",
+        )
         self._drop_run(run)
 
     async def _report(self, inp: T.Input, msg_id: str) -> None:

@@ -33,8 +33,14 @@ class Cluster:
     """A nats-server under `root` plus the scheduler and agent processes started through
     it; `close()` (or leaving the `with` block) stops them by pid, then the server."""
 
-    def __init__(self, root: Path, policy: str = FAST_POLICY, tick_ms: int = 200,
-                 lease_ms: int = 1000, node_timeout_ms: int = 10_000) -> None:
+    def __init__(
+        self,
+        root: Path,
+        policy: str = FAST_POLICY,
+        tick_ms: int = 200,
+        lease_ms: int = 1000,
+        node_timeout_ms: int = 10_000,
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.policy_path = self.root / "policy.toml"
@@ -52,23 +58,59 @@ class Cluster:
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
         out = open(self.logs / log_name, "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "xirang.cli", *args], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "xirang.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+        )
         out.close()
         self.procs.append(proc)
         return proc
 
     def scheduler(self, instance: str = "s1", *extra: str) -> subprocess.Popen:
         """Start a scheduler process (`instance` its id) on this cluster."""
-        return self._spawn(["scheduler", *extra, "--nats", self.url, "--id", instance, "--data-dir", str(self.root),
-                            "--tick-ms", str(self.tick_ms), "--lease-ms", str(self.lease_ms),
-                            "--node-timeout-ms", str(self.node_timeout_ms),
-                            "--policy", str(self.policy_path)], f"{instance}.log")
+        return self._spawn(
+            [
+                "scheduler",
+                *extra,
+                "--nats",
+                self.url,
+                "--id",
+                instance,
+                "--data-dir",
+                str(self.root),
+                "--tick-ms",
+                str(self.tick_ms),
+                "--lease-ms",
+                str(self.lease_ms),
+                "--node-timeout-ms",
+                str(self.node_timeout_ms),
+                "--policy",
+                str(self.policy_path),
+            ],
+            f"{instance}.log",
+        )
 
     def agent(self, node: str = "h1", spec: str = "8xH100", grace_s: float = 1.0) -> subprocess.Popen:
         """Start a host agent process for `node` with simulated GPUs `spec`."""
-        return self._spawn(["agent", "--nats", self.url, "--node", node, "--simulate", spec,
-                            "--data-dir", str(self.root), "--grace-s", str(grace_s)], f"{node}.log")
+        return self._spawn(
+            [
+                "agent",
+                "--nats",
+                self.url,
+                "--node",
+                node,
+                "--simulate",
+                spec,
+                "--data-dir",
+                str(self.root),
+                "--grace-s",
+                str(grace_s),
+            ],
+            f"{node}.log",
+        )
 
     def kill(self, proc: subprocess.Popen) -> None:
         """SIGKILL a process this cluster started, by pid, and reap it."""
@@ -112,22 +154,28 @@ class Cluster:
                 return await coro_fn(nc, js)
             finally:
                 await nc.close()
+
         return asyncio.run(go())
 
     def send(self, *inputs: T.Input) -> list[tuple[str, int, bool]]:
         """Publish inputs on XR_IN: (subject, stream seq, duplicate) for each."""
+
         async def go(nc, js):
             return [await bus.send_input(js, inp) for inp in inputs]
+
         return self._run(go)
 
     def records(self) -> list[T.Record]:
         """Every record of the log so far."""
+
         async def go(nc, js):
             return [r for _, r in await bus.all_records(js)]
+
         return self._run(go)
 
     def raw_log(self) -> list[tuple[str, bytes, dict]]:
         """Every XR_EV message: (subject, data, headers)."""
+
         async def go(nc, js):
             end = await bus.stream_last_seq(js, bus.EV_STREAM)
             out = []
@@ -135,10 +183,12 @@ class Cluster:
                 msg = await js.get_msg(bus.EV_STREAM, seq)
                 out.append((msg.subject, msg.data, msg.headers or {}))
             return out
+
         return self._run(go)
 
     def inputs(self) -> list[tuple[int, T.Input]]:
         """Every message of XR_IN so far, decoded: (stream seq, input)."""
+
         async def go(nc, js):
             end = await bus.stream_last_seq(js, bus.IN_STREAM)
             out = []
@@ -146,6 +196,7 @@ class Cluster:
                 msg = await js.get_msg(bus.IN_STREAM, seq)
                 out.append((seq, T.parse_input(msg.data)))
             return out
+
         return self._run(go)
 
     def wait(self, predicate, timeout_s: float = 20.0, what: str = "condition") -> list[T.Record]:
@@ -157,27 +208,45 @@ class Cluster:
                 return records
             if time.monotonic() > deadline:
                 tail = [f"{r.n} {T.type_name(r.event)} {getattr(r.event, 'job', '')}" for r in records[-15:]]
-                raise AssertionError(f"{what} not reached in {timeout_s} s; log tail: {tail}; "
-                                     f"logs in {self.logs}")
+                raise AssertionError(
+                    f"{what} not reached in {timeout_s} s; log tail: {tail}; logs in {self.logs}"
+                )
             time.sleep(0.2)
 
     def wait_for(self, kind, timeout_s: float = 20.0, count: int = 1, **fields) -> list[T.Record]:
         """Wait until the log holds `count` events of `kind` with these field values."""
-        return self.wait(lambda rs: len(matching(rs, kind, **fields)) >= count, timeout_s,
-                         f"{count} x {kind.__name__} {fields}")
+        return self.wait(
+            lambda rs: len(matching(rs, kind, **fields)) >= count,
+            timeout_s,
+            f"{count} x {kind.__name__} {fields}",
+        )
 
 
 def matching(records, kind, **fields) -> list[T.Record]:
     """The records whose event is a `kind` with these field values."""
-    return [r for r in records if isinstance(r.event, kind)
-            and all(getattr(r.event, k) == v for k, v in fields.items())]
+    return [
+        r
+        for r in records
+        if isinstance(r.event, kind) and all(getattr(r.event, k) == v for k, v in fields.items())
+    ]
 
 
-def train_command(steps: int, step_ms: float = 10, ckpt_s: float | None = None, seed: int = 1,
-                  log_every: int = 10) -> list[str]:
+def train_command(
+    steps: int, step_ms: float = 10, ckpt_s: float | None = None, seed: int = 1, log_every: int = 10
+) -> list[str]:
     """examples/train_numpy.py (the SDK: safe points and checkpoints) as a job's command."""
-    cmd = [sys.executable, str(REPO / "examples" / "train_numpy.py"), "--steps", str(steps),
-           "--step-ms", str(step_ms), "--seed", str(seed), "--log-every", str(log_every)]
+    cmd = [
+        sys.executable,
+        str(REPO / "examples" / "train_numpy.py"),
+        "--steps",
+        str(steps),
+        "--step-ms",
+        str(step_ms),
+        "--seed",
+        str(seed),
+        "--log-every",
+        str(log_every),
+    ]
     if ckpt_s:
         cmd += ["--checkpoint-every-s", str(ckpt_s)]
     return cmd

@@ -23,5 +23,7 @@ def job_output_paths(records, job: str, hosts_dir: Path) -> list[Path] | None:
         seen = True
         if isinstance(ev, (T.JobStartRequested, T.JobResumeRequested)) and ev.placement:
             node = ev.placement[0].node
-            paths.append(Path(hosts_dir) / node_token(node) / "runs" / f"{node_token(job)}-{record.n}" / "output.log")
+            paths.append(
+                Path(hosts_dir) / node_token(node) / "runs" / f"{node_token(job)}-{record.n}" / "output.log"
+            )
     return paths if seen else None

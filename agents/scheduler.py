@@ -53,8 +53,9 @@ def stamped_input(data: bytes, seq: int, now: int, state_t: int, subject: str = 
     taken (never earlier than the state's) and its sender, read from the subject the
     server authenticated (never from the body), with `operator` as that subject vouches."""
     inp = bus.vouched(parse_input(data), subject)
-    return msgspec.structs.replace(inp, t=max(now, state_t), seq=seq,
-                                   origin=origin_of_subject(subject, bus.IN_PREFIX))
+    return msgspec.structs.replace(
+        inp, t=max(now, state_t), seq=seq, origin=origin_of_subject(subject, bus.IN_PREFIX)
+    )
 
 
 class EffectsTooLarge(RuntimeError):
@@ -76,11 +77,21 @@ class Scheduler:
     core on each input from XR_IN, and appends the records atomically; a standby follows the
     log and takes over when the lease lapses."""
 
-    def __init__(self, url: str, instance: str | None = None, tick_ms: int = 1000,
-                 group_max: int = 256, node_timeout_ms: int = 10_000, lease_ms: int = 3000,
-                 snapshot_every_events: int = 5000, snapshot_every_ms: int = 30_000,
-                 policy: dict | None = None, linger_ms: float | None = None,
-                 signer=None, keyring=None) -> None:
+    def __init__(
+        self,
+        url: str,
+        instance: str | None = None,
+        tick_ms: int = 1000,
+        group_max: int = 256,
+        node_timeout_ms: int = 10_000,
+        lease_ms: int = 3000,
+        snapshot_every_events: int = 5000,
+        snapshot_every_ms: int = 30_000,
+        policy: dict | None = None,
+        linger_ms: float | None = None,
+        signer=None,
+        keyring=None,
+    ) -> None:
         self.url = url
         # The log is signed with `signer` (trust.signing.Signer); records and snapshots
         # read back are trusted only under `keyring` (its own key and any rotated ones).
@@ -117,8 +128,12 @@ class Scheduler:
         # forever, and a reconnect makes the leader re-read the log (its consumer and any
         # batch in flight may be gone) and gives every host a full timeout again.
         self.nc, self.js = await bus.connect_forever(
-            self.url, name=self.instance, stop=self.stop_event,
-            disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected)
+            self.url,
+            name=self.instance,
+            stop=self.stop_event,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+        )
         await self._retry("creating streams", self._open_buckets)
         hb = await self.nc.subscribe(f"{bus.HB_PREFIX}.*", cb=self._on_heartbeat)
         try:
@@ -131,8 +146,12 @@ class Scheduler:
                     log.warning("%s: %s; re-reading the log", self.instance, why)
                 except SignatureError as err:
                     # Never adopt a record we did not sign: stop leading until it is gone.
-                    log.error("%s: the log holds a record the scheduler did not sign: %s; refusing "
-                              "to act on it (run `xirang audit`)", self.instance, err)
+                    log.error(
+                        "%s: the log holds a record the scheduler did not sign: %s; refusing "
+                        "to act on it (run `xirang audit`)",
+                        self.instance,
+                        err,
+                    )
                     await self._sleep(5.0)
                 except Exception:  # noqa: BLE001 - NATS trouble: step down, re-read, try again
                     log.exception("%s: leading failed; re-reading the log", self.instance)
@@ -244,18 +263,32 @@ class Scheduler:
             stats.update(snapshot_seq=self.ev_seq, tail_records=await self._follow())
         if self.state is None:
             self.state, self.ev_seq = await bus.load_state(self.js, stats=stats, keyring=self.keyring)
-        log.info("%s: state at record %d (snapshot at XR_EV seq %d + %d tail records), XR_EV seq %d,"
-                 " XR_IN seq %d, %d open sagas", self.instance, self.state.canonical.events_n,
-                 stats["snapshot_seq"], stats["tail_records"], self.ev_seq,
-                 self.state.canonical.last_input_seq, len(self.state.canonical.sagas))
+        log.info(
+            "%s: state at record %d (snapshot at XR_EV seq %d + %d tail records), XR_EV seq %d,"
+            " XR_IN seq %d, %d open sagas",
+            self.instance,
+            self.state.canonical.events_n,
+            stats["snapshot_seq"],
+            stats["tail_records"],
+            self.ev_seq,
+            self.state.canonical.last_input_seq,
+            len(self.state.canonical.sagas),
+        )
         for name in self.state.canonical.nodes:  # every host gets a full timeout after a takeover
             self._heard.setdefault(name, started)
         queue: asyncio.Queue = asyncio.Queue()
         sub = await self.js.subscribe(
-            f"{bus.IN_PREFIX}.>", stream=bus.IN_STREAM, ordered_consumer=True,
-            cb=self._enqueue(queue), pending_msgs_limit=-1, pending_bytes_limit=-1,
-            config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                      opt_start_seq=self.state.canonical.last_input_seq + 1))
+            f"{bus.IN_PREFIX}.>",
+            stream=bus.IN_STREAM,
+            ordered_consumer=True,
+            cb=self._enqueue(queue),
+            pending_msgs_limit=-1,
+            pending_bytes_limit=-1,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=self.state.canonical.last_input_seq + 1,
+            ),
+        )
         self.leading.set()
         try:
             await self._ensure_policy()
@@ -286,6 +319,7 @@ class Scheduler:
     def _enqueue(queue: asyncio.Queue):
         async def on_msg(msg) -> None:
             queue.put_nowait(msg)
+
         return on_msg
 
     async def _ensure_policy(self) -> None:
@@ -294,9 +328,13 @@ class Scheduler:
         if with_params(self.state.canonical.policy, self.policy) == self.state.canonical.policy:
             return
         tag = uuid.uuid5(uuid.NAMESPACE_URL, json.dumps(self.policy, sort_keys=True)).hex
-        await bus.send_input(self.js, T.SetPolicy(params=self.policy, by=self.instance,
-                                                  reason="scheduler --policy", id=f"policy-{tag}"),
-                             sender=self.sender)
+        await bus.send_input(
+            self.js,
+            T.SetPolicy(
+                params=self.policy, by=self.instance, reason="scheduler --policy", id=f"policy-{tag}"
+            ),
+            sender=self.sender,
+        )
 
     async def _loop(self, queue: asyncio.Queue) -> None:
         next_tick = time.monotonic()
@@ -321,8 +359,10 @@ class Scheduler:
                 await self._renew_lease()
                 next_renew = time.monotonic() + self.lease_ms / 3000
             n = self.state.canonical.events_n
-            if n != last_snapshot_n and (n - last_snapshot_n >= self.snapshot_every_events or
-                                         time.monotonic() - last_snapshot_at >= self.snapshot_every_ms / 1000):
+            if n != last_snapshot_n and (
+                n - last_snapshot_n >= self.snapshot_every_events
+                or time.monotonic() - last_snapshot_at >= self.snapshot_every_ms / 1000
+            ):
                 await bus.save_snapshot(self.js, self.state, self.ev_seq, self.signer)
                 last_snapshot_n, last_snapshot_at = n, time.monotonic()
 
@@ -351,8 +391,9 @@ class Scheduler:
         seq = msg.metadata.sequence.stream
         if seq <= self.state.canonical.last_input_seq:
             return pending  # applied before a restart: skip, never apply twice
-        return await self._apply(stamped_input(msg.data, seq, now_ms(), self.state.canonical.t, msg.subject),
-                                 pending)
+        return await self._apply(
+            stamped_input(msg.data, seq, now_ms(), self.state.canonical.t, msg.subject), pending
+        )
 
     async def _apply(self, inp: T.Input, pending: list) -> list:
         try:
@@ -361,8 +402,10 @@ class Scheduler:
             if len(messages) > bus.BATCH_MESSAGES_MAX:
                 # One input's records never split, and the server refuses a bigger batch:
                 # appending it would fail the same way after every re-read.
-                raise EffectsTooLarge(f"{len(messages)} log messages for one input; one atomic batch"
-                                      f" holds at most {bus.BATCH_MESSAGES_MAX}")
+                raise EffectsTooLarge(
+                    f"{len(messages)} log messages for one input; one atomic batch"
+                    f" holds at most {bus.BATCH_MESSAGES_MAX}"
+                )
         except Exception as err:  # noqa: BLE001 - one input must never halt the scheduler
             records, pending = await self._reject_internal(inp, err, pending)
             messages = bus.record_messages(records, self.signer)
@@ -374,24 +417,38 @@ class Scheduler:
         pending.extend(messages)
         return pending
 
-    async def _reject_internal(self, inp: T.Input, err: Exception,
-                               pending: list) -> tuple[list[T.Record], list]:
+    async def _reject_internal(
+        self, inp: T.Input, err: Exception, pending: list
+    ) -> tuple[list[T.Record], list]:
         """`step` raised: the state may be half changed. Append what came before, fold the
         state back from the log (the state before this input), record the input as
         rejected with `internal_error`, and raise an alert. The scheduler goes on."""
         words = f"{type(err).__name__}: {err}"
-        log.error("%s: internal error on input %s (XR_IN seq %d): %s; rejected, state re-read",
-                  self.instance, T.type_name(inp), inp.seq, words, exc_info=err)
+        log.error(
+            "%s: internal error on input %s (XR_IN seq %d): %s; rejected, state re-read",
+            self.instance,
+            T.type_name(inp),
+            inp.seq,
+            words,
+            exc_info=err,
+        )
         await self._flush(pending)
         self.state, self.ev_seq = await bus.load_state(self.js, keyring=self.keyring)
         try:
             records = reject_input(self.state, inp, INTERNAL_ERROR, words)
         except Exception:  # noqa: BLE001 - the input cannot even be named: record it bare
-            records = reject_input(self.state, T.Malformed(raw="", error="", t=inp.t, seq=inp.seq),
-                             INTERNAL_ERROR, words)
+            records = reject_input(
+                self.state, T.Malformed(raw="", error="", t=inp.t, seq=inp.seq), INTERNAL_ERROR, words
+            )
         self.internal_errors += 1
-        alert = {"kind": INTERNAL_ERROR, "instance": self.instance, "input_type": T.type_name(inp),
-                 "input_seq": inp.seq, "error": words[:2000], "t": inp.t}
+        alert = {
+            "kind": INTERNAL_ERROR,
+            "instance": self.instance,
+            "input_type": T.type_name(inp),
+            "input_seq": inp.seq,
+            "error": words[:2000],
+            "t": inp.t,
+        }
         try:
             await self.nc.publish(f"{bus.ALERT_PREFIX}.{INTERNAL_ERROR}", json.dumps(alert).encode())
         except Exception:  # noqa: BLE001 - the log records it anyway
@@ -429,9 +486,15 @@ class Scheduler:
             if silent_s > timeout_s and now - self._down_sent.get(name, 0) > timeout_s:
                 self._down_sent[name] = now
                 log.warning("%s: host %s silent for %.1f s: node_down", self.instance, name, silent_s)
-                await bus.send_input(self.js, sender=self.sender, inp=T.NodeDown(
-                    node=name, reason="heartbeat_lost",
-                    id=f"node_down-{name}-{self.state.canonical.events_n}"))
+                await bus.send_input(
+                    self.js,
+                    sender=self.sender,
+                    inp=T.NodeDown(
+                        node=name,
+                        reason="heartbeat_lost",
+                        id=f"node_down-{name}-{self.state.canonical.events_n}",
+                    ),
+                )
 
     async def _sleep(self, seconds: float) -> None:
         try:

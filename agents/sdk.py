@@ -178,7 +178,11 @@ class Job:
             try:
                 return action()
             except Exception as err:  # noqa: BLE001 - the bus is away
-                print(f"xirang sdk: {what} failed ({err!r}); retrying in {delay:.1f} s", file=sys.stderr, flush=True)
+                print(
+                    f"xirang sdk: {what} failed ({err!r}); retrying in {delay:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 time.sleep(delay)
                 delay = min(bus.CONNECT_BACKOFF_MAX_S, delay * 2)
 
@@ -212,8 +216,10 @@ class Job:
             return "", 0
         saved = self._try_checkpoint(step, state)
         if saved is None:
-            self._report(T.CheckpointFailed(job=self.job, reason="upload_failed"),
-                         f"ckpt-failed-{step}-{time.time_ns()}")
+            self._report(
+                T.CheckpointFailed(job=self.job, reason="upload_failed"),
+                f"ckpt-failed-{step}-{time.time_ns()}",
+            )
             return "", 0
         return saved
 
@@ -224,8 +230,11 @@ class Job:
             self._upload_failed(step, "not connected to NATS")
             return None
         self._report(T.CheckpointStarted(job=self.job), f"ckpt-start-{step}-{time.time_ns()}")
-        payload = {"step": step, "state": state,
-                   "rng": {"python": random.getstate(), "numpy": _numpy_rng_state()}}
+        payload = {
+            "step": step,
+            "state": state,
+            "rng": {"python": random.getstate(), "numpy": _numpy_rng_state()},
+        }
         data = ckptfile.encode(payload, ckptfile.key_from_env())
         digest = digest_of(data)
         try:
@@ -233,8 +242,10 @@ class Job:
         except Exception as err:  # noqa: BLE001 - retried at a later safe point
             self._upload_failed(step, repr(err))
             return None
-        self._report(T.CheckpointSaved(job=self.job, step=step, digest=digest, bytes=len(data)),
-                     f"ckpt-saved-{step}-{digest[7:19]}")
+        self._report(
+            T.CheckpointSaved(job=self.job, step=step, digest=digest, bytes=len(data)),
+            f"ckpt-saved-{step}-{digest[7:19]}",
+        )
         self._last_ckpt = time.monotonic()
         self._ckpt_retry_s = CKPT_RETRY_FIRST_S
         return digest, len(data)
@@ -243,17 +254,27 @@ class Job:
         index = [e for e in self._read_index() if e["step"] != step]
         # The slot of the oldest checkpoint kept is reused (a job cannot delete: the stream
         # keeps one message per subject); the newest keep-1 stay untouched.
-        recent = {e.get("slot") for e in index[-(self.keep - 1):]} if self.keep > 1 else set()
+        recent = {e.get("slot") for e in index[-(self.keep - 1) :]} if self.keep > 1 else set()
         slot = next(s for s in range(self.keep) if s not in recent)
         self._call(ckptstore.put(self.js, self.job, self.node, slot, data))
         index.append({"step": step, "digest": digest, "bytes": len(data), "slot": slot, "node": self.node})
-        index = index[-self.keep:]
-        self._call(ckptstore.put_index(self.js, self.job, self.node,
-                                       ckptfile.seal(json.dumps(index).encode(), ckptfile.key_from_env())))
+        index = index[-self.keep :]
+        self._call(
+            ckptstore.put_index(
+                self.js,
+                self.job,
+                self.node,
+                ckptfile.seal(json.dumps(index).encode(), ckptfile.key_from_env()),
+            )
+        )
 
     def _upload_failed(self, step: int, why: str) -> None:
-        print(f"xirang sdk: checkpoint of step {step} not saved ({why}); retrying in"
-              f" {self._ckpt_retry_s:.0f} s", file=sys.stderr, flush=True)
+        print(
+            f"xirang sdk: checkpoint of step {step} not saved ({why}); retrying in"
+            f" {self._ckpt_retry_s:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         # Due again after the backoff, not after a whole interval.
         interval = self.checkpoint_every_s or 0.0
         self._last_ckpt = time.monotonic() - max(0.0, interval - self._ckpt_retry_s)
@@ -279,8 +300,10 @@ class Job:
                     restored = payload
                     break
                 self.fallbacks.append(entry["digest"])
-                self._report(T.CheckpointFailed(job=self.job, reason="digest_mismatch",
-                                                digest=entry["digest"]), f"bad-{entry['digest'][7:23]}")
+                self._report(
+                    T.CheckpointFailed(job=self.job, reason="digest_mismatch", digest=entry["digest"]),
+                    f"bad-{entry['digest'][7:23]}",
+                )
         if os.environ.get("XR_REPORT_STARTED") == "1":
             self._report(T.Started(job=self.job), "started")
         self._last_ckpt = time.monotonic()
@@ -300,7 +323,8 @@ class Job:
         for slot in slots:
             data = self._retry_forever(
                 f"fetching checkpoint step {entry['step']}",
-                lambda slot=slot: self._call(ckptstore.get(self.js, self.job, slot, node)))
+                lambda slot=slot: self._call(ckptstore.get(self.js, self.job, slot, node)),
+            )
             if data is not None and digest_of(data) == entry["digest"]:
                 break
         if data is None:

@@ -12,7 +12,24 @@ from .state import State, load_snapshot, snapshot_bytes, state_digest
 from .types import Record, decode_record, encode, parse_input
 
 __all__ = [
-    "ChainError", "DigestMismatch", "Policy", "PolicyError", "Record", "State", "apply_record",
-    "decode_record", "encode", "load_policy_toml", "load_snapshot", "new_state", "next_due_t", "parse_input", "rebuild",
-    "run_inputs", "snapshot_bytes", "state_digest", "step", "with_params",
+    "ChainError",
+    "DigestMismatch",
+    "Policy",
+    "PolicyError",
+    "Record",
+    "State",
+    "apply_record",
+    "decode_record",
+    "encode",
+    "load_policy_toml",
+    "load_snapshot",
+    "new_state",
+    "next_due_t",
+    "parse_input",
+    "rebuild",
+    "run_inputs",
+    "snapshot_bytes",
+    "state_digest",
+    "step",
+    "with_params",
 ]

@@ -82,13 +82,17 @@ def raw_problem(data: bytes | str) -> tuple[str, str] | None:
     """Size and nesting of an input's bytes, checked before they are decoded."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     if len(raw) > INPUT_BYTES_MAX:
-        return ("input_too_large",
-                f"{len(raw)} bytes; an input may have at most {INPUT_BYTES_MAX} bytes"
-                " (shorten the command, or pass large data by reference)")
+        return (
+            "input_too_large",
+            f"{len(raw)} bytes; an input may have at most {INPUT_BYTES_MAX} bytes"
+            " (shorten the command, or pass large data by reference)",
+        )
     depth = json_depth(raw, JSON_DEPTH_MAX)
     if depth > JSON_DEPTH_MAX:
-        return ("input_nested_too_deep",
-                f"arrays and objects nest more than {JSON_DEPTH_MAX} levels; an input needs at most a few")
+        return (
+            "input_nested_too_deep",
+            f"arrays and objects nest more than {JSON_DEPTH_MAX} levels; an input needs at most a few",
+        )
     return None
 
 
@@ -161,9 +165,11 @@ def _text_problem(name: str, value: str, chars_max: int) -> tuple[str, str] | No
 def _int_problem(name: str, value: int) -> tuple[str, str] | None:
     low, high = _INT_RANGES.get(name, (-COUNTER_MAX, COUNTER_MAX))
     if name == "gpus" and value > JOB_GPUS_MAX:
-        return ("gpus_too_many",
-                f"{value} GPUs; no pool could hold that many (at most {JOB_GPUS_MAX} for a job,"
-                f" {NODE_GPUS_MAX} on a node)")
+        return (
+            "gpus_too_many",
+            f"{value} GPUs; no pool could hold that many (at most {JOB_GPUS_MAX} for a job,"
+            f" {NODE_GPUS_MAX} on a node)",
+        )
     if not low <= value <= high:
         return f"{name}_out_of_range", f"{name}={value}; it must be {low}..{high}"
     return None
@@ -173,8 +179,7 @@ def _float_problem(name: str, value: float) -> tuple[str, str] | None:
     if math.isnan(value) or math.isinf(value):
         return f"{name}_must_be_a_number", f"{name}={value}; give a finite number or leave it out"
     if name in _DURATION_FIELDS and value > DURATION_S_MAX:
-        return (f"{name}_too_large",
-                f"{name}={value:g} s; at most {DURATION_S_MAX:g} s (a year)")
+        return (f"{name}_too_large", f"{name}={value:g} s; at most {DURATION_S_MAX:g} s (a year)")
     if abs(value) > 2.0**63:
         return f"{name}_out_of_range", f"{name}={value:g}"
     return None
@@ -218,7 +223,10 @@ def _param_problem(path: str, value: Any) -> tuple[str, str] | None:
         return None
     if isinstance(value, (int, float)):
         if not math.isfinite(value) or abs(value) > POLICY_NUMBER_MAX:
-            return "policy_value_out_of_range", f"{path}={value}; numbers must be finite, at most {POLICY_NUMBER_MAX:g}"
+            return (
+                "policy_value_out_of_range",
+                f"{path}={value}; numbers must be finite, at most {POLICY_NUMBER_MAX:g}",
+            )
         return None
     if isinstance(value, str):
         return _text_problem("params", value, NAME_CHARS_MAX)
@@ -245,5 +253,8 @@ def _encodable(text: str) -> bool:
 
 def limits() -> dict[str, int | float]:
     """The limits, by name (for documentation and `xirang` help)."""
-    return {name: value for name, value in sorted(globals().items())
-            if name.isupper() and not name.startswith("_") and isinstance(value, (int, float))}
+    return {
+        name: value
+        for name, value in sorted(globals().items())
+        if name.isupper() and not name.startswith("_") and isinstance(value, (int, float))
+    }

@@ -52,7 +52,9 @@ def victim_preemptible_now(state: State, victim: Job, preemptor: Job) -> bool:
     if victim.user == preemptor.user:
         return True
     win = c.user_windows.get(victim.user)
-    if win is not None and window_count(win.preempted, t, p.fairness_window_ms) >= scaled_limit(state, p.user_preempted_max):
+    if win is not None and window_count(win.preempted, t, p.fairness_window_ms) >= scaled_limit(
+        state, p.user_preempted_max
+    ):
         return False
     return True
 
@@ -64,11 +66,20 @@ def user_preempting_exhausted(state: State, job: Job) -> bool:
     if win is None:
         return False
     return window_count(win.preempting, c.t, c.policy.fairness_window_ms) >= scaled_limit(
-        state, c.policy.user_preempting_max)
+        state, c.policy.user_preempting_max
+    )
 
 
-def eligible_victims(state: State, job: Job, p: Policy, guard: Guard, models: list[str],
-                     held: dict[str, int], reclaim: bool, own_only: bool) -> list[Job]:
+def eligible_victims(
+    state: State,
+    job: Job,
+    p: Policy,
+    guard: Guard,
+    models: list[str],
+    held: dict[str, int],
+    reclaim: bool,
+    own_only: bool,
+) -> list[Job]:
     """The jobs a preemption (or reclaim) for `job` may take, by level then id: eligible by
     priority (or reclaim), only the user's own when the user is past the allowance, within
     the guard for a reclaim, with GPUs on a node of an accepted model not held for others."""
@@ -80,11 +91,15 @@ def eligible_victims(state: State, job: Job, p: Policy, guard: Guard, models: li
     else:
         first_level, eligible_now = max(p.preempts_from_level[job.level], job.level + 1), victim_eligible
     last_level = min(LEVELS, job.level + depth_limits(p, job)[1] + 1)  # levels down, at most
-    return [c.jobs[victim_id]
-            for level in range(first_level, last_level)
-            for victim_id in sorted(ix.holding_by_level[level])
-            if (not own_only or c.jobs[victim_id].user == job.user)
-            and eligible_now(state, job, c.jobs[victim_id])
-            and (not reclaim or guard.allows({}, c.jobs[victim_id]))
-            and any(c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
-                    for slot in c.jobs[victim_id].placement)]
+    return [
+        c.jobs[victim_id]
+        for level in range(first_level, last_level)
+        for victim_id in sorted(ix.holding_by_level[level])
+        if (not own_only or c.jobs[victim_id].user == job.user)
+        and eligible_now(state, job, c.jobs[victim_id])
+        and (not reclaim or guard.allows({}, c.jobs[victim_id]))
+        and any(
+            c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
+            for slot in c.jobs[victim_id].placement
+        )
+    ]

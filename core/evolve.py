@@ -12,10 +12,38 @@ import hashlib
 from . import types as T
 from .policy import with_params
 from .state import (
-    FINISHED, HELD, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING,
-    Checkpoint, Job, Ledger, LevelWait, Node, Saga, State, Window, Estimate,
-    forget_node, forget_release_lists, forget_releases, forget_remaining, hold_add, hold_remove, job_progress_ms, queue_add,
-    queue_remove, set_holder, touch_job, _index_node_capacity, node_free_count, rebuild_index,
+    FINISHED,
+    HELD,
+    HOLDING,
+    PREEMPTING,
+    QUEUED,
+    RELEASED,
+    RESERVED,
+    RUNNING,
+    STARTING,
+    Checkpoint,
+    Job,
+    Ledger,
+    LevelWait,
+    Node,
+    Saga,
+    State,
+    Window,
+    Estimate,
+    forget_node,
+    forget_release_lists,
+    forget_releases,
+    forget_remaining,
+    hold_add,
+    hold_remove,
+    job_progress_ms,
+    queue_add,
+    queue_remove,
+    set_holder,
+    touch_job,
+    _index_node_capacity,
+    node_free_count,
+    rebuild_index,
 )
 
 LEVEL_WAIT_HORIZON = 100  # samples in the running mean of a level's wait
@@ -62,8 +90,11 @@ def _node_lost(s: State, ev: T.NodeLost) -> None:
     del bucket[node.name]
     if not bucket:
         del ix.free_buckets[model][free]
-    sizes = [n.gpus for name, n in sorted(s.canonical.nodes.items())
-             if n.up and n.gpu_model == model and name != node.name]
+    sizes = [
+        n.gpus
+        for name, n in sorted(s.canonical.nodes.items())
+        if n.up and n.gpu_model == model and name != node.name
+    ]
     ix.node_size_max_by_model[model] = max(sizes, default=0)
     node.up = False
     node.holder = [""] * node.gpus
@@ -76,13 +107,25 @@ def _node_lost(s: State, ev: T.NodeLost) -> None:
 
 def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
     job = Job(
-        id=ev.job, team=ev.team, user=ev.user, kind=ev.kind, level=ev.level,
-        requested_level=ev.requested_level, eff_level=ev.level, gpus=ev.gpus,
-        gpu_models=list(ev.gpu_models), est_runtime_ms=int(ev.est_runtime_s * 1000),
-        ckpt_interval_ms=int(ev.ckpt_interval_s * 1000), ckpt_cost_ms=int(ev.ckpt_cost_s * 1000),
-        restore_cost_ms=int(ev.restore_cost_s * 1000), preemptible=ev.preemptible,
+        id=ev.job,
+        team=ev.team,
+        user=ev.user,
+        kind=ev.kind,
+        level=ev.level,
+        requested_level=ev.requested_level,
+        eff_level=ev.level,
+        gpus=ev.gpus,
+        gpu_models=list(ev.gpu_models),
+        est_runtime_ms=int(ev.est_runtime_s * 1000),
+        ckpt_interval_ms=int(ev.ckpt_interval_s * 1000),
+        ckpt_cost_ms=int(ev.ckpt_cost_s * 1000),
+        restore_cost_ms=int(ev.restore_cost_s * 1000),
+        preemptible=ev.preemptible,
         safe_point_interval_ms=int(ev.safe_point_interval_s * 1000),
-        command=list(ev.command), variant=ev.variant, submit_t=ev.t, queued_since_t=ev.t,
+        command=list(ev.command),
+        variant=ev.variant,
+        submit_t=ev.t,
+        queued_since_t=ev.t,
         level_since_t=ev.t,
     )
     s.canonical.jobs[job.id] = job
@@ -144,12 +187,14 @@ def _job_running(s: State, ev: T.JobRunning) -> None:
     job.waited_total_ms += ev.waited_ms
     if job.preempt_count:
         p = s.canonical.policy
-        job.protected_until_t = ev.t + min(p.restart_protect_max_ms,
-                                           p.min_run_after_restart_ms * job.preempt_count)
+        job.protected_until_t = ev.t + min(
+            p.restart_protect_max_ms, p.min_run_after_restart_ms * job.preempt_count
+        )
     wait = s.canonical.level_wait[job.level]
     samples = min(wait.samples + 1, LEVEL_WAIT_HORIZON)
     s.canonical.level_wait[job.level] = LevelWait(
-        samples=wait.samples + 1, mean_ms=wait.mean_ms + (ev.waited_ms - wait.mean_ms) / samples)
+        samples=wait.samples + 1, mean_ms=wait.mean_ms + (ev.waited_ms - wait.mean_ms) / samples
+    )
 
 
 def _job_ended(s: State, ev: T.JobFinished | T.JobFailed | T.JobCancelled) -> None:
@@ -259,9 +304,18 @@ def _checkpoint_recorded(s: State, ev: T.CheckpointRecorded) -> None:
         # Training pauses while a checkpoint is written: that time is overhead, not progress.
         pause_end = job.frozen_t if job.frozen_t else ev.t
         job.progress_ms -= max(0, pause_end - max(job.ckpt_started_t, job.run_started_t))
-    job.checkpoints = (job.checkpoints + [Checkpoint(
-        step=ev.step, digest=ev.digest, bytes=ev.bytes, progress_ms=ev.progress_ms, t=ev.t,
-    )])[-s.canonical.policy.checkpoints_kept:]
+    job.checkpoints = (
+        job.checkpoints
+        + [
+            Checkpoint(
+                step=ev.step,
+                digest=ev.digest,
+                bytes=ev.bytes,
+                progress_ms=ev.progress_ms,
+                t=ev.t,
+            )
+        ]
+    )[-s.canonical.policy.checkpoints_kept :]
     job.ckpt_started_t = 0
 
 
@@ -287,7 +341,9 @@ def _safe_point(s: State, ev: T.SafePointReached) -> None:
         job.frozen_t = ev.t
         saga = s.canonical.sagas.get(job.saga)
         if saga is not None:
-            s.canonical.safe_point_latency = _with_sample(s.canonical.safe_point_latency, ev.t - saga.planned_t)
+            s.canonical.safe_point_latency = _with_sample(
+                s.canonical.safe_point_latency, ev.t - saga.planned_t
+            )
 
 
 # ---------------------------------------------------------------- sagas
@@ -330,9 +386,17 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
         _window(c.user_windows, preemptor.user).preempting.append(ev.t)
     _prune_windows(c, ev.t)
     c.sagas[ev.saga] = Saga(
-        id=ev.saga, preemptor=ev.preemptor, victims=list(ev.victims), released=[],
-        placement=list(ev.placement), deadline_t=ev.deadline_t, planned_t=ev.t,
-        benefit=ev.benefit, cost=ev.cost, reclaim=ev.reclaim)
+        id=ev.saga,
+        preemptor=ev.preemptor,
+        victims=list(ev.victims),
+        released=[],
+        placement=list(ev.placement),
+        deadline_t=ev.deadline_t,
+        planned_t=ev.t,
+        benefit=ev.benefit,
+        cost=ev.cost,
+        reclaim=ev.reclaim,
+    )
     c.saga_count += 1
 
 

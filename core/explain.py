@@ -18,8 +18,17 @@ from __future__ import annotations
 import msgspec
 
 from .placement import acceptable_models, place
-from .preemption import (Decline, Guard, expected_runtime_ms, may_preempt, natural_wait_ms,
-                         plan_preemption, scaled_limit, team_limit, variant_policy)
+from .preemption import (
+    Decline,
+    Guard,
+    expected_runtime_ms,
+    may_preempt,
+    natural_wait_ms,
+    plan_preemption,
+    scaled_limit,
+    team_limit,
+    variant_policy,
+)
 from .shares import above_share, fair_shares, holding, within_share
 from .state import HELD as HELD_STATE
 from .state import QUEUED, RESERVED, RUNNING, Job, State, window_count
@@ -61,8 +70,11 @@ def explain_queue(state: State, job_ids: list[str] | None = None) -> dict[str, P
     those of `job_ids`."""
     c = state.canonical
     names = sorted(c.jobs) if job_ids is None else job_ids
-    return {job_id: explain(state, job_id) for job_id in names
-            if c.jobs[job_id].state in (QUEUED, RESERVED, HELD_STATE)}
+    return {
+        job_id: explain(state, job_id)
+        for job_id in names
+        if c.jobs[job_id].state in (QUEUED, RESERVED, HELD_STATE)
+    }
 
 
 def explain(state: State, job_id: str) -> Pending:
@@ -73,9 +85,13 @@ def explain(state: State, job_id: str) -> Pending:
     if job.state == RESERVED:
         saga = c.sagas.get(job.saga)
         left = len(saga.victims) - len(saga.released) if saga else 0
-        return Pending(job=job_id, code=PREEMPTING, start_in_ms=max(0, saga.deadline_t - c.t) if saga else 0,
-                       reason=f"its preemption {job.saga} is under way: waiting for {left} victim(s) to"
-                              " reach a safe point and release")
+        return Pending(
+            job=job_id,
+            code=PREEMPTING,
+            start_in_ms=max(0, saga.deadline_t - c.t) if saga else 0,
+            reason=f"its preemption {job.saga} is under way: waiting for {left} victim(s) to"
+            " reach a safe point and release",
+        )
     if job.state == HELD_STATE:
         return Pending(job=job_id, code=HELD, reason=f"held: `xirang release {job_id}` lets it be scheduled")
     impossible = _impossible(state, job)
@@ -90,9 +106,15 @@ def explain(state: State, job_id: str) -> Pending:
         return waiting
     if preempting.code == PREEMPTION_NEXT_PASS:
         return preempting
-    return Pending(job=job_id, code=preempting.code, limit=preempting.limit,
-                   benefit=preempting.benefit, cost=preempting.cost, start_in_ms=waiting.start_in_ms,
-                   reason=f"{waiting.reason}; {preempting.reason}")
+    return Pending(
+        job=job_id,
+        code=preempting.code,
+        limit=preempting.limit,
+        benefit=preempting.benefit,
+        cost=preempting.cost,
+        start_in_ms=waiting.start_in_ms,
+        reason=f"{waiting.reason}; {preempting.reason}",
+    )
 
 
 def _impossible(state: State, job: Job) -> Pending | None:
@@ -101,21 +123,28 @@ def _impossible(state: State, job: Job) -> Pending | None:
     up = [m for m in models if ix.capacity_by_model.get(m, 0) > 0]
     if not up:
         have = ", ".join(sorted(m for m, n in ix.capacity_by_model.items() if n)) or "none"
-        return Pending(job=job.id, code=NO_NODE_OF_MODEL,
-                       reason=f"no node of model {' or '.join(job.gpu_models) or 'any'} is up"
-                              f" (models up: {have}): it starts when one joins")
+        return Pending(
+            job=job.id,
+            code=NO_NODE_OF_MODEL,
+            reason=f"no node of model {' or '.join(job.gpu_models) or 'any'} is up"
+            f" (models up: {have}): it starts when one joins",
+        )
     capacity = max(ix.capacity_by_model.get(m, 0) for m in up)  # a gang stays on one model
     if job.gpus > capacity:
-        return Pending(job=job.id, code=GANG_TOO_LARGE,
-                       reason=f"asks for {job.gpus} GPUs but the nodes up of any one model ({', '.join(up)})"
-                              f" hold at most {capacity}: it cannot start until more join")
+        return Pending(
+            job=job.id,
+            code=GANG_TOO_LARGE,
+            reason=f"asks for {job.gpus} GPUs but the nodes up of any one model ({', '.join(up)})"
+            f" hold at most {capacity}: it cannot start until more join",
+        )
     return None
 
 
 def _nodes_of(state: State, models: list[str]) -> list:
     c = state.canonical
-    return [c.nodes[name] for name in sorted(c.nodes)
-            if c.nodes[name].up and c.nodes[name].gpu_model in models]
+    return [
+        c.nodes[name] for name in sorted(c.nodes) if c.nodes[name].up and c.nodes[name].gpu_model in models
+    ]
 
 
 def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pending:
@@ -128,39 +157,64 @@ def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pe
     if place(job.gpus, models, c.nodes, ix, ends_t=c.t + expected_runtime_ms(state, job)) is not None:
         holder = _starving_holder(state)
         if holder and holder != job.id:
-            return Pending(job=job.id, code=RESERVATION, start_in_ms=start_in,
-                           reason=f"{what} are free but held for {holder}, which has waited past"
-                                  f" starvation_wait_ms ({_human(p.starvation_wait_ms)})")
-        return Pending(job=job.id, code=STARTS_NEXT_PASS, start_in_ms=0,
-                       reason=f"{what} are free: it starts at the scheduler's next pass")
+            return Pending(
+                job=job.id,
+                code=RESERVATION,
+                start_in_ms=start_in,
+                reason=f"{what} are free but held for {holder}, which has waited past"
+                f" starvation_wait_ms ({_human(p.starvation_wait_ms)})",
+            )
+        return Pending(
+            job=job.id,
+            code=STARTS_NEXT_PASS,
+            start_in_ms=0,
+            reason=f"{what} are free: it starts at the scheduler's next pass",
+        )
     if _starving_holder(state) == job.id:
-        return Pending(job=job.id, code=RESERVATION, start_in_ms=start_in,
-                       reason=f"waiting for its reservation: it has waited past starvation_wait_ms"
-                              f" ({_human(p.starvation_wait_ms)}), so the nodes where it fits soonest"
-                              f" are held for it ({free} free now)")
+        return Pending(
+            job=job.id,
+            code=RESERVATION,
+            start_in_ms=start_in,
+            reason=f"waiting for its reservation: it has waited past starvation_wait_ms"
+            f" ({_human(p.starvation_wait_ms)}), so the nodes where it fits soonest"
+            f" are held for it ({free} free now)",
+        )
     if _team_at_share(state, job):
         shares = fair_shares(state)
         held = holding(state).get(job.team, 0)
-        return Pending(job=job.id, code=TEAM_AT_SHARE, limit="fair_share_guarantee", start_in_ms=start_in,
-                       reason=f"team {job.team} holds {held} GPUs, its fair share is"
-                              f" {shares.get(job.team, 0.0):.1f}: teams below their shares are served"
-                              " first")
-    urgent = sum(ix.queued_gpus[:job.eff_level])
+        return Pending(
+            job=job.id,
+            code=TEAM_AT_SHARE,
+            limit="fair_share_guarantee",
+            start_in_ms=start_in,
+            reason=f"team {job.team} holds {held} GPUs, its fair share is"
+            f" {shares.get(job.team, 0.0):.1f}: teams below their shares are served"
+            " first",
+        )
+    urgent = sum(ix.queued_gpus[: job.eff_level])
     if urgent:
-        jobs = sum(ix.queued_count[:job.eff_level])
-        return Pending(job=job.id, code=PRIORITY, start_in_ms=start_in,
-                       reason=f"behind {urgent} GPUs asked for by {jobs} job(s) of more urgent"
-                              f" levels; needs {what}, {free} free")
-    return Pending(job=job.id, code=RESOURCES, start_in_ms=start_in,
-                   reason=f"needs {what}, {free} free: running jobs are expected to free them"
-                          f" in {_human(start_in)}")
+        jobs = sum(ix.queued_count[: job.eff_level])
+        return Pending(
+            job=job.id,
+            code=PRIORITY,
+            start_in_ms=start_in,
+            reason=f"behind {urgent} GPUs asked for by {jobs} job(s) of more urgent"
+            f" levels; needs {what}, {free} free",
+        )
+    return Pending(
+        job=job.id,
+        code=RESOURCES,
+        start_in_ms=start_in,
+        reason=f"needs {what}, {free} free: running jobs are expected to free them in {_human(start_in)}",
+    )
 
 
 def _starving_holder(state: State) -> str:
     """The oldest queued job past `starvation_wait_ms`, for which the scheduler holds nodes."""
     c = state.canonical
-    oldest = min(((waiting[0][0], waiting[0][1]) for waiting in state.index.waiting_by_level if waiting),
-                 default=None)
+    oldest = min(
+        ((waiting[0][0], waiting[0][1]) for waiting in state.index.waiting_by_level if waiting), default=None
+    )
     if oldest is None:
         return ""
     job = c.jobs[oldest[1]]
@@ -175,27 +229,37 @@ def _team_at_share(state: State, job: Job) -> bool:
     held = holding(state)
     if within_share(held.get(job.team, 0), job.gpus, shares.get(job.team, 0.0)):
         return False
-    return any(team != job.team and within_share(held.get(team, 0), 1, shares.get(team, 0.0))
-               for team in sorted(state.index.waiting_by_team))
+    return any(
+        team != job.team and within_share(held.get(team, 0), 1, shares.get(team, 0.0))
+        for team in sorted(state.index.waiting_by_team)
+    )
 
 
 def _why_no_preemption(state: State, job: Job) -> Pending | None:
     """For a job with a right to preempt (or to reclaim): what the decision model says now."""
     c = state.canonical
     if job.preempt_retry_t > c.t:
-        return Pending(job=job.id, code=RETRY_BACKOFF,
-                       reason=f"its last preemption rolled back: it tries again in"
-                              f" {_human(job.preempt_retry_t - c.t)} (preemption_retry_ms)")
+        return Pending(
+            job=job.id,
+            code=RETRY_BACKOFF,
+            reason=f"its last preemption rolled back: it tries again in"
+            f" {_human(job.preempt_retry_t - c.t)} (preemption_retry_ms)",
+        )
     reclaim = _may_reclaim(state, job)
     if not may_preempt(state, job) and not reclaim:
         return None
     outcome = plan_preemption(state, job, reclaim=reclaim and not may_preempt(state, job))
     if not isinstance(outcome, Decline):
         victims = ", ".join(outcome.victims)
-        return Pending(job=job.id, code=PREEMPTION_NEXT_PASS, start_in_ms=outcome.ready_ms,
-                       benefit=outcome.benefit, cost=outcome.cost,
-                       reason=f"preempting {victims} is worth it (benefit {outcome.benefit:.0f} >"
-                              f" cost {outcome.cost:.0f}): planned at the next tick")
+        return Pending(
+            job=job.id,
+            code=PREEMPTION_NEXT_PASS,
+            start_in_ms=outcome.ready_ms,
+            benefit=outcome.benefit,
+            cost=outcome.cost,
+            reason=f"preempting {victims} is worth it (benefit {outcome.benefit:.0f} >"
+            f" cost {outcome.cost:.0f}): planned at the next tick",
+        )
     return _decline_reason(state, job, outcome)
 
 
@@ -206,7 +270,8 @@ def _may_reclaim(state: State, job: Job) -> bool:
     shares = fair_shares(state)
     held = holding(state)
     return within_share(held.get(job.team, 0), job.gpus, shares.get(job.team, 0.0)) and any(
-        above_share(held.get(team, 0), share) for team, share in shares.items() if team != job.team)
+        above_share(held.get(team, 0), share) for team, share in shares.items() if team != job.team
+    )
 
 
 def _decline_reason(state: State, job: Job, decline: Decline) -> Pending | None:
@@ -214,27 +279,43 @@ def _decline_reason(state: State, job: Job, decline: Decline) -> Pending | None:
     p = variant_policy(state, job)
     reason = decline.reason
     if reason == "benefit_below_cost":
-        return Pending(job=job.id, code=PREEMPTION_DECLINED, benefit=decline.benefit, cost=decline.cost,
-                       reason=f"preemption declined: the wait it would save is worth {decline.benefit:.0f},"
-                              f" the victims' loss {decline.cost:.0f} (net_benefit_min"
-                              f" {p.net_benefit_min:g})")
+        return Pending(
+            job=job.id,
+            code=PREEMPTION_DECLINED,
+            benefit=decline.benefit,
+            cost=decline.cost,
+            reason=f"preemption declined: the wait it would save is worth {decline.benefit:.0f},"
+            f" the victims' loss {decline.cost:.0f} (net_benefit_min"
+            f" {p.net_benefit_min:g})",
+        )
     if reason == "user_preempting_limit":
         count = _window(c.user_windows.get(job.user), "preempting", c.t, p.fairness_window_ms)
-        return Pending(job=job.id, code=FAIRNESS_LIMIT, limit="user_preempting_max",
-                       reason=f"no preemption: user {job.user} has preempted others' jobs {count} times"
-                              f" in the last {_human(p.fairness_window_ms)}, the limit"
-                              f" (user_preempting_max, scaled to the pool) is"
-                              f" {scaled_limit(state, p.user_preempting_max)}")
+        return Pending(
+            job=job.id,
+            code=FAIRNESS_LIMIT,
+            limit="user_preempting_max",
+            reason=f"no preemption: user {job.user} has preempted others' jobs {count} times"
+            f" in the last {_human(p.fairness_window_ms)}, the limit"
+            f" (user_preempting_max, scaled to the pool) is"
+            f" {scaled_limit(state, p.user_preempting_max)}",
+        )
     if reason == "no_eligible_victims":
         return _no_eligible(state, job, p)
     if reason == "no_victim_set_within_limits":
         return _no_set_within_limits(state, job, p)
     if reason == "held_back_by_reservation":
-        return Pending(job=job.id, code=RESERVATION,
-                       reason="no preemption: the nodes it could preempt on are held for a starving job")
+        return Pending(
+            job=job.id,
+            code=RESERVATION,
+            reason="no preemption: the nodes it could preempt on are held for a starving job",
+        )
     if reason == "reclaim_beyond_share":
-        return Pending(job=job.id, code=TEAM_AT_SHARE, limit="fair_share_guarantee",
-                       reason=f"no reclaim: team {job.team} would go beyond its fair share")
+        return Pending(
+            job=job.id,
+            code=TEAM_AT_SHARE,
+            limit="fair_share_guarantee",
+            reason=f"no reclaim: team {job.team} would go beyond its fair share",
+        )
     return None  # fits_without_preemption, no_node_of_model: the waiting reason says it
 
 
@@ -253,30 +334,46 @@ def _no_eligible(state: State, job: Job, p) -> Pending:
             shielded.setdefault(_shield(state, job, victim), []).append(victim.team)
     if not shielded:
         levels = f"levels {first}-{LEVELS - 1}" if first < LEVELS else "no level"
-        return Pending(job=job.id, code=PRIORITY, limit="preempts_from_level",
-                       reason=f"no preemption: nothing runs on its GPU models at the levels it may"
-                              f" preempt ({levels}, preempts_from_level)")
+        return Pending(
+            job=job.id,
+            code=PRIORITY,
+            limit="preempts_from_level",
+            reason=f"no preemption: nothing runs on its GPU models at the levels it may"
+            f" preempt ({levels}, preempts_from_level)",
+        )
     # A limit that shields any of them is what to name: jobs busy in another preemption
     # free up on their own.
     limit = next(name for name in SHIELDS if name in shielded)
     teams = sorted(dict.fromkeys(shielded[limit]))
     words = {
-        "team_preempted_max": lambda: "their teams ({}) were preempted {} times in the last {} and are"
-                                      " protected (team_preempted_max, limit {}) until {}".format(
-            ", ".join(teams), _window(c.team_windows.get(teams[0]), "preempted", t, p.fairness_window_ms),
-            _human(p.fairness_window_ms), team_limit(state, teams[0], p.team_preempted_max),
-            "in " + _human(c.team_protected_until.get(teams[0], t) - t)),
-        "user_preempted_max": lambda: "their users were preempted too often (user_preempted_max, limit"
-                                      f" {scaled_limit(state, p.user_preempted_max)} in"
-                                      f" {_human(p.fairness_window_ms)})",
-        "min_run_after_restart_ms": lambda: "they restarted lately and are protected"
-                                            " (min_run_after_restart_ms)",
+        "team_preempted_max": lambda: (
+            "their teams ({}) were preempted {} times in the last {} and are"
+            " protected (team_preempted_max, limit {}) until {}".format(
+                ", ".join(teams),
+                _window(c.team_windows.get(teams[0]), "preempted", t, p.fairness_window_ms),
+                _human(p.fairness_window_ms),
+                team_limit(state, teams[0], p.team_preempted_max),
+                "in " + _human(c.team_protected_until.get(teams[0], t) - t),
+            )
+        ),
+        "user_preempted_max": lambda: (
+            "their users were preempted too often (user_preempted_max, limit"
+            f" {scaled_limit(state, p.user_preempted_max)} in"
+            f" {_human(p.fairness_window_ms)})"
+        ),
+        "min_run_after_restart_ms": lambda: (
+            "they restarted lately and are protected (min_run_after_restart_ms)"
+        ),
         "not_preemptible": lambda: "they were submitted not preemptible",
         "busy": lambda: "they are starting or already in a preemption",
     }
     code = FAIRNESS_LIMIT if limit in ("team_preempted_max", "user_preempted_max") else PRIORITY
-    return Pending(job=job.id, code=code, limit=limit if limit in SHIELDS[:3] else "",
-                   reason=f"no preemption: the jobs it could preempt are shielded: {words[limit]()}")
+    return Pending(
+        job=job.id,
+        code=code,
+        limit=limit if limit in SHIELDS[:3] else "",
+        reason=f"no preemption: the jobs it could preempt are shielded: {words[limit]()}",
+    )
 
 
 SHIELDS = ("team_preempted_max", "user_preempted_max", "min_run_after_restart_ms", "not_preemptible", "busy")
@@ -302,22 +399,36 @@ def _no_set_within_limits(state: State, job: Job, p) -> Pending:
     guard = Guard(state, job, p)
     c = state.canonical
     first = max(p.preempts_from_level[job.level], job.level + 1)
-    candidates = [c.jobs[v] for level in range(first, LEVELS) for v in sorted(state.index.holding_by_level[level])]
+    candidates = [
+        c.jobs[v] for level in range(first, LEVELS) for v in sorted(state.index.holding_by_level[level])
+    ]
     guarded = [v for v in candidates if not guard.allows({}, v)]
     if guarded and len(guarded) * 2 >= len(candidates):
         by_share = [v for v in guarded if guard.guarantees_teams and v.team != job.team]
         if by_share:
             teams = ", ".join(sorted(dict.fromkeys(v.team for v in by_share)))
-            return Pending(job=job.id, code=FAIRNESS_LIMIT, limit="fair_share_guarantee",
-                           reason=f"no victim set within the fairness limits: the teams it could"
-                                  f" preempt ({teams}) hold no more than their fair shares"
-                                  " (fair_share_guarantee)")
-        return Pending(job=job.id, code=FAIRNESS_LIMIT, limit="guaranteed_share",
-                       reason="no victim set within the fairness limits: the levels it could preempt"
-                              " hold no more than their guaranteed shares (guaranteed_share)")
-    return Pending(job=job.id, code=FAIRNESS_LIMIT, limit="victims_per_preemption_max",
-                   reason=f"no victim set within the fairness limits: freeing its gang takes more"
-                          f" than victims_per_preemption_max ({p.victims_per_preemption_max}) jobs")
+            return Pending(
+                job=job.id,
+                code=FAIRNESS_LIMIT,
+                limit="fair_share_guarantee",
+                reason=f"no victim set within the fairness limits: the teams it could"
+                f" preempt ({teams}) hold no more than their fair shares"
+                " (fair_share_guarantee)",
+            )
+        return Pending(
+            job=job.id,
+            code=FAIRNESS_LIMIT,
+            limit="guaranteed_share",
+            reason="no victim set within the fairness limits: the levels it could preempt"
+            " hold no more than their guaranteed shares (guaranteed_share)",
+        )
+    return Pending(
+        job=job.id,
+        code=FAIRNESS_LIMIT,
+        limit="victims_per_preemption_max",
+        reason=f"no victim set within the fairness limits: freeing its gang takes more"
+        f" than victims_per_preemption_max ({p.victims_per_preemption_max}) jobs",
+    )
 
 
 def _window(win, field: str, t: int, window_ms: int) -> int:

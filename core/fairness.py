@@ -42,10 +42,14 @@ def level_floors(p: Policy, total_gpus: int) -> list[int]:
 def depth_limits(p: Policy, job: Job) -> tuple[int, int]:
     """(cascade depth, levels down) the job may preempt at: the stricter of its team's and
     its user's limits, each defaulting to the policy's."""
-    depth = min(p.team_preemption_depth_max.get(job.team, p.preemption_depth_max),
-                p.user_preemption_depth_max.get(job.user, p.preemption_depth_max))
-    down = min(p.team_preemption_levels_down_max.get(job.team, p.preemption_levels_down_max),
-               p.user_preemption_levels_down_max.get(job.user, p.preemption_levels_down_max))
+    depth = min(
+        p.team_preemption_depth_max.get(job.team, p.preemption_depth_max),
+        p.user_preemption_depth_max.get(job.user, p.preemption_depth_max),
+    )
+    down = min(
+        p.team_preemption_levels_down_max.get(job.team, p.preemption_levels_down_max),
+        p.user_preemption_levels_down_max.get(job.user, p.preemption_levels_down_max),
+    )
     return depth, down
 
 
@@ -72,7 +76,10 @@ class Guard:
         team): its level keeps its guaranteed share and, under the fair-share guarantee,
         another team stays above its share."""
         floor = self.level_floor[victim.level]
-        if floor and self.state.index.level_gpus[victim.level] - taken.get(victim.level, 0) - victim.gpus < floor:
+        if (
+            floor
+            and self.state.index.level_gpus[victim.level] - taken.get(victim.level, 0) - victim.gpus < floor
+        ):
             return False
         if not self.guarantees_teams or victim.team == self.team:
             return True

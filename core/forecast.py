@@ -54,7 +54,7 @@ def natural_wait_ms(state: State, job: Job, nodes, curve: "ReleaseCurve | None" 
     fit = earliest_fit(state, job, nodes)
     if fit is None:
         return 10 * expected_runtime_ms(state, job)
-    ahead = sum(state.index.queued_gpus[:job.eff_level]) + _same_level_ahead(state, job)
+    ahead = sum(state.index.queued_gpus[: job.eff_level]) + _same_level_ahead(state, job)
     if ahead == 0:
         return fit[0]
     curve = curve or ReleaseCurve(state, nodes, expected_runtime_ms(state, job))
@@ -72,7 +72,7 @@ def _same_level_ahead(state: State, job: Job) -> int:
     total = 0
     for team in sorted(state.index.queues[job.eff_level]):
         team_queue = state.index.queues[job.eff_level][team]
-        for _, _, other in team_queue[:bisect.bisect_left(team_queue, key)]:
+        for _, _, other in team_queue[: bisect.bisect_left(team_queue, key)]:
             total += c.jobs[other].gpus
             if total >= cap:
                 return total
@@ -82,7 +82,7 @@ def _same_level_ahead(state: State, job: Job) -> int:
 def queued_ahead(state: State, preemptor: Job, level: int) -> int:
     """GPUs asked for by jobs queued at `level` or more urgent, less the preemptor's own
     (it takes the victims' GPUs, not released ones)."""
-    ahead = sum(state.index.queued_gpus[:level + 1])
+    ahead = sum(state.index.queued_gpus[: level + 1])
     return ahead - (preemptor.gpus if preemptor.eff_level <= level else 0)
 
 
@@ -197,7 +197,8 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
         if holders is None:
             jobs = state.canonical.jobs
             holders = ix.node_holders[node.name] = [
-                (j, len(gpus_on(jobs[j], node.name))) for j in ix.jobs_by_node.get(node.name, {})]
+                (j, len(gpus_on(jobs[j], node.name))) for j in ix.jobs_by_node.get(node.name, {})
+            ]
         memo = ix.remaining_memo
         estimates = state.canonical.estimates
         releases = []
@@ -249,15 +250,17 @@ def _earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None
     return best
 
 
-def _earliest_fit_across(nodes: list[tuple[str, int, list[tuple[int, int]]]],
-                         need: int) -> tuple[int, list[str]] | None:
+def _earliest_fit_across(
+    nodes: list[tuple[str, int, list[tuple[int, int]]]], need: int
+) -> tuple[int, list[str]] | None:
     pooled = sorted(release for _, _, releases in nodes for release in releases)
     wait = _first_fit_time(sum(free for _, free, _ in nodes), pooled, need)
     if wait is None:
         return None
     # The fewest nodes that hold enough GPUs by then, the fullest first.
-    ready = sorted((-(free + sum(g for at, g in releases if at <= wait)), name)
-                   for name, free, releases in nodes)
+    ready = sorted(
+        (-(free + sum(g for at, g in releases if at <= wait)), name) for name, free, releases in nodes
+    )
     chosen: list[str] = []
     total = 0
     for neg_available, name in ready:
@@ -326,9 +329,12 @@ class RequeueFit:
         ranked = memo.get(key)
         if ranked is None:
             ranked = memo[key] = sorted(
-                (wait, node.name) for node in self.nodes
+                (wait, node.name)
+                for node in self.nodes
                 if node.gpus >= gpus
-                and (wait := _first_fit_time(node_free_count(node), node_releases(self.state, node), gpus)) is not None)
+                and (wait := _first_fit_time(node_free_count(node), node_releases(self.state, node), gpus))
+                is not None
+            )
         for wait, name in ranked:
             if name not in own:
                 return wait
@@ -379,8 +385,13 @@ class RequeueFit:
             pooled = []
             for model in sorted(dict.fromkeys(node.gpu_model for node in self.nodes)):
                 of_model = [node for node in self.nodes if node.gpu_model == model]
-                pooled.append((model, sum(node_free_count(node) for node in of_model),
-                               sorted(r for node in of_model for r in node_releases(self.state, node))))
+                pooled.append(
+                    (
+                        model,
+                        sum(node_free_count(node) for node in of_model),
+                        sorted(r for node in of_model for r in node_releases(self.state, node)),
+                    )
+                )
             memo[key] = pooled
         return pooled
 

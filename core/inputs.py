@@ -13,8 +13,19 @@ from .log_seal import Ctx, reject
 from .placement import placement_nodes
 from .policy import PolicyError, assign_variant, check_experiment, with_params
 from .saga import commit_if_complete, release_victim, requeue, rollback
-from .state import (HELD, HOLDING, PREEMPTING, QUEUED, RELEASED, RESERVED, RUNNING, STARTING, Job,
-                    State, job_progress_ms)
+from .state import (
+    HELD,
+    HOLDING,
+    PREEMPTING,
+    QUEUED,
+    RELEASED,
+    RESERVED,
+    RUNNING,
+    STARTING,
+    Job,
+    State,
+    job_progress_ms,
+)
 from .types import LEVELS
 
 
@@ -49,8 +60,11 @@ def _on_node_up(ctx: Ctx, inp: T.NodeUp) -> None:
     if node is not None and node.up:
         if node.gpus == inp.gpus and node.gpu_model == inp.gpu_model:
             return  # a repeated report: nothing changes, nothing is logged
-        return reject(ctx, "node_already_up_with_other_inventory",
-                       f"{inp.node} is up with {node.gpus}x{node.gpu_model}; send node_down first")
+        return reject(
+            ctx,
+            "node_already_up_with_other_inventory",
+            f"{inp.node} is up with {node.gpus}x{node.gpu_model}; send node_down first",
+        )
     ctx.emit(T.NodeJoined(t=inp.t, node=inp.node, gpu_model=inp.gpu_model, gpus=inp.gpus))
 
 
@@ -69,7 +83,8 @@ def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
     for saga_id in sorted(c.sagas):
         saga = c.sagas[saga_id]
         touched = any(slot.node == node_name for slot in saga.placement) or any(
-            slot.node == node_name for v in saga.victims if v in c.jobs for slot in c.jobs[v].placement)
+            slot.node == node_name for v in saga.victims if v in c.jobs for slot in c.jobs[v].placement
+        )
         if touched:
             rollback(ctx, saga_id, "node_lost", lost_node=node_name)
     jobs = sorted(ctx.state.index.jobs_by_node.get(node_name, {}))
@@ -92,17 +107,27 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
         # preemption quota recovers (then `core.queues.restore_levels` gives queued ones
         # their level back).
         level = min(LEVELS - 1, level + p.downgrade_levels)
-    ctx.emit(T.JobSubmitted(
-        t=inp.t, job=inp.job, team=inp.team, user=inp.user, level=level,
-        requested_level=inp.level, gpus=inp.gpus, gpu_models=sorted(inp.gpu_models),
-        kind=inp.kind or KIND_SUFFIX.sub("", inp.job) or inp.job,
-        est_runtime_s=_or(inp.est_runtime_s, p.default_est_runtime_s),
-        ckpt_interval_s=_or(inp.ckpt_interval_s, p.default_ckpt_interval_s),
-        ckpt_cost_s=_or(inp.ckpt_cost_s, p.default_ckpt_cost_s),
-        restore_cost_s=_or(inp.restore_cost_s, p.default_restore_cost_s),
-        safe_point_interval_s=_or(inp.safe_point_interval_s, p.default_safe_point_interval_s),
-        preemptible=inp.preemptible, command=list(inp.command),
-        variant=assign_variant(p, inp.team, inp.job, inp.user)))
+    ctx.emit(
+        T.JobSubmitted(
+            t=inp.t,
+            job=inp.job,
+            team=inp.team,
+            user=inp.user,
+            level=level,
+            requested_level=inp.level,
+            gpus=inp.gpus,
+            gpu_models=sorted(inp.gpu_models),
+            kind=inp.kind or KIND_SUFFIX.sub("", inp.job) or inp.job,
+            est_runtime_s=_or(inp.est_runtime_s, p.default_est_runtime_s),
+            ckpt_interval_s=_or(inp.ckpt_interval_s, p.default_ckpt_interval_s),
+            ckpt_cost_s=_or(inp.ckpt_cost_s, p.default_ckpt_cost_s),
+            restore_cost_s=_or(inp.restore_cost_s, p.default_restore_cost_s),
+            safe_point_interval_s=_or(inp.safe_point_interval_s, p.default_safe_point_interval_s),
+            preemptible=inp.preemptible,
+            command=list(inp.command),
+            variant=assign_variant(p, inp.team, inp.job, inp.user),
+        )
+    )
 
 
 def _or(value: float | None, default: float) -> float:
@@ -124,7 +149,13 @@ def _submit_problem(c, inp: T.Submit) -> tuple[str, str] | None:
         return "level_must_be_0_to_7", f"got level {inp.level}"
     if inp.gpus <= 0:
         return "gpus_must_be_positive", f"got gpus {inp.gpus}"
-    for name in ("est_runtime_s", "ckpt_interval_s", "ckpt_cost_s", "restore_cost_s", "safe_point_interval_s"):
+    for name in (
+        "est_runtime_s",
+        "ckpt_interval_s",
+        "ckpt_cost_s",
+        "restore_cost_s",
+        "safe_point_interval_s",
+    ):
         value = getattr(inp, name)
         if value is not None and (value < 0 or math.isnan(value) or math.isinf(value)):
             return f"{name}_must_be_non_negative", f"got {name} {value}"
@@ -146,12 +177,18 @@ def _never_fits(c, inp: T.Submit) -> tuple[str, str] | None:
     models = sorted(inp.gpu_models) or sorted(capacity)
     known = [m for m in models if m in capacity]
     if not known:
-        return ("no_node_of_model", f"no node of {', '.join(models)} in the pool (it has"
-                f" {', '.join(sorted(capacity))}): name one of those with --gpu-model")
+        return (
+            "no_node_of_model",
+            f"no node of {', '.join(models)} in the pool (it has"
+            f" {', '.join(sorted(capacity))}): name one of those with --gpu-model",
+        )
     largest = max(capacity[m] for m in known)
     if inp.gpus > largest:
-        return ("gang_larger_than_pool", f"{inp.gpus} GPUs asked; the most any one model has is"
-                f" {largest} ({', '.join(f'{m}: {capacity[m]}' for m in known)}): ask for at most {largest}")
+        return (
+            "gang_larger_than_pool",
+            f"{inp.gpus} GPUs asked; the most any one model has is"
+            f" {largest} ({', '.join(f'{m}: {capacity[m]}' for m in known)}): ask for at most {largest}",
+        )
     return None
 
 
@@ -164,8 +201,12 @@ def _job_or_reject(ctx: Ctx, inp, states: tuple[str, ...]) -> Job | None:
     attempt = getattr(inp, "attempt", 0)
     if attempt and job.run and attempt != job.run:
         tag = type(inp).__struct_config__.tag
-        reject(ctx, "stale_run", f"{tag} for {job.id} comes from run {attempt}; its current run is"
-                                 f" {job.run} (the host must stop the old run)")
+        reject(
+            ctx,
+            "stale_run",
+            f"{tag} for {job.id} comes from run {attempt}; its current run is"
+            f" {job.run} (the host must stop the old run)",
+        )
         return None
     if job.state not in states:
         tag = type(inp).__struct_config__.tag
@@ -212,8 +253,11 @@ def _on_checkpoint_saved(ctx: Ctx, inp: T.CheckpointSaved) -> None:
     # The checkpoint holds the progress made when the save began (training pauses to save).
     at = job.ckpt_started_t or job.frozen_t or inp.t
     progress = job_progress_ms(job, at) if job.state != RELEASED else job.progress_ms
-    ctx.emit(T.CheckpointRecorded(t=inp.t, job=job.id, step=inp.step, digest=inp.digest,
-                                  bytes=inp.bytes, progress_ms=progress))
+    ctx.emit(
+        T.CheckpointRecorded(
+            t=inp.t, job=job.id, step=inp.step, digest=inp.digest, bytes=inp.bytes, progress_ms=progress
+        )
+    )
 
 
 def _on_checkpoint_failed(ctx: Ctx, inp: T.CheckpointFailed) -> None:
@@ -233,9 +277,16 @@ def _fallback(ctx: Ctx, job: Job, bad_digest: str) -> None:
         return reject(ctx, "unknown_checkpoint_digest", f"{job.id} has no checkpoint {bad_digest}")
     good = job.checkpoints[index - 1] if index > 0 else None
     lost = job.checkpoints[index].progress_ms - (good.progress_ms if good else 0)
-    ctx.emit(T.CheckpointFallback(t=ctx.inp.t, job=job.id, bad_digest=bad_digest,
-                                  to_step=good.step if good else 0,
-                                  to_digest=good.digest if good else "", lost_progress_ms=lost))
+    ctx.emit(
+        T.CheckpointFallback(
+            t=ctx.inp.t,
+            job=job.id,
+            bad_digest=bad_digest,
+            to_step=good.step if good else 0,
+            to_digest=good.digest if good else "",
+            lost_progress_ms=lost,
+        )
+    )
 
 
 def _on_safe_point(ctx: Ctx, inp: T.SafePoint) -> None:
@@ -304,8 +355,11 @@ def _on_requeue(ctx: Ctx, inp: T.Requeue) -> None:
     job = _job_or_reject(ctx, inp, (STARTING, RUNNING))
     if job is None or not _allowed(ctx, inp, job):
         return
-    ctx.emit(T.JobStopRequested(t=inp.t, job=job.id, nodes=placement_nodes(job.placement),
-                                reason="requeue_requested"))
+    ctx.emit(
+        T.JobStopRequested(
+            t=inp.t, job=job.id, nodes=placement_nodes(job.placement), reason="requeue_requested"
+        )
+    )
     requeue(ctx, job, "requeue_requested", counts_as_preemption=False)
 
 
@@ -316,8 +370,11 @@ def _on_set_level(ctx: Ctx, inp: T.SetLevel) -> None:
     if not 0 <= inp.level < LEVELS:
         return reject(ctx, "level_must_be_0_to_7", f"got level {inp.level}")
     if inp.level < job.level and not inp.operator:
-        return reject(ctx, "raising_priority_needs_operator",
-                      f"{job.id} is at level {job.level}; only an operator may make it more urgent")
+        return reject(
+            ctx,
+            "raising_priority_needs_operator",
+            f"{job.id} is at level {job.level}; only an operator may make it more urgent",
+        )
     if inp.level == job.level:
         return reject(ctx, "level_unchanged", f"{job.id} is at level {job.level} already")
     ctx.emit(T.JobLevelSet(t=inp.t, job=job.id, level=inp.level, from_level=job.level, by=inp.by))
@@ -351,8 +408,9 @@ def _on_feedback(ctx: Ctx, inp: T.Feedback) -> None:
     if not FEEDBACK_SCORE_MIN <= inp.score <= FEEDBACK_SCORE_MAX:
         return reject(ctx, "score_must_be_1_to_5", f"score {inp.score}: 1 (bad) .. 5 (good)")
     if len(inp.comment) > FEEDBACK_COMMENT_CHARS_MAX:
-        return reject(ctx, "comment_too_long",
-                      f"{len(inp.comment)} characters; at most {FEEDBACK_COMMENT_CHARS_MAX}")
+        return reject(
+            ctx, "comment_too_long", f"{len(inp.comment)} characters; at most {FEEDBACK_COMMENT_CHARS_MAX}"
+        )
     ctx.emit(T.FeedbackRecorded(t=inp.t, job=inp.job, user=inp.user, score=inp.score, comment=inp.comment))
 
 

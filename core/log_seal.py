@@ -46,8 +46,7 @@ class Ctx:
         c.last_input_seq = max(c.last_input_seq, self.inp.seq)
         self.records.append(T.Record(n=n, prev=prev, hash=digest, input_seq=self.inp.seq, event=ev))
         if n % c.policy.digest_every_events == 0 and not isinstance(ev, T.StateDigest):
-            self._seal(T.StateDigest(t=c.t, digest=live_digest(self.state), events=n,
-                                     schema=DIGEST_SCHEMA))
+            self._seal(T.StateDigest(t=c.t, digest=live_digest(self.state), events=n, schema=DIGEST_SCHEMA))
 
 
 def reject(ctx: Ctx, reason: str, detail: str = "") -> None:
@@ -57,5 +56,12 @@ def reject(ctx: Ctx, reason: str, detail: str = "") -> None:
     t = inp.t if isinstance(inp.t, int) and 0 <= inp.t <= T_MS_MAX else 0
     job = T.input_job(inp)
     job = job[:NAME_CHARS_MAX].encode("utf-8", "replace").decode("utf-8") if isinstance(job, str) else ""
-    ctx.emit(T.InputRejected(t=max(t, ctx.state.canonical.t), reason=reason, detail=detail[:TEXT_CHARS_MAX],
-                             input_type=type(inp).__struct_config__.tag, job=job))
+    ctx.emit(
+        T.InputRejected(
+            t=max(t, ctx.state.canonical.t),
+            reason=reason,
+            detail=detail[:TEXT_CHARS_MAX],
+            input_type=type(inp).__struct_config__.tag,
+            job=job,
+        )
+    )

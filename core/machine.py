@@ -19,8 +19,13 @@ from .identity import identity_problem
 from .inputs import HANDLERS, common_problem
 from .log_seal import Ctx, reject
 from .placement_pass import place_queued
-from .preemption_pass import (preempt_blocked, preemption_candidates, reclaim_blocked, reclaim_candidates,
-                              urgent_candidates)
+from .preemption_pass import (
+    preempt_blocked,
+    preemption_candidates,
+    reclaim_blocked,
+    reclaim_candidates,
+    urgent_candidates,
+)
 from .queues import age_queued, aging_threshold_ms, downgrades_end_t, restore_levels
 from .saga import expire_sagas
 from .state import QUEUED, State
@@ -91,7 +96,9 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
     age_queued(ctx)
     place_queued(ctx)
     if preempt_for == "head":
-        preempt_blocked(ctx, urgent_candidates(ctx.state, ctx.inp.t), ctx.state.canonical.policy.urgent_candidates_max)
+        preempt_blocked(
+            ctx, urgent_candidates(ctx.state, ctx.inp.t), ctx.state.canonical.policy.urgent_candidates_max
+        )
         preempt_blocked(ctx, preemption_candidates(ctx.state, ctx.inp.t))
         reclaim_blocked(ctx, reclaim_candidates(ctx.state, ctx.inp.t))
     elif preempt_for:

@@ -32,8 +32,14 @@ def node_size_max(models: list[str], ix: Index) -> int:
 NO_NODES: dict[str, int] = {}
 
 
-def place(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
-          reserved: dict[str, int] = NO_NODES, ends_t: int = 0) -> list[Slot] | None:
+def place(
+    gpus: int,
+    models: list[str],
+    nodes: dict[str, Node],
+    ix: Index,
+    reserved: dict[str, int] = NO_NODES,
+    ends_t: int = 0,
+) -> list[Slot] | None:
     """A gang placement, or None. `reserved` maps nodes held for blocked jobs (the oldest
     starving one, the head of the serving order) to the time each is expected to start
     there: a job expected to end by then (`ends_t`) may still use them (backfill), others
@@ -46,8 +52,9 @@ def place(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
     return _place_across_nodes(gpus, models, nodes, ix, blocked)
 
 
-def _place_on_one_node(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
-                       reserved: dict) -> list[Slot] | None:
+def _place_on_one_node(
+    gpus: int, models: list[str], nodes: dict[str, Node], ix: Index, reserved: dict
+) -> list[Slot] | None:
     best: tuple[int, str] | None = None
     for model in models:
         buckets = ix.free_buckets.get(model, {})
@@ -64,15 +71,21 @@ def _place_on_one_node(gpus: int, models: list[str], nodes: dict[str, Node], ix:
     return [Slot(node=node.name, gpus=free_indices(node)[:gpus])]
 
 
-def _place_across_nodes(gpus: int, models: list[str], nodes: dict[str, Node], ix: Index,
-                        reserved: dict) -> list[Slot] | None:
+def _place_across_nodes(
+    gpus: int, models: list[str], nodes: dict[str, Node], ix: Index, reserved: dict
+) -> list[Slot] | None:
     """A gang is of one GPU model: try each model, keep the one that needs fewest nodes."""
     best: tuple[int, str, list[Slot]] | None = None
     for model in models:
         if ix.free_by_model.get(model, 0) < gpus:
             continue
-        candidates = sorted((-free, name) for free, bucket in ix.free_buckets.get(model, {}).items()
-                            if free > 0 for name in bucket if name not in reserved)
+        candidates = sorted(
+            (-free, name)
+            for free, bucket in ix.free_buckets.get(model, {}).items()
+            if free > 0
+            for name in bucket
+            if name not in reserved
+        )
         placement: list[Slot] = []
         needed = gpus
         for neg_free, name in candidates:

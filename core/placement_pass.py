@@ -34,12 +34,23 @@ def request_start(ctx: Ctx, job: Job, placement: list[T.Slot]) -> None:
     nodes = placement_nodes(placement)
     last = last_checkpoint(job)
     if job.resume_pending and last is not None:
-        ctx.emit(T.JobResumeRequested(t=ctx.inp.t, job=job.id, placement=placement, nodes=nodes,
-                                      ckpt_step=last.step, ckpt_digest=last.digest,
-                                      command=job.command))
+        ctx.emit(
+            T.JobResumeRequested(
+                t=ctx.inp.t,
+                job=job.id,
+                placement=placement,
+                nodes=nodes,
+                ckpt_step=last.step,
+                ckpt_digest=last.digest,
+                command=job.command,
+            )
+        )
     else:
-        ctx.emit(T.JobStartRequested(t=ctx.inp.t, job=job.id, placement=placement, nodes=nodes,
-                                     command=job.command))
+        ctx.emit(
+            T.JobStartRequested(
+                t=ctx.inp.t, job=job.id, placement=placement, nodes=nodes, command=job.command
+            )
+        )
 
 
 def place_queued(ctx: Ctx) -> None:
@@ -82,14 +93,24 @@ def _drain_for_the_urgent_head(state: State) -> None:
     pass made them."""
     c = state.canonical
     ix = state.index
-    head = next((job_id for level in range(min(c.policy.urgent_levels, LEVELS))
-                 for job_id in serving_order(state, level) if c.jobs[job_id].gpus > 1), None)
+    head = next(
+        (
+            job_id
+            for level in range(min(c.policy.urgent_levels, LEVELS))
+            for job_id in serving_order(state, level)
+            if c.jobs[job_id].gpus > 1
+        ),
+        None,
+    )
     if head is None or c.policy.head_reservations_max <= 0:
         return
     # The head's own hold is made afresh (its last decision may have changed where it
     # waits best); holds of jobs no longer queued are dropped.
-    reserved = {name: held for name, held in ix.reserved_nodes.items()
-                if held[1] != head and held[1] in c.jobs and c.jobs[held[1]].state == QUEUED}
+    reserved = {
+        name: held
+        for name, held in ix.reserved_nodes.items()
+        if held[1] != head and held[1] in c.jobs and c.jobs[held[1]].state == QUEUED
+    }
     _reserve(state, c.jobs[head], reserved)
     ix.reserved_nodes = reserved
 
@@ -146,8 +167,11 @@ def _within_share(state: State, covered_from: int) -> Iterator[str]:
     shares, held, below = teams_below_share(state)
     heap = []
     for team in below:
-        jobs = [job_id for _, job_id in state.index.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
-                if c.jobs[job_id].level >= covered_from]
+        jobs = [
+            job_id
+            for _, job_id in state.index.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
+            if c.jobs[job_id].level >= covered_from
+        ]
         if jobs:
             heap.append((held.get(team, 0) / shares[team], team, jobs))
     heapq.heapify(heap)
@@ -191,8 +215,11 @@ class _PlacementPass:
     def nothing_more_fits(self) -> bool:
         if self.free_unheld <= 0:
             self.backfill_left -= 1
-        return (self.free_open <= 0 or self.backfill_left < 0
-                or (1, ANY_END) in self.blocked.get(ANY_MODEL_ONE_NODE, ()))
+        return (
+            self.free_open <= 0
+            or self.backfill_left < 0
+            or (1, ANY_END) in self.blocked.get(ANY_MODEL_ONE_NODE, ())
+        )
 
     def try_place(self, job: Job) -> list[T.Slot] | None:
         """A placement on the job's own models or, when the policy lists compatible models
@@ -216,7 +243,8 @@ class _PlacementPass:
         shape = (key, job.gpus > size_max)
         ends_t = self.t + expected_runtime_ms(state, job)
         if free_gpus(models, ix) < job.gpus or any(
-                g <= job.gpus and e <= ends_t for g, e in self.blocked.get(shape, ())):
+            g <= job.gpus and e <= ends_t for g, e in self.blocked.get(shape, ())
+        ):
             return None
         self.attempts_left -= 1
         placement = place(job.gpus, models, state.canonical.nodes, ix, self.starts_by_node, ends_t)
@@ -260,16 +288,26 @@ def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:
     oldest = (job_id for _, job_id in heapq.merge(*state.index.waiting_by_level))
     _serve_first_starving(ctx, oldest, p.starvation_reservations_max, reserved, served)
     if p.starvation_team_reservations_max > 0:
-        teams = sorted(state.index.waiting_by_team,
-                       key=lambda team: (state.index.team_gpus.get(team, 0) / team_quota(state, team), team))
-        heads = (job_id for team in teams
-                 for _, job_id in state.index.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT])
+        teams = sorted(
+            state.index.waiting_by_team,
+            key=lambda team: (state.index.team_gpus.get(team, 0) / team_quota(state, team), team),
+        )
+        heads = (
+            job_id
+            for team in teams
+            for _, job_id in state.index.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]
+        )
         _serve_first_starving(ctx, heads, p.starvation_team_reservations_max, reserved, served)
     return reserved
 
 
-def _serve_first_starving(ctx: Ctx, candidates: Iterable[str], count: int,
-                          reserved: dict[str, tuple[int, str]], served: dict[str, None]) -> None:
+def _serve_first_starving(
+    ctx: Ctx,
+    candidates: Iterable[str],
+    count: int,
+    reserved: dict[str, tuple[int, str]],
+    served: dict[str, None],
+) -> None:
     """Serve the first `count` starving jobs of `candidates` (at most `scan_jobs_max` looked
     at) not served yet: start each that fits, else reserve for it."""
     state = ctx.state
@@ -289,8 +327,14 @@ def _serve_first_starving(ctx: Ctx, candidates: Iterable[str], count: int,
             continue
         count -= 1
         served[job_id] = None
-        placement = place(job.gpus, models, c.nodes, state.index, _starts_by_node(reserved),
-                          t + expected_runtime_ms(state, job))
+        placement = place(
+            job.gpus,
+            models,
+            c.nodes,
+            state.index,
+            _starts_by_node(reserved),
+            t + expected_runtime_ms(state, job),
+        )
         if placement is not None:
             request_start(ctx, job, placement)
             continue
@@ -303,8 +347,11 @@ def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bo
     models = acceptable_models(job.gpu_models, state.index)
     if not _could_ever_fit(state, job, models):
         return False
-    nodes = [c.nodes[name] for name in sorted(c.nodes)
-             if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved]
+    nodes = [
+        c.nodes[name]
+        for name in sorted(c.nodes)
+        if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved
+    ]
     fit = None
     if job.level < c.policy.urgent_levels and job.gpus <= node_size_max(models, state.index):
         fit = drain_fit(state, job, nodes)  # the node its unpreemptible neighbours leave first

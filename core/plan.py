@@ -87,12 +87,14 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     if isinstance(scope, Decline):
         return scope
     stand_ins = substitutes(p, job)
-    eligible = eligible_victims(state, job, p, guard, scope.models + list(stand_ins), scope.held,
-                                reclaim, own_only)
+    eligible = eligible_victims(
+        state, job, p, guard, scope.models + list(stand_ins), scope.held, reclaim, own_only
+    )
     if not eligible:
         return Decline(reason="user_preempting_limit" if own_only else "no_eligible_victims")
-    if not stand_ins and cannot_free_enough(state, job, scope.models, scope.nodes, eligible, guard,
-                                            p.victims_per_preemption_max):
+    if not stand_ins and cannot_free_enough(
+        state, job, scope.models, scope.nodes, eligible, guard, p.victims_per_preemption_max
+    ):
         return Decline(reason="no_victim_set_within_limits")  # whatever the prices: skip them
     curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
     natural_wait = natural_wait_ms(state, job, scope.nodes, curve)
@@ -108,17 +110,30 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     return judge(state, job, p, guard, costs, victims, placement, natural_wait, reclaim, penalty)
 
 
-def _choose_with_substitutes(state: State, job: Job, p: Policy, scope: "Scope", stand_ins: dict[str, float],
-                             costs: dict[str, VictimCost], pricing, guard: Guard):
+def _choose_with_substitutes(
+    state: State,
+    job: Job,
+    p: Policy,
+    scope: "Scope",
+    stand_ins: dict[str, float],
+    costs: dict[str, VictimCost],
+    pricing,
+    guard: Guard,
+):
     """The cheapest victim set on the job's own models or, priced with the extra run time
     (core/substitutes.py), on a compatible model; (choice, that extra cost)."""
     cap = p.victims_per_preemption_max
     if not stand_ins:
         return choose_victims(state, job, scope.models, scope.nodes, costs, pricing, guard, cap), 0.0
     c = state.canonical
-    nodes_of = {model: [c.nodes[name] for name in sorted(c.nodes)
-                        if c.nodes[name].up and c.nodes[name].gpu_model == model and name not in scope.held]
-                for model in stand_ins}
+    nodes_of = {
+        model: [
+            c.nodes[name]
+            for name in sorted(c.nodes)
+            if c.nodes[name].up and c.nodes[name].gpu_model == model and name not in scope.held
+        ]
+        for model in stand_ins
+    }
     best = None
     groups = [(scope.models, scope.nodes, 0.0)] + [([m], nodes_of[m], stand_ins[m]) for m in stand_ins]
     for models, nodes, slowdown in groups:
@@ -140,8 +155,9 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     c = state.canonical
     ix = state.index
     models = acceptable_models(job.gpu_models, ix)
-    nodes = [c.nodes[name] for name in sorted(c.nodes)
-             if c.nodes[name].up and c.nodes[name].gpu_model in models]
+    nodes = [
+        c.nodes[name] for name in sorted(c.nodes) if c.nodes[name].up and c.nodes[name].gpu_model in models
+    ]
     if not nodes:
         return Decline(reason="no_node_of_model")
     runtime = expected_runtime_ms(state, job)
@@ -149,8 +165,11 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     # can be freed for it, unless it would be done before the holder is expected to start.
     # (The reservations are from the last placement pass: skip those whose job has left
     # the queue since.)
-    held = {name: start_t for name, (start_t, holder) in ix.reserved_nodes.items()
-            if holder != job.id and c.t + runtime > start_t and _still_queued(c, holder)}
+    held = {
+        name: start_t
+        for name, (start_t, holder) in ix.reserved_nodes.items()
+        if holder != job.id and c.t + runtime > start_t and _still_queued(c, holder)
+    }
     if place(job.gpus, models, c.nodes, ix, held, c.t + runtime) is not None:
         # Held back only by the scan budget: no one needs to go.
         return Decline(reason="fits_without_preemption")
@@ -161,8 +180,18 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     return Scope(models=models, nodes=nodes, held=held, runtime_ms=runtime)
 
 
-def judge(state: State, job: Job, p: Policy, guard: Guard, costs: dict[str, VictimCost], victims: list[str],
-          placement: list[Slot], natural_wait: int, reclaim: bool, substitute_cost: float = 0.0) -> Plan | Decline:
+def judge(
+    state: State,
+    job: Job,
+    p: Policy,
+    guard: Guard,
+    costs: dict[str, VictimCost],
+    victims: list[str],
+    placement: list[Slot],
+    natural_wait: int,
+    reclaim: bool,
+    substitute_cost: float = 0.0,
+) -> Plan | Decline:
     """Preempt only when the preemptor's weighted wait saved exceeds the set's cost by more
     than `net_benefit_min`; the wait saved is its natural wait less the time the slowest
     victim takes to let go."""
@@ -172,19 +201,30 @@ def judge(state: State, job: Job, p: Policy, guard: Guard, costs: dict[str, Vict
     benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
     if benefit - cost <= p.net_benefit_min:
         return Decline(reason="benefit_below_cost", benefit=round(benefit, 3), cost=round(cost, 3))
-    reason = (f"saves {natural_wait - ready} ms of level-{job.level} wait on {job.gpus} GPUs;"
-              f" victims lose {sum(costs[v].lost_ms for v in victims)} ms of progress")
+    reason = (
+        f"saves {natural_wait - ready} ms of level-{job.level} wait on {job.gpus} GPUs;"
+        f" victims lose {sum(costs[v].lost_ms for v in victims)} ms of progress"
+    )
     if substitute_cost:
         reason += f"; on a compatible GPU model, priced {substitute_cost:.0f} for the longer run"
     if reclaim:
-        reason = (f"reclaim: team {job.team} holds {guard.held.get(job.team, 0)} of its fair share"
-                  f" {guard.shares[job.team]:.1f} GPUs; {reason}")
+        reason = (
+            f"reclaim: team {job.team} holds {guard.held.get(job.team, 0)} of its fair share"
+            f" {guard.shares[job.team]:.1f} GPUs; {reason}"
+        )
     return Plan(
-        victims=victims, placement=placement, benefit=round(benefit, 3), cost=round(cost, 3),
-        ready_ms=ready, natural_wait_ms=natural_wait,
+        victims=victims,
+        placement=placement,
+        benefit=round(benefit, 3),
+        cost=round(cost, 3),
+        ready_ms=ready,
+        natural_wait_ms=natural_wait,
         checkpoint_needed={v: costs[v].checkpoint_needed for v in victims},
-        reason=reason, reclaim=reclaim, depth=job.cascade_depth + 1,
-        levels_down=max(0, max(state.canonical.jobs[v].level for v in victims) - job.level))
+        reason=reason,
+        reclaim=reclaim,
+        depth=job.cascade_depth + 1,
+        levels_down=max(0, max(state.canonical.jobs[v].level for v in victims) - job.level),
+    )
 
 
 def variant_policy(state: State, job: Job) -> Policy:

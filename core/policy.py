@@ -29,22 +29,36 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # --- queues
     # Queue order within each level: 0-2 first come first served, 3-5 team fair share by
     # quota, 6-7 round robin over teams.
-    queue_policy: list[str] = msgspec.field(default_factory=lambda: [FCFS, FCFS, FCFS, FAIR_SHARE, FAIR_SHARE, FAIR_SHARE,
-                               ROUND_ROBIN, ROUND_ROBIN])
+    queue_policy: list[str] = msgspec.field(
+        default_factory=lambda: [
+            FCFS,
+            FCFS,
+            FCFS,
+            FAIR_SHARE,
+            FAIR_SHARE,
+            FAIR_SHARE,
+            ROUND_ROBIN,
+            ROUND_ROBIN,
+        ]
+    )
     # Team weights for fair share; a team not listed weighs 1.
     team_quota: dict[str, float] = {}
     # Fraction of the pool each level keeps, counted in whole GPUs (rounded down): while a
     # level with queued jobs holds less, placement serves it first up to that many GPUs,
     # and its jobs are not preempted below it. A level-0 job is never kept waiting by a
     # guarantee smaller than its gang (an emergency outranks a floor it would barely dent).
-    guaranteed_share: list[float] = msgspec.field(default_factory=lambda: [0.0, 0.0, 0.0, 0.05, 0.05, 0.05, 0.0, 0.0])
+    guaranteed_share: list[float] = msgspec.field(
+        default_factory=lambda: [0.0, 0.0, 0.0, 0.05, 0.05, 0.05, 0.0, 0.0]
+    )
     # Level L may preempt jobs of level >= preempts_from_level[L]; 8 means it may not preempt.
     # The urgent levels 0-1 may preempt any less urgent level (as Kubernetes priority
     # classes do) and leave it to the decision model when it is worth it; from level 2 on a
     # gap of two levels keeps neighbours from churning each other.
     preempts_from_level: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 6, 7, 8, 8, 8])
     # Weight of one GPU-second of wait (benefit) or loss (cost) at each level.
-    level_weight: list[float] = msgspec.field(default_factory=lambda: [16.0, 8.0, 4.0, 2.0, 1.5, 1.0, 0.5, 0.25])
+    level_weight: list[float] = msgspec.field(
+        default_factory=lambda: [16.0, 8.0, 4.0, 2.0, 1.5, 1.0, 0.5, 0.25]
+    )
     # Weight of one GPU-second of wasted work (progress thrown away, checkpoint writes and
     # restores a preemption causes), at least: the GPUs that redo it are lost to every job
     # in the queue, not only to the victim, so a victim's low level does not make its
@@ -90,8 +104,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     # --- aging: a job waiting longer than its level's threshold rises one level; the
     # threshold shrinks as the queue deepens and as the level's historical wait grows.
-    aging_threshold_ms: list[int] = msgspec.field(default_factory=lambda: [0, 600_000, 900_000, 1_200_000, 1_800_000, 2_400_000,
-                                     3_600_000, 3_600_000])
+    aging_threshold_ms: list[int] = msgspec.field(
+        default_factory=lambda: [0, 600_000, 900_000, 1_200_000, 1_800_000, 2_400_000, 3_600_000, 3_600_000]
+    )
     aging_depth_factor: float = 0.25  # per doubling of queue depth
     aging_history_factor: float = 0.5  # per threshold of historical mean wait
     aging_threshold_min_ms: int = 60_000
@@ -222,8 +237,14 @@ class PolicyError(ValueError):
 
 def validate(policy: Policy) -> Policy:
     """Check cross-field limits. Raises PolicyError with what to fix."""
-    per_level = ["queue_policy", "guaranteed_share", "preempts_from_level", "level_weight",
-                 "aging_threshold_ms", "release_wait_max_ms"]
+    per_level = [
+        "queue_policy",
+        "guaranteed_share",
+        "preempts_from_level",
+        "level_weight",
+        "aging_threshold_ms",
+        "release_wait_max_ms",
+    ]
     for name in per_level:
         if len(getattr(policy, name)) != LEVELS:
             raise PolicyError(f"{name} must have {LEVELS} entries, one per level 0..7")
@@ -236,22 +257,31 @@ def validate(policy: Policy) -> Policy:
         if first <= level:
             raise PolicyError(
                 f"preempts_from_level[{level}]={first}: a level may only preempt lower"
-                f" levels, so it must be > {level}")
+                f" levels, so it must be > {level}"
+            )
     if not 0 <= policy.fair_share_from_level <= LEVELS:
         raise PolicyError(f"fair_share_from_level must be 0..{LEVELS} ({LEVELS}: no level is covered)")
-    if policy.preemption_depth_max < 1 or any(v < 1 for v in policy.team_preemption_depth_max.values()) \
-            or any(v < 1 for v in policy.user_preemption_depth_max.values()):
-        raise PolicyError("preemption depth limits must be at least 1 (a job never displaced preempts at depth 1)")
+    if (
+        policy.preemption_depth_max < 1
+        or any(v < 1 for v in policy.team_preemption_depth_max.values())
+        or any(v < 1 for v in policy.user_preemption_depth_max.values())
+    ):
+        raise PolicyError(
+            "preemption depth limits must be at least 1 (a job never displaced preempts at depth 1)"
+        )
     if not 0 <= policy.urgent_levels <= LEVELS:
         raise PolicyError(f"urgent_levels must be 0..{LEVELS}")
     for model in sorted(policy.gpu_substitutes):
         for other, slowdown in sorted(policy.gpu_substitutes[model].items()):
             if not slowdown >= 0:
-                raise PolicyError(f"gpu_substitutes[{model!r}][{other!r}] must be a slowdown >= 0, got {slowdown}")
+                raise PolicyError(
+                    f"gpu_substitutes[{model!r}][{other!r}] must be a slowdown >= 0, got {slowdown}"
+                )
     if not 1 <= policy.scan_jobs_max <= SCAN_JOBS_LIMIT:
         raise PolicyError(
             f"scan_jobs_max must be 1..{SCAN_JOBS_LIMIT} (the records of one scheduling pass must fit"
-            f" one atomic batch), got {policy.scan_jobs_max}")
+            f" one atomic batch), got {policy.scan_jobs_max}"
+        )
     if policy.victims_per_preemption_max < 1:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:
@@ -300,8 +330,15 @@ AB_CONTROL = "control"
 # from the variant's policy (`core/preemption.py`, `variant_policy`); every other one is
 # read from the base policy, so overriding it per variant would be silently ignored.
 # tests/test_core_ab_variants.py shows each of them changing a decision.
-VARIANT_PARAMS = ("guaranteed_share", "level_weight", "net_benefit_min", "release_wait_max_ms",
-                  "safe_point_ms", "victims_per_preemption_max", "wasted_work_weight_min")
+VARIANT_PARAMS = (
+    "guaranteed_share",
+    "level_weight",
+    "net_benefit_min",
+    "release_wait_max_ms",
+    "safe_point_ms",
+    "victims_per_preemption_max",
+    "wasted_work_weight_min",
+)
 
 
 def check_experiment(policy: Policy) -> None:
@@ -316,12 +353,14 @@ def check_experiment(policy: Policy) -> None:
             raise PolicyError(
                 f"ab_variants[{name!r}] overrides {', '.join(ignored)}, which a variant cannot"
                 f" change (only the preemption decision's parameters vary by variant:"
-                f" {', '.join(VARIANT_PARAMS)}); change it for everyone, or leave it out")
+                f" {', '.join(VARIANT_PARAMS)}); change it for everyone, or leave it out"
+            )
     if AB_CONTROL not in policy.ab_variants:
         raise PolicyError(
             f"ab_variants has no {AB_CONTROL!r} variant: name the one that keeps the base policy"
             f" {AB_CONTROL!r} (an empty [ab_variants.{AB_CONTROL}] table), so reports compare"
-            " against it")
+            " against it"
+        )
 
 
 def job_group(job: str) -> str:

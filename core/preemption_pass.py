@@ -77,8 +77,15 @@ def preempt_blocked(ctx: Ctx, blocked: Iterable[str], attempts_max: int | None =
             if outcome.reason == "no_eligible_victims":
                 futile[(job.level, tuple(job.gpu_models))] = None
             if outcome.reason != job.last_decline:
-                ctx.emit(T.PreemptionDeclined(t=ctx.inp.t, job=job_id, reason=outcome.reason,
-                                              benefit=outcome.benefit, cost=outcome.cost))
+                ctx.emit(
+                    T.PreemptionDeclined(
+                        t=ctx.inp.t,
+                        job=job_id,
+                        reason=outcome.reason,
+                        benefit=outcome.benefit,
+                        cost=outcome.cost,
+                    )
+                )
             continue
         start_saga(ctx, job, outcome)
 
@@ -99,9 +106,12 @@ def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[st
             continue
         for _, job_id in state.index.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
             job = state.canonical.jobs[job_id]
-            if job.level >= p.fair_share_from_level \
-                    and within_share(held.get(team, 0), job.gpus, shares[team]) \
-                    and job.gpus <= lent + SHARE_EPSILON and job.preempt_retry_t <= t:
+            if (
+                job.level >= p.fair_share_from_level
+                and within_share(held.get(team, 0), job.gpus, shares[team])
+                and job.gpus <= lent + SHARE_EPSILON
+                and job.preempt_retry_t <= t
+            ):
                 yield job_id
                 break
 
@@ -123,7 +133,14 @@ def reclaim_blocked(ctx: Ctx, candidates: Iterable[str]) -> None:
         outcome = plan_preemption(state, job, reclaim=True)
         if isinstance(outcome, Decline):
             if not may_preempt(state, job) and outcome.reason != job.last_decline:
-                ctx.emit(T.PreemptionDeclined(t=ctx.inp.t, job=job_id, reason=outcome.reason,
-                                              benefit=outcome.benefit, cost=outcome.cost))
+                ctx.emit(
+                    T.PreemptionDeclined(
+                        t=ctx.inp.t,
+                        job=job_id,
+                        reason=outcome.reason,
+                        benefit=outcome.benefit,
+                        cost=outcome.cost,
+                    )
+                )
             continue
         start_saga(ctx, job, outcome)

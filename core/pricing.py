@@ -54,8 +54,7 @@ class Pricing(msgspec.Struct, frozen=True):
     queued_by_size: dict[int, int] = {}
 
 
-def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
-                pricing: Pricing) -> VictimCost:
+def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy, pricing: Pricing) -> VictimCost:
     """What preempting `victim` costs: its displacement (its weighted requeue wait, bounded
     by the preemptor's saved wait on the GPUs the preemptor takes) and the work wasted,
     releasing it the cheaper way: at its next safe point from its last checkpoint (losing
@@ -75,7 +74,11 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     elif can_checkpoint(victim):
         options.append((0, victim.ckpt_cost_ms, True))
     bound = pricing.release_wait_max_ms
-    if bound and len(options) > 1 and victim_safe_point_ms(victim, pricing.safe_point_ms) + options[1][1] > bound:
+    if (
+        bound
+        and len(options) > 1
+        and victim_safe_point_ms(victim, pricing.safe_point_ms) + options[1][1] > bound
+    ):
         options = options[:1]  # no time to save: it lets go from its last checkpoint
     overhead = int(p.preemption_overhead_s * 1000)  # teardown, relaunch, warm-up
     to_safe_point = victim_safe_point_ms(victim, pricing.safe_point_ms)
@@ -97,13 +100,19 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy,
     # with the backlog while the urgent wait it blocks does.
     rest = victim.gpus - shared
     idle = max(0, rest - queued_fitting(pricing.queued_by_size, rest))
-    displaced_gpu_ms = (shared * min(requeue_wait_ms, pricing.displaced_max_ms)
-                        + idle * requeue_wait_ms)
+    displaced_gpu_ms = shared * min(requeue_wait_ms, pricing.displaced_max_ms) + idle * requeue_wait_ms
     cost = wasted + weight * displaced_gpu_ms / 1000.0
     return VictimCost(
-        job=victim.id, gpus=victim.gpus, lost_ms=lost, save_ms=save, restore_ms=restore,
-        requeue_wait_ms=requeue_wait_ms, ready_ms=ready, checkpoint_needed=checkpoint_needed,
-        cost=cost)
+        job=victim.id,
+        gpus=victim.gpus,
+        lost_ms=lost,
+        save_ms=save,
+        restore_ms=restore,
+        requeue_wait_ms=requeue_wait_ms,
+        ready_ms=ready,
+        checkpoint_needed=checkpoint_needed,
+        cost=cost,
+    )
 
 
 def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> float:
@@ -179,14 +188,25 @@ def pricing_for(state: State, job: Job, p: Policy, runtime_ms: int, natural_wait
     safe_point = safe_point_ms(state, p)
     return Pricing(
         wasted_weight_min=queue_pressure(state, p, job),
-        waiting_weight=p.level_weight[job.level] * job.gpus / 1000.0, preemptor_gpus=job.gpus,
-        safe_point_ms=safe_point, displaced_max_ms=min(runtime_ms, max(0, natural_wait - safe_point)),
-        release_wait_max_ms=p.release_wait_max_ms[job.level], preemptor_level=job.level,
-        queued_by_size=queued_by_size(state, job))
+        waiting_weight=p.level_weight[job.level] * job.gpus / 1000.0,
+        preemptor_gpus=job.gpus,
+        safe_point_ms=safe_point,
+        displaced_max_ms=min(runtime_ms, max(0, natural_wait - safe_point)),
+        release_wait_max_ms=p.release_wait_max_ms[job.level],
+        preemptor_level=job.level,
+        queued_by_size=queued_by_size(state, job),
+    )
 
 
-def price_victims(state: State, job: Job, eligible: list[Job], p: Policy, pricing: Pricing,
-                  curve: ReleaseCurve, fit: RequeueFit | None) -> dict[str, VictimCost]:
+def price_victims(
+    state: State,
+    job: Job,
+    eligible: list[Job],
+    p: Policy,
+    pricing: Pricing,
+    curve: ReleaseCurve,
+    fit: RequeueFit | None,
+) -> dict[str, VictimCost]:
     """Each eligible victim's cost. Its requeue wait is the later of two: the queue's view
     (the release curve of the preemptor's nodes, after the GPUs queued at its requeue level
     or more urgent and the GPUs the preemptor takes: its own GPUs come back to the pool

@@ -41,8 +41,9 @@ def aging_threshold_ms(state: State, level: int) -> int:
 
 def _aging_threshold_ms(p, level: int, depth: int, history: float) -> int:
     base = p.aging_threshold_ms[level]
-    speedup = (1.0 + p.aging_depth_factor * math.log2(1 + depth)
-               + p.aging_history_factor * history / max(base, 1))
+    speedup = (
+        1.0 + p.aging_depth_factor * math.log2(1 + depth) + p.aging_history_factor * history / max(base, 1)
+    )
     return max(p.aging_threshold_min_ms, int(base / speedup))
 
 
@@ -65,8 +66,11 @@ def age_queued(ctx: Ctx) -> None:
                 due.append(job_id)
         for job_id in due:
             job = state.canonical.jobs[job_id]
-            ctx.emit(T.PriorityAged(t=t, job=job_id, from_level=level, to_level=level - 1,
-                                    waited_ms=t - job.queued_since_t))
+            ctx.emit(
+                T.PriorityAged(
+                    t=t, job=job_id, from_level=level, to_level=level - 1, waited_ms=t - job.queued_since_t
+                )
+            )
 
 
 def restore_levels(ctx: Ctx) -> None:
@@ -82,8 +86,11 @@ def restore_levels(ctx: Ctx) -> None:
     for job_id in sorted(ix.downgraded_queued):
         job = c.jobs[job_id]
         if downgrade_ends_t(ctx.state, job) <= t:
-            ctx.emit(T.JobLevelRestored(t=t, job=job_id, level=job.requested_level,
-                                        waited_ms=t - job.queued_since_t))
+            ctx.emit(
+                T.JobLevelRestored(
+                    t=t, job=job_id, level=job.requested_level, waited_ms=t - job.queued_since_t
+                )
+            )
 
 
 def downgrade_ends_t(state: State, job) -> int:

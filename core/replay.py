@@ -64,8 +64,9 @@ def rebuild(records: Iterable[T.Record], state: State | None = None, to_n: int |
 INTERNAL_ERROR = "internal_error"
 
 
-def step_guarded(state: State, inp: T.Input,
-                 restore: Callable[[], State]) -> tuple[State, list[T.Record], str]:
+def step_guarded(
+    state: State, inp: T.Input, restore: Callable[[], State]
+) -> tuple[State, list[T.Record], str]:
     """`step`, except that an exception inside it does not escape: the state is restored
     (`restore()` returns the state as it was before the input, e.g. folded from the log)
     and the input is recorded as rejected with `internal_error` and the exception's words.

@@ -53,24 +53,35 @@ def rollback(ctx: Ctx, saga_id: str, reason: str, lost_node: str = "") -> None:
     c = ctx.state.canonical
     saga = c.sagas[saga_id]
     t = ctx.inp.t
-    ctx.emit(T.PreemptionRolledBack(t=t, saga=saga_id, reason=reason, preemptor=saga.preemptor,
-                                    victims=saga.victims))
+    ctx.emit(
+        T.PreemptionRolledBack(
+            t=t, saga=saga_id, reason=reason, preemptor=saga.preemptor, victims=saga.victims
+        )
+    )
     for victim_id in saga.victims:
         victim = c.jobs.get(victim_id)
         if victim is None:
             continue
         if victim.state == RUNNING:  # had not released: it keeps running
-            ctx.emit(T.NoticeWithdrawn(t=t, saga=saga_id, job=victim_id,
-                                       nodes=placement_nodes(victim.placement)))
+            ctx.emit(
+                T.NoticeWithdrawn(t=t, saga=saga_id, job=victim_id, nodes=placement_nodes(victim.placement))
+            )
         elif victim.state == RELEASED and lost_node in placement_nodes(victim.placement):
             requeue(ctx, victim, "node_lost", counts_as_preemption=False)
         elif victim.state == RELEASED:  # gets its own GPUs back, from its fresh checkpoint
             last = last_checkpoint(victim)
-            ctx.emit(T.JobResumeRequested(
-                t=t, job=victim_id, placement=victim.placement,
-                nodes=placement_nodes(victim.placement), ckpt_step=last.step if last else 0,
-                ckpt_digest=last.digest if last else "", reason="rolled_back",
-                command=victim.command))
+            ctx.emit(
+                T.JobResumeRequested(
+                    t=t,
+                    job=victim_id,
+                    placement=victim.placement,
+                    nodes=placement_nodes(victim.placement),
+                    ckpt_step=last.step if last else 0,
+                    ckpt_digest=last.digest if last else "",
+                    reason="rolled_back",
+                    command=victim.command,
+                )
+            )
 
 
 def expire_sagas(ctx: Ctx) -> None:
@@ -94,8 +105,11 @@ def requeue(ctx: Ctx, job: Job, reason: str, counts_as_preemption: bool) -> None
     if counts_as_preemption and count >= p.compensation_after_preemptions:
         boost = min(LEVELS - 1, boost + p.compensation_priority_boost)
         _compensate(ctx, job, count, max(0, lost))
-    ctx.emit(T.JobRequeued(t=t, job=job.id, boost=boost, reason=reason,
-                           lost_progress_ms=max(0, lost), preempt_count=count))
+    ctx.emit(
+        T.JobRequeued(
+            t=t, job=job.id, boost=boost, reason=reason, lost_progress_ms=max(0, lost), preempt_count=count
+        )
+    )
 
 
 def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
@@ -115,9 +129,19 @@ def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
     ]
     for kind, amount in grants:
         until = t + p.compensation_quota_ms if kind == "quota_gpu_hours" else 0
-        ctx.emit(T.CompensationGranted(t=t, job=job.id, team=job.team, kind=kind, amount=amount,
-                                       preempt_count=count, user=job.user, until_t=until,
-                                       lost_progress_ms=basis_ms))
+        ctx.emit(
+            T.CompensationGranted(
+                t=t,
+                job=job.id,
+                team=job.team,
+                kind=kind,
+                amount=amount,
+                preempt_count=count,
+                user=job.user,
+                until_t=until,
+                lost_progress_ms=basis_ms,
+            )
+        )
 
 
 def start_saga(ctx: Ctx, job: Job, plan) -> None:
@@ -129,18 +153,40 @@ def start_saga(ctx: Ctx, job: Job, plan) -> None:
     saga_id = f"saga-{c.saga_count + 1}"
     deadline = t + max(p.deadline_min_ms, plan.ready_ms + p.deadline_slack_ms)
     victim_nodes = sorted(dict.fromkeys(s.node for v in plan.victims for s in c.jobs[v].placement))
-    ctx.emit(T.PreemptionPlanned(
-        t=t, saga=saga_id, preemptor=job.id, victims=plan.victims, placement=plan.placement,
-        deadline_t=deadline, benefit=plan.benefit, cost=plan.cost, reason=plan.reason,
-        victim_nodes=victim_nodes, reclaim=plan.reclaim, own_work_counted=False,
-        depth=plan.depth, levels_down=plan.levels_down))
+    ctx.emit(
+        T.PreemptionPlanned(
+            t=t,
+            saga=saga_id,
+            preemptor=job.id,
+            victims=plan.victims,
+            placement=plan.placement,
+            deadline_t=deadline,
+            benefit=plan.benefit,
+            cost=plan.cost,
+            reason=plan.reason,
+            victim_nodes=victim_nodes,
+            reclaim=plan.reclaim,
+            own_work_counted=False,
+            depth=plan.depth,
+            levels_down=plan.levels_down,
+        )
+    )
     for victim_id in plan.victims:
         victim = c.jobs[victim_id]
-        ctx.emit(T.VictimNotified(t=t, saga=saga_id, job=victim_id,
-                                  nodes=placement_nodes(victim.placement), deadline_t=deadline,
-                                  checkpoint_needed=plan.checkpoint_needed[victim_id],
-                                  reason=plan.reason, preemptor=job.id, preemptor_level=job.level,
-                                  gpus=list(victim.placement)))
+        ctx.emit(
+            T.VictimNotified(
+                t=t,
+                saga=saga_id,
+                job=victim_id,
+                nodes=placement_nodes(victim.placement),
+                deadline_t=deadline,
+                checkpoint_needed=plan.checkpoint_needed[victim_id],
+                reason=plan.reason,
+                preemptor=job.id,
+                preemptor_level=job.level,
+                gpus=list(victim.placement),
+            )
+        )
     if not plan.reclaim:  # giving back GPUs above a team's share is no unfairness to count
         _fairness_after_plan(ctx, job, plan.victims)
 
@@ -149,24 +195,26 @@ def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
     c = ctx.state.canonical
     p = c.policy
     t = ctx.inp.t
-    teams = sorted(dict.fromkeys(c.jobs[v].team for v in victims
-                                 if c.jobs[v].team != preemptor.team))
+    teams = sorted(dict.fromkeys(c.jobs[v].team for v in victims if c.jobs[v].team != preemptor.team))
     if not teams:  # the team reordered its own work: nothing counted (see evolve)
         return
     for team in teams:
         win = c.team_windows.get(team)
         count = window_count(win.preempted, t, p.fairness_window_ms) if win else 0
-        if count >= team_limit(ctx.state, team, p.team_preempted_max) and c.team_protected_until.get(team, 0) <= t:
-            ctx.emit(T.TeamProtected(t=t, team=team, until_t=t + p.team_protect_ms,
-                                     preempted_in_window=count))
+        if (
+            count >= team_limit(ctx.state, team, p.team_preempted_max)
+            and c.team_protected_until.get(team, 0) <= t
+        ):
+            ctx.emit(
+                T.TeamProtected(t=t, team=team, until_t=t + p.team_protect_ms, preempted_in_window=count)
+            )
     win = c.team_windows.get(preemptor.team)
     count = window_count(win.preempting, t, p.fairness_window_ms) if win else 0
     limit = team_limit(ctx.state, preemptor.team, p.team_preempting_max)
     if count >= limit:
         until = quota_recovers_t(win.preempting, limit, p.fairness_window_ms)
         if until > c.team_downgraded_until.get(preemptor.team, 0):
-            ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=until,
-                                      preempting_in_window=count))
+            ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=until, preempting_in_window=count))
 
 
 def quota_recovers_t(times: list[int], limit: int, window_ms: int) -> int:

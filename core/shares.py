@@ -45,8 +45,9 @@ def fair_shares(state: State) -> dict[str, float]:
     return max_min_shares(demand, ix.total_gpus, {team: team_quota(state, team) for team in teams})
 
 
-def max_min_shares(demand: dict[str, int], capacity: float,
-                   weight: dict[str, float] | None = None) -> dict[str, float]:
+def max_min_shares(
+    demand: dict[str, int], capacity: float, weight: dict[str, float] | None = None
+) -> dict[str, float]:
     """Water-filling: each claimant's max-min fair share of `capacity`, weighted by
     `weight` (1 when not given). Claimants asking for less than their weighted part get
     what they ask for; the rest is split among the others by weight. The one fair-share
@@ -83,6 +84,9 @@ def teams_below_share(state: State) -> tuple[dict[str, float], dict[str, int], l
     jobs that have room for at least one more GPU within their shares, sorted."""
     shares = fair_shares(state)
     held = holding(state)
-    below = [team for team in sorted(state.index.waiting_by_team)
-             if within_share(held.get(team, 0), 1, shares.get(team, 0.0))]
+    below = [
+        team
+        for team in sorted(state.index.waiting_by_team)
+        if within_share(held.get(team, 0), 1, shares.get(team, 0.0))
+    ]
     return shares, held, below

@@ -183,8 +183,7 @@ class Canonical(msgspec.Struct, kw_only=True):
     estimates: dict[str, Estimate] = {}
     # Notice -> safe point, as victims have shown it (their mean).
     safe_point_latency: Estimate = msgspec.field(default_factory=Estimate)
-    level_wait: list[LevelWait] = msgspec.field(
-        default_factory=lambda: [LevelWait() for _ in range(LEVELS)])
+    level_wait: list[LevelWait] = msgspec.field(default_factory=lambda: [LevelWait() for _ in range(LEVELS)])
     rr_last_team: list[str] = msgspec.field(default_factory=lambda: [""] * LEVELS)
     ledger: dict[str, Ledger] = {}
     # Every set_policy param the log has set (merged, as recorded): what the log determines
@@ -482,8 +481,11 @@ def state_digest(c: Canonical, jobs_sum: int | None = None) -> str:
     the digest's job is to catch a replay that diverges."""
     if jobs_sum is None:
         jobs_sum = jobs_hash_sum(c)
-    view = {name: getattr(c, name) for name in c.__struct_fields__
-            if name not in _DIGEST_LEFT_OUT and getattr(c, name) != _CANONICAL_DEFAULTS[name]}
+    view = {
+        name: getattr(c, name)
+        for name in c.__struct_fields__
+        if name not in _DIGEST_LEFT_OUT and getattr(c, name) != _CANONICAL_DEFAULTS[name]
+    }
     data = msgspec.json.encode(view, order="sorted") + b"|jobs:" + f"{jobs_sum:064x}".encode()
     return hashlib.sha256(data).hexdigest()
 

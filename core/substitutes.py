@@ -50,8 +50,11 @@ def substitute_placement(state: State, job: Job, reserved: dict[str, int]) -> li
             best = (extra, model, placement)
     if best is None:
         return None
-    own_nodes = [c.nodes[name] for name in sorted(c.nodes)
-                 if c.nodes[name].up and c.nodes[name].gpu_model in job.gpu_models]
+    own_nodes = [
+        c.nodes[name]
+        for name in sorted(c.nodes)
+        if c.nodes[name].up and c.nodes[name].gpu_model in job.gpu_models
+    ]
     fit = earliest_fit(state, job, own_nodes)
     own_wait = fit[0] if fit is not None else None
     if own_wait is not None and own_wait <= best[0]:

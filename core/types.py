@@ -214,9 +214,25 @@ class Malformed(_Input, tag="malformed"):
 
 
 Input = Union[
-    NodeUp, NodeDown, Submit, Cancel, Started, CheckpointStarted, CheckpointSaved,
-    CheckpointFailed, SafePoint, Released, Finished, Tick, SetPolicy, Malformed, Feedback,
-    Hold, ReleaseHold, Requeue, SetLevel,
+    NodeUp,
+    NodeDown,
+    Submit,
+    Cancel,
+    Started,
+    CheckpointStarted,
+    CheckpointSaved,
+    CheckpointFailed,
+    SafePoint,
+    Released,
+    Finished,
+    Tick,
+    SetPolicy,
+    Malformed,
+    Feedback,
+    Hold,
+    ReleaseHold,
+    Requeue,
+    SetLevel,
 ]
 
 
@@ -587,14 +603,42 @@ class StateDigest(_Event, tag="StateDigest"):
 
 
 Event = Union[
-    InputAccepted, InputRejected, NodeJoined, NodeLost, JobSubmitted, JobStartRequested,
-    JobResumeRequested, JobRunning, JobFinished, JobFailed, JobCancelled, JobRequeued,
-    PriorityAged, PreemptionPlanned, VictimNotified, VictimReleased, PreemptionCommitted,
-    PreemptionRolledBack, NoticeWithdrawn, PreemptionDeclined, TeamProtected, TeamDowngraded,
-    CompensationGranted, CheckpointBegan, CheckpointRecorded, CheckpointFailedRecorded,
-    CheckpointFallback, SafePointReached, PolicyChanged, StateDigest, JobLevelRestored,
+    InputAccepted,
+    InputRejected,
+    NodeJoined,
+    NodeLost,
+    JobSubmitted,
+    JobStartRequested,
+    JobResumeRequested,
+    JobRunning,
+    JobFinished,
+    JobFailed,
+    JobCancelled,
+    JobRequeued,
+    PriorityAged,
+    PreemptionPlanned,
+    VictimNotified,
+    VictimReleased,
+    PreemptionCommitted,
+    PreemptionRolledBack,
+    NoticeWithdrawn,
+    PreemptionDeclined,
+    TeamProtected,
+    TeamDowngraded,
+    CompensationGranted,
+    CheckpointBegan,
+    CheckpointRecorded,
+    CheckpointFailedRecorded,
+    CheckpointFallback,
+    SafePointReached,
+    PolicyChanged,
+    StateDigest,
+    JobLevelRestored,
     FeedbackRecorded,
-    JobHeld, JobHoldReleased, JobLevelSet, JobStopRequested,
+    JobHeld,
+    JobHoldReleased,
+    JobLevelSet,
+    JobStopRequested,
 ]
 
 
@@ -617,6 +661,7 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, dict=True):
 
 
 GENESIS_HASH = "0" * 64
+
 
 class _StoredRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A record as stored, its event left as the bytes that were written."""
@@ -645,8 +690,15 @@ def decode_record(data: bytes | str) -> Record:
     """A record from its stored JSON; it keeps its event's bytes as written (see `Record`)."""
     stored = _stored_record_decoder.decode(data)
     raw = bytes(stored.event)
-    record = Record(n=stored.n, prev=stored.prev, hash=stored.hash, input_seq=stored.input_seq,
-                    event=_event_decoder.decode(raw), key=stored.key, sig=stored.sig)
+    record = Record(
+        n=stored.n,
+        prev=stored.prev,
+        hash=stored.hash,
+        input_seq=stored.input_seq,
+        event=_event_decoder.decode(raw),
+        key=stored.key,
+        sig=stored.sig,
+    )
     record._stored_event = (record.event, raw)
     return record
 
@@ -674,9 +726,17 @@ def encode_record(record: Record) -> bytes:
     raw = stored_event(record)
     if raw is None:
         return _encoder.encode(record)
-    return _encoder.encode(_StoredRecord(n=record.n, prev=record.prev, hash=record.hash,
-                                         input_seq=record.input_seq, event=msgspec.Raw(raw),
-                                         key=record.key, sig=record.sig))
+    return _encoder.encode(
+        _StoredRecord(
+            n=record.n,
+            prev=record.prev,
+            hash=record.hash,
+            input_seq=record.input_seq,
+            event=msgspec.Raw(raw),
+            key=record.key,
+            sig=record.sig,
+        )
+    )
 
 
 def chain_hash(prev: str, event_bytes: bytes) -> str:

@@ -21,8 +21,16 @@ from .types import Slot
 READY_BOUNDS_MAX = 8
 
 
-def choose_victims(state: State, job: Job, models: list[str], nodes, costs: dict[str, VictimCost],
-                   pricing: Pricing, guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
+def choose_victims(
+    state: State,
+    job: Job,
+    models: list[str],
+    nodes,
+    costs: dict[str, VictimCost],
+    pricing: Pricing,
+    guard: Guard,
+    cap: int,
+) -> tuple[list[str], list[Slot]] | None:
     """The victim set and the preemptor's placement, or None when no set within the guard
     and the cap frees enough GPUs. Between two sets, in order (README, "How a preemption
     is decided"): 1. the lower `set_price`; 2. fewer victims; 3. the node's (for a gang,
@@ -55,8 +63,9 @@ def _ready_bounds(costs: dict[str, VictimCost], victims, most: int) -> list[int]
     return bounds
 
 
-def _cheapest_single_node(state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing,
-                          guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
+def _cheapest_single_node(
+    state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing, guard: Guard, cap: int
+) -> tuple[list[str], list[Slot]] | None:
     """Per node, for each bound on the slowest victim's release: the victims that let go by
     then, cheapest first, until the job fits; the best set of all."""
     best = None
@@ -68,22 +77,27 @@ def _cheapest_single_node(state: State, job: Job, nodes, costs: dict[str, Victim
         on_node = [v for v in state.index.jobs_by_node.get(node.name, {}) if v in costs]
         tried: set[tuple[str, ...]] = set()
         for bound in _ready_bounds(costs, on_node, READY_BOUNDS_MAX):
-            units = sorted((costs[v].cost, v, len(gpus_on(state.canonical.jobs[v], node.name)))
-                           for v in on_node if costs[v].ready_ms <= bound)
+            units = sorted(
+                (costs[v].cost, v, len(gpus_on(state.canonical.jobs[v], node.name)))
+                for v in on_node
+                if costs[v].ready_ms <= bound
+            )
             chosen = _greedy_minimal(state, units, need, guard)
             if chosen is None or len(chosen) > cap or tuple(sorted(chosen)) in tried:
                 continue
             tried.add(tuple(sorted(chosen)))
             key = (set_price(costs, chosen, pricing), len(chosen), node.name)
             if best is None or key < best[0]:
-                freed = sorted(free + [g for v in chosen for g in gpus_on(state.canonical.jobs[v], node.name)])
-                best = (key, sorted(chosen), [Slot(node=node.name, gpus=freed[:job.gpus])])
+                freed = sorted(
+                    free + [g for v in chosen for g in gpus_on(state.canonical.jobs[v], node.name)]
+                )
+                best = (key, sorted(chosen), [Slot(node=node.name, gpus=freed[: job.gpus])])
     return None if best is None else (best[1], best[2])
 
 
-def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, costs: dict[str, VictimCost],
-                                        pricing: Pricing, guard: Guard,
-                                        cap: int) -> tuple[list[str], list[Slot]] | None:
+def _cheapest_across_nodes_of_one_model(
+    state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing, guard: Guard, cap: int
+) -> tuple[list[str], list[Slot]] | None:
     """A gang is of one GPU model: the cheapest victim set over the models the job accepts."""
     best = None
     for model in sorted(dict.fromkeys(node.gpu_model for node in nodes)):
@@ -96,8 +110,9 @@ def _cheapest_across_nodes_of_one_model(state: State, job: Job, nodes, costs: di
     return None if best is None else best[1]
 
 
-def _cheapest_across_nodes(state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing,
-                           guard: Guard, cap: int) -> tuple[list[str], list[Slot]] | None:
+def _cheapest_across_nodes(
+    state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing, guard: Guard, cap: int
+) -> tuple[list[str], list[Slot]] | None:
     """For each bound on the slowest victim's release: the victims that let go by then,
     cheapest per GPU they free on these nodes first, until the gang fits; the best set."""
     free_total = sum(node_free_count(node) for node in nodes)
@@ -134,8 +149,9 @@ def _cheapest_across_nodes(state: State, job: Job, nodes, costs: dict[str, Victi
     return None
 
 
-def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int,
-                    guard: Guard) -> list[str] | None:
+def _greedy_minimal(
+    state: State, units: list[tuple[float, str, int]], need: int, guard: Guard
+) -> list[str] | None:
     """Cheapest-first until `need` GPUs are freed, then drop any victim not needed."""
     if need <= 0:
         return []
@@ -160,8 +176,9 @@ def _greedy_minimal(state: State, units: list[tuple[float, str, int]], need: int
     return [unit[1] for unit in chosen]
 
 
-def cannot_free_enough(state: State, job: Job, models: list[str], nodes, eligible: list[Job], guard: Guard,
-                       cap: int) -> bool:
+def cannot_free_enough(
+    state: State, job: Job, models: list[str], nodes, eligible: list[Job], guard: Guard, cap: int
+) -> bool:
     """Whether `choose_victims` is sure to find no set, whatever the victims' prices: on no
     node (for a gang, no GPU model) could even the `cap` largest of the victims the guard
     allows one at a time, and no more than each level's guaranteed share leaves, free the
@@ -184,8 +201,10 @@ def cannot_free_enough(state: State, job: Job, models: list[str], nodes, eligibl
     for model in sorted(dict.fromkeys(node.gpu_model for node in nodes)):
         of_model = {node.name: None for node in nodes if node.gpu_model == model}
         need = job.gpus - sum(node_free_count(node) for node in nodes if node.name in of_model)
-        units = [(sum(len(slot.gpus) for slot in victim.placement if slot.node in of_model), victim)
-                 for victim in allowed]
+        units = [
+            (sum(len(slot.gpus) for slot in victim.placement if slot.node in of_model), victim)
+            for victim in allowed
+        ]
         if need <= 0 or _may_free(state, units, need, guard, cap):
             return False
     return True

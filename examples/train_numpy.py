@@ -38,8 +38,13 @@ def loss_of(w: np.ndarray, b: float, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def initial_state(seed: int) -> dict:
-    return {"w": np.zeros(FEATURES), "b": 0.0, "vw": np.zeros(FEATURES), "vb": 0.0,
-            "rng": np.random.default_rng(seed + 1).bit_generator.state}
+    return {
+        "w": np.zeros(FEATURES),
+        "b": 0.0,
+        "vw": np.zeros(FEATURES),
+        "vb": 0.0,
+        "rng": np.random.default_rng(seed + 1).bit_generator.state,
+    }
 
 
 def train_step(state: dict, rng: np.random.Generator, x, y, lr: float, momentum: float) -> None:

@@ -36,8 +36,10 @@ URGENT_LEVEL_MAX = 2
 
 # per-job metric -> (SQL expression, description)
 JOB_METRICS = {
-    "urgent_wait_s": (f"CASE WHEN level <= {URGENT_LEVEL_MAX} THEN waited_ms / 1000.0 END",
-                      f"queue wait of jobs of levels 0-{URGENT_LEVEL_MAX}, seconds"),
+    "urgent_wait_s": (
+        f"CASE WHEN level <= {URGENT_LEVEL_MAX} THEN waited_ms / 1000.0 END",
+        f"queue wait of jobs of levels 0-{URGENT_LEVEL_MAX}, seconds",
+    ),
     "wait_s": ("waited_ms / 1000.0", "time queued before each start, summed, seconds"),
     "jct_s": ("(end_t - submit_t) / 1000.0", "submit to end, seconds (ended jobs)"),
     "lost_gpu_h": ("lost_progress_ms * gpus / 3600000.0", "progress lost, GPU-hours per job"),
@@ -45,9 +47,11 @@ JOB_METRICS = {
     "satisfaction": ("score", "survey score 1..5 (xirang feedback), mean over answered jobs"),
 }
 SLOWDOWN = "(end_t - submit_t) / nullif(run_ms, 0)"
-DESCRIPTIONS = {**{m: d for m, (_, d) in JOB_METRICS.items()},
-                "fairness_jain": "Jain's index over teams of mean slowdown (1 = even)",
-                "urgent_speedup": "control's mean urgent wait / this variant's (above 1: faster)"}
+DESCRIPTIONS = {
+    **{m: d for m, (_, d) in JOB_METRICS.items()},
+    "fairness_jain": "Jain's index over teams of mean slowdown (1 = even)",
+    "urgent_speedup": "control's mean urgent wait / this variant's (above 1: faster)",
+}
 
 
 def _rows(con, since_t: int | None, until_t: int | None) -> list[tuple]:
@@ -61,13 +65,17 @@ def _rows(con, since_t: int | None, until_t: int | None) -> list[tuple]:
     cols = ", ".join(f"{expr} AS {name}" for name, (expr, _) in JOB_METRICS.items())
     feedback = _feedback_table(con)
     return con.execute(
-        f"SELECT variant, team, \"user\", job, {SLOWDOWN}, {cols} FROM jobs"
-        f" LEFT JOIN {feedback} USING (job) WHERE {' AND '.join(where)} ORDER BY job", params).fetchall()
+        f'SELECT variant, team, "user", job, {SLOWDOWN}, {cols} FROM jobs'
+        f" LEFT JOIN {feedback} USING (job) WHERE {' AND '.join(where)} ORDER BY job",
+        params,
+    ).fetchall()
 
 
 def _feedback_table(con) -> str:
     """Each job's latest survey score, or an empty relation on projections without one."""
-    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'feedback'").fetchone()[0]
+    has = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'feedback'"
+    ).fetchone()[0]
     if has:
         return "(SELECT job, arg_max(score, seq) AS score FROM feedback GROUP BY job)"
     return "(SELECT NULL::VARCHAR AS job, NULL::DOUBLE AS score WHERE false)"
@@ -80,7 +88,9 @@ class Units:
     def __init__(self, rows: list[tuple], split_by: str) -> None:
         by_unit: dict[str, list[tuple]] = {}
         for _variant, team, user, job, slowdown, *values in rows:
-            by_unit.setdefault(assignment_unit(split_by, team, user, job), []).append((team, slowdown, values))
+            by_unit.setdefault(assignment_unit(split_by, team, user, job), []).append(
+                (team, slowdown, values)
+            )
         self.names = sorted(by_unit)
         teams = sorted({team for jobs in by_unit.values() for team, _, _ in jobs})
         n, m = len(self.names), len(JOB_METRICS)
@@ -155,8 +165,9 @@ def _p_value(diffs: list[float]) -> float | None:
     return min(1.0, 2 * min(below, above))
 
 
-def report(con, seed: int = 0, since_t: int | None = None, until_t: int | None = None,
-           policy: Policy | None = None) -> dict:
+def report(
+    con, seed: int = 0, since_t: int | None = None, until_t: int | None = None, policy: Policy | None = None
+) -> dict:
     """Every variant's metrics with intervals; against the control, differences, intervals,
     p-values and significance. `policy` says how jobs were split (default: the policy in
     force at the end of the projection)."""
@@ -166,21 +177,32 @@ def report(con, seed: int = 0, since_t: int | None = None, until_t: int | None =
         policy = current_policy(con)
     rows = _rows(con, since_t, until_t)
     names = sorted({r[0] for r in rows})
-    out = {"seed": seed, "confidence": CONFIDENCE, "bootstrap_samples": BOOTSTRAP_SAMPLES,
-           "split_by": policy.ab_split_by, "metrics": DESCRIPTIONS, "variants": {}, "control": None}
+    out = {
+        "seed": seed,
+        "confidence": CONFIDENCE,
+        "bootstrap_samples": BOOTSTRAP_SAMPLES,
+        "split_by": policy.ab_split_by,
+        "metrics": DESCRIPTIONS,
+        "variants": {},
+        "control": None,
+    }
     if not names:
         return out
     control = AB_CONTROL if AB_CONTROL in names else names[0]
     out["control"] = control
     if control != AB_CONTROL:
-        out["control_note"] = (f"no variant is named {AB_CONTROL!r} (a log from before the rule):"
-                               f" {control!r}, the first by name, stands in")
+        out["control_note"] = (
+            f"no variant is named {AB_CONTROL!r} (a log from before the rule):"
+            f" {control!r}, the first by name, stands in"
+        )
     rng = np.random.default_rng(seed)
     units = {v: Units([r for r in rows if r[0] == v], policy.ab_split_by) for v in names}
     draws = {v: _draws(units[v], rng, BOOTSTRAP_SAMPLES) for v in names}
     metrics = [*JOB_METRICS, "fairness_jain"]
-    boot = {v: {m: [None if np.isnan(x) else float(x) for x in _stats(units[v], m, draws[v])] for m in metrics}
-            for v in names}
+    boot = {
+        v: {m: [None if np.isnan(x) else float(x) for x in _stats(units[v], m, draws[v])] for m in metrics}
+        for v in names
+    }
     for variant in [control] + [v for v in names if v != control]:
         entry: dict = {"jobs": units[variant].jobs_count(), "units": len(units[variant])}
         for metric in metrics:
@@ -188,8 +210,10 @@ def report(con, seed: int = 0, since_t: int | None = None, until_t: int | None =
             cell = {"value": value, "ci": _interval(boot[variant][metric])}
             if variant != control:
                 base = _stat(units[control], metric, None)
-                diffs = [None if a is None or b is None else b - a
-                         for a, b in zip(boot[control][metric], boot[variant][metric])]
+                diffs = [
+                    None if a is None or b is None else b - a
+                    for a, b in zip(boot[control][metric], boot[variant][metric])
+                ]
                 cell["diff_vs_control"] = None if value is None or base is None else value - base
                 cell["diff_ci"] = _interval(diffs)
                 cell["p_value"] = _p_value(diffs)
@@ -205,8 +229,10 @@ def _speedup(boot: dict, control: str, variant: str, units: dict) -> dict:
     base = _stat(units[control], "urgent_wait_s", None)
     mine = _stat(units[variant], "urgent_wait_s", None)
     value = base / mine if base is not None and mine else None
-    ratios = [a / b if a is not None and b else None
-              for a, b in zip(boot[control]["urgent_wait_s"], boot[variant]["urgent_wait_s"])]
+    ratios = [
+        a / b if a is not None and b else None
+        for a, b in zip(boot[control]["urgent_wait_s"], boot[variant]["urgent_wait_s"])
+    ]
     cell = {"value": value, "ci": _interval(ratios)}
     if variant != control:
         lo, hi = cell["ci"]
@@ -227,11 +253,15 @@ def _fmt(cell: dict) -> str:
 def render(rep: dict) -> str:
     """The A/B report as text (or how to start an experiment when there is none)."""
     if not rep["variants"]:
-        return ("no A/B experiment in this projection: set `ab_variants` (with a 'control' variant)"
-                " in the policy, a set_policy input, so that jobs get a variant")
-    lines = [f"A/B report: control = {rep['control']}; split by {rep['split_by']};"
-             f" {int(rep['confidence'] * 100)}% cluster-bootstrap intervals ({rep['bootstrap_samples']}"
-             f" resamples of the assignment units, seed {rep['seed']})"]
+        return (
+            "no A/B experiment in this projection: set `ab_variants` (with a 'control' variant)"
+            " in the policy, a set_policy input, so that jobs get a variant"
+        )
+    lines = [
+        f"A/B report: control = {rep['control']}; split by {rep['split_by']};"
+        f" {int(rep['confidence'] * 100)}% cluster-bootstrap intervals ({rep['bootstrap_samples']}"
+        f" resamples of the assignment units, seed {rep['seed']})"
+    ]
     if "control_note" in rep:
         lines.append(f"note: {rep['control_note']}")
     if "window" in rep:
@@ -239,15 +269,22 @@ def render(rep: dict) -> str:
     width = 34
     head = f"{'metric':<15}" + "".join(
         f"{v + ' (' + str(e['jobs']) + ' jobs, ' + str(e['units']) + ' units)':>{width}}"
-        for v, e in rep["variants"].items())
+        for v, e in rep["variants"].items()
+    )
     lines += [head, "-" * len(head)]
     for metric in [*JOB_METRICS, "fairness_jain", "urgent_speedup"]:
-        lines.append(f"{metric:<15}" + "".join(f"{_fmt(e[metric]):>{width}}" for e in rep["variants"].values()))
-    lines.append("* differs from the control: the interval of the difference (of the ratio, for"
-                 " urgent_speedup: excludes 1) excludes 0 at this confidence")
+        lines.append(
+            f"{metric:<15}" + "".join(f"{_fmt(e[metric]):>{width}}" for e in rep["variants"].values())
+        )
+    lines.append(
+        "* differs from the control: the interval of the difference (of the ratio, for"
+        " urgent_speedup: excludes 1) excludes 0 at this confidence"
+    )
     for variant, entry in rep["variants"].items():
         significant = [m for m in [*JOB_METRICS, "fairness_jain"] if entry[m].get("significant")]
         if variant != rep["control"] and significant:
-            lines.append(f"{variant}: significant against {rep['control']} on {', '.join(significant)}"
-                         + "".join(f"; {m} p={entry[m]['p_value']:.3g}" for m in significant))
+            lines.append(
+                f"{variant}: significant against {rep['control']} on {', '.join(significant)}"
+                + "".join(f"; {m} p={entry[m]['p_value']:.3g}" for m in significant)
+            )
     return "\n".join(lines)

@@ -119,12 +119,15 @@ class Audit:
         except msgspec.DecodeError as err:
             words = f"not a log record: {err}"
             if str(err).startswith("Invalid value") and str(err).endswith("`$.type`"):
-                words += (" (an event type this release does not know: was the log written by a newer"
-                          " xirang? audit it with that release or a later one)")
+                words += (
+                    " (an event type this release does not know: was the log written by a newer"
+                    " xirang? audit it with that release or a later one)"
+                )
             self.problem = Problem(self.state.canonical.events_n + 1, pos, words)
             return False
         if (self.to_n is not None and record.n > self.to_n) or (
-                self.to_t is not None and record.event.t > self.to_t):
+            self.to_t is not None and record.event.t > self.to_t
+        ):
             self.stopped_early = True
             if self.verifier is not None:  # their signature lies past the window's end
                 all(self._fold(r, p) for r, p in self.verifier.held)
@@ -171,14 +174,18 @@ class Audit:
         if not self.digests:
             return "no state digest written yet (the scheduler writes one every digest_every_events)"
         schemas = ", ".join(f"{n} of schema {schema}" for schema, n in sorted(self.digest_schemas.items()))
-        older = f"; schema 1 as computed by {' then '.join(self.legacy_releases)}" if self.legacy_releases else ""
+        older = (
+            f"; schema 1 as computed by {' then '.join(self.legacy_releases)}" if self.legacy_releases else ""
+        )
         return f"all {self.digests} state digests match the rebuilt state ({schemas}{older})"
 
     def _explain(self, record: T.Record, err: ChainError) -> str:
         """Say which record is missing or displaced, not only where the chain broke."""
         expected = self.state.canonical.events_n + 1
         if record.n > expected:
-            missing = f"record {expected}" if record.n == expected + 1 else f"records {expected}..{record.n - 1}"
+            missing = (
+                f"record {expected}" if record.n == expected + 1 else f"records {expected}..{record.n - 1}"
+            )
             return f"{missing} missing just before it (dropped, or moved later)"
         if record.n < expected:
             return f"record {record.n} appears again after record {expected - 1} (moved or duplicated)"
@@ -194,9 +201,12 @@ class Audit:
             except SignatureError as err:
                 self.problem = Problem(err.n, err.pos, err.problem)
         elif self.signed_records:
-            self.problem = Problem(self.state.canonical.events_n, self.last_pos,
-                                   "the log is signed, but no public key was given to verify it: "
-                                   "pass --public-key FILE (or set XIRANG_PUBLIC_KEY)")
+            self.problem = Problem(
+                self.state.canonical.events_n,
+                self.last_pos,
+                "the log is signed, but no public key was given to verify it: "
+                "pass --public-key FILE (or set XIRANG_PUBLIC_KEY)",
+            )
 
     def signatures(self) -> str:
         """What the signature check found, in words."""
@@ -245,35 +255,52 @@ class Audit:
     def _tell(self, ev: T.Event) -> str:
         job = self.job
         if isinstance(ev, T.JobSubmitted):
-            down = (f", downgraded from level {ev.requested_level} because its team preempted too often"
-                    if ev.level != ev.requested_level else "")
+            down = (
+                f", downgraded from level {ev.requested_level} because its team preempted too often"
+                if ev.level != ev.requested_level
+                else ""
+            )
             variant = f", A/B variant {ev.variant}" if ev.variant else ""
-            return (f"queued at level {ev.level}{down}: {ev.gpus} GPUs of {ev.gpu_models or 'any model'}"
-                    f" for {ev.user} of team {ev.team}{variant}")
+            return (
+                f"queued at level {ev.level}{down}: {ev.gpus} GPUs of {ev.gpu_models or 'any model'}"
+                f" for {ev.user} of team {ev.team}{variant}"
+            )
         if isinstance(ev, T.PriorityAged):
             return f"aged from level {ev.from_level} to {ev.to_level} after waiting {fmt_ms(ev.waited_ms)}"
         if isinstance(ev, T.JobStartRequested):
             return f"placed on {_where(ev.placement)}"
         if isinstance(ev, T.JobResumeRequested):
             why = "after its preemption was rolled back" if ev.reason == "rolled_back" else "after a requeue"
-            ckpt = (f"from checkpoint step {ev.ckpt_step} ({ev.ckpt_digest[:23]})" if ev.ckpt_digest
-                    else "from scratch (no checkpoint)")
+            ckpt = (
+                f"from checkpoint step {ev.ckpt_step} ({ev.ckpt_digest[:23]})"
+                if ev.ckpt_digest
+                else "from scratch (no checkpoint)"
+            )
             return f"resumed {why} on {_where(ev.placement)}, restoring {ckpt}"
         if isinstance(ev, T.JobRunning):
             return f"running, after waiting {fmt_ms(ev.waited_ms)} in the queue"
         if isinstance(ev, T.PreemptionPlanned):
             if ev.preemptor == job:
                 victims = ", ".join(self._who(v) for v in ev.victims)
-                return (f"preempts {victims} ({ev.saga}): benefit {ev.benefit:.0f} against cost"
-                        f" {ev.cost:.0f}, net {ev.benefit - ev.cost:.0f}; {ev.reason}")
-            return (f"preempted by {self._who(ev.preemptor)} ({ev.saga}) because the benefit"
-                    f" {ev.benefit:.0f} outweighed the cost {ev.cost:.0f} (net"
-                    f" {ev.benefit - ev.cost:.0f}); {ev.reason}")
+                return (
+                    f"preempts {victims} ({ev.saga}): benefit {ev.benefit:.0f} against cost"
+                    f" {ev.cost:.0f}, net {ev.benefit - ev.cost:.0f}; {ev.reason}"
+                )
+            return (
+                f"preempted by {self._who(ev.preemptor)} ({ev.saga}) because the benefit"
+                f" {ev.benefit:.0f} outweighed the cost {ev.cost:.0f} (net"
+                f" {ev.benefit - ev.cost:.0f}); {ev.reason}"
+            )
         if isinstance(ev, T.VictimNotified):
             need = "save a checkpoint and " if ev.checkpoint_needed else ""
-            fresh = "" if ev.checkpoint_needed else (
-                " from its last checkpoint (losing the progress since costs less than a save"
-                " would make the preemptor wait)")
+            fresh = (
+                ""
+                if ev.checkpoint_needed
+                else (
+                    " from its last checkpoint (losing the progress since costs less than a save"
+                    " would make the preemptor wait)"
+                )
+            )
             return f"told to reach a safe point, {need}release by {fmt_t(ev.deadline_t)}{fresh}"
         if isinstance(ev, T.SafePointReached):
             return "reached a safe point"
@@ -282,26 +309,37 @@ class Audit:
             at = f" at checkpoint step {ckpt.step}" if ckpt else " without any checkpoint"
             return f"released its GPUs{at}, losing {fmt_ms(ev.lost_progress_ms)} of progress since it"
         if isinstance(ev, T.PreemptionCommitted):
-            return f"preemption {ev.saga} committed" + (": starts on the freed GPUs" if ev.preemptor == job else "")
+            return f"preemption {ev.saga} committed" + (
+                ": starts on the freed GPUs" if ev.preemptor == job else ""
+            )
         if isinstance(ev, T.PreemptionRolledBack):
             return f"preemption {ev.saga} rolled back ({ev.reason}): " + (
-                "back in the queue" if ev.preemptor == job else "keeps or gets back its GPUs")
+                "back in the queue" if ev.preemptor == job else "keeps or gets back its GPUs"
+            )
         if isinstance(ev, T.NoticeWithdrawn):
             return "preemption notice withdrawn: keeps running"
         if isinstance(ev, T.JobRequeued):
-            return (f"requeued ({ev.reason}) with a priority boost of {ev.boost}, preempted"
-                    f" {ev.preempt_count} time(s) so far, {fmt_ms(ev.lost_progress_ms)} of progress lost")
+            return (
+                f"requeued ({ev.reason}) with a priority boost of {ev.boost}, preempted"
+                f" {ev.preempt_count} time(s) so far, {fmt_ms(ev.lost_progress_ms)} of progress lost"
+            )
         if isinstance(ev, T.CheckpointFallback):
-            return (f"checkpoint {ev.bad_digest[:23]} failed verification: fell back to step"
-                    f" {ev.to_step}, losing {fmt_ms(ev.lost_progress_ms)} more")
+            return (
+                f"checkpoint {ev.bad_digest[:23]} failed verification: fell back to step"
+                f" {ev.to_step}, losing {fmt_ms(ev.lost_progress_ms)} more"
+            )
         if isinstance(ev, T.CompensationGranted):
-            unit = {"quota_gpu_hours": " GPU-hours of quota", "fee_credit": " in fee credit",
-                    "priority_boost": " level(s) of priority boost"}.get(ev.kind, "")
-            return (f"team {ev.team} compensated {ev.amount:g}{unit} after {ev.preempt_count}"
-                    " preemptions")
+            unit = {
+                "quota_gpu_hours": " GPU-hours of quota",
+                "fee_credit": " in fee credit",
+                "priority_boost": " level(s) of priority boost",
+            }.get(ev.kind, "")
+            return f"team {ev.team} compensated {ev.amount:g}{unit} after {ev.preempt_count} preemptions"
         if isinstance(ev, T.PreemptionDeclined):
-            return (f"could not start and did not preempt: {ev.reason} (benefit {ev.benefit:.0f},"
-                    f" cost {ev.cost:.0f})")
+            return (
+                f"could not start and did not preempt: {ev.reason} (benefit {ev.benefit:.0f},"
+                f" cost {ev.cost:.0f})"
+            )
         if isinstance(ev, T.CheckpointFailedRecorded):
             return f"checkpoint failed: {ev.reason}"
         if isinstance(ev, T.JobFinished):

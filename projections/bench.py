@@ -66,9 +66,12 @@ async def _measure(records: list[T.Record], tmp: str) -> dict:
                 rebuild_rates.append(n / secs)
         finally:
             await nc.close()
-    return {"stream_messages": last_seq, "publish_s": round(publish_s, 3),
-            "raw_reads_per_s": [round(r) for r in raw_rates],
-            "rebuild_records_per_s": [round(r) for r in rebuild_rates]}
+    return {
+        "stream_messages": last_seq,
+        "publish_s": round(publish_s, 3),
+        "raw_reads_per_s": [round(r) for r in raw_rates],
+        "rebuild_records_per_s": [round(r) for r in rebuild_rates],
+    }
 
 
 def _file_rate(records: list[T.Record], tmp: str) -> float:
@@ -76,7 +79,7 @@ def _file_rate(records: list[T.Record], tmp: str) -> float:
     proj = Projector(os.path.join(tmp, "file.duckdb"))
     began = time.perf_counter()
     for i in range(0, len(items), 5000):
-        proj.apply(items[i:i + 5000])
+        proj.apply(items[i : i + 5000])
     rate = len(items) / (time.perf_counter() - began)
     proj.con.close()
     return rate
@@ -96,9 +99,15 @@ def run(args) -> dict:
     rebuild = max(measured["rebuild_records_per_s"])
     ratio = rebuild / raw
     return {
-        "bench": "replay", "records": len(records), "jobs": jobs, "generate_s": round(generate_s, 3),
+        "bench": "replay",
+        "records": len(records),
+        "jobs": jobs,
+        "generate_s": round(generate_s, 3),
         **measured,
-        "raw_reads_per_s_best": raw, "rebuild_records_per_s_best": rebuild,
-        "rebuild_over_raw": round(ratio, 3), "target_ratio": TARGET_RATIO, "ok": ratio >= TARGET_RATIO,
+        "raw_reads_per_s_best": raw,
+        "rebuild_records_per_s_best": rebuild,
+        "rebuild_over_raw": round(ratio, 3),
+        "target_ratio": TARGET_RATIO,
+        "ok": ratio >= TARGET_RATIO,
         "projector_only_records_per_s": round(file_rate),
     }

@@ -22,8 +22,9 @@ LOG_SUBJECTS = f"{bus.LOG_PREFIX}.>"
 IDLE_S = 0.2  # a batch is handed over after this long without a new message
 
 
-async def read_batches(js, start_seq: int = 1, batch_max: int = 20000,
-                       follow: bool = False) -> AsyncIterator[list[tuple[int, bytes]]]:
+async def read_batches(
+    js, start_seq: int = 1, batch_max: int = 20000, follow: bool = False
+) -> AsyncIterator[list[tuple[int, bytes]]]:
     """(stream seq, payload) batches of log records from start_seq on, in order.
 
     Without `follow` it stops once it has caught up with the stream as it was when it
@@ -32,9 +33,13 @@ async def read_batches(js, start_seq: int = 1, batch_max: int = 20000,
     if not follow and end_seq < start_seq:
         return
     sub = await js.subscribe(
-        LOG_SUBJECTS, stream=bus.EV_STREAM, ordered_consumer=True,
-        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                  opt_start_seq=max(1, start_seq)))
+        LOG_SUBJECTS,
+        stream=bus.EV_STREAM,
+        ordered_consumer=True,
+        config=api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq)
+        ),
+    )
     batch: list[tuple[int, bytes]] = []
     try:
         while True:

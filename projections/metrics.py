@@ -35,7 +35,9 @@ def by_group(con, group: str, now: int) -> list[dict]:
     jobs_g = {"level": "eff_level", "team": "team", "user": '"user"'}[group]
     victim_g = {"level": "victim_level", "team": "victim_team", "user": "victim_user"}[group]
     pre_g = {"level": "preemptor_level", "team": "preemptor_team", "user": "preemptor_user"}[group]
-    return _rows(con, f"""
+    return _rows(
+        con,
+        f"""
         WITH keys AS (
             SELECT {g} AS k FROM jobs UNION SELECT {jobs_g} FROM jobs
         ), q AS (
@@ -75,23 +77,31 @@ def by_group(con, group: str, now: int) -> list[dict]:
                preemption_wait_ms_mean, coalesce(fee_credit, 0) AS fee_credit
         FROM keys LEFT JOIN q USING (k) LEFT JOIN r USING (k) LEFT JOIN w USING (k)
              LEFT JOIN v USING (k) LEFT JOIN s USING (k) LEFT JOIN c USING (k)
-        ORDER BY 1""", [now, now])
+        ORDER BY 1""",
+        [now, now],
+    )
 
 
 def timeline(con, limit: int = TIMELINE_ROWS) -> list[dict]:
     """The newest preemption sagas, with their victims and outcome."""
-    return _rows(con, """
+    return _rows(
+        con,
+        """
         SELECT saga, planned_t, preemptor, preemptor_team, preemptor_level, victims, benefit, cost,
                benefit - cost AS net, reason, outcome, wait_ms, rollback_reason,
                (SELECT string_agg(victim, ', ' ORDER BY victim) FROM preemptions p
                 WHERE p.saga = s.saga) AS victim_jobs
-        FROM sagas s ORDER BY planned_t DESC, saga DESC LIMIT ?""", [limit])
+        FROM sagas s ORDER BY planned_t DESC, saga DESC LIMIT ?""",
+        [limit],
+    )
 
 
 def totals(con) -> dict:
     """The headline numbers: events, position, queue, GPUs in use and in the pool, preemption
     outcomes."""
-    row = _rows(con, """
+    row = _rows(
+        con,
+        """
         SELECT (SELECT count(*) FROM events) AS events,
                (SELECT coalesce(max(last_seq), 0) FROM projector_position) AS last_seq,
                (SELECT count(*) FROM jobs WHERE state = 'queued') AS queued,
@@ -104,7 +114,8 @@ def totals(con) -> dict:
                (SELECT coalesce(sum(amount), 0) FROM ledger WHERE kind = 'fee_credit') AS fee_credit,
                (SELECT coalesce(sum(coalesce(requeue_lost_ms, 0) * victim_gpus), 0) / 3600000.0
                   FROM preemptions) AS lost_gpu_hours,
-               (SELECT count(*) FROM jobs WHERE state IN ('finished', 'failed', 'cancelled')) AS jobs_done""")
+               (SELECT count(*) FROM jobs WHERE state IN ('finished', 'failed', 'cancelled')) AS jobs_done""",
+    )
     return row[0]
 
 
@@ -130,9 +141,11 @@ PENDING_SHOWN_MAX = 50
 
 def pending(con, limit: int = PENDING_SHOWN_MAX) -> list[dict]:
     """Why the most urgent waiting jobs wait (the `pending` table), in serving order."""
-    cur = con.execute('SELECT job, team, "user", level, eff_level, gpus, state, wait_ms, code, reason,'
-                      ' "limit", start_in_ms FROM pending ORDER BY eff_level, wait_ms DESC, job LIMIT ?',
-                      [limit])
+    cur = con.execute(
+        'SELECT job, team, "user", level, eff_level, gpus, state, wait_ms, code, reason,'
+        ' "limit", start_in_ms FROM pending ORDER BY eff_level, wait_ms DESC, job LIMIT ?',
+        [limit],
+    )
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
@@ -155,13 +168,29 @@ def satisfaction(con) -> list[dict]:
 _GROUP_SERIES = [
     ("queue_jobs", "Jobs waiting in the queue", "queued", 1, "gauge"),
     ("queue_oldest_wait_seconds", "Longest current wait in the queue", "oldest_wait_ms", 1e-3, "gauge"),
-    ("running_gpus", "GPUs held by starting, running, reserved or preempting jobs", "running_gpus", 1, "gauge"),
+    (
+        "running_gpus",
+        "GPUs held by starting, running, reserved or preempting jobs",
+        "running_gpus",
+        1,
+        "gauge",
+    ),
     ("preempted_total", "Times jobs were chosen as preemption victims", "preempted", 1, "counter"),
     ("preemptions_total", "Preemptions started by the group's jobs", "preemptions_started", 1, "counter"),
-    ("preemptions_committed_total", "Preemptions by the group's jobs that committed", "preemptions_committed", 1,
-     "counter"),
-    ("lost_progress_gpu_seconds_total", "Progress victims of the group lost, in GPU-seconds", "lost_gpu_hours", 3600,
-     "counter"),
+    (
+        "preemptions_committed_total",
+        "Preemptions by the group's jobs that committed",
+        "preemptions_committed",
+        1,
+        "counter",
+    ),
+    (
+        "lost_progress_gpu_seconds_total",
+        "Progress victims of the group lost, in GPU-seconds",
+        "lost_gpu_hours",
+        3600,
+        "counter",
+    ),
     ("compensation_fee_credit_total", "Fee credit granted to the group's jobs", "fee_credit", 1, "counter"),
 ]
 # Upper bounds of the wait histograms, in seconds: from a second to a day.
@@ -211,32 +240,57 @@ def prometheus(con, input_backlog: int | None = None) -> str:
                 value = row[field]
                 if value is not None:
                     lines.append(f'{name}{{{group}="{_esc(row[group])}"}} {float(value) * scale:.6g}')
-    _histogram(lines, "xirang_level_queue_wait_seconds", "Time each start waited in the queue, per level",
-               "level", _grouped(con, "level"))
-    _histogram(lines, "xirang_team_queue_wait_seconds", "Time each start waited in the queue, per team",
-               "team", _grouped(con, "team"))
-    sagas = con.execute("SELECT wait_ms FROM sagas WHERE outcome = 'committed' AND wait_ms IS NOT NULL").fetchall()
-    _histogram(lines, "xirang_preemption_duration_seconds", "Planned to committed, per committed preemption",
-               "", [("", [w for (w,) in sagas])] if sagas else [])
+    _histogram(
+        lines,
+        "xirang_level_queue_wait_seconds",
+        "Time each start waited in the queue, per level",
+        "level",
+        _grouped(con, "level"),
+    )
+    _histogram(
+        lines,
+        "xirang_team_queue_wait_seconds",
+        "Time each start waited in the queue, per team",
+        "team",
+        _grouped(con, "team"),
+    )
+    sagas = con.execute(
+        "SELECT wait_ms FROM sagas WHERE outcome = 'committed' AND wait_ms IS NOT NULL"
+    ).fetchall()
+    _histogram(
+        lines,
+        "xirang_preemption_duration_seconds",
+        "Planned to committed, per committed preemption",
+        "",
+        [("", [w for (w,) in sagas])] if sagas else [],
+    )
     recovery = con.execute("SELECT recovery_ms FROM preemptions WHERE recovery_ms IS NOT NULL").fetchall()
-    _histogram(lines, "xirang_victim_recovery_seconds", "Notice to running again, per preempted job",
-               "", [("", [r for (r,) in recovery])] if recovery else [])
+    _histogram(
+        lines,
+        "xirang_victim_recovery_seconds",
+        "Notice to running again, per preempted job",
+        "",
+        [("", [r for (r,) in recovery])] if recovery else [],
+    )
     t = totals(con)
-    nodes = con.execute("SELECT count(*) FILTER (up), count(*) FILTER (NOT up), count(*) FILTER (lost_t IS NOT NULL)"
-                        " FROM nodes").fetchone()
+    nodes = con.execute(
+        "SELECT count(*) FILTER (up), count(*) FILTER (NOT up), count(*) FILTER (lost_t IS NOT NULL)"
+        " FROM nodes"
+    ).fetchone()
     for name, help_text, kind, value in (
-            ("xirang_preemptions_total", "Preemptions started", "counter", t["preemptions"]),
-            ("xirang_preemptions_committed_total", "Preemptions committed", "counter", t["committed"]),
-            ("xirang_preemptions_rolled_back_total", "Preemptions rolled back", "counter", t["rolled_back"]),
-            ("xirang_queue_jobs", "Jobs waiting in the queue", "gauge", t["queued"]),
-            ("xirang_running_gpus", "GPUs held by jobs", "gauge", t["running_gpus"]),
-            ("xirang_pool_gpus", "GPUs of the nodes up", "gauge", t["pool_gpus"]),
-            ("xirang_nodes_up", "Nodes up", "gauge", nodes[0]),
-            ("xirang_nodes_down", "Nodes lost and not back", "gauge", nodes[1]),
-            ("xirang_jobs_done_total", "Jobs finished, failed or cancelled", "counter", t["jobs_done"]),
-            ("xirang_projected_events_total", "Records in the projection", "counter", t["events"]),
-            ("xirang_projector_last_seq", "Stream sequence of the last projected record", "gauge", t["last_seq"]),
-            ("xirang_log_time_seconds", "Newest log time (Unix seconds)", "gauge", round(now / 1000, 3))):
+        ("xirang_preemptions_total", "Preemptions started", "counter", t["preemptions"]),
+        ("xirang_preemptions_committed_total", "Preemptions committed", "counter", t["committed"]),
+        ("xirang_preemptions_rolled_back_total", "Preemptions rolled back", "counter", t["rolled_back"]),
+        ("xirang_queue_jobs", "Jobs waiting in the queue", "gauge", t["queued"]),
+        ("xirang_running_gpus", "GPUs held by jobs", "gauge", t["running_gpus"]),
+        ("xirang_pool_gpus", "GPUs of the nodes up", "gauge", t["pool_gpus"]),
+        ("xirang_nodes_up", "Nodes up", "gauge", nodes[0]),
+        ("xirang_nodes_down", "Nodes lost and not back", "gauge", nodes[1]),
+        ("xirang_jobs_done_total", "Jobs finished, failed or cancelled", "counter", t["jobs_done"]),
+        ("xirang_projected_events_total", "Records in the projection", "counter", t["events"]),
+        ("xirang_projector_last_seq", "Stream sequence of the last projected record", "gauge", t["last_seq"]),
+        ("xirang_log_time_seconds", "Newest log time (Unix seconds)", "gauge", round(now / 1000, 3)),
+    ):
         _family(lines, name, help_text, kind)
         lines.append(f"{name} {value}")
     if input_backlog is not None:

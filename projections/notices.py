@@ -82,28 +82,49 @@ def derive(seq: int, ev: T.Event, lookup: JobLookup) -> list[Notice]:
 
 def _message(ev: T.Event, lookup: JobLookup) -> tuple[str, str, str] | None:
     if isinstance(ev, T.VictimNotified):
-        by = f" by {ev.preemptor}" + (f" (level {ev.preemptor_level})" if ev.preemptor_level >= 0 else "") \
-            if ev.preemptor else ""
+        by = (
+            f" by {ev.preemptor}" + (f" (level {ev.preemptor_level})" if ev.preemptor_level >= 0 else "")
+            if ev.preemptor
+            else ""
+        )
         save = "save a checkpoint and " if ev.checkpoint_needed else ""
         why = f": {ev.reason}" if ev.reason else ""
-        return ("preemption_notice", f"being preempted{by}{why}; reach a safe point, {save}release"
-                f" by {fmt_t(ev.deadline_t)}", "")
+        return (
+            "preemption_notice",
+            f"being preempted{by}{why}; reach a safe point, {save}release by {fmt_t(ev.deadline_t)}",
+            "",
+        )
     if isinstance(ev, T.NoticeWithdrawn):
         return "preemption_called_off", "the preemption was called off: it keeps running", ""
     if isinstance(ev, T.JobRequeued) and ev.reason in ("preempted", "node_lost"):
         cause = "preempted" if ev.reason == "preempted" else "its node was lost"
-        return ("preempted", f"{cause}; requeued with a priority boost of {ev.boost} level(s), lost"
-                f" {fmt_ms(ev.lost_progress_ms)} of progress (preempted {ev.preempt_count} times)", "")
+        return (
+            "preempted",
+            f"{cause}; requeued with a priority boost of {ev.boost} level(s), lost"
+            f" {fmt_ms(ev.lost_progress_ms)} of progress (preempted {ev.preempt_count} times)",
+            "",
+        )
     if isinstance(ev, T.CheckpointFallback):
-        return ("checkpoint_fallback", f"checkpoint {ev.bad_digest[:19]} failed verification; resumed"
-                f" from step {ev.to_step}, losing {fmt_ms(ev.lost_progress_ms)} of progress", "")
+        return (
+            "checkpoint_fallback",
+            f"checkpoint {ev.bad_digest[:19]} failed verification; resumed"
+            f" from step {ev.to_step}, losing {fmt_ms(ev.lost_progress_ms)} of progress",
+            "",
+        )
     if isinstance(ev, T.CompensationGranted):
-        return ("compensation", f"team {ev.team} granted {ev.kind} {ev.amount:g} after"
-                f" {ev.preempt_count} preemptions", ev.user)
+        return (
+            "compensation",
+            f"team {ev.team} granted {ev.kind} {ev.amount:g} after {ev.preempt_count} preemptions",
+            ev.user,
+        )
     if isinstance(ev, T.JobSubmitted) and ev.level > ev.requested_level:
-        return ("downgraded", f"entered at level {ev.level}, not {ev.requested_level}: team {ev.team}"
-                " is downgraded for preempting too often; it goes back when the team's quota"
-                " recovers", ev.user)
+        return (
+            "downgraded",
+            f"entered at level {ev.level}, not {ev.requested_level}: team {ev.team}"
+            " is downgraded for preempting too often; it goes back when the team's quota"
+            " recovers",
+            ev.user,
+        )
     if isinstance(ev, T.JobLevelRestored):
         return "level_restored", f"back at level {ev.level} (the team's preemption quota recovered)", ""
     return None
@@ -147,9 +168,11 @@ class Notifier:
 
 def state_lookup(state) -> JobLookup:
     """Job users from a folded state's open jobs."""
+
     def lookup(job_id: str):
         job = state.canonical.jobs.get(job_id)
         return None if job is None else (job.user, job.team, job.level)
+
     return lookup
 
 
@@ -185,8 +208,9 @@ class ReadMarks:
         os.replace(tmp, self.path)
 
 
-def unread_jobs(items: Iterable[tuple[int, T.Record]], lookup: JobLookup, after_seq: int,
-                user: str | None = None) -> dict[str, int]:
+def unread_jobs(
+    items: Iterable[tuple[int, T.Record]], lookup: JobLookup, after_seq: int, user: str | None = None
+) -> dict[str, int]:
     """Job -> count of its notices after `after_seq` (of `user`'s jobs, or everyone's)."""
     counts: dict[str, int] = {}
     for notice in Notifier(lookup).all(((s, r) for s, r in items if s > after_seq), user):

@@ -34,10 +34,26 @@ from .notices import derive as derive_notices
 log = logging.getLogger("xirang.projector")
 
 TERMINAL = ("finished", "failed", "cancelled")
-APPEND_TABLES = ("events", "job_events", "queue_wait", "ledger", "team_limits", "declines",
-                 "policy_changes", "feedback", "notices")
-NOTICE_EVENTS = (T.VictimNotified, T.NoticeWithdrawn, T.JobRequeued, T.CheckpointFallback,
-                 T.CompensationGranted, T.JobSubmitted, T.JobLevelRestored)
+APPEND_TABLES = (
+    "events",
+    "job_events",
+    "queue_wait",
+    "ledger",
+    "team_limits",
+    "declines",
+    "policy_changes",
+    "feedback",
+    "notices",
+)
+NOTICE_EVENTS = (
+    T.VictimNotified,
+    T.NoticeWithdrawn,
+    T.JobRequeued,
+    T.CheckpointFallback,
+    T.CompensationGranted,
+    T.JobSubmitted,
+    T.JobLevelRestored,
+)
 
 
 class ProjectionError(RuntimeError):
@@ -58,8 +74,9 @@ class Projector:
     """Folds log records into DuckDB tables, exactly once: each batch is applied with its stream
     position in one transaction."""
 
-    def __init__(self, db: str | duckdb.DuckDBPyConnection, stream: str = "XR_EV",
-                 pending_reasons: bool = False) -> None:
+    def __init__(
+        self, db: str | duckdb.DuckDBPyConnection, stream: str = "XR_EV", pending_reasons: bool = False
+    ) -> None:
         self.con = duckdb.connect(db) if isinstance(db, str) else db
         self.stream = stream
         self.skipped = 0  # undecodable messages passed over
@@ -80,8 +97,8 @@ class Projector:
     def _load(self) -> None:
         """Read the committed position and the rows that may still change."""
         pos = self.con.execute(
-            "SELECT last_seq, last_n, last_hash FROM projector_position WHERE stream = ?",
-            [self.stream]).fetchone()
+            "SELECT last_seq, last_n, last_hash FROM projector_position WHERE stream = ?", [self.stream]
+        ).fetchone()
         self.last_seq, self.last_n, self.last_hash = pos or (0, 0, T.GENESIS_HASH)
         self.jobs = self._rows("jobs", "state NOT IN ('finished', 'failed', 'cancelled')")
         self.sagas = self._rows("sagas", "outcome = 'open'")
@@ -145,7 +162,8 @@ class Projector:
         if record.n != self.last_n + 1 or record.prev != self.last_hash:
             raise ProjectionError(
                 f"seq {seq}: record {record.n} does not follow record {self.last_n}"
-                f" (gap, reorder or modification); run `xirang audit` to locate it")
+                f" (gap, reorder or modification); run `xirang audit` to locate it"
+            )
 
     def _commit(self) -> None:
         con = self.con
@@ -159,14 +177,18 @@ class Projector:
                 if rows:
                     self._replace(table, rows)
             if self.pending_reasons:
-                if self._batch_len < CAUGHT_UP_BATCH or time.monotonic() - self._pending_at >= PENDING_EVERY_S:
+                if (
+                    self._batch_len < CAUGHT_UP_BATCH
+                    or time.monotonic() - self._pending_at >= PENDING_EVERY_S
+                ):
                     self._write_pending()
                 else:
                     self._pending_stale = True  # rewritten by `refresh_pending` once caught up
             con.execute("DELETE FROM projector_position WHERE stream = ?", [self.stream])
-            con.execute("INSERT INTO projector_position VALUES (?, ?, ?, ?, ?)",
-                        [self.stream, self.last_seq, self.last_n, self.last_hash,
-                         self._last_t])
+            con.execute(
+                "INSERT INTO projector_position VALUES (?, ?, ?, ?, ?)",
+                [self.stream, self.last_seq, self.last_n, self.last_hash, self._last_t],
+            )
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -215,12 +237,29 @@ class Projector:
         if state is None:
             return
         jobs = state.canonical.jobs
-        waiting = sorted((job for job in jobs.values() if job.state in ("queued", "held", "reserved")),
-                         key=lambda job: (job.eff_level, job.submit_t, job.id))[:PENDING_ROWS_MAX]
+        waiting = sorted(
+            (job for job in jobs.values() if job.state in ("queued", "held", "reserved")),
+            key=lambda job: (job.eff_level, job.submit_t, job.id),
+        )[:PENDING_ROWS_MAX]
         reasons = explain_queue(state, [job.id for job in waiting])
-        rows = [(job.id, job.team, job.user, job.level, job.eff_level, job.gpus, job.state,
-                 state.canonical.t - job.queued_since_t, reasons[job.id].code, reasons[job.id].reason,
-                 reasons[job.id].limit, reasons[job.id].start_in_ms, state.canonical.t) for job in waiting]
+        rows = [
+            (
+                job.id,
+                job.team,
+                job.user,
+                job.level,
+                job.eff_level,
+                job.gpus,
+                job.state,
+                state.canonical.t - job.queued_since_t,
+                reasons[job.id].code,
+                reasons[job.id].reason,
+                reasons[job.id].limit,
+                reasons[job.id].start_in_ms,
+                state.canonical.t,
+            )
+            for job in waiting
+        ]
         if rows:
             self.con.executemany("INSERT INTO pending VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
@@ -254,8 +293,11 @@ class Projector:
             del self.jobs[job_id]
         for saga in [s for s, row in self.sagas.items() if row["outcome"] != "open"]:
             del self.sagas[saga]
-        for key in [k for k, row in self.preemptions.items()
-                    if row["resumed_t"] is not None or row["outcome"] == "victim_ended"]:
+        for key in [
+            k
+            for k, row in self.preemptions.items()
+            if row["resumed_t"] is not None or row["outcome"] == "victim_ended"
+        ]:
             del self.preemptions[key]
 
     # ------------------------------------------------------------ projection
@@ -310,8 +352,17 @@ class Projector:
         row = self.team_usage.get(key)
         if row is None:
             row = self.team_usage[key] = {
-                "team": team, "level": level, "gpu_ms": 0, "submitted": 0, "started": 0,
-                "finished": 0, "failed": 0, "preempted": 0, "preempting": 0, "lost_progress_ms": 0}
+                "team": team,
+                "level": level,
+                "gpu_ms": 0,
+                "submitted": 0,
+                "started": 0,
+                "finished": 0,
+                "failed": 0,
+                "preempted": 0,
+                "preempting": 0,
+                "lost_progress_ms": 0,
+            }
         self.dirty["team_usage"][key] = row
         return row
 
@@ -345,8 +396,15 @@ class Projector:
         """The node's row, created when new, marked to be written."""
         row = self.nodes.get(name)
         if row is None:
-            row = self.nodes[name] = {"node": name, "gpu_model": "", "gpus": 0, "up": True,
-                                      "joined_t": None, "lost_t": None, "lost_reason": None}
+            row = self.nodes[name] = {
+                "node": name,
+                "gpu_model": "",
+                "gpus": 0,
+                "up": True,
+                "joined_t": None,
+                "lost_t": None,
+                "lost_reason": None,
+            }
         self.dirty["nodes"][name] = row
         return row
 
@@ -366,11 +424,29 @@ def _key(row: dict, keys: tuple[str, ...]):
 
 def _new_job(job_id: str) -> dict:
     return {
-        "job": job_id, "team": "", "user": "", "kind": "", "variant": "", "level": 0,
-        "requested_level": 0, "eff_level": 0, "gpus": 0, "state": "queued", "submit_t": None,
-        "first_start_t": None, "end_t": None, "waited_ms": 0, "run_ms": None, "gpu_ms": 0,
-        "preempt_count": 0, "lost_progress_ms": 0, "aged": 0, "last_ckpt_step": None,
-        "fee_credit": 0.0, "est_runtime_ms": None, "running_since_t": None,
+        "job": job_id,
+        "team": "",
+        "user": "",
+        "kind": "",
+        "variant": "",
+        "level": 0,
+        "requested_level": 0,
+        "eff_level": 0,
+        "gpus": 0,
+        "state": "queued",
+        "submit_t": None,
+        "first_start_t": None,
+        "end_t": None,
+        "waited_ms": 0,
+        "run_ms": None,
+        "gpu_ms": 0,
+        "preempt_count": 0,
+        "lost_progress_ms": 0,
+        "aged": 0,
+        "last_ckpt_step": None,
+        "fee_credit": 0.0,
+        "est_runtime_ms": None,
+        "running_since_t": None,
         "queued_since_t": None,
     }
 
@@ -381,22 +457,44 @@ def _new_job(job_id: str) -> dict:
 def _submitted(p: Projector, seq: int, n: int, ev: T.JobSubmitted) -> None:
     # A job id is never reused, so there is no earlier row to look up.
     row = p.jobs[ev.job] = p.dirty["jobs"][ev.job] = _new_job(ev.job)
-    row.update(team=ev.team, user=ev.user, kind=ev.kind, variant=ev.variant, level=ev.level,
-               requested_level=ev.requested_level, eff_level=ev.level, gpus=ev.gpus,
-               state="queued", submit_t=ev.t, queued_since_t=ev.t,
-               est_runtime_ms=int(ev.est_runtime_s * 1000))
+    row.update(
+        team=ev.team,
+        user=ev.user,
+        kind=ev.kind,
+        variant=ev.variant,
+        level=ev.level,
+        requested_level=ev.requested_level,
+        eff_level=ev.level,
+        gpus=ev.gpus,
+        state="queued",
+        submit_t=ev.t,
+        queued_since_t=ev.t,
+        est_runtime_ms=int(ev.est_runtime_s * 1000),
+    )
     p.usage(ev.team, ev.level)["submitted"] += 1
     downgrade = f" (downgraded from {ev.requested_level})" if ev.level != ev.requested_level else ""
-    p.job_event(seq, n, ev, ev.job, f"submitted by {ev.user} of {ev.team} at level {ev.level}"
-                f"{downgrade} for {ev.gpus} GPUs{' variant ' + ev.variant if ev.variant else ''}")
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"submitted by {ev.user} of {ev.team} at level {ev.level}"
+        f"{downgrade} for {ev.gpus} GPUs{' variant ' + ev.variant if ev.variant else ''}",
+    )
 
 
 def _level_restored(p: Projector, seq: int, n: int, ev: T.JobLevelRestored) -> None:
     row = p.job(ev.job)
     row["level"] = ev.level
     row["eff_level"] = min(row.get("eff_level", ev.level), ev.level)
-    p.job_event(seq, n, ev, ev.job, f"back at level {ev.level}: its team's preemption quota has recovered"
-                f" (waited {ev.waited_ms / 1000:.0f} s downgraded)")
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"back at level {ev.level}: its team's preemption quota has recovered"
+        f" (waited {ev.waited_ms / 1000:.0f} s downgraded)",
+    )
 
 
 def _start_requested(p: Projector, seq: int, n: int, ev) -> None:
@@ -420,8 +518,19 @@ def _running(p: Projector, seq: int, n: int, ev: T.JobRunning) -> None:
     usage = p.usage(row["team"], row["level"])
     usage["started"] += 1
     after = row["preempt_count"] > 0
-    p._append("queue_wait", seq, ev.t, ev.job, row["team"], row["user"], row["level"],
-              row["eff_level"], row["variant"], ev.waited_ms, after)
+    p._append(
+        "queue_wait",
+        seq,
+        ev.t,
+        ev.job,
+        row["team"],
+        row["user"],
+        row["level"],
+        row["eff_level"],
+        row["variant"],
+        ev.waited_ms,
+        after,
+    )
     pre = p.open_preemption_of(ev.job)
     if pre is not None and pre["requeued_t"] is not None:
         pre["resumed_t"] = ev.t
@@ -455,24 +564,39 @@ def _ended(p: Projector, seq: int, n: int, ev) -> None:
 def _requeued(p: Projector, seq: int, n: int, ev: T.JobRequeued) -> None:
     row = p.job(ev.job)
     p.stop_running(row, ev.t)
-    row.update(state="queued", preempt_count=ev.preempt_count, queued_since_t=ev.t,
-               eff_level=max(0, row["level"] - ev.boost))
+    row.update(
+        state="queued",
+        preempt_count=ev.preempt_count,
+        queued_since_t=ev.t,
+        eff_level=max(0, row["level"] - ev.boost),
+    )
     row["lost_progress_ms"] += ev.lost_progress_ms
     p.usage(row["team"], row["level"])["lost_progress_ms"] += ev.lost_progress_ms
     pre = p.open_preemption_of(ev.job)
     if pre is not None and ev.reason in ("preempted", "node_lost"):
         pre["requeued_t"] = ev.t
         pre["requeue_lost_ms"] = ev.lost_progress_ms
-    p.job_event(seq, n, ev, ev.job, f"requeued ({ev.reason}) with boost {ev.boost}, lost"
-                f" {ev.lost_progress_ms / 1000:.0f} s of progress, preempted {ev.preempt_count} times")
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"requeued ({ev.reason}) with boost {ev.boost}, lost"
+        f" {ev.lost_progress_ms / 1000:.0f} s of progress, preempted {ev.preempt_count} times",
+    )
 
 
 def _aged(p: Projector, seq: int, n: int, ev: T.PriorityAged) -> None:
     row = p.job(ev.job)
     row["eff_level"] = ev.to_level
     row["aged"] += 1
-    p.job_event(seq, n, ev, ev.job, f"aged from level {ev.from_level} to {ev.to_level} after"
-                f" waiting {ev.waited_ms / 1000:.0f} s")
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"aged from level {ev.from_level} to {ev.to_level} after waiting {ev.waited_ms / 1000:.0f} s",
+    )
 
 
 def _planned(p: Projector, seq: int, n: int, ev: T.PreemptionPlanned) -> None:
@@ -480,29 +604,70 @@ def _planned(p: Projector, seq: int, n: int, ev: T.PreemptionPlanned) -> None:
     pre["state"] = "reserved"
     p.usage(pre["team"], pre["level"])["preempting"] += 1
     p.sagas[ev.saga] = p.dirty["sagas"][ev.saga] = {
-        "saga": ev.saga, "planned_t": ev.t, "preemptor": ev.preemptor,
-        "preemptor_team": pre["team"], "preemptor_user": pre["user"],
-        "preemptor_level": pre["level"], "victims": len(ev.victims), "benefit": ev.benefit,
-        "cost": ev.cost, "reason": ev.reason, "deadline_t": ev.deadline_t, "outcome": "open",
-        "end_t": None, "wait_ms": None, "rollback_reason": None, "reclaim": ev.reclaim}
-    p.job_event(seq, n, ev, ev.preemptor, f"preempting {', '.join(ev.victims)}: benefit"
-                f" {ev.benefit:.0f} against cost {ev.cost:.0f} ({ev.reason})", ev.saga)
+        "saga": ev.saga,
+        "planned_t": ev.t,
+        "preemptor": ev.preemptor,
+        "preemptor_team": pre["team"],
+        "preemptor_user": pre["user"],
+        "preemptor_level": pre["level"],
+        "victims": len(ev.victims),
+        "benefit": ev.benefit,
+        "cost": ev.cost,
+        "reason": ev.reason,
+        "deadline_t": ev.deadline_t,
+        "outcome": "open",
+        "end_t": None,
+        "wait_ms": None,
+        "rollback_reason": None,
+        "reclaim": ev.reclaim,
+    }
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.preemptor,
+        f"preempting {', '.join(ev.victims)}: benefit"
+        f" {ev.benefit:.0f} against cost {ev.cost:.0f} ({ev.reason})",
+        ev.saga,
+    )
     for victim_id in ev.victims:
         victim = p.job(victim_id)
         victim["state"] = "preempting"
         p.usage(victim["team"], victim["level"])["preempted"] += 1
         key = (ev.saga, victim_id)
         p.preemptions[key] = p.dirty["preemptions"][key] = {
-            "saga": ev.saga, "victim": victim_id, "victim_team": victim["team"],
-            "victim_user": victim["user"], "victim_level": victim["level"],
-            "victim_gpus": victim["gpus"], "preemptor": ev.preemptor,
-            "preemptor_team": pre["team"], "preemptor_level": pre["level"], "planned_t": ev.t,
-            "benefit": ev.benefit, "cost": ev.cost, "reason": ev.reason, "released_t": None,
-            "release_lost_ms": None, "requeued_t": None, "requeue_lost_ms": None,
-            "resumed_t": None, "recovery_ms": None, "outcome": "open", "reclaim": ev.reclaim}
-        p.job_event(seq, n, ev, victim_id, f"chosen as victim by {ev.preemptor}"
-                    f" (level {pre['level']}, team {pre['team']}): benefit {ev.benefit:.0f}"
-                    f" against cost {ev.cost:.0f} ({ev.reason})", ev.saga)
+            "saga": ev.saga,
+            "victim": victim_id,
+            "victim_team": victim["team"],
+            "victim_user": victim["user"],
+            "victim_level": victim["level"],
+            "victim_gpus": victim["gpus"],
+            "preemptor": ev.preemptor,
+            "preemptor_team": pre["team"],
+            "preemptor_level": pre["level"],
+            "planned_t": ev.t,
+            "benefit": ev.benefit,
+            "cost": ev.cost,
+            "reason": ev.reason,
+            "released_t": None,
+            "release_lost_ms": None,
+            "requeued_t": None,
+            "requeue_lost_ms": None,
+            "resumed_t": None,
+            "recovery_ms": None,
+            "outcome": "open",
+            "reclaim": ev.reclaim,
+        }
+        p.job_event(
+            seq,
+            n,
+            ev,
+            victim_id,
+            f"chosen as victim by {ev.preemptor}"
+            f" (level {pre['level']}, team {pre['team']}): benefit {ev.benefit:.0f}"
+            f" against cost {ev.cost:.0f} ({ev.reason})",
+            ev.saga,
+        )
 
 
 def _released(p: Projector, seq: int, n: int, ev: T.VictimReleased) -> None:
@@ -513,8 +678,14 @@ def _released(p: Projector, seq: int, n: int, ev: T.VictimReleased) -> None:
     if pre is not None:
         pre["released_t"] = ev.t
         pre["release_lost_ms"] = ev.lost_progress_ms
-    p.job_event(seq, n, ev, ev.job, f"released its GPUs, {ev.lost_progress_ms / 1000:.0f} s"
-                " since its last checkpoint", ev.saga)
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"released its GPUs, {ev.lost_progress_ms / 1000:.0f} s since its last checkpoint",
+        ev.saga,
+    )
 
 
 def _saga_ended(p: Projector, seq: int, n: int, ev) -> None:
@@ -522,8 +693,12 @@ def _saga_ended(p: Projector, seq: int, n: int, ev) -> None:
     committed = isinstance(ev, T.PreemptionCommitted)
     outcome = "committed" if committed else "rolled_back"
     if saga is not None:
-        saga.update(outcome=outcome, end_t=ev.t, wait_ms=ev.t - saga["planned_t"],
-                    rollback_reason=None if committed else ev.reason)
+        saga.update(
+            outcome=outcome,
+            end_t=ev.t,
+            wait_ms=ev.t - saga["planned_t"],
+            rollback_reason=None if committed else ev.reason,
+        )
     for victim in ev.victims:
         pre = p.preemption(ev.saga, victim)
         if pre is not None:
@@ -531,11 +706,23 @@ def _saga_ended(p: Projector, seq: int, n: int, ev) -> None:
             if not committed:
                 pre["resumed_t"] = ev.t  # a rolled-back victim keeps (or gets back) its GPUs
                 pre["recovery_ms"] = ev.t - pre["planned_t"]
-        p.job_event(seq, n, ev, victim, f"preemption {outcome.replace('_', ' ')}"
-                    f"{'' if committed else ' (' + ev.reason + ')'}", ev.saga)
+        p.job_event(
+            seq,
+            n,
+            ev,
+            victim,
+            f"preemption {outcome.replace('_', ' ')}{'' if committed else ' (' + ev.reason + ')'}",
+            ev.saga,
+        )
     if ev.preemptor:
-        p.job_event(seq, n, ev, ev.preemptor, f"preemption {outcome.replace('_', ' ')}"
-                    f"{'' if committed else ' (' + ev.reason + ')'}", ev.saga)
+        p.job_event(
+            seq,
+            n,
+            ev,
+            ev.preemptor,
+            f"preemption {outcome.replace('_', ' ')}{'' if committed else ' (' + ev.reason + ')'}",
+            ev.saga,
+        )
         if not committed and ev.preemptor in p.jobs and p.jobs[ev.preemptor]["state"] == "reserved":
             p.job(ev.preemptor)["state"] = "queued"
 
@@ -547,37 +734,55 @@ def _withdrawn(p: Projector, seq: int, n: int, ev: T.NoticeWithdrawn) -> None:
 
 def _notified(p: Projector, seq: int, n: int, ev: T.VictimNotified) -> None:
     need = "save a checkpoint and " if ev.checkpoint_needed else ""
-    p.job_event(seq, n, ev, ev.job, f"told to reach a safe point, {need}release by"
-                f" t={ev.deadline_t}", ev.saga)
+    p.job_event(
+        seq, n, ev, ev.job, f"told to reach a safe point, {need}release by t={ev.deadline_t}", ev.saga
+    )
 
 
 def _ckpt(p: Projector, seq: int, n: int, ev: T.CheckpointRecorded) -> None:
     row = p.job(ev.job)
     row["last_ckpt_step"] = ev.step
-    p.job_event(seq, n, ev, ev.job, f"checkpoint step {ev.step} saved ({ev.digest[:19]}),"
-                f" {ev.progress_ms / 1000:.0f} s of progress")
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"checkpoint step {ev.step} saved ({ev.digest[:19]}), {ev.progress_ms / 1000:.0f} s of progress",
+    )
 
 
 def _fallback(p: Projector, seq: int, n: int, ev: T.CheckpointFallback) -> None:
     row = p.job(ev.job)
     row["lost_progress_ms"] += ev.lost_progress_ms
     p.usage(row["team"], row["level"])["lost_progress_ms"] += ev.lost_progress_ms
-    p.job_event(seq, n, ev, ev.job, f"checkpoint {ev.bad_digest[:19]} failed verification:"
-                f" falling back to step {ev.to_step}, losing {ev.lost_progress_ms / 1000:.0f} s")
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"checkpoint {ev.bad_digest[:19]} failed verification:"
+        f" falling back to step {ev.to_step}, losing {ev.lost_progress_ms / 1000:.0f} s",
+    )
 
 
 def _compensation(p: Projector, seq: int, n: int, ev: T.CompensationGranted) -> None:
     p._append("ledger", seq, ev.t, ev.job, ev.team, ev.kind, ev.amount, ev.preempt_count)
     if ev.kind == "fee_credit":
         p.job(ev.job)["fee_credit"] += ev.amount
-    p.job_event(seq, n, ev, ev.job, f"team {ev.team} compensated: {ev.kind} {ev.amount:g}"
-                f" after {ev.preempt_count} preemptions")
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"team {ev.team} compensated: {ev.kind} {ev.amount:g} after {ev.preempt_count} preemptions",
+    )
 
 
 def _declined(p: Projector, seq: int, n: int, ev: T.PreemptionDeclined) -> None:
     p._append("declines", seq, ev.t, ev.job, ev.reason, ev.benefit, ev.cost)
-    p.job_event(seq, n, ev, ev.job, f"did not preempt: {ev.reason} (benefit {ev.benefit:.0f},"
-                f" cost {ev.cost:.0f})")
+    p.job_event(
+        seq, n, ev, ev.job, f"did not preempt: {ev.reason} (benefit {ev.benefit:.0f}, cost {ev.cost:.0f})"
+    )
 
 
 def _team_limit(p: Projector, seq: int, n: int, ev) -> None:
@@ -588,8 +793,9 @@ def _team_limit(p: Projector, seq: int, n: int, ev) -> None:
 
 
 def _node_joined(p: Projector, seq: int, n: int, ev: T.NodeJoined) -> None:
-    p.node(ev.node).update(gpu_model=ev.gpu_model, gpus=ev.gpus, up=True, joined_t=ev.t,
-                           lost_t=None, lost_reason=None)
+    p.node(ev.node).update(
+        gpu_model=ev.gpu_model, gpus=ev.gpus, up=True, joined_t=ev.t, lost_t=None, lost_reason=None
+    )
 
 
 def _node_lost(p: Projector, seq: int, n: int, ev: T.NodeLost) -> None:
@@ -602,8 +808,13 @@ def _policy(p: Projector, seq: int, n: int, ev: T.PolicyChanged) -> None:
 
 def _feedback(p: Projector, seq: int, n: int, ev: T.FeedbackRecorded) -> None:
     p._append("feedback", seq, ev.t, ev.job, ev.user, ev.score, ev.comment)
-    p.job_event(seq, n, ev, ev.job, f"feedback from {ev.user}: {ev.score}/5"
-                + (f" ({ev.comment})" if ev.comment else ""))
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"feedback from {ev.user}: {ev.score}/5" + (f" ({ev.comment})" if ev.comment else ""),
+    )
 
 
 def _rejected(p: Projector, seq: int, n: int, ev: T.InputRejected) -> None:
@@ -636,18 +847,36 @@ def _stop_requested(p: Projector, seq: int, n: int, ev: T.JobStopRequested) -> N
 
 
 _HANDLERS = {
-    T.JobHeld: _held, T.JobHoldReleased: _hold_released, T.JobLevelSet: _level_set,
+    T.JobHeld: _held,
+    T.JobHoldReleased: _hold_released,
+    T.JobLevelSet: _level_set,
     T.JobStopRequested: _stop_requested,
-    T.JobSubmitted: _submitted, T.JobStartRequested: _start_requested,
-    T.JobResumeRequested: _start_requested, T.JobRunning: _running, T.JobFinished: _ended,
-    T.JobFailed: _ended, T.JobCancelled: _ended, T.JobRequeued: _requeued,
-    T.PriorityAged: _aged, T.PreemptionPlanned: _planned, T.VictimReleased: _released,
-    T.PreemptionCommitted: _saga_ended, T.PreemptionRolledBack: _saga_ended,
-    T.NoticeWithdrawn: _withdrawn, T.VictimNotified: _notified, T.CheckpointRecorded: _ckpt,
-    T.CheckpointFallback: _fallback, T.CompensationGranted: _compensation,
-    T.PreemptionDeclined: _declined, T.TeamProtected: _team_limit,
-    T.TeamDowngraded: _team_limit, T.JobLevelRestored: _level_restored, T.NodeJoined: _node_joined, T.NodeLost: _node_lost,
-    T.PolicyChanged: _policy, T.InputRejected: _rejected, T.FeedbackRecorded: _feedback,
+    T.JobSubmitted: _submitted,
+    T.JobStartRequested: _start_requested,
+    T.JobResumeRequested: _start_requested,
+    T.JobRunning: _running,
+    T.JobFinished: _ended,
+    T.JobFailed: _ended,
+    T.JobCancelled: _ended,
+    T.JobRequeued: _requeued,
+    T.PriorityAged: _aged,
+    T.PreemptionPlanned: _planned,
+    T.VictimReleased: _released,
+    T.PreemptionCommitted: _saga_ended,
+    T.PreemptionRolledBack: _saga_ended,
+    T.NoticeWithdrawn: _withdrawn,
+    T.VictimNotified: _notified,
+    T.CheckpointRecorded: _ckpt,
+    T.CheckpointFallback: _fallback,
+    T.CompensationGranted: _compensation,
+    T.PreemptionDeclined: _declined,
+    T.TeamProtected: _team_limit,
+    T.TeamDowngraded: _team_limit,
+    T.JobLevelRestored: _level_restored,
+    T.NodeJoined: _node_joined,
+    T.NodeLost: _node_lost,
+    T.PolicyChanged: _policy,
+    T.InputRejected: _rejected,
+    T.FeedbackRecorded: _feedback,
     T.CheckpointFailedRecorded: _ckpt_failed,
 }
-

@@ -32,21 +32,37 @@ def jain(values) -> float | None:
     xs = np.asarray([v for v in values if v is not None], dtype=float)
     if xs.size == 0 or not np.any(xs):
         return None
-    return float(xs.sum() ** 2 / (xs.size * (xs ** 2).sum()))
+    return float(xs.sum() ** 2 / (xs.size * (xs**2).sum()))
 
 
 def gather(con, from_t: int, to_t: int) -> dict:
     """Every figure of the period report from the projection, as plain data."""
     q = lambda sql, *p: con.execute(sql, list(p)).fetchall()  # noqa: E731
-    sagas = q("""SELECT planned_t, benefit, cost, outcome, wait_ms FROM sagas
-                 WHERE planned_t BETWEEN ? AND ? ORDER BY planned_t""", from_t, to_t)
-    victims = q("""SELECT coalesce(requeue_lost_ms, 0) * victim_gpus / 3600000.0, recovery_ms
-                   FROM preemptions WHERE planned_t BETWEEN ? AND ?""", from_t, to_t)
-    ended = q("""SELECT team, "user", gpus * run_ms / 3600000.0, (end_t - submit_t) / nullif(run_ms, 0),
+    sagas = q(
+        """SELECT planned_t, benefit, cost, outcome, wait_ms FROM sagas
+                 WHERE planned_t BETWEEN ? AND ? ORDER BY planned_t""",
+        from_t,
+        to_t,
+    )
+    victims = q(
+        """SELECT coalesce(requeue_lost_ms, 0) * victim_gpus / 3600000.0, recovery_ms
+                   FROM preemptions WHERE planned_t BETWEEN ? AND ?""",
+        from_t,
+        to_t,
+    )
+    ended = q(
+        """SELECT team, "user", gpus * run_ms / 3600000.0, (end_t - submit_t) / nullif(run_ms, 0),
                         preempt_count, waited_ms FROM jobs
-                 WHERE end_t BETWEEN ? AND ? AND state = 'finished'""", from_t, to_t)
-    waits = q("""SELECT level, avg(waited_ms), quantile_cont(waited_ms, 0.95), count(*) FROM queue_wait
-                 WHERE t BETWEEN ? AND ? GROUP BY level ORDER BY level""", from_t, to_t)
+                 WHERE end_t BETWEEN ? AND ? AND state = 'finished'""",
+        from_t,
+        to_t,
+    )
+    waits = q(
+        """SELECT level, avg(waited_ms), quantile_cont(waited_ms, 0.95), count(*) FROM queue_wait
+                 WHERE t BETWEEN ? AND ? GROUP BY level ORDER BY level""",
+        from_t,
+        to_t,
+    )
     committed = [s for s in sagas if s[3] == "committed"]
     team_gpu_h: dict[str, float] = {}
     team_wait: dict[str, list] = {}
@@ -58,8 +74,11 @@ def gather(con, from_t: int, to_t: int) -> dict:
     slow_victims = [s for _, _, _, s, n, _ in ended if n and s is not None]
     slow_others = [s for _, _, _, s, n, _ in ended if not n and s is not None]
     return {
-        "from_t": from_t, "to_t": to_t, "sagas": sagas,
-        "preemptions": len(sagas), "committed": len(committed),
+        "from_t": from_t,
+        "to_t": to_t,
+        "sagas": sagas,
+        "preemptions": len(sagas),
+        "committed": len(committed),
         "rolled_back": sum(1 for s in sagas if s[3] == "rolled_back"),
         "net_benefit": float(sum(b - c for _, b, c, _, _ in committed)),
         "benefit": float(sum(b for _, b, _, _, _ in committed)),
@@ -67,14 +86,16 @@ def gather(con, from_t: int, to_t: int) -> dict:
         "victims": len(victims),
         "lost_gpu_h": float(sum(v[0] for v in victims)),
         "recovery_ms_mean": float(np.mean([v[1] for v in victims if v[1] is not None]))
-        if any(v[1] is not None for v in victims) else None,
+        if any(v[1] is not None for v in victims)
+        else None,
         "jobs_finished": len(ended),
         "team_gpu_h": dict(sorted(team_gpu_h.items())),
         "team_wait_ms_mean": {t: float(np.mean(w)) for t, w in sorted(team_wait.items())},
         "jain_teams_gpu_h": jain(team_gpu_h.values()),
         "jain_teams_wait": jain([np.mean(w) for w in team_wait.values()]),
         "jain_users_gpu_h": jain(user_gpu_h.values()),
-        "slowdown_victims": slow_victims, "slowdown_others": slow_others,
+        "slowdown_victims": slow_victims,
+        "slowdown_others": slow_others,
         "waits": waits,
     }
 
@@ -94,8 +115,11 @@ def charts(d: dict) -> dict[str, str]:
     if committed:
         hours = [(s[0] - d["from_t"]) / 3.6e6 for s in committed]
         ax.step(hours, np.cumsum([s[1] - s[2] for s in committed]), where="post", color="#2e7d32")
-    ax.set(title="Cumulative net benefit of committed preemptions", xlabel="hours into window",
-           ylabel="benefit - cost")
+    ax.set(
+        title="Cumulative net benefit of committed preemptions",
+        xlabel="hours into window",
+        ylabel="benefit - cost",
+    )
     out["net_benefit"] = _png(fig)
     fig, ax = plt.subplots(figsize=(7, 3))
     teams = list(d["team_gpu_h"])
@@ -127,26 +151,37 @@ def render(d: dict) -> str:
     c = charts(d)
     median = lambda xs: float(np.median(xs)) if xs else None  # noqa: E731
     rows = [
-        ("Preemptions planned / committed / rolled back", f"{d['preemptions']} / {d['committed']} / {d['rolled_back']}"),
-        ("Net benefit of committed preemptions (benefit − cost)",
-         f"<b id='net-benefit'>{d['net_benefit']:.0f}</b> = {d['benefit']:.0f} − {d['cost']:.0f}"),
+        (
+            "Preemptions planned / committed / rolled back",
+            f"{d['preemptions']} / {d['committed']} / {d['rolled_back']}",
+        ),
+        (
+            "Net benefit of committed preemptions (benefit − cost)",
+            f"<b id='net-benefit'>{d['net_benefit']:.0f}</b> = {d['benefit']:.0f} − {d['cost']:.0f}",
+        ),
         ("Victims / progress lost (GPU-hours)", f"{d['victims']} / {d['lost_gpu_h']:.3f}"),
-        ("Victims' mean recovery (notice to running again)",
-         "–" if d["recovery_ms_mean"] is None else fmt_ms(d["recovery_ms_mean"])),
+        (
+            "Victims' mean recovery (notice to running again)",
+            "–" if d["recovery_ms_mean"] is None else fmt_ms(d["recovery_ms_mean"]),
+        ),
         ("Jobs finished", str(d["jobs_finished"])),
         ("Jain's index, teams, GPU-hours served", f"<b id='jain-teams'>{_f(d['jain_teams_gpu_h'])}</b>"),
         ("Jain's index, teams, mean queue wait", _f(d["jain_teams_wait"])),
         ("Jain's index, users, GPU-hours served", _f(d["jain_users_gpu_h"])),
-        ("Median slowdown, preempted vs not",
-         f"<b id='slowdown'>{_f(median(d['slowdown_victims']))}</b> vs {_f(median(d['slowdown_others']))}"),
+        (
+            "Median slowdown, preempted vs not",
+            f"<b id='slowdown'>{_f(median(d['slowdown_victims']))}</b> vs {_f(median(d['slowdown_others']))}",
+        ),
     ]
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
     imgs = "".join(f'<figure><img alt="{k}" src="{v}"></figure>' for k, v in c.items())
     title = f"xirang review {fmt_t(d['from_t'])} – {fmt_t(d['to_t'])}"
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            "<style>body{font:14px system-ui,sans-serif;margin:24px;max-width:900px}"
-            "th{text-align:left;font-weight:500;padding:3px 16px 3px 0}td{text-align:right}"
-            "figure{margin:16px 0}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><table>{table}</table>{imgs}"
-            "<p>Benefit and cost are the core's weighted GPU-seconds, recorded with each decision;"
-            " fairness counts finished jobs in the window.</p></body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        "<style>body{font:14px system-ui,sans-serif;margin:24px;max-width:900px}"
+        "th{text-align:left;font-weight:500;padding:3px 16px 3px 0}td{text-align:right}"
+        "figure{margin:16px 0}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><table>{table}</table>{imgs}"
+        "<p>Benefit and cost are the core's weighted GPU-seconds, recorded with each decision;"
+        " fairness counts finished jobs in the window.</p></body></html>"
+    )

@@ -146,15 +146,21 @@ CREATE OR REPLACE VIEW satisfaction AS
 """
 
 # Mutable tables: rows are replaced by key when they change in a batch.
-KEYS = {"jobs": ("job",), "sagas": ("saga",), "preemptions": ("saga", "victim"),
-        "team_usage": ("team", "level"), "nodes": ("node",)}
+KEYS = {
+    "jobs": ("job",),
+    "sagas": ("saga",),
+    "preemptions": ("saga", "victim"),
+    "team_usage": ("team", "level"),
+    "nodes": ("node",),
+}
 
 
 def columns(con, table: str) -> list[str]:
     """A table's column names, in order."""
     rows = con.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
-        "ORDER BY ordinal_position", [table]).fetchall()
+        "SELECT column_name FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+        [table],
+    ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -164,8 +170,9 @@ _NUMPY = {"BIGINT": "int64", "INTEGER": "int64", "DOUBLE": "float64", "BOOLEAN":
 def numpy_dtypes(con, table: str) -> list:
     """The numpy dtype that carries each column into DuckDB fastest (object for text)."""
     rows = con.execute(
-        "SELECT data_type FROM information_schema.columns WHERE table_name = ? "
-        "ORDER BY ordinal_position", [table]).fetchall()
+        "SELECT data_type FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+        [table],
+    ).fetchall()
     return [_NUMPY.get(r[0], object) for r in rows]
 
 

@@ -83,10 +83,12 @@ class Objective:
 
     def describe(self) -> str:
         """The objective in words."""
-        return (f"{self.urgent_weight:g} x urgent (levels 0-{URGENT_LEVEL_MAX}) GPU-hours of wait saved"
-                f" against no preemption - {self.lost_weight:g} x GPU-hours of work lost -"
-                f" {self.fairness_weight:g} x drop in Jain's index over teams' fair shares x GPU-hours"
-                " of work")
+        return (
+            f"{self.urgent_weight:g} x urgent (levels 0-{URGENT_LEVEL_MAX}) GPU-hours of wait saved"
+            f" against no preemption - {self.lost_weight:g} x GPU-hours of work lost -"
+            f" {self.fairness_weight:g} x drop in Jain's index over teams' fair shares x GPU-hours"
+            " of work"
+        )
 
 
 @dataclass
@@ -104,19 +106,29 @@ class Score:
 
     def as_dict(self) -> dict:
         """The score as JSON-ready data."""
-        return {"objective_gpu_h": round(self.objective_gpu_h, 4),
-                "urgent_wait_saved_gpu_h": round(self.urgent_saved_gpu_h, 4),
-                "lost_gpu_h": round(self.lost_gpu_h, 4),
-                "fairness_penalty_gpu_h": round(self.fairness_penalty_gpu_h, 4),
-                "jain_teams_share": self.jain_teams_share, "per_level": self.per_level,
-                "per_team": self.per_team}
+        return {
+            "objective_gpu_h": round(self.objective_gpu_h, 4),
+            "urgent_wait_saved_gpu_h": round(self.urgent_saved_gpu_h, 4),
+            "lost_gpu_h": round(self.lost_gpu_h, 4),
+            "fairness_penalty_gpu_h": round(self.fairness_penalty_gpu_h, 4),
+            "jain_teams_share": self.jain_teams_share,
+            "per_level": self.per_level,
+            "per_team": self.per_team,
+        }
 
 
 class Replay:
     """One window's workload and cluster, replayed under any policy (memoised)."""
 
-    def __init__(self, workload: Workload, cluster: Cluster, policy: Policy, objective: Objective | None = None,
-                 seed: int = 0, sim_options: dict | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        cluster: Cluster,
+        policy: Policy,
+        objective: Objective | None = None,
+        seed: int = 0,
+        sim_options: dict | None = None,
+    ) -> None:
         if not workload.jobs:
             raise ValueError("no job was submitted in this window: nothing to replay")
         self.workload = workload
@@ -130,21 +142,36 @@ class Replay:
         self.work_gpu_h = sum(j.gpus * j.duration_ms for j in workload.jobs) / HOUR_MS
         # With no preemption an urgent job has nothing to retry, so its 5-second re-evaluation
         # ticks change nothing: the baseline ticks at the adapter's usual period.
-        self.baseline = self._run(with_params(policy, NO_PREEMPTION), {"urgent_tick_s": XIRANG_TICK_MS / 1000})
+        self.baseline = self._run(
+            with_params(policy, NO_PREEMPTION), {"urgent_tick_s": XIRANG_TICK_MS / 1000}
+        )
         base = self.baseline[0]
-        self.urgent_wait_gpu_h = sum(j.gpus * _wait_ms(j, base.end_ms) for j in base.jobs
-                                     if j.level <= URGENT_LEVEL_MAX) / HOUR_MS
+        self.urgent_wait_gpu_h = (
+            sum(j.gpus * _wait_ms(j, base.end_ms) for j in base.jobs if j.level <= URGENT_LEVEL_MAX) / HOUR_MS
+        )
         self.margin_gpu_h = MARGIN_SHARE * self.urgent_wait_gpu_h + MARGIN_MIN_GPU_H
 
     @classmethod
-    def from_log(cls, records, from_t: int, to_t: int, objective: Objective | None = None,
-                 policy: Policy | None = None, sim_options: dict | None = None) -> "Replay":
+    def from_log(
+        cls,
+        records,
+        from_t: int,
+        to_t: int,
+        objective: Objective | None = None,
+        policy: Policy | None = None,
+        sim_options: dict | None = None,
+    ) -> "Replay":
         """A replay of the log's window [from_t, to_t] (its jobs, nodes and policy)."""
         win = whatif.scan(records, from_t, to_t)
         if not win.nodes:
             raise ValueError("no node joined before the window's end: nothing to run jobs on")
-        return cls(whatif.workload(win), whatif.cluster(win), policy or win.policy, objective,
-                   sim_options=sim_options)
+        return cls(
+            whatif.workload(win),
+            whatif.cluster(win),
+            policy or win.policy,
+            objective,
+            sim_options=sim_options,
+        )
 
     def _run(self, policy: Policy, options: dict | None = None) -> tuple[SimResult, dict]:
         key = msgspec.json.encode(policy, order="sorted")
@@ -163,16 +190,18 @@ class Replay:
     def score_result(self, result: SimResult, card: dict | None = None) -> Score:
         """Any run of this window's jobs (e.g. what the log recorded) against no preemption."""
         base_result, base_card = self.baseline
-        return _score(self.objective, result, card or policy_card(result), base_result, base_card,
-                      self.work_gpu_h)
+        return _score(
+            self.objective, result, card or policy_card(result), base_result, base_card, self.work_gpu_h
+        )
 
 
 def _wait_ms(job, end_ms: int) -> int:
     return (job.first_start_ms if job.first_start_ms >= 0 else end_ms) - job.submit_ms
 
 
-def _score(obj: Objective, result: SimResult, card: dict, base: SimResult, base_card: dict,
-           work_gpu_h: float) -> Score:
+def _score(
+    obj: Objective, result: SimResult, card: dict, base: SimResult, base_card: dict, work_gpu_h: float
+) -> Score:
     base_jobs = {j.id: j for j in base.jobs}
     saved = 0.0
     per_level: dict[str, dict] = {}
@@ -202,9 +231,13 @@ def _summarise(table: dict) -> dict:
     for key in sorted(table, key=lambda k: (len(k), k)):
         row = table[key]
         waits = np.asarray(row.pop("wait_s"), dtype=float)
-        out[key] = {"jobs": row["jobs"], "wait_s_mean": round(float(waits.mean()), 1),
-                    "wait_s_p99": round(float(np.percentile(waits, 99)), 1),
-                    "lost_gpu_h": round(row["lost_gpu_h"], 4), "preemptions": row["preemptions"]}
+        out[key] = {
+            "jobs": row["jobs"],
+            "wait_s_mean": round(float(waits.mean()), 1),
+            "wait_s_p99": round(float(np.percentile(waits, 99)), 1),
+            "lost_gpu_h": round(row["lost_gpu_h"], 4),
+            "preemptions": row["preemptions"],
+        }
     return out
 
 
@@ -259,14 +292,20 @@ class Param:
 
 GROUPS: dict[str, list[Param]] = {
     "guaranteed_shares": [Param("guaranteed_share", lv, start=0.05, high=0.5) for lv in (3, 4, 5)],
-    "decision_model": [Param("net_benefit_min", start=1000.0, low=-math.inf),
-                       Param("wasted_work_weight_min", start=0.5),
-                       Param("level_weight", 0, start=1.0, low=0.01),
-                       Param("level_weight", 1, start=1.0, low=0.01)],
-    "fairness": [Param(name, integer=True, start=1, low=1) for name in
-                 ("team_preempted_max", "team_preempting_max", "user_preempted_max", "user_preempting_max")],
-    "safe_points": [Param("safe_point_ms", integer=True, start=10_000, low=1_000),
-                    Param("deadline_slack_ms", integer=True, start=30_000, low=1_000)],
+    "decision_model": [
+        Param("net_benefit_min", start=1000.0, low=-math.inf),
+        Param("wasted_work_weight_min", start=0.5),
+        Param("level_weight", 0, start=1.0, low=0.01),
+        Param("level_weight", 1, start=1.0, low=0.01),
+    ],
+    "fairness": [
+        Param(name, integer=True, start=1, low=1)
+        for name in ("team_preempted_max", "team_preempting_max", "user_preempted_max", "user_preempting_max")
+    ],
+    "safe_points": [
+        Param("safe_point_ms", integer=True, start=10_000, low=1_000),
+        Param("deadline_slack_ms", integer=True, start=30_000, low=1_000),
+    ],
 }
 
 
@@ -276,8 +315,10 @@ def param_by_label(label: str) -> Param:
         for param in params:
             if param.label == label:
                 return param
-    raise KeyError(f"no tunable parameter {label!r}; tunable: "
-                   + ", ".join(p.label for ps in GROUPS.values() for p in ps))
+    raise KeyError(
+        f"no tunable parameter {label!r}; tunable: "
+        + ", ".join(p.label for ps in GROUPS.values() for p in ps)
+    )
 
 
 # ------------------------------------------------------------------ search
@@ -303,8 +344,13 @@ class Proposal:
 
     def as_dict(self) -> dict:
         """The proposal as JSON-ready data."""
-        return {"group": self.group, "params": self.params, "before": self.before, "reason": self.reason,
-                "evidence": self.evidence}
+        return {
+            "group": self.group,
+            "params": self.params,
+            "before": self.before,
+            "reason": self.reason,
+            "evidence": self.evidence,
+        }
 
 
 def _try(replay: Replay, policy: Policy, params: dict) -> Policy | None:
@@ -324,12 +370,12 @@ def search(replay: Replay, policy: Policy, param: Param, evals_max: int = 12, fa
     if value == 0:  # no scale to step from: bracket by doublings of the parameter's `start`
         base = policy
         for k in range(BRACKET_STEPS):
-            trial = _try(replay, base, param.params(base, param.start * 2 ** k))
+            trial = _try(replay, base, param.params(base, param.start * 2**k))
             if trial is None:
                 break
             score = replay.score(trial).objective_gpu_h
             if score > best_score + replay.margin_gpu_h:
-                policy, value, best_score = trial, param.start * 2 ** k, score
+                policy, value, best_score = trial, param.start * 2**k, score
     while factor >= STEP_MIN and evals < evals_max:
         improved, flat = False, True
         for candidate in param.moves(value, factor):
@@ -362,14 +408,15 @@ def judge(replay: Replay, policy: Policy, params: dict, group: str = "given") ->
     return _proposal(replay, group, changed, old, before, after)
 
 
-def propose(replay: Replay, groups: list[str] | None = None, evals_per_param: int = 4,
-            only: list[str] | None = None) -> list[Proposal]:
+def propose(
+    replay: Replay, groups: list[str] | None = None, evals_per_param: int = 4, only: list[str] | None = None
+) -> list[Proposal]:
     """Per group, in turn, the change that improves the objective by the margin (if any),
     each judged on top of the changes kept before it. `only` limits the search to these
     parameters (labels such as `net_benefit_min` or `level_weight[0]`)."""
     policy = replay.policy
     out: list[Proposal] = []
-    for group in (list(GROUPS) if groups is None else groups):
+    for group in list(GROUPS) if groups is None else groups:
         before_score = replay.score(policy)
         tuned = policy
         for param in GROUPS[group]:
@@ -389,16 +436,24 @@ def _changed(old: Policy, new: Policy, params: list[Param]) -> tuple[dict, dict]
     return {n: getattr(new, n) for n in names}, {n: getattr(old, n) for n in names}
 
 
-def _proposal(replay: Replay, group: str, params: dict, before: dict, old: Score, new: Score,
-              revert: bool = False) -> Proposal:
+def _proposal(
+    replay: Replay, group: str, params: dict, before: dict, old: Score, new: Score, revert: bool = False
+) -> Proposal:
     gain = new.objective_gpu_h - old.objective_gpu_h
     changes = ", ".join(f"{k} {before[k]} -> {params[k]}" for k in sorted(params))
     verb = "revert" if revert else group
-    reason = (f"tuner ({verb}): {changes}: objective {old.objective_gpu_h:+.3f} -> {new.objective_gpu_h:+.3f}"
-              f" GPU-h ({gain:+.3f}, margin {replay.margin_gpu_h:.3f}) on a replay of"
-              f" {len(replay.workload.jobs)} jobs")
-    evidence = {"objective": replay.objective.describe(), "margin_gpu_h": round(replay.margin_gpu_h, 4),
-                "jobs": len(replay.workload.jobs), "before": old.as_dict(), "after": new.as_dict()}
+    reason = (
+        f"tuner ({verb}): {changes}: objective {old.objective_gpu_h:+.3f} -> {new.objective_gpu_h:+.3f}"
+        f" GPU-h ({gain:+.3f}, margin {replay.margin_gpu_h:.3f}) on a replay of"
+        f" {len(replay.workload.jobs)} jobs"
+    )
+    evidence = {
+        "objective": replay.objective.describe(),
+        "margin_gpu_h": round(replay.margin_gpu_h, 4),
+        "jobs": len(replay.workload.jobs),
+        "before": old.as_dict(),
+        "after": new.as_dict(),
+    }
     return Proposal(group, params, before, evidence, reason)
 
 
@@ -433,8 +488,9 @@ def last_tuner_change(records) -> Change | None:
     return last
 
 
-def watch(records, change: Change, to_t: int, objective: Objective | None = None,
-          sim_options: dict | None = None) -> Proposal | None:
+def watch(
+    records, change: Change, to_t: int, objective: Objective | None = None, sim_options: dict | None = None
+) -> Proposal | None:
     """Replay the jobs submitted from the change to `to_t` under the policy before it and
     under the policy after it; a revert when the change made things worse by the margin."""
     replay = Replay.from_log(records, change.t, to_t, objective, policy=change.after, sim_options=sim_options)
@@ -451,16 +507,32 @@ def compact_evidence(evidence: dict, chars_max: int) -> str:
     objective's parts before and after, and per level and per team `[before, after]` of the
     mean wait (s) and the lost GPU-hours; when it does not fit, the teams that changed least
     are left out (and counted)."""
-    parts = ("objective_gpu_h", "urgent_wait_saved_gpu_h", "lost_gpu_h", "fairness_penalty_gpu_h", "jain_teams_share")
+    parts = (
+        "objective_gpu_h",
+        "urgent_wait_saved_gpu_h",
+        "lost_gpu_h",
+        "fairness_penalty_gpu_h",
+        "jain_teams_share",
+    )
     before, after = evidence["before"], evidence["after"]
-    out: dict = {"margin_gpu_h": evidence["margin_gpu_h"], "jobs": evidence["jobs"],
-                 **{p: [before[p], after[p]] for p in parts}}
+    out: dict = {
+        "margin_gpu_h": evidence["margin_gpu_h"],
+        "jobs": evidence["jobs"],
+        **{p: [before[p], after[p]] for p in parts},
+    }
     for key in ("per_level", "per_team"):
-        out[key] = {name: {"wait_s_mean": [before[key][name]["wait_s_mean"], after[key][name]["wait_s_mean"]],
-                           "lost_gpu_h": [before[key][name]["lost_gpu_h"], after[key][name]["lost_gpu_h"]]}
-                    for name in after[key] if name in before[key]}
-    teams = sorted(out["per_team"], key=lambda n: -abs(out["per_team"][n]["wait_s_mean"][1]
-                                                       - out["per_team"][n]["wait_s_mean"][0]))
+        out[key] = {
+            name: {
+                "wait_s_mean": [before[key][name]["wait_s_mean"], after[key][name]["wait_s_mean"]],
+                "lost_gpu_h": [before[key][name]["lost_gpu_h"], after[key][name]["lost_gpu_h"]],
+            }
+            for name in after[key]
+            if name in before[key]
+        }
+    teams = sorted(
+        out["per_team"],
+        key=lambda n: -abs(out["per_team"][n]["wait_s_mean"][1] - out["per_team"][n]["wait_s_mean"][0]),
+    )
     text = json.dumps(out, sort_keys=True, separators=(",", ":"))
     while len(text) > chars_max and teams:
         out["per_team"].pop(teams.pop())
@@ -489,21 +561,36 @@ class Cycle:
     runs: int = 0
 
 
-def cycle(records, from_t: int, to_t: int, objective: Objective | None = None,
-          groups: list[str] | None = None, evals_per_param: int = 4, watch_ms: int = WINDOW_MS,
-          only: list[str] | None = None, sim_options: dict | None = None) -> Cycle:
+def cycle(
+    records,
+    from_t: int,
+    to_t: int,
+    objective: Objective | None = None,
+    groups: list[str] | None = None,
+    evals_per_param: int = 4,
+    watch_ms: int = WINDOW_MS,
+    only: list[str] | None = None,
+    sim_options: dict | None = None,
+) -> Cycle:
     """One turn of the loop: if the tuner's last change is younger than a full watched
     window, judge it once it has one (revert or keep); otherwise propose from the window."""
     change = last_tuner_change(records)
     out = Cycle(window={"from_t": from_t, "to_t": to_t})
     if change is not None and "(revert)" not in change.reason and to_t - change.t < watch_ms:
-        out.watched = {"change_t": change.t, "params": change.params, "verdict": "watching",
-                       "until_t": change.t + watch_ms}
+        out.watched = {
+            "change_t": change.t,
+            "params": change.params,
+            "verdict": "watching",
+            "until_t": change.t + watch_ms,
+        }
         return out
     if change is not None and "(revert)" not in change.reason and not _judged(records, change):
         revert = watch(records, change, min(to_t, change.t + watch_ms), objective, sim_options)
-        out.watched = {"change_t": change.t, "params": change.params,
-                       "verdict": "reverted" if revert else "kept"}
+        out.watched = {
+            "change_t": change.t,
+            "params": change.params,
+            "verdict": "reverted" if revert else "kept",
+        }
         if revert is not None:
             out.proposals = [revert]
             return out

@@ -30,8 +30,13 @@ class Span:
 
     def as_dict(self) -> dict:
         """The window as JSON-ready data (times as numbers and in words)."""
-        return {"from_t": self.from_t, "to_t": self.to_t, "from": fmt_t(self.from_t),
-                "to": fmt_t(self.to_t), "chosen": self.chosen}
+        return {
+            "from_t": self.from_t,
+            "to_t": self.to_t,
+            "from": fmt_t(self.from_t),
+            "to": fmt_t(self.to_t),
+            "chosen": self.chosen,
+        }
 
 
 def resolve(given_from: int | None, given_to: int | None, log_first_t: int, log_last_t: int) -> Span:

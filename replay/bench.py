@@ -25,8 +25,15 @@ def run(args) -> dict:
     jobs = JOBS_QUICK if getattr(args, "quick", False) else JOBS_FULL
     workload = load_trace("philly", seed=0, limit=jobs)
     cluster = Cluster.uniform(GPUS)
-    out = {"bench": "sim", "trace": "philly", "jobs": jobs, "gpus": GPUS, "seed": 0,
-           "python": platform.python_version(), "policies": {}}
+    out = {
+        "bench": "sim",
+        "trace": "philly",
+        "jobs": jobs,
+        "gpus": GPUS,
+        "seed": 0,
+        "python": platform.python_version(),
+        "policies": {},
+    }
     for name in POLICIES:
         result = simulate(workload, cluster, name, {}, 0)
         wall = max(result.wall_s, 1e-9)

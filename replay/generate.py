@@ -38,12 +38,15 @@ URGENT_MEDIAN_S = 1800.0
 USERS_PER_TEAM = 6
 
 
-def bursts_rows(seed: int = 0, gpus_total: int = 256, load: float = 1.3,
-                node_gpus: int = 8, hours: float = BURSTS_HOURS) -> tuple[str, list[dict]]:
+def bursts_rows(
+    seed: int = 0, gpus_total: int = 256, load: float = 1.3, node_gpus: int = 8, hours: float = BURSTS_HOURS
+) -> tuple[str, list[dict]]:
     """The generated workload's name and trace rows for a pool of `gpus_total` GPUs (see
     the module doc); `replay.workload` completes them into a `Workload`."""
-    rng = {name: random.Random(f"bursts/{seed}/{name}")
-           for name in ("arrival", "size", "duration", "level", "team", "user", "burst")}
+    rng = {
+        name: random.Random(f"bursts/{seed}/{name}")
+        for name in ("arrival", "size", "duration", "level", "team", "user", "burst")
+    }
     size_cap = max(1, gpus_total // 4)
     raw: list[dict] = []
     mean_gpu_s = _mean_gpu_seconds(size_cap)
@@ -74,17 +77,26 @@ def bursts_rows(seed: int = 0, gpus_total: int = 256, load: float = 1.3,
 
 
 def _row(rng, t: float, gpus: int, level: int, median_s: float) -> dict:
-    duration = min(DURATION_MAX_S, max(30.0, rng["duration"].lognormvariate(math.log(median_s), BACKGROUND_SIGMA)))
+    duration = min(
+        DURATION_MAX_S, max(30.0, rng["duration"].lognormvariate(math.log(median_s), BACKGROUND_SIGMA))
+    )
     team = rng["team"].choices(BURSTS_TEAMS, BURSTS_TEAM_WEIGHTS)[0]
     user = f"{team}-u{rng['user'].randrange(1, USERS_PER_TEAM + 1)}"
-    return dict(job=f"{t:.3f}/{level}/{gpus}", submit_s=t, duration_s=duration, gpus=gpus, team=team,
-                user=user, level=level)
+    return dict(
+        job=f"{t:.3f}/{level}/{gpus}",
+        submit_s=t,
+        duration_s=duration,
+        gpus=gpus,
+        team=team,
+        user=user,
+        level=level,
+    )
 
 
 def _mean_gpu_seconds(size_cap: int) -> float:
     """Expected GPUs x duration of one background job (lognormal mean, sizes capped)."""
     mean_gpus = sum(min(size_cap, g) * w for g, w in zip(BACKGROUND_GPUS, BACKGROUND_GPUS_WEIGHTS))
-    mean_duration = BACKGROUND_MEDIAN_S * math.exp(BACKGROUND_SIGMA ** 2 / 2)
+    mean_duration = BACKGROUND_MEDIAN_S * math.exp(BACKGROUND_SIGMA**2 / 2)
     return mean_gpus * mean_duration
 
 

@@ -61,9 +61,13 @@ CHECKED_LEVELS = (3, 4, 5, 6, 7)
 def _stats(values: np.ndarray) -> dict:
     if values.size == 0:
         return {"n": 0, "mean": None, "p50": None, "p99": None, "max": None}
-    return {"n": int(values.size), "mean": round(float(values.mean()), 3),
-            "p50": round(float(np.percentile(values, 50)), 3),
-            "p99": round(float(np.percentile(values, 99)), 3), "max": round(float(values.max()), 3)}
+    return {
+        "n": int(values.size),
+        "mean": round(float(values.mean()), 3),
+        "p50": round(float(np.percentile(values, 50)), 3),
+        "p99": round(float(np.percentile(values, 99)), 3),
+        "max": round(float(values.max()), 3),
+    }
 
 
 def jain(values: list[float]) -> float | None:
@@ -93,8 +97,12 @@ def policy_card(result: SimResult) -> dict:
     levels = {}
     for lv in LEVELS:
         mask = level == lv
-        entry = {"jobs": int(mask.sum()), "unstarted": int((mask & ~started).sum()),
-                 "wait_s": _stats(wait_s[mask & started]), "jct_s": _stats(jct_s[mask & done])}
+        entry = {
+            "jobs": int(mask.sum()),
+            "unstarted": int((mask & ~started).sum()),
+            "wait_s": _stats(wait_s[mask & started]),
+            "jct_s": _stats(jct_s[mask & done]),
+        }
         if entry["unstarted"]:
             entry["wait_s"]["max"] = None  # never started: the longest wait is unbounded
         levels[str(lv)] = entry
@@ -117,8 +125,9 @@ def policy_card(result: SimResult) -> dict:
         "wait_s_levels_0_1": _stats(wait_s[urgent]),
         "wait_s_levels_0_1_downgraded": _stats(wait_s[urgent & was_downgraded]),
         "wait_s_levels_0_1_not_downgraded": _stats(wait_s[urgent & ~was_downgraded]),
-        "level_team_jain": {str(lv): jain(list(_level_share_of_time(jobs, lv).values()))
-                            for lv in FAIR_SHARE_LEVELS},
+        "level_team_jain": {
+            str(lv): jain(list(_level_share_of_time(jobs, lv).values())) for lv in FAIR_SHARE_LEVELS
+        },
         "levels": levels,
         "preemptions": int(sum(j.preemptions for j in jobs)),
         "jobs_preempted": int(sum(1 for j in jobs if j.preemptions)),
@@ -131,9 +140,13 @@ def policy_card(result: SimResult) -> dict:
         "jain_teams": jain([t["service_fraction"] for t in teams.values()]),
         "jain_teams_share": jain([t["share_of_fair"] for t in teams.values()]),
         "teams": teams,
-        "longest_wait": None if longest is None else {
-            "job": jobs[longest].id, "level": jobs[longest].level,
-            "wait_s": round(float(wait_s[longest]), 3)},
+        "longest_wait": None
+        if longest is None
+        else {
+            "job": jobs[longest].id,
+            "level": jobs[longest].level,
+            "wait_s": round(float(wait_s[longest]), 3),
+        },
         "end_s": round(result.end_ms / 1000, 3),
         "sim_wall_s": round(result.wall_s, 3),
         "steps": result.steps,
@@ -234,11 +247,15 @@ def _teams(jobs, total_gpus: int) -> dict:
         served[j.team] = served.get(j.team, 0.0) + j.gpus * j.duration_ms
         spent[j.team] = spent.get(j.team, 0.0) + j.gpus * max(1, j.finish_ms - j.submit_ms)
         waits[j.team] = waits.get(j.team, 0.0) + (j.first_start_ms - j.submit_ms) / 1000
-    return {team: {"jobs": count[team],
-                   "service_fraction": round(served[team] / spent[team], 4) if team in spent else None,
-                   "share_of_fair": round(share[team], 4) if team in share else None,
-                   "wait_s_mean": round(waits[team] / count[team], 3) if team in waits else None}
-            for team in sorted(count)}
+    return {
+        team: {
+            "jobs": count[team],
+            "service_fraction": round(served[team] / spent[team], 4) if team in spent else None,
+            "share_of_fair": round(share[team], 4) if team in share else None,
+            "wait_s_mean": round(waits[team] / count[team], 3) if team in waits else None,
+        }
+        for team in sorted(count)
+    }
 
 
 def scorecard(results: list[SimResult]) -> dict:
@@ -248,8 +265,13 @@ def scorecard(results: list[SimResult]) -> dict:
         raise ValueError("no results to score")
     cards = {r.policy: policy_card(r) for r in results}
     first = results[0]
-    card = {"workload": first.workload, "jobs": len(first.jobs), "gpus": first.total_gpus,
-            "seed": first.seed, "policies": cards}
+    card = {
+        "workload": first.workload,
+        "jobs": len(first.jobs),
+        "gpus": first.total_gpus,
+        "seed": first.seed,
+        "policies": cards,
+    }
     if "none" in cards:
         for c in cards.values():
             c["levels_vs_none"] = _levels_vs_none(c, cards["none"])
@@ -296,40 +318,75 @@ def acceptance(cards: dict) -> dict:
     lost_ratio = ratio(x["lost_gpu_h"], k["lost_gpu_h"])
     longest = {lv: x["levels"][lv]["wait_s"]["max"] for lv in x["levels"]}
     mean_ratio = ratio(x["wait_s"]["mean"], n["wait_s"]["mean"])
-    level_ratios = [(ratio(x["levels"][str(lv)]["wait_s"]["mean"], n["levels"][str(lv)]["wait_s"]["mean"]), lv)
-                    for lv in CHECKED_LEVELS if x["levels"][str(lv)]["jobs"]]
+    level_ratios = [
+        (ratio(x["levels"][str(lv)]["wait_s"]["mean"], n["levels"][str(lv)]["wait_s"]["mean"]), lv)
+        for lv in CHECKED_LEVELS
+        if x["levels"][str(lv)]["jobs"]
+    ]
     level_ratios = [r for r in level_ratios if r[0] is not None]
     worst_level = max(level_ratios) if level_ratios else (None, None)
-    gaps = [(round(x["level_team_jain"][str(lv)] - n["level_team_jain"][str(lv)], 4), lv)
-            for lv in FAIR_SHARE_LEVELS
-            if x["level_team_jain"].get(str(lv)) is not None and n["level_team_jain"].get(str(lv)) is not None]
+    gaps = [
+        (round(x["level_team_jain"][str(lv)] - n["level_team_jain"][str(lv)], 4), lv)
+        for lv in FAIR_SHARE_LEVELS
+        if x["level_team_jain"].get(str(lv)) is not None and n["level_team_jain"].get(str(lv)) is not None
+    ]
     fair_gap = min(gaps) if gaps else (None, None)
     checks = {
-        "p99_wait_l01_vs_k8s": {"value": vs_k8s, "target": "<= 1.5",
-                                "ok": vs_k8s is not None and vs_k8s <= 1.5},
-        "p99_wait_l01_none_over_xirang": {"value": none_over_x, "target": ">= 10",
-                                          "ok": none_over_x is not None and none_over_x >= 10},
-        "lost_gpu_h_vs_k8s": {"value": lost_ratio, "target": "<= 0.333",
-                              "ok": lost_ratio is not None and lost_ratio <= 1 / 3},
-        "every_job_started": {"value": x["unstarted"] == 0, "target": "true",
-                              "ok": x["unstarted"] == 0, "longest_wait_s_by_level": longest},
-        "mean_wait_vs_none": {"value": mean_ratio, "target": "<= 1.0",
-                              "ok": mean_ratio is not None and mean_ratio <= 1.0},
+        "p99_wait_l01_vs_k8s": {
+            "value": vs_k8s,
+            "target": "<= 1.5",
+            "ok": vs_k8s is not None and vs_k8s <= 1.5,
+        },
+        "p99_wait_l01_none_over_xirang": {
+            "value": none_over_x,
+            "target": ">= 10",
+            "ok": none_over_x is not None and none_over_x >= 10,
+        },
+        "lost_gpu_h_vs_k8s": {
+            "value": lost_ratio,
+            "target": "<= 0.333",
+            "ok": lost_ratio is not None and lost_ratio <= 1 / 3,
+        },
+        "every_job_started": {
+            "value": x["unstarted"] == 0,
+            "target": "true",
+            "ok": x["unstarted"] == 0,
+            "longest_wait_s_by_level": longest,
+        },
+        "mean_wait_vs_none": {
+            "value": mean_ratio,
+            "target": "<= 1.0",
+            "ok": mean_ratio is not None and mean_ratio <= 1.0,
+        },
         "level_mean_wait_vs_none_max": {
-            "value": worst_level[0], "target": f"<= {LEVEL_MEAN_WAIT_VS_NONE_MAX}", "level": worst_level[1],
-            "ok": worst_level[0] is not None and worst_level[0] <= LEVEL_MEAN_WAIT_VS_NONE_MAX},
+            "value": worst_level[0],
+            "target": f"<= {LEVEL_MEAN_WAIT_VS_NONE_MAX}",
+            "level": worst_level[1],
+            "ok": worst_level[0] is not None and worst_level[0] <= LEVEL_MEAN_WAIT_VS_NONE_MAX,
+        },
         "level_team_fairness_vs_none": {
-            "value": fair_gap[0], "target": ">= 0 (each of levels 3-5 at least none's Jain)",
-            "level": fair_gap[1], "ok": fair_gap[0] is not None and fair_gap[0] >= -FAIRNESS_TOLERANCE},
+            "value": fair_gap[0],
+            "target": ">= 0 (each of levels 3-5 at least none's Jain)",
+            "level": fair_gap[1],
+            "ok": fair_gap[0] is not None and fair_gap[0] >= -FAIRNESS_TOLERANCE,
+        },
     }
     # Reported beside the checks, not one of them: see the module doc.
-    reported = {"jain_teams": {"value": x["jain_teams"],
-                               "what": "Jain over the teams' service fractions"},
-                "jain_teams_share": {"value": x["jain_teams_share"],
-                                     "what": "Jain over the teams' held / cross-pool fair share"}}
-    return {"xirang_p99_wait_l01_s": xp, "k8s_p99_wait_l01_s": kp, "none_p99_wait_l01_s": np_,
-            "checks": checks, "reported": reported,
-            "all_ok": all(c["ok"] for c in checks.values())}
+    reported = {
+        "jain_teams": {"value": x["jain_teams"], "what": "Jain over the teams' service fractions"},
+        "jain_teams_share": {
+            "value": x["jain_teams_share"],
+            "what": "Jain over the teams' held / cross-pool fair share",
+        },
+    }
+    return {
+        "xirang_p99_wait_l01_s": xp,
+        "k8s_p99_wait_l01_s": kp,
+        "none_p99_wait_l01_s": np_,
+        "checks": checks,
+        "reported": reported,
+        "all_ok": all(c["ok"] for c in checks.values()),
+    }
 
 
 # ---------------------------------------------------------------- terminal table
@@ -353,25 +410,60 @@ def render_table(card: dict) -> str:
     """The scorecard as text tables for the terminal."""
     cards = card["policies"]
     lines = [f"workload {card['workload']}: {card['jobs']} jobs on {card['gpus']} GPUs, seed {card['seed']}"]
-    head = ("policy", "wait mean", "p50", "p99", "max", "JCT mean", "JCT p99", "preempt",
-            "lost GPU-h", "util", "Jain", "Jain share", "unstarted", "sim s")
+    head = (
+        "policy",
+        "wait mean",
+        "p50",
+        "p99",
+        "max",
+        "JCT mean",
+        "JCT p99",
+        "preempt",
+        "lost GPU-h",
+        "util",
+        "Jain",
+        "Jain share",
+        "unstarted",
+        "sim s",
+    )
     rows = [head]
     for name, c in cards.items():
         w, j = c["wait_s"], c["jct_s"]
-        rows.append((name, _h(w["mean"]), _h(w["p50"]), _h(w["p99"]), _h(w["max"]), _h(j["mean"]),
-                     _h(j["p99"]), str(c["preemptions"]), f"{c['lost_gpu_h']:.1f}",
-                     f"{c['util']:.3f}", _ratio(c["jain_teams"]), _ratio(c["jain_teams_share"]),
-                     str(c["unstarted"]), f"{c['sim_wall_s']:.0f}"))
+        rows.append(
+            (
+                name,
+                _h(w["mean"]),
+                _h(w["p50"]),
+                _h(w["p99"]),
+                _h(w["max"]),
+                _h(j["mean"]),
+                _h(j["p99"]),
+                str(c["preemptions"]),
+                f"{c['lost_gpu_h']:.1f}",
+                f"{c['util']:.3f}",
+                _ratio(c["jain_teams"]),
+                _ratio(c["jain_teams_share"]),
+                str(c["unstarted"]),
+                f"{c['sim_wall_s']:.0f}",
+            )
+        )
     lines += _grid(rows)
-    for title, metric in (("queueing delay p99 by level", "p99"), ("mean queueing delay by level", "mean"),
-                          ("longest wait by level", "max")):
+    for title, metric in (
+        ("queueing delay p99 by level", "p99"),
+        ("mean queueing delay by level", "mean"),
+        ("longest wait by level", "max"),
+    ):
         lines.append("")
         lines.append(title + ":")
         rows = [("policy",) + tuple(f"L{lv}" for lv in LEVELS)]
         for name, c in cards.items():
-            rows.append((name,) + tuple(
-                "-" if c["levels"][str(lv)]["jobs"] == 0 else _h(c["levels"][str(lv)]["wait_s"][metric])
-                for lv in LEVELS))
+            rows.append(
+                (name,)
+                + tuple(
+                    "-" if c["levels"][str(lv)]["jobs"] == 0 else _h(c["levels"][str(lv)]["wait_s"][metric])
+                    for lv in LEVELS
+                )
+            )
         lines += _grid(rows)
     if any("levels_vs_none" in c for c in cards.values()):
         for title, metric in (("mean wait by level / none's", "mean"), ("p99 wait by level / none's", "p99")):
@@ -385,15 +477,24 @@ def render_table(card: dict) -> str:
     lines.append("team fairness inside a level (Jain, held / max-min share of the level):")
     rows = [("policy",) + tuple(f"L{lv}" for lv in FAIR_SHARE_LEVELS) + ("L0-1 p99 downgraded", "not")]
     for name, c in cards.items():
-        rows.append((name,) + tuple(_ratio(c["level_team_jain"][str(lv)]) for lv in FAIR_SHARE_LEVELS)
-                    + (_h(c["wait_s_levels_0_1_downgraded"]["p99"]) if c["wait_s_levels_0_1_downgraded"]["n"] else "-",
-                       _h(c["wait_s_levels_0_1_not_downgraded"]["p99"])))
+        rows.append(
+            (name,)
+            + tuple(_ratio(c["level_team_jain"][str(lv)]) for lv in FAIR_SHARE_LEVELS)
+            + (
+                _h(c["wait_s_levels_0_1_downgraded"]["p99"])
+                if c["wait_s_levels_0_1_downgraded"]["n"]
+                else "-",
+                _h(c["wait_s_levels_0_1_not_downgraded"]["p99"]),
+            )
+        )
     lines += _grid(rows)
     if "acceptance" in card:
         lines.append("")
         lines.append("acceptance (xirang):")
         for name, check in card["acceptance"]["checks"].items():
-            lines.append(f"  {'PASS' if check['ok'] else 'MISS'}  {name}: {check['value']} (target {check['target']})")
+            lines.append(
+                f"  {'PASS' if check['ok'] else 'MISS'}  {name}: {check['value']} (target {check['target']})"
+            )
         for name, item in card["acceptance"].get("reported", {}).items():
             lines.append(f"  info  {name}: {item['value']} ({item['what']}; no target)")
     return "\n".join(lines)
@@ -401,8 +502,12 @@ def render_table(card: dict) -> str:
 
 def _grid(rows) -> list[str]:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(str(cell).rjust(widths[i]) if i else str(cell).ljust(widths[i])
-                      for i, cell in enumerate(row)) for row in rows]
+    return [
+        "  ".join(
+            str(cell).rjust(widths[i]) if i else str(cell).ljust(widths[i]) for i, cell in enumerate(row)
+        )
+        for row in rows
+    ]
 
 
 # ---------------------------------------------------------------- files
@@ -411,8 +516,10 @@ def _grid(rows) -> list[str]:
 def write_outputs(card: dict, results: list[SimResult], out_dir: str) -> list[str]:
     """Write scorecard.json, scorecard.duckdb and the charts into `out_dir`; their paths."""
     os.makedirs(out_dir, exist_ok=True)
-    paths = [write_json(card, os.path.join(out_dir, "scorecard.json")),
-             write_duckdb(card, results, os.path.join(out_dir, "scorecard.duckdb"))]
+    paths = [
+        write_json(card, os.path.join(out_dir, "scorecard.json")),
+        write_duckdb(card, results, os.path.join(out_dir, "scorecard.duckdb")),
+    ]
     paths += write_charts(card, results, out_dir)
     return paths
 
@@ -453,19 +560,64 @@ def write_duckdb(card: dict, results: list[SimResult], path: str) -> str:
             service_fraction DOUBLE, share_of_fair DOUBLE, wait_mean_s DOUBLE)""")
         for name, c in card["policies"].items():
             w, j = c["wait_s"], c["jct_s"]
-            con.execute("INSERT INTO policies VALUES (" + ",".join("?" * 26) + ")", [
-                name, c["jobs"], c["unstarted"], w["mean"], w["p50"], w["p99"], w["max"], j["mean"],
-                j["p99"], c["wait_s_levels_0_1"]["p99"], c["preemptions"], c["jobs_preempted"],
-                c["lost_gpu_h"], c["lost_progress_gpu_h"], c["preemption_overhead_gpu_h"],
-                c["periodic_ckpt_gpu_h"], c["util"], c["useful_util"], c["jain_teams"],
-                c["jain_teams_share"], c["end_s"], c["sim_wall_s"], c["steps"], card["workload"], card["gpus"], card["seed"]])
-            con.executemany("INSERT INTO levels VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", [
-                [name, int(lv), e["jobs"], e["unstarted"], e["wait_s"]["mean"], e["wait_s"]["p50"],
-                 e["wait_s"]["p99"], e["wait_s"]["max"], e["jct_s"]["mean"], e["jct_s"]["p50"],
-                 e["jct_s"]["p99"], e["jct_s"]["max"]] for lv, e in c["levels"].items()])
-            con.executemany("INSERT INTO teams VALUES (?,?,?,?,?,?)", [
-                [name, team, t["jobs"], t["service_fraction"], t["share_of_fair"], t["wait_s_mean"]]
-                for team, t in c["teams"].items()])
+            con.execute(
+                "INSERT INTO policies VALUES (" + ",".join("?" * 26) + ")",
+                [
+                    name,
+                    c["jobs"],
+                    c["unstarted"],
+                    w["mean"],
+                    w["p50"],
+                    w["p99"],
+                    w["max"],
+                    j["mean"],
+                    j["p99"],
+                    c["wait_s_levels_0_1"]["p99"],
+                    c["preemptions"],
+                    c["jobs_preempted"],
+                    c["lost_gpu_h"],
+                    c["lost_progress_gpu_h"],
+                    c["preemption_overhead_gpu_h"],
+                    c["periodic_ckpt_gpu_h"],
+                    c["util"],
+                    c["useful_util"],
+                    c["jain_teams"],
+                    c["jain_teams_share"],
+                    c["end_s"],
+                    c["sim_wall_s"],
+                    c["steps"],
+                    card["workload"],
+                    card["gpus"],
+                    card["seed"],
+                ],
+            )
+            con.executemany(
+                "INSERT INTO levels VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    [
+                        name,
+                        int(lv),
+                        e["jobs"],
+                        e["unstarted"],
+                        e["wait_s"]["mean"],
+                        e["wait_s"]["p50"],
+                        e["wait_s"]["p99"],
+                        e["wait_s"]["max"],
+                        e["jct_s"]["mean"],
+                        e["jct_s"]["p50"],
+                        e["jct_s"]["p99"],
+                        e["jct_s"]["max"],
+                    ]
+                    for lv, e in c["levels"].items()
+                ],
+            )
+            con.executemany(
+                "INSERT INTO teams VALUES (?,?,?,?,?,?)",
+                [
+                    [name, team, t["jobs"], t["service_fraction"], t["share_of_fair"], t["wait_s_mean"]]
+                    for team, t in c["teams"].items()
+                ],
+            )
         _write_jobs_table(con, results)
     finally:
         con.close()
@@ -475,15 +627,19 @@ def write_duckdb(card: dict, results: list[SimResult], path: str) -> str:
 def _write_jobs_table(con, results: list[SimResult]) -> None:
     # A CSV read by DuckDB is far faster than row inserts for 10^5 rows.
     with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False, encoding="utf-8") as fh:
-        fh.write("policy,job,team,user,level,gpus,submit_s,duration_s,wait_s,jct_s,preemptions,"
-                 "lost_progress_s,overhead_s,periodic_ckpt_s,held_s\n")
+        fh.write(
+            "policy,job,team,user,level,gpus,submit_s,duration_s,wait_s,jct_s,preemptions,"
+            "lost_progress_s,overhead_s,periodic_ckpt_s,held_s\n"
+        )
         for r in results:
             for j in r.jobs:
                 wait = "" if j.first_start_ms < 0 else (j.first_start_ms - j.submit_ms) / 1000
                 jct = "" if j.finish_ms < 0 else (j.finish_ms - j.submit_ms) / 1000
-                fh.write(f"{r.policy},{j.id},{j.team},{j.user},{j.level},{j.gpus},{j.submit_ms / 1000},"
-                         f"{j.duration_ms / 1000},{wait},{jct},{j.preemptions},{j.lost_progress_ms / 1000},"
-                         f"{j.overhead_ms / 1000},{j.periodic_ckpt_ms / 1000},{j.held_ms / 1000}\n")
+                fh.write(
+                    f"{r.policy},{j.id},{j.team},{j.user},{j.level},{j.gpus},{j.submit_ms / 1000},"
+                    f"{j.duration_ms / 1000},{wait},{jct},{j.preemptions},{j.lost_progress_ms / 1000},"
+                    f"{j.overhead_ms / 1000},{j.periodic_ckpt_ms / 1000},{j.held_ms / 1000}\n"
+                )
         tmp = fh.name
     try:
         con.execute(f"""CREATE TABLE jobs AS SELECT * FROM read_csv('{tmp}', header=true, columns={{
@@ -522,8 +678,15 @@ def write_charts(card: dict, results: list[SimResult], out_dir: str) -> list[str
 
     fig, ax = plt.subplots(figsize=(10, 5))
     for r in results:
-        waits = np.sort(np.array([(j.first_start_ms - j.submit_ms) / 1000 for j in r.jobs
-                                  if j.first_start_ms >= 0 and j.level <= 1]))
+        waits = np.sort(
+            np.array(
+                [
+                    (j.first_start_ms - j.submit_ms) / 1000
+                    for j in r.jobs
+                    if j.first_start_ms >= 0 and j.level <= 1
+                ]
+            )
+        )
         if waits.size:
             ax.plot(np.maximum(waits, 1), np.arange(1, waits.size + 1) / waits.size, label=r.policy)
     ax.set_xscale("log")
@@ -535,9 +698,13 @@ def write_charts(card: dict, results: list[SimResult], out_dir: str) -> list[str
     paths.append(_save(fig, out_dir, "wait_cdf_levels_0_1.png"))
 
     fig, axes = plt.subplots(1, 5, figsize=(17, 4))
-    panels = (("lost GPU-hours", "lost_gpu_h"), ("preemptions", "preemptions"),
-              ("utilisation", "util"), ("Jain (team service fractions)", "jain_teams"),
-              ("Jain (team fair-share use)", "jain_teams_share"))
+    panels = (
+        ("lost GPU-hours", "lost_gpu_h"),
+        ("preemptions", "preemptions"),
+        ("utilisation", "util"),
+        ("Jain (team service fractions)", "jain_teams"),
+        ("Jain (team fair-share use)", "jain_teams_share"),
+    )
     for ax, (title, key) in zip(axes, panels):
         ax.bar(names, [cards[n][key] or 0 for n in names], color=[f"C{i}" for i in range(len(names))])
         ax.set_title(title)

@@ -87,14 +87,19 @@ class SimResult:
     extra: dict = field(default_factory=dict)
 
 
-
 class Simulator(SimHosts):
     """The simulated hosts plus the workload's arrivals and the policy that decides: the
     policy acts through the hosts' commands (`start`, `notify`, `withdraw`, `kill`,
     `cancel`), hears their facts in `on_fact`, and asks to be woken with `wake_at`."""
 
-    def __init__(self, workload: Workload, cluster: Cluster, policy, latency: HostLatency | None = None,
-                 progress: Callable | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        cluster: Cluster,
+        policy,
+        latency: HostLatency | None = None,
+        progress: Callable | None = None,
+    ) -> None:
         super().__init__(latency, policy.on_fact, policy.wants_periodic_checkpoints)
         self.workload = workload
         self.cluster = cluster
@@ -158,9 +163,15 @@ class Simulator(SimHosts):
             self.progress(self.finished, len(self.jobs), self.now)
 
 
-def simulate(workload: Workload, cluster: Cluster, policy_name: str, policy_config: dict | None = None,
-             seed: int = 0, progress: Callable | None = None,
-             latency: HostLatency | None = None) -> SimResult:
+def simulate(
+    workload: Workload,
+    cluster: Cluster,
+    policy_name: str,
+    policy_config: dict | None = None,
+    seed: int = 0,
+    progress: Callable | None = None,
+    latency: HostLatency | None = None,
+) -> SimResult:
     """Run `workload` on `cluster` under the policy named `policy_name` to the end."""
     from .peers import make_policy
 
@@ -170,6 +181,14 @@ def simulate(workload: Workload, cluster: Cluster, policy_name: str, policy_conf
     sim.run()
     wall = time.perf_counter() - began
     return SimResult(
-        policy=policy_name, workload=workload.name, seed=seed, total_gpus=cluster.total_gpus,
-        jobs=[sim.jobs[spec.id].out for spec in workload.jobs], end_ms=sim.now, wall_s=wall,
-        steps=policy.steps, events=sim.events, extra=policy.summary())
+        policy=policy_name,
+        workload=workload.name,
+        seed=seed,
+        total_gpus=cluster.total_gpus,
+        jobs=[sim.jobs[spec.id].out for spec in workload.jobs],
+        end_ms=sim.now,
+        wall_s=wall,
+        steps=policy.steps,
+        events=sim.events,
+        extra=policy.summary(),
+    )

@@ -51,7 +51,7 @@ def case_workload(case: Case) -> Workload:
     if case.window is None:
         return workload
     start, count = case.window
-    jobs = workload.jobs[start:start + count]
+    jobs = workload.jobs[start : start + count]
     if not jobs:
         raise ValueError(f"{case.label}: the window holds no jobs (the trace has {len(workload.jobs)})")
     t0 = jobs[0].submit_ms
@@ -60,8 +60,9 @@ def case_workload(case: Case) -> Workload:
     return Workload(f"{workload.name}[{start}:+{count}]", jobs, workload.seed, workload.defaulted)
 
 
-def run_case(case: Case, policies: list[str], xirang_config: dict | None = None,
-             cache_dir: str | None = None) -> dict:
+def run_case(
+    case: Case, policies: list[str], xirang_config: dict | None = None, cache_dir: str | None = None
+) -> dict:
     """Every policy on the case; the scorecard and a summary row. With `cache_dir`, the
     peers' results (every policy but xirang, which is the code under test) are kept there
     and reused: they do not change when xirang's rules do."""
@@ -77,8 +78,12 @@ def run_case(case: Case, policies: list[str], xirang_config: dict | None = None,
         workload = case_workload(case)  # fresh: the simulator owns its jobs
         too_big = [j.id for j in workload.jobs if j.gpus > case.gpus]
         if too_big:
-            workload = Workload(workload.name, [j for j in workload.jobs if j.gpus <= case.gpus],
-                                workload.seed, workload.defaulted)
+            workload = Workload(
+                workload.name,
+                [j for j in workload.jobs if j.gpus <= case.gpus],
+                workload.seed,
+                workload.defaulted,
+            )
         config = dict(xirang_config or {}) if name == "xirang" else {}
         cpu_began = time.process_time()
         results.append(simulate(workload, cluster, name, config, case.seed))
@@ -89,14 +94,22 @@ def run_case(case: Case, policies: list[str], xirang_config: dict | None = None,
             with open(cached, "wb") as fh:
                 pickle.dump(results[-1], fh)
     card = scorecard(results)
-    return {"case": asdict(case), "label": case.label, "wall_s": round(time.perf_counter() - began, 1),
-            "dropped_too_big": len([j for j in case_workload(case).jobs if j.gpus > case.gpus]), "row": summary_row(card), "card": card}
+    return {
+        "case": asdict(case),
+        "label": case.label,
+        "wall_s": round(time.perf_counter() - began, 1),
+        "dropped_too_big": len([j for j in case_workload(case).jobs if j.gpus > case.gpus]),
+        "row": summary_row(card),
+        "card": card,
+    }
 
 
 def _cache_path(cache_dir: str, case: Case, policy: str) -> str:
     window = "all" if case.window is None else f"{case.window[0]}-{case.window[1]}"
     trace = "".join(ch if ch.isalnum() else "_" for ch in case.trace)
-    return os.path.join(cache_dir, f"{trace}_{window}_{case.gpus}_{case.node_gpus}_{case.seed}_{policy}.pickle")
+    return os.path.join(
+        cache_dir, f"{trace}_{window}_{case.gpus}_{case.node_gpus}_{case.seed}_{policy}.pickle"
+    )
 
 
 def summary_row(card: dict) -> dict:
@@ -105,14 +118,20 @@ def summary_row(card: dict) -> dict:
     row: dict = {"jobs": card["jobs"], "policies": {}}
     for name, c in card["policies"].items():
         row["policies"][name] = {
-            "wait_mean_s": c["wait_s"]["mean"], "l01_p99_s": c["wait_s_levels_0_1"]["p99"],
-            "lost_gpu_h": c["lost_gpu_h"], "unstarted": c["unstarted"],
+            "wait_mean_s": c["wait_s"]["mean"],
+            "l01_p99_s": c["wait_s_levels_0_1"]["p99"],
+            "lost_gpu_h": c["lost_gpu_h"],
+            "unstarted": c["unstarted"],
             "level_mean_s": {lv: c["levels"][lv]["wait_s"]["mean"] for lv in c["levels"]},
             "level_team_jain": c.get("level_team_jain", {}),
-            "sim_wall_s": c["sim_wall_s"], "cpu_s": c["extra"].get("cpu_s")}
+            "sim_wall_s": c["sim_wall_s"],
+            "cpu_s": c["extra"].get("cpu_s"),
+        }
     if "acceptance" in card:
-        row["checks"] = {name: {"value": check["value"], "ok": check["ok"]}
-                         for name, check in card["acceptance"]["checks"].items()}
+        row["checks"] = {
+            name: {"value": check["value"], "ok": check["ok"]}
+            for name, check in card["acceptance"]["checks"].items()
+        }
     return row
 
 
@@ -136,11 +155,15 @@ def sweep_table(rows: list[dict]) -> str:
         row = entry["row"]
         pol = row["policies"]
         x, k, n = pol.get("xirang", {}), pol.get("k8s", {}), pol.get("none", {})
-        cells = [entry["label"], str(row["jobs"]),
-                 "/".join(_num(p.get("l01_p99_s")) for p in (x, k, n)),
-                 "/".join(_num(None if p.get("wait_mean_s") is None else p["wait_mean_s"] / 3600, 2)
-                          for p in (x, n)),
-                 "/".join(_num(p.get("lost_gpu_h"), 0) for p in (x, k))]
+        cells = [
+            entry["label"],
+            str(row["jobs"]),
+            "/".join(_num(p.get("l01_p99_s")) for p in (x, k, n)),
+            "/".join(
+                _num(None if p.get("wait_mean_s") is None else p["wait_mean_s"] / 3600, 2) for p in (x, n)
+            ),
+            "/".join(_num(p.get("lost_gpu_h"), 0) for p in (x, k)),
+        ]
         checks = row.get("checks", {})
         for name, _ in CHECK_COLUMNS:
             check = checks.get(name)

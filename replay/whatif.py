@@ -72,8 +72,14 @@ def scan(records: Iterable[T.Record], from_t: int | None, to_t: int | None) -> W
             win.submits[ev.input.job] = ev.input
         elif isinstance(ev, T.JobSubmitted) and ev.job in win.submits:
             win.outcomes[ev.job] = JobOutcome(
-                id=ev.job, team=ev.team, user=ev.user, level=win.submits[ev.job].level, gpus=ev.gpus,
-                submit_ms=ev.t - win.from_t, duration_ms=int(ev.est_runtime_s * 1000))
+                id=ev.job,
+                team=ev.team,
+                user=ev.user,
+                level=win.submits[ev.job].level,
+                gpus=ev.gpus,
+                submit_ms=ev.t - win.from_t,
+                duration_ms=int(ev.est_runtime_s * 1000),
+            )
         else:
             _fate(win, ev)
     return win
@@ -126,13 +132,22 @@ def workload(win: Window) -> Workload:
         out = win.outcomes.get(job_id)
         if out is None:
             continue  # accepted input whose submit was refused later in the step
-        jobs.append(TraceJob(
-            id=job_id, submit_ms=sub.t - win.from_t, duration_ms=max(1, out.duration_ms),
-            gpus=sub.gpus, team=sub.team, user=sub.user, level=sub.level,
-            gpu_models=list(sub.gpu_models), ckpt_interval_ms=int(1000 * (sub.ckpt_interval_s or 0)),
-            ckpt_cost_ms=int(1000 * (sub.ckpt_cost_s or 0)),
-            restore_cost_ms=int(1000 * (sub.restore_cost_s or 0)),
-            est_runtime_ms=int(1000 * (sub.est_runtime_s or 0)) or out.duration_ms))
+        jobs.append(
+            TraceJob(
+                id=job_id,
+                submit_ms=sub.t - win.from_t,
+                duration_ms=max(1, out.duration_ms),
+                gpus=sub.gpus,
+                team=sub.team,
+                user=sub.user,
+                level=sub.level,
+                gpu_models=list(sub.gpu_models),
+                ckpt_interval_ms=int(1000 * (sub.ckpt_interval_s or 0)),
+                ckpt_cost_ms=int(1000 * (sub.ckpt_cost_s or 0)),
+                restore_cost_ms=int(1000 * (sub.restore_cost_s or 0)),
+                est_runtime_ms=int(1000 * (sub.est_runtime_s or 0)) or out.duration_ms,
+            )
+        )
     jobs.sort(key=lambda j: (j.submit_ms, j.id))
     return Workload(name=f"recorded[{win.from_t},{win.to_t}]", jobs=jobs, seed=0)
 
@@ -146,10 +161,17 @@ def recorded_result(records, win: Window, wl: Workload, cl: Cluster, seed: int =
     """What really happened to the window's jobs, as the simulator's result type (so the
     scorecard and the tuner's objective read it like a simulated run)."""
     _held_spans(records, win)
-    return SimResult(policy="recorded", workload=wl.name, seed=seed, total_gpus=cl.total_gpus,
-                     jobs=[win.outcomes[j.id] for j in wl.jobs],
-                     end_ms=max(1, win.last_t - win.from_t, win.fate_end_t - win.from_t),
-                     wall_s=0.0, steps=0, events=0)
+    return SimResult(
+        policy="recorded",
+        workload=wl.name,
+        seed=seed,
+        total_gpus=cl.total_gpus,
+        jobs=[win.outcomes[j.id] for j in wl.jobs],
+        end_ms=max(1, win.last_t - win.from_t, win.fate_end_t - win.from_t),
+        wall_s=0.0,
+        steps=0,
+        events=0,
+    )
 
 
 def run(records: list[T.Record], alt: Policy, span, seed: int = 0) -> dict:
@@ -169,18 +191,25 @@ def run(records: list[T.Record], alt: Policy, span, seed: int = 0) -> dict:
     alternative.policy = "simulated_alternative"
     window = dataclasses.replace(span, to_t=min(win.to_t, win.last_t)).as_dict()
     window.update(jobs=len(wl.jobs), gpus=cl.total_gpus, nodes=len(cl.nodes))
-    return {"window": window,
-            "cards": {r.policy: policy_card(r) for r in (recorded, as_recorded, alternative)}}
+    return {
+        "window": window,
+        "cards": {r.policy: policy_card(r) for r in (recorded, as_recorded, alternative)},
+    }
 
 
 ROWS = [
-    ("jobs", lambda c: c["jobs"]), ("unstarted", lambda c: c["unstarted"]),
+    ("jobs", lambda c: c["jobs"]),
+    ("unstarted", lambda c: c["unstarted"]),
     ("unfinished", lambda c: c["unfinished"]),
-    ("wait mean s", lambda c: c["wait_s"]["mean"]), ("wait p99 s", lambda c: c["wait_s"]["p99"]),
+    ("wait mean s", lambda c: c["wait_s"]["mean"]),
+    ("wait p99 s", lambda c: c["wait_s"]["p99"]),
     ("wait L0-1 p99 s", lambda c: c["wait_s_levels_0_1"]["p99"]),
-    ("JCT mean s", lambda c: c["jct_s"]["mean"]), ("JCT p99 s", lambda c: c["jct_s"]["p99"]),
-    ("preemptions", lambda c: c["preemptions"]), ("jobs preempted", lambda c: c["jobs_preempted"]),
-    ("lost GPU-h", lambda c: c["lost_gpu_h"]), ("utilisation", lambda c: c["util"]),
+    ("JCT mean s", lambda c: c["jct_s"]["mean"]),
+    ("JCT p99 s", lambda c: c["jct_s"]["p99"]),
+    ("preemptions", lambda c: c["preemptions"]),
+    ("jobs preempted", lambda c: c["jobs_preempted"]),
+    ("lost GPU-h", lambda c: c["lost_gpu_h"]),
+    ("utilisation", lambda c: c["util"]),
     ("Jain (teams)", lambda c: c["jain_teams"]),
 ]
 
@@ -190,13 +219,18 @@ def render(result: dict) -> str:
     cards = result["cards"]
     names = list(cards)
     w = result["window"]
-    lines = [f"what-if over {w['from']} .. {w['to']} ({w['chosen']}): {w['jobs']} jobs on"
-             f" {w['gpus']} GPUs ({w['nodes']} nodes)", f"{'':<18}" + "".join(f"{n:>28}" for n in names)]
+    lines = [
+        f"what-if over {w['from']} .. {w['to']} ({w['chosen']}): {w['jobs']} jobs on"
+        f" {w['gpus']} GPUs ({w['nodes']} nodes)",
+        f"{'':<18}" + "".join(f"{n:>28}" for n in names),
+    ]
     for label, get in ROWS:
         cells = []
         for n in names:
             value = get(cards[n])
-            cells.append(f"{'–' if value is None else (f'{value:.4g}' if isinstance(value, float) else value):>28}")
+            cells.append(
+                f"{'–' if value is None else (f'{value:.4g}' if isinstance(value, float) else value):>28}"
+            )
         lines.append(f"{label:<18}" + "".join(cells))
     lines.append("read the alternative against simulated_recorded_policy; recorded is what happened")
     return "\n".join(lines)

@@ -44,8 +44,16 @@ CKPT_INTERVAL_WEIGHTS = (0.2, 0.3, 0.3, 0.2)
 NO_CHECKPOINT_FRACTION = 0.10
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "cluster")
 CANONICAL_REQUIRED = ("job", "submit_s", "duration_s", "gpus")
-CANONICAL_OPTIONAL = ("gpu_model", "team", "user", "level", "ckpt_interval_s", "ckpt_cost_s",
-                      "restore_cost_s", "est_runtime_s")
+CANONICAL_OPTIONAL = (
+    "gpu_model",
+    "team",
+    "user",
+    "level",
+    "ckpt_interval_s",
+    "ckpt_cost_s",
+    "restore_cost_s",
+    "est_runtime_s",
+)
 
 
 class TraceError(ValueError):
@@ -102,17 +110,31 @@ def load_philly(path: str, seed: int = 0, limit: int | None = None) -> Workload:
     for line_no, row in rows:
         try:
             submit = dt.datetime.fromisoformat(row["timestamp"]).replace(tzinfo=dt.timezone.utc)
-            parsed.append((submit.timestamp(), line_no, float(row["duration"]),
-                           int(float(row["num_gpus"])), row["cluster"]))
+            parsed.append(
+                (
+                    submit.timestamp(),
+                    line_no,
+                    float(row["duration"]),
+                    int(float(row["num_gpus"])),
+                    row["cluster"],
+                )
+            )
         except ValueError as err:
             raise TraceError(f"{path}:{line_no}: {err}") from err
     parsed.sort(key=lambda r: (r[0], r[1]))
     if limit is not None:
         parsed = parsed[:limit]
     t0 = parsed[0][0]
-    raw = [dict(job=f"ph-{line_no - 1:06d}", submit_s=submit - t0, duration_s=duration, gpus=gpus,
-                team=team or None)
-           for submit, line_no, duration, gpus, team in parsed]
+    raw = [
+        dict(
+            job=f"ph-{line_no - 1:06d}",
+            submit_s=submit - t0,
+            duration_s=duration,
+            gpus=gpus,
+            team=team or None,
+        )
+        for submit, line_no, duration, gpus, team in parsed
+    ]
     return _complete("philly", raw, seed, path)
 
 
@@ -125,8 +147,9 @@ def load_canonical(path: str, seed: int = 0, limit: int | None = None) -> Worklo
     header = rows[0][1].keys()
     missing = [c for c in CANONICAL_REQUIRED if c not in header]
     if missing:
-        raise TraceError(f"{path}: missing required columns {', '.join(missing)}"
-                         f" (need {','.join(CANONICAL_REQUIRED)})")
+        raise TraceError(
+            f"{path}: missing required columns {', '.join(missing)} (need {','.join(CANONICAL_REQUIRED)})"
+        )
     raw = []
     for line_no, row in rows:
         try:
@@ -148,7 +171,9 @@ def load_canonical(path: str, seed: int = 0, limit: int | None = None) -> Worklo
     return _complete(path, raw, seed, path)
 
 
-def load_trace(spec: str, seed: int = 0, limit: int | None = None, philly_path: str | None = None) -> Workload:
+def load_trace(
+    spec: str, seed: int = 0, limit: int | None = None, philly_path: str | None = None
+) -> Workload:
     """`philly` (the shared trace), `bursts:<gpus>[:<load>]` (generated: urgent bursts over
     an overloaded background, see replay/generate.py) or the path of a canonical CSV."""
     if spec == "philly":
@@ -185,8 +210,11 @@ def _read_rows(path: str) -> list[tuple[int, dict[str, str]]]:
             reader = csv.DictReader(fh)
             if reader.fieldnames is None:
                 raise TraceError(f"{path}: empty file, expected a header line")
-            return [(i + 2, {k.strip(): (v or "").strip() for k, v in row.items() if k})
-                    for i, row in enumerate(reader) if any((v or "").strip() for v in row.values())]
+            return [
+                (i + 2, {k.strip(): (v or "").strip() for k, v in row.items() if k})
+                for i, row in enumerate(reader)
+                if any((v or "").strip() for v in row.values())
+            ]
     except OSError as err:
         raise TraceError(f"cannot read {path}: {err.strerror}") from err
     except UnicodeDecodeError as err:
@@ -208,14 +236,24 @@ def _canonical_row(row: dict[str, str]) -> dict:
     def opt(name, cast):
         return _cell(row, name, cast) if row.get(name, "") != "" else None
 
-    item = dict(job=row["job"], submit_s=_cell(row, "submit_s", float),
-                duration_s=_cell(row, "duration_s", float), gpus=_cell(row, "gpus", int))
+    item = dict(
+        job=row["job"],
+        submit_s=_cell(row, "submit_s", float),
+        duration_s=_cell(row, "duration_s", float),
+        gpus=_cell(row, "gpus", int),
+    )
     if not item["job"]:
         raise ValueError("job must be named")
-    item.update(gpu_model=opt("gpu_model", str), team=opt("team", str), user=opt("user", str),
-                level=opt("level", int), ckpt_interval_s=opt("ckpt_interval_s", float),
-                ckpt_cost_s=opt("ckpt_cost_s", float), restore_cost_s=opt("restore_cost_s", float),
-                est_runtime_s=opt("est_runtime_s", float))
+    item.update(
+        gpu_model=opt("gpu_model", str),
+        team=opt("team", str),
+        user=opt("user", str),
+        level=opt("level", int),
+        ckpt_interval_s=opt("ckpt_interval_s", float),
+        ckpt_cost_s=opt("ckpt_cost_s", float),
+        restore_cost_s=opt("restore_cost_s", float),
+        est_runtime_s=opt("est_runtime_s", float),
+    )
     return item
 
 
@@ -223,9 +261,18 @@ def _canonical_row(row: dict[str, str]) -> dict:
 
 
 def _complete(name: str, raw: list[dict], seed: int, path: str) -> Workload:
-    streams = {col: random.Random(f"{seed}/{col}") for col in
-               ("team", "user", "level", "ckpt_interval_s", "ckpt_cost_s", "restore_cost_s",
-                "est_runtime_s")}
+    streams = {
+        col: random.Random(f"{seed}/{col}")
+        for col in (
+            "team",
+            "user",
+            "level",
+            "ckpt_interval_s",
+            "ckpt_cost_s",
+            "restore_cost_s",
+            "est_runtime_s",
+        )
+    }
     defaulted: set[str] = set()
     jobs = []
     for item in raw:
@@ -260,19 +307,31 @@ def _job(item: dict, rng: dict[str, random.Random], defaulted: set[str], path: s
     cost = take("ckpt_cost_s", lambda r: r.uniform(10.0, 60.0) * (1 + math.log2(gpus) / 4))
     restore = take("restore_cost_s", lambda r: cost * r.uniform(1.0, 2.0))
     est = take("est_runtime_s", lambda r: max(60.0, duration_s * r.uniform(1.0, 3.0)))
-    for label, value in (("ckpt_interval_s", interval), ("ckpt_cost_s", cost),
-                         ("restore_cost_s", restore), ("est_runtime_s", est)):
+    for label, value in (
+        ("ckpt_interval_s", interval),
+        ("ckpt_cost_s", cost),
+        ("restore_cost_s", restore),
+        ("est_runtime_s", est),
+    ):
         if value < 0 or not math.isfinite(value):
             raise TraceError(f"{path}: job {job_id}: {label} must be a non-negative number")
     if item.get("gpu_model") is None:
         defaulted.add("gpu_model")
     models = [item["gpu_model"]] if item.get("gpu_model") else []
     return TraceJob(
-        id=job_id, submit_ms=int(round(item["submit_s"] * 1000)),
-        duration_ms=max(1, int(round(duration_s * 1000))), gpus=gpus, team=team, user=user,
-        level=level, gpu_models=models, ckpt_interval_ms=int(round(interval * 1000)),
-        ckpt_cost_ms=int(round(cost * 1000)), restore_cost_ms=int(round(restore * 1000)),
-        est_runtime_ms=max(1000, int(round(est * 1000))))
+        id=job_id,
+        submit_ms=int(round(item["submit_s"] * 1000)),
+        duration_ms=max(1, int(round(duration_s * 1000))),
+        gpus=gpus,
+        team=team,
+        user=user,
+        level=level,
+        gpu_models=models,
+        ckpt_interval_ms=int(round(interval * 1000)),
+        ckpt_cost_ms=int(round(cost * 1000)),
+        restore_cost_ms=int(round(restore * 1000)),
+        est_runtime_ms=max(1000, int(round(est * 1000))),
+    )
 
 
 def _draw_interval(r: random.Random) -> float:

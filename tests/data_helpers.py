@@ -21,9 +21,22 @@ from replay.synthetic_log import Spec, generate
 from xirang import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
-COMPARED_TABLES = ("events", "job_events", "jobs", "sagas", "preemptions", "queue_wait",
-                   "team_usage", "ledger", "nodes", "team_limits", "declines", "policy_changes",
-                   "feedback", "notices")
+COMPARED_TABLES = (
+    "events",
+    "job_events",
+    "jobs",
+    "sagas",
+    "preemptions",
+    "queue_wait",
+    "team_usage",
+    "ledger",
+    "nodes",
+    "team_limits",
+    "declines",
+    "policy_changes",
+    "feedback",
+    "notices",
+)
 
 
 @lru_cache(maxsize=8)
@@ -54,8 +67,9 @@ def xirang(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def xirang_process(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xirang.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "xirang.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
 
 
 def publish(url: str, records) -> int:

@@ -32,13 +32,19 @@ class World:
         self.t = 0
         self.n_jobs = 0
         self.records: list[T.Record] = []
-        self.nodes = [(f"node-{i}", self.rng.choice(MODELS), self.rng.choice([4, 8]))
-                      for i in range(self.rng.randint(2, 6))]
+        self.nodes = [
+            (f"node-{i}", self.rng.choice(MODELS), self.rng.choice([4, 8]))
+            for i in range(self.rng.randint(2, 6))
+        ]
         self.heard: list[T.Input] = []  # the simulated hosts' facts, not delivered yet
         self.hosts = SimHosts(report=self.heard.append)
 
-    def feed(self, inp: T.Input, check: Callable[[State, T.Input, list[T.Record]], None] | None = None,
-             before: bytes | None = None) -> list[T.Record]:
+    def feed(
+        self,
+        inp: T.Input,
+        check: Callable[[State, T.Input, list[T.Record]], None] | None = None,
+        before: bytes | None = None,
+    ) -> list[T.Record]:
         _, records = step(self.state, inp)
         self.records.extend(records)
         for record in records:
@@ -81,10 +87,20 @@ class World:
         """The job as its hosts will run it: it often outruns its estimate, which keeps the
         pool full and the sagas coming."""
         duration_ms = max(1000, int(ev.est_runtime_s * 1000 * self.rng.uniform(0.5, 4.0)))
-        return TraceJob(id=ev.job, submit_ms=ev.t, duration_ms=duration_ms, gpus=ev.gpus, team=ev.team,
-                        user=ev.user, level=ev.level, gpu_models=list(ev.gpu_models),
-                        ckpt_interval_ms=int(ev.ckpt_interval_s * 1000), ckpt_cost_ms=int(ev.ckpt_cost_s * 1000),
-                        restore_cost_ms=int(ev.restore_cost_s * 1000), est_runtime_ms=int(ev.est_runtime_s * 1000))
+        return TraceJob(
+            id=ev.job,
+            submit_ms=ev.t,
+            duration_ms=duration_ms,
+            gpus=ev.gpus,
+            team=ev.team,
+            user=ev.user,
+            level=ev.level,
+            gpu_models=list(ev.gpu_models),
+            ckpt_interval_ms=int(ev.ckpt_interval_s * 1000),
+            ckpt_cost_ms=int(ev.ckpt_cost_s * 1000),
+            restore_cost_ms=int(ev.restore_cost_s * 1000),
+            est_runtime_ms=int(ev.est_runtime_s * 1000),
+        )
 
     def next_input(self) -> T.Input:
         rng = self.rng
@@ -111,8 +127,9 @@ class World:
             job = jobs[job_id]
             # (often: the simulated hosts start most jobs promptly, so few wait to be hit)
             if job.resume_pending and job.checkpoints and rng.random() < 0.6:
-                return T.CheckpointFailed(t=t, job=job_id, reason="digest_mismatch",
-                                          digest=job.checkpoints[-1].digest)
+                return T.CheckpointFailed(
+                    t=t, job=job_id, reason="digest_mismatch", digest=job.checkpoints[-1].digest
+                )
             return T.Started(t=t, job=job_id)
         if roll < 0.55:
             if not by_state.get("preempting"):
@@ -145,12 +162,19 @@ class World:
         self.n_jobs += 1
         models = sorted(rng.sample(MODELS, rng.randint(1, 2))) if rng.random() < 0.8 else []
         return T.Submit(
-            t=t, job=f"job-{self.n_jobs}", team=f"team-{rng.randint(1, 4)}",
-            user=f"user-{rng.randint(1, 6)}", level=rng.choice([0, 1, 2, 3, 5, 6, 6, 7, 7, 7]),
-            gpus=rng.choice([1, 1, 2, 4, 8, 12, 16]), gpu_models=models,
+            t=t,
+            job=f"job-{self.n_jobs}",
+            team=f"team-{rng.randint(1, 4)}",
+            user=f"user-{rng.randint(1, 6)}",
+            level=rng.choice([0, 1, 2, 3, 5, 6, 6, 7, 7, 7]),
+            gpus=rng.choice([1, 1, 2, 4, 8, 12, 16]),
+            gpu_models=models,
             est_runtime_s=rng.choice([60, 600, 3600, 36000]),
-            ckpt_interval_s=rng.choice([0, 300, 1800]), ckpt_cost_s=rng.choice([5, 30, 120]),
-            restore_cost_s=rng.choice([5, 30]), preemptible=rng.random() < 0.9)
+            ckpt_interval_s=rng.choice([0, 300, 1800]),
+            ckpt_cost_s=rng.choice([5, 30, 120]),
+            restore_cost_s=rng.choice([5, 30]),
+            preemptible=rng.random() < 0.9,
+        )
 
     def _victim_answer(self, t: int, job_id: str) -> T.Input:
         rng = self.rng
@@ -158,8 +182,9 @@ class World:
         if roll < 0.15:
             return T.SafePoint(t=t, job=job_id)
         if roll < 0.35:
-            return T.CheckpointSaved(t=t, job=job_id, step=t // 1000, digest=f"sha256:{job_id}-{t}",
-                                     bytes=1 << 20)
+            return T.CheckpointSaved(
+                t=t, job=job_id, step=t // 1000, digest=f"sha256:{job_id}-{t}", bytes=1 << 20
+            )
         if roll < 0.40:
             return T.CheckpointFailed(t=t, job=job_id, reason="disk_full")
         if roll < 0.45:
@@ -175,8 +200,9 @@ class World:
             return T.Finished(t=t, job=job_id, ok=rng.random() < 0.9)
         if roll < 0.5:
             return T.CheckpointStarted(t=t, job=job_id)
-        return T.CheckpointSaved(t=t, job=job_id, step=t // 1000, digest=f"sha256:{job_id}-{t}",
-                                 bytes=1 << 20)
+        return T.CheckpointSaved(
+            t=t, job=job_id, step=t // 1000, digest=f"sha256:{job_id}-{t}", bytes=1 << 20
+        )
 
     def settle(self, check=None) -> None:
         """End every open saga: victims release, then time passes the deadlines. A tick may

@@ -54,10 +54,26 @@ def node(name: str, model: str = "A100", gpus: int = 8, t: int = 0) -> T.NodeUp:
     return T.NodeUp(t=t, node=name, gpu_model=model, gpus=gpus)
 
 
-def submit(job: str, level: int, gpus: int, team: str = "t1", user: str = "u1", t: int = 0,
-           models: list[str] | None = None, **kw) -> T.Submit:
-    return T.Submit(t=t, job=job, team=team, user=user, level=level, gpus=gpus,
-                    gpu_models=models if models is not None else ["A100"], **kw)
+def submit(
+    job: str,
+    level: int,
+    gpus: int,
+    team: str = "t1",
+    user: str = "u1",
+    t: int = 0,
+    models: list[str] | None = None,
+    **kw,
+) -> T.Submit:
+    return T.Submit(
+        t=t,
+        job=job,
+        team=team,
+        user=user,
+        level=level,
+        gpus=gpus,
+        gpu_models=models if models is not None else ["A100"],
+        **kw,
+    )
 
 
 def started(job: str, t: int = 0) -> T.Started:
@@ -96,8 +112,9 @@ def check_invariants(state: State) -> None:
                 if job.state == RESERVED:
                     assert node.gpu_model in job.gpu_models + stand_ins or not job.gpu_models
                 else:
-                    assert node.gpu_model in job.gpu_models + stand_ins or not job.gpu_models, \
+                    assert node.gpu_model in job.gpu_models + stand_ins or not job.gpu_models, (
                         f"{job_id} on wrong GPU model"
+                    )
                 for gpu in slot.gpus:
                     key = (slot.node, gpu)
                     if job.state != RESERVED:

@@ -6,15 +6,33 @@ from replay.sim import Cluster, Simulator
 from replay.workload import TraceJob, Workload
 
 
-def job(job_id: str, submit_s: float, duration_s: float, gpus: int = 1, level: int = 4,
-        team: str = "a", ckpt_interval_s: float = 600, ckpt_cost_s: float = 20,
-        restore_cost_s: float = 30, est_runtime_s: float | None = None, user: str = "") -> TraceJob:
+def job(
+    job_id: str,
+    submit_s: float,
+    duration_s: float,
+    gpus: int = 1,
+    level: int = 4,
+    team: str = "a",
+    ckpt_interval_s: float = 600,
+    ckpt_cost_s: float = 20,
+    restore_cost_s: float = 30,
+    est_runtime_s: float | None = None,
+    user: str = "",
+) -> TraceJob:
     return TraceJob(
-        id=job_id, submit_ms=int(submit_s * 1000), duration_ms=int(duration_s * 1000), gpus=gpus,
-        team=team, user=user or f"{team}-u1", level=level, gpu_models=[],
-        ckpt_interval_ms=int(ckpt_interval_s * 1000), ckpt_cost_ms=int(ckpt_cost_s * 1000),
+        id=job_id,
+        submit_ms=int(submit_s * 1000),
+        duration_ms=int(duration_s * 1000),
+        gpus=gpus,
+        team=team,
+        user=user or f"{team}-u1",
+        level=level,
+        gpu_models=[],
+        ckpt_interval_ms=int(ckpt_interval_s * 1000),
+        ckpt_cost_ms=int(ckpt_cost_s * 1000),
         restore_cost_ms=int(restore_cost_s * 1000),
-        est_runtime_ms=int((est_runtime_s or duration_s) * 1000))
+        est_runtime_ms=int((est_runtime_s or duration_s) * 1000),
+    )
 
 
 def workload(*jobs: TraceJob) -> Workload:

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.timeout(120)
 # directory), then with bad arguments. Servers (up, scheduler, agent, demo) start their own
 # NATS when none is named, so only their bad arguments are tried.
 NO_CLUSTER = {
-    "submit": [["submit", "j", "--team", "t", "--level", "5", "--gpus", "1"],
-               ["submit", "j", "--team", "t", "--level", "5", "--gpus", "1", "--dry-run"]],
+    "submit": [
+        ["submit", "j", "--team", "t", "--level", "5", "--gpus", "1"],
+        ["submit", "j", "--team", "t", "--level", "5", "--gpus", "1", "--dry-run"],
+    ],
     "cancel": [["cancel", "j"]],
     "jobs": [["jobs"], ["jobs", "--json"]],
     "queue": [["queue"]],
@@ -51,8 +53,10 @@ BAD_ARGUMENTS = {
     "agent": [["agent", "--node", "x", "--simulate", "lots"]],
     "demo": [["demo", "--bogus"]],
     "chaos": [["chaos", "--duration", "-1"], ["chaos", "--seed", "x"]],
-    "submit": [["submit", "j", "--team", "t", "--level", "five", "--gpus", "1"],
-               ["submit", "j", "--team", "t", "--level", "5", "--gpus", "1", "--command", "'unclosed"]],
+    "submit": [
+        ["submit", "j", "--team", "t", "--level", "five", "--gpus", "1"],
+        ["submit", "j", "--team", "t", "--level", "5", "--gpus", "1", "--command", "'unclosed"],
+    ],
     "cancel": [["cancel"]],
     "jobs": [["jobs", "--level", "9"], ["jobs", "--watch", "-1"]],
     "queue": [["queue", "--watch", "0"]],
@@ -65,8 +69,12 @@ BAD_ARGUMENTS = {
     "requeue": [["requeue", "a", "b"]],
     "set-level": [["set-level", "j", "urgent"]],
     "sim": [["sim", "--out", "o", "--trace", "missing.csv"], ["sim", "--out", "o", "--gpus", "-5"]],
-    "sweep": [["sweep", "--out", "o", "--trace", "missing.csv"], ["sweep", "--out", "o", "--gpus", "-8"],
-              ["sweep", "--out", "o", "--windows", "x"], ["sweep", "--bogus"]],
+    "sweep": [
+        ["sweep", "--out", "o", "--trace", "missing.csv"],
+        ["sweep", "--out", "o", "--gpus", "-8"],
+        ["sweep", "--out", "o", "--windows", "x"],
+        ["sweep", "--bogus"],
+    ],
     "project": [["project", "--log", "missing.jsonl"], ["project", "--batch", "0", "--log", "x"]],
     "sql": [["sql", "SELEKT nonsense"]],
     "export": [["export"]],
@@ -79,9 +87,17 @@ BAD_ARGUMENTS = {
     "report": [["report", "--from", "x", "--to", "y"]],
     "feedback": [["feedback", "j", "--score", "9"], ["feedback", "j"]],
     "notices": [["notices", "--log", "missing.jsonl"]],
-    "review": [["review", "--quarter", "2026Q9"], ["review", "--to", "5"], ["review", "--tune-param", "nope"]],
-    "key": [["key", "show", "--dir", "missing"], ["key", "rotate", "--dir", "missing"], ["key"],
-            ["key", "adopt", "--dir", "missing", "--log", "missing.jsonl"]],
+    "review": [
+        ["review", "--quarter", "2026Q9"],
+        ["review", "--to", "5"],
+        ["review", "--tune-param", "nope"],
+    ],
+    "key": [
+        ["key", "show", "--dir", "missing"],
+        ["key", "rotate", "--dir", "missing"],
+        ["key"],
+        ["key", "adopt", "--dir", "missing", "--log", "missing.jsonl"],
+    ],
     "nats": [
         ["nats", "add-user", "client", "only-a-team", "--dir", "nd"],
         ["nats", "add-user", "wizard"],

@@ -28,8 +28,14 @@ this line is not JSON
 
 
 def xirang(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "xirang.cli", *args], input=stdin, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "xirang.cli", *args],
+        input=stdin,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_replay_run_prints_a_summary_and_writes_a_verifiable_log(tmp_path):
@@ -42,8 +48,9 @@ def test_replay_run_prints_a_summary_and_writes_a_verifiable_log(tmp_path):
     by_type = summary["events_by_type"]
     assert by_type["PreemptionCommitted"] == 1
     assert by_type["JobFinished"] == 2
-    assert summary["rejected"] == [{"line": 6, "reason": "malformed_input",
-                                    "detail": summary["rejected"][0]["detail"]}]
+    assert summary["rejected"] == [
+        {"line": 6, "reason": "malformed_input", "detail": summary["rejected"][0]["detail"]}
+    ]
     records = [decode_record(line) for line in events.read_bytes().splitlines()]
     assert len(records) == summary["events"]
     state = rebuild(records)
@@ -53,6 +60,7 @@ def test_replay_run_prints_a_summary_and_writes_a_verifiable_log(tmp_path):
 def test_replay_run_reads_the_shared_example_scenario(tmp_path):
     if not os.path.exists(SHARED_SCENARIO):
         import pytest
+
         pytest.skip("../shared is not beside this checkout")
     out = xirang("replay", "run", SHARED_SCENARIO)
     assert out.returncode == 0, out.stderr

@@ -7,7 +7,15 @@ from __future__ import annotations
 import pytest
 
 from core import types as T
-from core.policy import VARIANT_PARAMS, Policy, PolicyError, assign_variant, job_group, load_policy_toml, with_params
+from core.policy import (
+    VARIANT_PARAMS,
+    Policy,
+    PolicyError,
+    assign_variant,
+    job_group,
+    load_policy_toml,
+    with_params,
+)
 from tests.scenario import HOUR, Run, node, of, start_all, submit, tick
 
 # parameter -> (override, preemptor level, base parameters the scenario needs)
@@ -28,8 +36,12 @@ def _decision(policy: Policy, preemptor: str, level: int) -> tuple:
     run = Run(policy)
     run.at(0, node("n1"))
     for victim, user in (("v1", "u2"), ("v2", "u3")):
-        run.at(1000, submit(victim, 6, 4, team="t2", user=user, est_runtime_s=36000, ckpt_cost_s=120,
-                            ckpt_interval_s=1800))
+        run.at(
+            1000,
+            submit(
+                victim, 6, 4, team="t2", user=user, est_runtime_s=36000, ckpt_cost_s=120, ckpt_interval_s=1800
+            ),
+        )
     start_all(run, 5000)
     t = HOUR if level == 0 else 5 * HOUR
     events = run.at(t, submit(preemptor, level, 8, team="t1", user="u1", est_runtime_s=3600))
@@ -41,7 +53,9 @@ def _decision(policy: Policy, preemptor: str, level: int) -> tuple:
 
 
 def _job_in(policy: Policy, variant: str) -> str:
-    return next(f"urgent-{i}" for i in range(100) if assign_variant(policy, "t1", f"urgent-{i}", "u1") == variant)
+    return next(
+        f"urgent-{i}" for i in range(100) if assign_variant(policy, "t1", f"urgent-{i}", "u1") == variant
+    )
 
 
 def test_every_variant_parameter_is_listed_with_a_scenario():
@@ -52,7 +66,9 @@ def test_every_variant_parameter_is_listed_with_a_scenario():
 def test_a_variant_override_decides_its_jobs_as_if_everyone_had_it(param):
     value, level, base_params = OVERRIDES[param]
     base = with_params(Policy(), base_params)
-    experiment = with_params(base, {"ab_variants": {"control": {}, "x": {param: value}}, "ab_split_by": "job"})
+    experiment = with_params(
+        base, {"ab_variants": {"control": {}, "x": {param: value}}, "ab_split_by": "job"}
+    )
     in_control, in_x = _job_in(experiment, "control"), _job_in(experiment, "x")
     control = _decision(experiment, in_control, level)
     variant = _decision(experiment, in_x, level)
@@ -63,7 +79,9 @@ def test_a_variant_override_decides_its_jobs_as_if_everyone_had_it(param):
 
 def test_set_policy_refuses_a_variant_override_that_would_be_ignored_by_its_name():
     run = Run()
-    events = run.at(0, T.SetPolicy(t=0, params={"ab_variants": {"control": {}, "slow": {"aging_threshold_ms": [0] * 8}}}))
+    events = run.at(
+        0, T.SetPolicy(t=0, params={"ab_variants": {"control": {}, "slow": {"aging_threshold_ms": [0] * 8}}})
+    )
     rejected = of(events, T.InputRejected)
     assert rejected and rejected[0].reason == "invalid_policy"
     assert "aging_threshold_ms" in rejected[0].detail and "cannot change" in rejected[0].detail
@@ -87,10 +105,13 @@ def test_a_policy_file_with_an_ignored_override_is_refused(tmp_path):
     assert load_policy_toml(str(path)).ab_variants["fast"] == {"net_benefit_min": 9.0}
 
 
-@pytest.mark.parametrize("split_by, same, different", [
-    ("user", [("t1", "a-1", "ann"), ("t2", "b-9", "ann")], ("t1", "a-1", "bob")),
-    ("job_group", [("t1", "sweep-lr-1", "u"), ("t2", "sweep-lr-22", "v")], ("t1", "sweep-bs-1", "u")),
-])
+@pytest.mark.parametrize(
+    "split_by, same, different",
+    [
+        ("user", [("t1", "a-1", "ann"), ("t2", "b-9", "ann")], ("t1", "a-1", "bob")),
+        ("job_group", [("t1", "sweep-lr-1", "u"), ("t2", "sweep-lr-22", "v")], ("t1", "sweep-bs-1", "u")),
+    ],
+)
 def test_assignment_is_stable_per_user_or_job_group(split_by, same, different):
     variants = {"control": {}, **{f"v{i}": {"net_benefit_min": float(i)} for i in range(1, 8)}}
     policy = with_params(Policy(), {"ab_variants": variants, "ab_split_by": split_by})

@@ -15,15 +15,18 @@ from scenario import HOUR, MIN, Run, node, of, start_all, submit
 
 
 def preempt_cycle(run: Run, t: int, preemptor: str, team: str, user: str):
-    plans = of(run.at(t, submit(preemptor, 1, 8, team=team, user=user, est_runtime_s=600)),
-               T.PreemptionPlanned)
+    plans = of(
+        run.at(t, submit(preemptor, 1, 8, team=team, user=user, est_runtime_s=600)), T.PreemptionPlanned
+    )
     return plans[0] if plans else None
 
 
 def fill_nodes(run: Run, count: int, team: str = "research") -> None:
     run.at(0, *[node(f"n{i}") for i in range(count)])
-    run.at(1000, *[submit(f"bg-{i}", 6, 8, team=team, user=f"r{i}", est_runtime_s=10 * 3600)
-                   for i in range(count)])
+    run.at(
+        1000,
+        *[submit(f"bg-{i}", 6, 8, team=team, user=f"r{i}", est_runtime_s=10 * 3600) for i in range(count)],
+    )
     start_all(run, 2000)
 
 
@@ -39,8 +42,7 @@ def test_a_job_blocked_by_a_protected_team_names_team_preempted_max():
 
 
 def test_a_user_past_the_allowance_is_told_user_preempting_max():
-    run = Run(user_preempting_max=1, user_preempted_max=100, team_preempting_max=100,
-              team_preempted_max=100)
+    run = Run(user_preempting_max=1, user_preempted_max=100, team_preempting_max=100, team_preempted_max=100)
     fill_nodes(run, 2)
     assert preempt_cycle(run, 20 * MIN, "p1", "prod", "a") is not None
     assert preempt_cycle(run, 21 * MIN, "p2", "prod", "a") is None
@@ -78,7 +80,9 @@ def test_jobs_behind_more_urgent_levels_and_their_expected_start():
     run.at(0, node("a1"))
     run.at(1000, submit("running", 5, 8, est_runtime_s=3600))
     start_all(run, 2000)
-    run.at(3000, submit("urgent-wait", 5, 8, team="t2", user="u2"), submit("late", 6, 4, team="t3", user="u3"))
+    run.at(
+        3000, submit("urgent-wait", 5, 8, team="t2", user="u2"), submit("late", 6, 4, team="t3", user="u3")
+    )
     why = explain(run.state, "late")
     assert why.code in ("priority", "team_at_share")
     assert why.start_in_ms is not None and why.start_in_ms > 0
@@ -87,10 +91,18 @@ def test_jobs_behind_more_urgent_levels_and_their_expected_start():
 def test_a_job_no_node_could_ever_hold_is_refused_at_submit_with_the_reason():
     run = Run()
     run.at(0, node("a1"), node("a2"), node("h1", "H100"))
-    events = run.at(1000, submit("wrong-model", 5, 1, models=["B200"]), submit("huge", 5, 17),
-                    submit("across", 5, 16), submit("any-model-huge", 5, 24, models=[]))
+    events = run.at(
+        1000,
+        submit("wrong-model", 5, 1, models=["B200"]),
+        submit("huge", 5, 17),
+        submit("across", 5, 16),
+        submit("any-model-huge", 5, 24, models=[]),
+    )
     rejected = {e.job: e for e in of(events, T.InputRejected)}
-    assert rejected["wrong-model"].reason == "no_node_of_model" and "A100, H100" in rejected["wrong-model"].detail
+    assert (
+        rejected["wrong-model"].reason == "no_node_of_model"
+        and "A100, H100" in rejected["wrong-model"].detail
+    )
     assert rejected["huge"].reason == "gang_larger_than_pool" and "at most 16" in rejected["huge"].detail
     assert rejected["any-model-huge"].reason == "gang_larger_than_pool"  # a gang stays on one model
     assert "across" not in rejected and run.job("across") is not None
@@ -104,8 +116,12 @@ def test_an_empty_pool_refuses_nothing_yet():
 def test_a_job_whose_models_nodes_are_gone_says_so():
     run = Run()
     run.at(0, node("a1"), node("h1", "H100"))
-    run.at(1000, submit("on-h100", 5, 8, models=["H100"]), submit("big", 6, 16, models=["A100"]),
-           submit("fill-h", 5, 8, team="x", models=["H100"]))
+    run.at(
+        1000,
+        submit("on-h100", 5, 8, models=["H100"]),
+        submit("big", 6, 16, models=["A100"]),
+        submit("fill-h", 5, 8, team="x", models=["H100"]),
+    )
     run.at(2000, T.NodeDown(node="h1"))
     gone = explain(run.state, "fill-h")
     assert gone.code == "no_node_of_model" and gone.start_in_ms is None and "H100" in gone.reason
@@ -122,19 +138,37 @@ def test_explaining_changes_neither_the_state_nor_the_next_decision():
     reasons = explain_queue(run.state)
     assert set(reasons) >= {"w", "p1"} and live_digest(run.state) == before
     from core import step
+
     _, explained = step(run.state, T.Tick(t=25 * MIN))
     _, plain = step(twin, T.Tick(t=25 * MIN))
     assert [r.hash for r in explained] == [r.hash for r in plain]
 
 
 def test_durations_read_as_people_say_them():
-    assert [human_duration(ms) for ms in (0, 45_000, 600_000, 4_320_000, 3 * 86_400_000)] == \
-        ["0s", "45s", "10m", "1h12m", "3d"]
+    assert [human_duration(ms) for ms in (0, 45_000, 600_000, 4_320_000, 3 * 86_400_000)] == [
+        "0s",
+        "45s",
+        "10m",
+        "1h12m",
+        "3d",
+    ]
 
 
-CODES = {"no_node_of_model", "gang_too_large", "held", "preempting", "retry_backoff", "starts_next_pass",
-         "preemption_next_pass", "fairness_limit", "preemption_declined", "reservation", "team_at_share",
-         "priority", "resources"}
+CODES = {
+    "no_node_of_model",
+    "gang_too_large",
+    "held",
+    "preempting",
+    "retry_backoff",
+    "starts_next_pass",
+    "preemption_next_pass",
+    "fairness_limit",
+    "preemption_declined",
+    "reservation",
+    "team_at_share",
+    "priority",
+    "resources",
+}
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])

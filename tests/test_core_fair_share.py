@@ -25,9 +25,23 @@ def big_team_holds_the_pool(level: int = 4, **params) -> Run:
     """Two 8-GPU nodes, all held by team big's four 4-GPU jobs, big asking for more."""
     run = Run(**params)
     run.at(0, node("n0"), node("n1"))
-    run.at(1000, *[submit(f"big-{i}", level, 4, team="big", user=f"b{i}", est_runtime_s=10 * 3600,
-                          ckpt_interval_s=600, ckpt_cost_s=20, restore_cost_s=20)
-                   for i in range(4)])
+    run.at(
+        1000,
+        *[
+            submit(
+                f"big-{i}",
+                level,
+                4,
+                team="big",
+                user=f"b{i}",
+                est_runtime_s=10 * 3600,
+                ckpt_interval_s=600,
+                ckpt_cost_s=20,
+                restore_cost_s=20,
+            )
+            for i in range(4)
+        ],
+    )
     start_all(run, 2000)
     run.at(3000, submit("big-more", 4, 8, team="big", user="b9", est_runtime_s=3600))
     return run
@@ -36,9 +50,12 @@ def big_team_holds_the_pool(level: int = 4, **params) -> Run:
 def test_fair_shares_fill_small_demands_first_and_split_the_rest_by_quota():
     run = Run(team_quota={"a": 2.0})
     run.at(0, *[node(f"n{i}") for i in range(4)])  # 32 GPUs
-    run.at(1000, submit("tiny", 5, 2, team="tiny"),
-           *[submit(f"a-{i}", 5, 8, team="a") for i in range(4)],
-           *[submit(f"b-{i}", 5, 8, team="b") for i in range(4)])
+    run.at(
+        1000,
+        submit("tiny", 5, 2, team="tiny"),
+        *[submit(f"a-{i}", 5, 8, team="a") for i in range(4)],
+        *[submit(f"b-{i}", 5, 8, team="b") for i in range(4)],
+    )
     shares = fair_shares(run.state)
     assert shares["tiny"] == 2  # asks for less than a third: gets all it asks
     assert shares["a"] == pytest.approx(20.0) and shares["b"] == pytest.approx(10.0)  # 2:1 by quota
@@ -101,8 +118,11 @@ def test_reclaimed_gpus_do_not_move_back():
 def test_a_team_within_its_share_is_not_preempted_by_another_teams_non_urgent_job():
     run = Run()
     run.at(0, node("n0"), node("n1"))
-    run.at(1000, submit("small", 6, 8, team="small", user="s", est_runtime_s=10 * 3600),
-           submit("big-0", 6, 8, team="big", user="b", est_runtime_s=10 * 3600))
+    run.at(
+        1000,
+        submit("small", 6, 8, team="small", user="s", est_runtime_s=10 * 3600),
+        submit("big-0", 6, 8, team="big", user="b", est_runtime_s=10 * 3600),
+    )
     start_all(run, 2000)
     run.at(20 * MIN - 1000, T.CheckpointSaved(job="small", step=1, digest="sha256:aa", bytes=1))
     # big's level-2 job may preempt levels 4-7 by priority, and small, fresh from a
@@ -160,15 +180,20 @@ def test_freed_gpus_go_first_to_a_team_below_its_share_then_by_level():
     small's share is the one GPU it asks for, big's the other seven: both are below their
     shares, and the next GPU goes to the team furthest below (ties by name), whatever the
     levels. Without the guarantee, big's more urgent jobs take every GPU."""
+
     def started_when_busy_ends(**params) -> list[str]:
         run = Run(**params)
         run.at(0, node("n0"))
         run.at(1, submit("busy", 1, 8, team="ops", user="o", est_runtime_s=3600))
         start_all(run, 2)
-        run.at(10, *[submit(f"big-{i}", 4, 1, team="big", user="b") for i in range(8)],
-               submit("small", 7, 1, team="small", user="s"))
+        run.at(
+            10,
+            *[submit(f"big-{i}", 4, 1, team="big", user="b") for i in range(8)],
+            submit("small", 7, 1, team="small", user="s"),
+        )
         events = run.at(3600_000, T.Finished(job="busy", ok=True))
         return [e.job for e in of(events, T.JobStartRequested)]
+
     assert started_when_busy_ends() == ["big-0", "small"] + [f"big-{i}" for i in range(1, 7)]
     assert started_when_busy_ends(fair_share_guarantee=False) == [f"big-{i}" for i in range(8)]
 
@@ -181,12 +206,16 @@ def test_jobs_aged_into_the_urgent_levels_do_not_go_ahead_of_a_team_below_its_sh
     run.at(0, node("n0"))
     run.at(1, submit("busy", 1, 8, team="ops", user="o", est_runtime_s=3600))
     start_all(run, 2)
-    run.at(10, *[submit(f"big-{i}", 2, 1, team="big", user="b") for i in range(8)],
-           submit("small", 7, 1, team="small", user="s"))
+    run.at(
+        10,
+        *[submit(f"big-{i}", 2, 1, team="big", user="b") for i in range(8)],
+        submit("small", 7, 1, team="small", user="s"),
+    )
     for minute in range(1, 60):
         run.at(minute * MIN, tick(minute * MIN))
     assert run.job("big-0").eff_level < 2  # aged
     run.at(HOUR - 1000, submit("urgent", 0, 1, team="ops", user="o2"))
     events = run.at(HOUR, T.Finished(job="busy", ok=True))
-    assert [e.job for e in of(events, T.JobStartRequested)] == \
-        ["urgent", "big-0", "small"] + [f"big-{i}" for i in range(1, 6)]
+    assert [e.job for e in of(events, T.JobStartRequested)] == ["urgent", "big-0", "small"] + [
+        f"big-{i}" for i in range(1, 6)
+    ]

@@ -28,10 +28,16 @@ def _scheduling_state(run: Run) -> bytes:
 def test_feedback_on_a_job_is_recorded_with_the_user_who_sent_it_and_changes_no_state():
     run = _run_with_a_job()
     before = _scheduling_state(run)
-    events = run.at(5000, T.Feedback(job="train-1", user="bob", score=2, comment="preempted twice in an hour"))
+    events = run.at(
+        5000, T.Feedback(job="train-1", user="bob", score=2, comment="preempted twice in an hour")
+    )
     (recorded,) = of(events, T.FeedbackRecorded)
     assert (recorded.job, recorded.user, recorded.score, recorded.comment) == (
-        "train-1", "bob", 2, "preempted twice in an hour")
+        "train-1",
+        "bob",
+        2,
+        "preempted twice in an hour",
+    )
     assert not of(events, T.InputRejected)
     assert _scheduling_state(run) == before
 
@@ -42,13 +48,16 @@ def test_feedback_on_a_finished_job_is_accepted():
     assert of(run.at(4000, T.Feedback(job="train-1", user="ann", score=5)), T.FeedbackRecorded)
 
 
-@pytest.mark.parametrize("fields, reason", [
-    ({"job": "nope", "user": "ann", "score": 3}, "unknown_job"),
-    ({"job": "train-1", "user": "", "score": 3}, "user_must_be_set"),
-    ({"job": "train-1", "user": "ann", "score": 0}, "score_must_be_1_to_5"),
-    ({"job": "train-1", "user": "ann", "score": 6}, "score_must_be_1_to_5"),
-    ({"job": "train-1", "user": "ann", "score": 3, "comment": "x" * 501}, "comment_too_long"),
-])
+@pytest.mark.parametrize(
+    "fields, reason",
+    [
+        ({"job": "nope", "user": "ann", "score": 3}, "unknown_job"),
+        ({"job": "train-1", "user": "", "score": 3}, "user_must_be_set"),
+        ({"job": "train-1", "user": "ann", "score": 0}, "score_must_be_1_to_5"),
+        ({"job": "train-1", "user": "ann", "score": 6}, "score_must_be_1_to_5"),
+        ({"job": "train-1", "user": "ann", "score": 3, "comment": "x" * 501}, "comment_too_long"),
+    ],
+)
 def test_bad_feedback_is_rejected_with_a_reason(fields, reason):
     run = _run_with_a_job()
     events = run.at(5000, T.Feedback(**fields))

@@ -13,21 +13,36 @@ def rejected(events) -> list[str]:
     return [e.reason for e in of(events, T.InputRejected)]
 
 
-@pytest.mark.parametrize("line, reason", [
-    ('{"type":"submit","t":5,"job":"x","team":"a","user":"u","level":12,"gpus":1}', "level_must_be_0_to_7"),
-    ('{"type":"submit","t":5,"job":"x","team":"a","user":"u","level":1,"gpus":0}', "gpus_must_be_positive"),
-    ('{"type":"submit","t":5,"job":"","team":"a","user":"u","level":1,"gpus":1}', "job_must_be_named"),
-    ('{"type":"submit","t":5,"job":"x","team":"","user":"u","level":1,"gpus":1}', "team_must_be_set"),
-    ('{"type":"submit","t":5,"job":"x","team":"a","user":"u","level":1,"gpus":"four"}', "malformed_input"),
-    ('{"type":"launch","t":5}', "malformed_input"),
-    ('not json at all', "malformed_input"),
-    ('{"type":"started","t":5,"job":"nobody"}', "unknown_job"),
-    ('{"type":"released","t":5,"job":"ok-job"}', "job_is_starting"),
-    ('{"type":"node_up","t":5,"node":"n","gpu_model":"A100","gpus":-2}', "gpus_must_be_positive"),
-    ('{"type":"set_policy","t":5,"params":{"victims_per_preemption_max":0}}', "invalid_policy"),
-    ('{"type":"set_policy","t":5,"params":{"no_such_knob":1}}', "invalid_policy"),
-    ('{"type":"submit","t":5,"v":9,"job":"x","team":"a","user":"u","level":1,"gpus":1}', "unsupported_schema_version"),
-])
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        (
+            '{"type":"submit","t":5,"job":"x","team":"a","user":"u","level":12,"gpus":1}',
+            "level_must_be_0_to_7",
+        ),
+        (
+            '{"type":"submit","t":5,"job":"x","team":"a","user":"u","level":1,"gpus":0}',
+            "gpus_must_be_positive",
+        ),
+        ('{"type":"submit","t":5,"job":"","team":"a","user":"u","level":1,"gpus":1}', "job_must_be_named"),
+        ('{"type":"submit","t":5,"job":"x","team":"","user":"u","level":1,"gpus":1}', "team_must_be_set"),
+        (
+            '{"type":"submit","t":5,"job":"x","team":"a","user":"u","level":1,"gpus":"four"}',
+            "malformed_input",
+        ),
+        ('{"type":"launch","t":5}', "malformed_input"),
+        ("not json at all", "malformed_input"),
+        ('{"type":"started","t":5,"job":"nobody"}', "unknown_job"),
+        ('{"type":"released","t":5,"job":"ok-job"}', "job_is_starting"),
+        ('{"type":"node_up","t":5,"node":"n","gpu_model":"A100","gpus":-2}', "gpus_must_be_positive"),
+        ('{"type":"set_policy","t":5,"params":{"victims_per_preemption_max":0}}', "invalid_policy"),
+        ('{"type":"set_policy","t":5,"params":{"no_such_knob":1}}', "invalid_policy"),
+        (
+            '{"type":"submit","t":5,"v":9,"job":"x","team":"a","user":"u","level":1,"gpus":1}',
+            "unsupported_schema_version",
+        ),
+    ],
+)
 def test_bad_input_is_rejected_with_a_named_reason_and_loses_nothing(line, reason):
     run = Run()
     run.at(1, node("a1"))
@@ -103,11 +118,14 @@ def test_policy_toml_errors_name_the_file_and_the_field(tmp_path):
         load_policy_toml(str(broken))
 
 
-@pytest.mark.parametrize("line,words", [
-    ("user_preempting_max = -3", "user_preempting_max must not be negative, got -3"),
-    ("release_wait_max_ms = [30000, -1, 0, 0, 0, 0, 0, 0]", "release_wait_max_ms must not be negative"),
-    ("team_quota = { a = 0.0 }", "team_quota\\['a'\\] must be positive"),
-])
+@pytest.mark.parametrize(
+    "line,words",
+    [
+        ("user_preempting_max = -3", "user_preempting_max must not be negative, got -3"),
+        ("release_wait_max_ms = [30000, -1, 0, 0, 0, 0, 0, 0]", "release_wait_max_ms must not be negative"),
+        ("team_quota = { a = 0.0 }", "team_quota\\['a'\\] must be positive"),
+    ],
+)
 def test_a_negative_limit_time_or_quota_is_refused_with_its_name(tmp_path, line, words):
     path = tmp_path / "p.toml"
     path.write_text(line + "\n")

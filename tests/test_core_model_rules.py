@@ -32,8 +32,11 @@ def team_holds_the_pool(level: int, **params) -> Run:
     """Team `big` holds both nodes at `level` with long jobs that checkpoint often."""
     run = Run(**params)
     run.at(0, node("n1"), node("n2"))
-    run.at(1000, submit("big-1", level, 8, team="big", user="b1", est_runtime_s=50 * 3600),
-           submit("big-2", level, 8, team="big", user="b2", est_runtime_s=50 * 3600))
+    run.at(
+        1000,
+        submit("big-1", level, 8, team="big", user="b1", est_runtime_s=50 * 3600),
+        submit("big-2", level, 8, team="big", user="b2", est_runtime_s=50 * 3600),
+    )
     start_all(run, 2000)
     fresh_checkpoint(run, 10 * MIN, "big-1", "big-2")
     return run
@@ -75,10 +78,11 @@ def test_levels_0_to_2_serve_first_come_first_served_whatever_each_team_holds():
     before team poor's, though poor holds nothing (no cross-pool share reorders a level)."""
     run = Run()
     run.at(0, node("n1"))
-    run.at(1000, submit("rich-run", 5, 6, team="rich", user="r", est_runtime_s=10 * 3600,
-                  preemptible=False),
-           submit("blocker", 5, 2, team="rich", user="r", est_runtime_s=600,
-                  preemptible=False))
+    run.at(
+        1000,
+        submit("rich-run", 5, 6, team="rich", user="r", est_runtime_s=10 * 3600, preemptible=False),
+        submit("blocker", 5, 2, team="rich", user="r", est_runtime_s=600, preemptible=False),
+    )
     start_all(run, 2000)
     run.at(3000, submit("rich-2", 2, 2, team="rich", user="r", est_runtime_s=3600))
     run.at(3500, submit("poor-2", 2, 2, team="poor", user="p", est_runtime_s=3600))
@@ -91,13 +95,17 @@ def test_levels_are_served_in_order_before_any_team_share():
     team holding nothing."""
     run = Run()
     run.at(0, node("n1"))
-    run.at(1000, submit("rich-run", 6, 6, team="rich", user="r", est_runtime_s=10 * 3600,
-                  preemptible=False),
-           submit("blocker", 6, 2, team="rich", user="r", est_runtime_s=600,
-                  preemptible=False))
+    run.at(
+        1000,
+        submit("rich-run", 6, 6, team="rich", user="r", est_runtime_s=10 * 3600, preemptible=False),
+        submit("blocker", 6, 2, team="rich", user="r", est_runtime_s=600, preemptible=False),
+    )
     start_all(run, 2000)
-    run.at(3000, submit("poor-5", 5, 2, team="poor", user="p", est_runtime_s=3600),
-           submit("rich-3", 3, 2, team="rich", user="r", est_runtime_s=3600))
+    run.at(
+        3000,
+        submit("poor-5", 5, 2, team="poor", user="p", est_runtime_s=3600),
+        submit("rich-3", 3, 2, team="rich", user="r", est_runtime_s=3600),
+    )
     events = run.at(4000, T.Finished(job="blocker", ok=True))
     assert [e.job for e in of(events, T.JobStartRequested)] == ["rich-3"]
 
@@ -105,8 +113,14 @@ def test_levels_are_served_in_order_before_any_team_share():
 def test_levels_6_and_7_take_turns_over_teams_whatever_their_quota():
     run = Run(team_quota={"a": 3.0, "b": 1.0})
     run.at(0, node("n1"))
-    run.at(1000, *[submit(f"{team}-{i}", 6, 1, team=team, user=team, t=1000 + i)
-                   for i in range(8) for team in ("a", "b")])
+    run.at(
+        1000,
+        *[
+            submit(f"{team}-{i}", 6, 1, team=team, user=team, t=1000 + i)
+            for i in range(8)
+            for team in ("a", "b")
+        ],
+    )
     started_jobs = [e.job for e in run.events(T.JobStartRequested)]
     assert sum(j.startswith("a-") for j in started_jobs) == 4
     assert sum(j.startswith("b-") for j in started_jobs) == 4
@@ -117,15 +131,18 @@ def test_fair_share_inside_levels_3_to_5_counts_only_what_teams_hold_at_that_lev
     holds nothing and b holds 2, so a's level-4 job goes first (across the pool a holds more)."""
     run = Run()
     run.at(0, node("n1"))
-    run.at(1000, submit("a-low", 6, 4, team="a", user="a", est_runtime_s=10 * 3600,
-                  preemptible=False),
-           submit("b-mid", 4, 2, team="b", user="b", est_runtime_s=10 * 3600,
-                  preemptible=False),
-           submit("blocker", 4, 2, team="c", user="c", est_runtime_s=600,
-                  preemptible=False))
+    run.at(
+        1000,
+        submit("a-low", 6, 4, team="a", user="a", est_runtime_s=10 * 3600, preemptible=False),
+        submit("b-mid", 4, 2, team="b", user="b", est_runtime_s=10 * 3600, preemptible=False),
+        submit("blocker", 4, 2, team="c", user="c", est_runtime_s=600, preemptible=False),
+    )
     start_all(run, 2000)
-    run.at(3000, submit("b-4", 4, 2, team="b", user="b", est_runtime_s=3600),
-           submit("a-4", 4, 2, team="a", user="a", est_runtime_s=3600))
+    run.at(
+        3000,
+        submit("b-4", 4, 2, team="b", user="b", est_runtime_s=3600),
+        submit("a-4", 4, 2, team="a", user="a", est_runtime_s=3600),
+    )
     events = run.at(4000, T.Finished(job="blocker", ok=True))
     assert [e.job for e in of(events, T.JobStartRequested)] == ["a-4"]
 
@@ -139,8 +156,18 @@ def _one_gpu_of_level_3_on_a_full_pool(gpus_per_node: int = 8, nodes: int = 2, *
     run.at(0, *(node(f"n{i}", gpus=gpus_per_node) for i in range(nodes)))
     run.at(1000, submit("lvl3", 3, 1, team="batch", user="b", est_runtime_s=20 * 3600))
     start_all(run, 1500)
-    fillers = [submit(f"fill-{i}", 5, gpus_per_node - 1 if i == 0 else gpus_per_node, team="infra",
-                      user="i", est_runtime_s=20 * 3600, preemptible=False) for i in range(nodes)]
+    fillers = [
+        submit(
+            f"fill-{i}",
+            5,
+            gpus_per_node - 1 if i == 0 else gpus_per_node,
+            team="infra",
+            user="i",
+            est_runtime_s=20 * 3600,
+            preemptible=False,
+        )
+        for i in range(nodes)
+    ]
     run.at(2000, *fillers)
     start_all(run, 3000)
     fresh_checkpoint(run, 10 * MIN, "lvl3")
@@ -164,9 +191,14 @@ def test_a_guaranteed_share_of_whole_gpus_shields_its_level_from_less_urgent_gan
     run.at(0, *(node(f"n{i}") for i in range(8)))
     run.at(1000, submit("lvl3", 3, 3, team="batch", user="b", est_runtime_s=20 * 3600))
     start_all(run, 1500)
-    run.at(2000, submit("fill-0", 5, 5, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False),
-           *[submit(f"fill-{i}", 5, 8, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False)
-             for i in range(1, 8)])
+    run.at(
+        2000,
+        submit("fill-0", 5, 5, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False),
+        *[
+            submit(f"fill-{i}", 5, 8, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False)
+            for i in range(1, 8)
+        ],
+    )
     start_all(run, 3000)
     fresh_checkpoint(run, 10 * MIN, "lvl3")
     events = run.at(10 * MIN + 1000, submit("urgent", 1, 3, team="sre", user="o", est_runtime_s=1800))
@@ -181,9 +213,14 @@ def test_a_level_0_gang_is_never_kept_waiting_by_a_guarantee_smaller_than_it():
     run.at(0, *(node(f"n{i}") for i in range(8)))
     run.at(1000, submit("lvl3", 3, 3, team="batch", user="b", est_runtime_s=20 * 3600))
     start_all(run, 1500)
-    run.at(2000, submit("fill-0", 5, 4, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False),
-           *[submit(f"fill-{i}", 5, 8, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False)
-             for i in range(1, 8)])
+    run.at(
+        2000,
+        submit("fill-0", 5, 4, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False),
+        *[
+            submit(f"fill-{i}", 5, 8, team="infra", user="i", est_runtime_s=20 * 3600, preemptible=False)
+            for i in range(1, 8)
+        ],
+    )
     start_all(run, 3000)
     fresh_checkpoint(run, 10 * MIN, "lvl3")
     events = run.at(10 * MIN + 1000, submit("fix", 0, 4, team="sre", user="o", est_runtime_s=1800))
@@ -247,7 +284,9 @@ def test_a_teams_depth_limit_overrides_the_default():
 def test_how_many_levels_down_a_teams_jobs_reach_is_limited():
     """Team a may reach at most 1 level down: its level-0 job may not take b's level-2 job."""
     run = _chain(team_preemption_levels_down_max={"a": 1})
-    events = run.at(10 * MIN + 1000, submit("a-0", 0, 8, team="a", user="a", models=["X"], est_runtime_s=3600))
+    events = run.at(
+        10 * MIN + 1000, submit("a-0", 0, 8, team="a", user="a", models=["X"], est_runtime_s=3600)
+    )
     assert not of(events, T.PreemptionPlanned)
 
 
@@ -257,8 +296,11 @@ def test_how_many_levels_down_a_teams_jobs_reach_is_limited():
 def test_a_downgrade_really_lowers_the_level_until_the_preemption_quota_recovers():
     run = Run(team_preempting_max=1)
     run.at(0, node("n1"), node("n2"))
-    run.at(1000, submit("batch-1", 6, 8, team="batch", user="b", est_runtime_s=50 * 3600),
-           submit("batch-2", 6, 8, team="batch", user="b", est_runtime_s=50 * 3600))
+    run.at(
+        1000,
+        submit("batch-1", 6, 8, team="batch", user="b", est_runtime_s=50 * 3600),
+        submit("batch-2", 6, 8, team="batch", user="b", est_runtime_s=50 * 3600),
+    )
     start_all(run, 2000)
     fresh_checkpoint(run, 10 * MIN, "batch-1", "batch-2")
     events = run.at(10 * MIN + 1000, submit("ops-1", 0, 8, team="ops", user="o", est_runtime_s=3600))
@@ -279,8 +321,10 @@ def test_a_downgrade_really_lowers_the_level_until_the_preemption_quota_recovers
 def _victim_preempted(run: Run, t: int, preemptor: str, lose_ms: int) -> None:
     """`victim` (8 GPUs, never checkpoints) is preempted by a new level-1 job at t after
     `lose_ms` of run since its last start, and released at once."""
-    plans = of(run.at(t, submit(preemptor, 1, 8, team="safety", user=preemptor, est_runtime_s=600)),
-               T.PreemptionPlanned)
+    plans = of(
+        run.at(t, submit(preemptor, 1, 8, team="safety", user=preemptor, est_runtime_s=600)),
+        T.PreemptionPlanned,
+    )
     assert plans, f"{preemptor} did not preempt"
     run.at(t + 20_000, T.Released(job="victim"))
     start_all(run, t + 30_000)
@@ -292,7 +336,9 @@ def test_compensation_pays_for_all_progress_lost_once_past_the_threshold():
     own team and user."""
     run = Run(compensation_after_preemptions=2, min_run_after_restart_ms=0, restart_protect_max_ms=0)
     run.at(0, node("a1"))
-    run.at(1000, submit("victim", 6, 8, team="search", user="li", est_runtime_s=100 * 3600, ckpt_interval_s=0))
+    run.at(
+        1000, submit("victim", 6, 8, team="search", user="li", est_runtime_s=100 * 3600, ckpt_interval_s=0)
+    )
     start_all(run, 1000)
     _victim_preempted(run, HOUR + 1000, "p1", HOUR)
     run.at(HOUR + 20 * MIN, T.Finished(job="p1", ok=True))
@@ -305,6 +351,7 @@ def test_compensation_pays_for_all_progress_lost_once_past_the_threshold():
     assert quota[0].amount >= 8 * sum(lost) / HOUR  # GPU-hours of both losses
     assert quota[0].until_t == quota[0].t + run.state.canonical.policy.compensation_quota_ms
     from core.shares import team_quota
+
     assert team_quota(run.state, "search") > 1.0
     run.state.canonical.t = quota[0].until_t + 1  # read at a later time: the bonus has lapsed
     assert team_quota(run.state, "search") == 1.0
@@ -325,12 +372,19 @@ def test_the_recovery_boost_grows_with_the_wait_the_job_has_borne():
 def test_a_victim_resumed_after_a_rollback_does_not_count_its_run_as_queue_wait():
     run = Run()
     run.at(0, node("a1"))
-    run.at(1000, submit("v1", 6, 4, team="s", user="s", est_runtime_s=20 * 3600),
-           submit("v2", 6, 4, team="s", user="s", est_runtime_s=20 * 3600))
+    run.at(
+        1000,
+        submit("v1", 6, 4, team="s", user="s", est_runtime_s=20 * 3600),
+        submit("v2", 6, 4, team="s", user="s", est_runtime_s=20 * 3600),
+    )
     start_all(run, 2000)
     plan = of(run.at(5 * HOUR, submit("urgent", 1, 8, team="o", user="o")), T.PreemptionPlanned)[0]
-    run.at(5 * HOUR + 20_000, T.SafePoint(job="v1"),
-           T.CheckpointSaved(job="v1", step=1, digest="sha256:v1", bytes=1), T.Released(job="v1"))
+    run.at(
+        5 * HOUR + 20_000,
+        T.SafePoint(job="v1"),
+        T.CheckpointSaved(job="v1", step=1, digest="sha256:v1", bytes=1),
+        T.Released(job="v1"),
+    )
     run.at(plan.deadline_t + 1, tick(plan.deadline_t + 1))  # v2 never lets go: rolled back
     assert run.events(T.PreemptionRolledBack)
     resumed = run.at(plan.deadline_t + 5000, T.Started(job="v1"))
@@ -352,8 +406,10 @@ def test_the_preemption_overhead_term_is_priced_per_victim():
     costs = []
     for overhead_s in (0.0, 600.0):
         run = team_holds_the_pool(6, preemption_overhead_s=overhead_s)
-        plan = of(run.at(10 * MIN + 1000, submit("fix", 0, 8, team="sre", user="o", est_runtime_s=600)),
-                  T.PreemptionPlanned)[0]
+        plan = of(
+            run.at(10 * MIN + 1000, submit("fix", 0, 8, team="sre", user="o", est_runtime_s=600)),
+            T.PreemptionPlanned,
+        )[0]
         costs.append(plan.cost)
     assert costs[1] - costs[0] >= 8 * 600 * run.state.canonical.policy.wasted_work_weight_min
 
@@ -376,13 +432,30 @@ def test_every_urgent_job_is_tried_on_every_pass_whatever_blocks_ahead():
     first tick after that victim saves a checkpoint."""
     run = Run(preemption_candidates_max=2)
     run.at(0, node("h1", "H100"), node("a1", "A100"))
-    run.at(1000, submit("h-low", 6, 8, team="b", user="b", models=["H100"], est_runtime_s=40 * 3600 + 600,
-                        ckpt_interval_s=0),
-           submit("batch", 6, 8, team="b", user="b2", models=["A100"], est_runtime_s=50 * 3600,
-                  ckpt_interval_s=0))
+    run.at(
+        1000,
+        submit(
+            "h-low",
+            6,
+            8,
+            team="b",
+            user="b",
+            models=["H100"],
+            est_runtime_s=40 * 3600 + 600,
+            ckpt_interval_s=0,
+        ),
+        submit(
+            "batch", 6, 8, team="b", user="b2", models=["A100"], est_runtime_s=50 * 3600, ckpt_interval_s=0
+        ),
+    )
     start_all(run, 2000)
-    run.at(39 * HOUR, *[submit(f"old-{i}", 1, 8, team="o", user=f"o{i}", models=["H100"], est_runtime_s=600)
-                        for i in range(6)])
+    run.at(
+        39 * HOUR,
+        *[
+            submit(f"old-{i}", 1, 8, team="o", user=f"o{i}", models=["H100"], est_runtime_s=600)
+            for i in range(6)
+        ],
+    )
     late = run.at(40 * HOUR, submit("late", 1, 8, team="l", user="l", models=["A100"], est_runtime_s=600))
     assert [e.reason for e in of(late, T.PreemptionDeclined)] == ["benefit_below_cost"]
     fresh_checkpoint(run, 40 * HOUR + MIN, "batch")
@@ -395,12 +468,17 @@ def test_a_victims_safe_point_interval_sets_how_long_the_preemptor_waits_for_it(
     the one that lets go in seconds, and its plan is ready sooner."""
     run = Run()
     run.at(0, node("n1", gpus=4), node("n2", gpus=4))
-    run.at(1000, submit("slow", 6, 4, team="b", user="b", est_runtime_s=50 * 3600, safe_point_interval_s=1200),
-           submit("quick", 6, 4, team="b", user="b2", est_runtime_s=50 * 3600, safe_point_interval_s=10))
+    run.at(
+        1000,
+        submit("slow", 6, 4, team="b", user="b", est_runtime_s=50 * 3600, safe_point_interval_s=1200),
+        submit("quick", 6, 4, team="b", user="b2", est_runtime_s=50 * 3600, safe_point_interval_s=10),
+    )
     start_all(run, 2000)
     fresh_checkpoint(run, 10 * MIN, "slow", "quick")
-    plan = of(run.at(10 * MIN + 1000, submit("fix", 1, 4, team="sre", user="o", est_runtime_s=600)),
-              T.PreemptionPlanned)[0]
+    plan = of(
+        run.at(10 * MIN + 1000, submit("fix", 1, 4, team="sre", user="o", est_runtime_s=600)),
+        T.PreemptionPlanned,
+    )[0]
     assert plan.victims == ["quick"]
     assert run.job("slow").safe_point_interval_ms == 1_200_000
 
@@ -414,8 +492,12 @@ SUBSTITUTES = {"H100": {"A100": 0.5}}  # an H100 job runs 1.5x as long on an A10
 def _h100_busy_for(hours: float, **params) -> Run:
     run = Run(**params)
     run.at(0, node("h1", "H100"), node("a1", "A100"))
-    run.at(1000, submit("h-busy", 5, 8, team="x", user="x", models=["H100"], est_runtime_s=hours * 3600,
-                        preemptible=False))
+    run.at(
+        1000,
+        submit(
+            "h-busy", 5, 8, team="x", user="x", models=["H100"], est_runtime_s=hours * 3600, preemptible=False
+        ),
+    )
     start_all(run, 2000)
     return run
 
@@ -445,12 +527,18 @@ def test_a_preemption_may_free_a_compatible_model_and_prices_the_longer_run():
     checkpoint: the urgent H100 job takes the A100, its plan's cost counting the slowdown."""
     run = Run(gpu_substitutes=SUBSTITUTES)
     run.at(0, node("h1", "H100"), node("a1", "A100"))
-    run.at(1000, submit("h-busy", 5, 8, team="x", user="x", models=["H100"], est_runtime_s=20 * 3600,
-                        preemptible=False),
-           submit("a-low", 6, 8, team="y", user="y", models=["A100"], est_runtime_s=20 * 3600))
+    run.at(
+        1000,
+        submit(
+            "h-busy", 5, 8, team="x", user="x", models=["H100"], est_runtime_s=20 * 3600, preemptible=False
+        ),
+        submit("a-low", 6, 8, team="y", user="y", models=["A100"], est_runtime_s=20 * 3600),
+    )
     start_all(run, 2000)
     fresh_checkpoint(run, 10 * MIN, "a-low")
-    events = run.at(10 * MIN + 1000, submit("fix", 1, 8, team="s", user="s", models=["H100"], est_runtime_s=600))
+    events = run.at(
+        10 * MIN + 1000, submit("fix", 1, 8, team="s", user="s", models=["H100"], est_runtime_s=600)
+    )
     plans = of(events, T.PreemptionPlanned)
     assert plans and plans[0].victims == ["a-low"] and plans[0].placement[0].node == "a1"
     weight = run.state.canonical.policy.level_weight[1]
@@ -467,14 +555,27 @@ def _mixed_nodes(**params) -> Run:
     A stream of non-preemptible one-GPU jobs waits for any GPU that frees."""
     run = Run(**params)
     run.at(0, node("n1"), node("n2"))
-    run.at(1000, submit("u1", 0, 2, team="ops", user="o", est_runtime_s=5 * 3600),
-           submit("b1", 6, 6, team="b", user="b", est_runtime_s=20 * 3600))
-    run.at(1200, submit("u2", 0, 2, team="ops", user="o", est_runtime_s=3600),
-           submit("b2", 6, 6, team="b", user="b2", est_runtime_s=20 * 3600))
+    run.at(
+        1000,
+        submit("u1", 0, 2, team="ops", user="o", est_runtime_s=5 * 3600),
+        submit("b1", 6, 6, team="b", user="b", est_runtime_s=20 * 3600),
+    )
+    run.at(
+        1200,
+        submit("u2", 0, 2, team="ops", user="o", est_runtime_s=3600),
+        submit("b2", 6, 6, team="b", user="b2", est_runtime_s=20 * 3600),
+    )
     start_all(run, 2500)
-    assert [s.node for s in run.job("b1").placement] == ["n1"] and [s.node for s in run.job("u2").placement] == ["n2"]
-    run.at(3000, *[submit(f"s{i}", 4, 1, team="s", user="s", est_runtime_s=10 * 3600, preemptible=False)
-                   for i in range(4)])
+    assert [s.node for s in run.job("b1").placement] == ["n1"] and [
+        s.node for s in run.job("u2").placement
+    ] == ["n2"]
+    run.at(
+        3000,
+        *[
+            submit(f"s{i}", 4, 1, team="s", user="s", est_runtime_s=10 * 3600, preemptible=False)
+            for i in range(4)
+        ],
+    )
     fresh_checkpoint(run, 10 * MIN, "b1", "b2")
     return run
 
@@ -498,6 +599,7 @@ def test_queue_pressure_does_not_flip_an_urgent_verdict_under_load():
     to go. A backlog of 100 level-3 gangs (waiting for a node that is down) raises the
     queue's pressure far past level 1's weight; priced at the preemptor's weight at most,
     the wasted work costs what it cost without the backlog, and the verdict stands."""
+
     def plan_with(backlog: int):
         run = Run()
         run.at(0, node("a1"), node("b1", "B"))
@@ -505,8 +607,10 @@ def test_queue_pressure_does_not_flip_an_urgent_verdict_under_load():
         run.at(1000, submit("victim", 6, 8, team="v", user="v", est_runtime_s=11 * 3600, ckpt_interval_s=0))
         start_all(run, 2000)
         run.at(HOUR, *[submit(f"q{i}", 3, 8, team="q", user=f"q{i}", models=["B"]) for i in range(backlog)])
-        return of(run.at(HOUR + 1000, submit("fix", 1, 8, team="s", user="s", est_runtime_s=1800)),
-                  T.PreemptionPlanned)
+        return of(
+            run.at(HOUR + 1000, submit("fix", 1, 8, team="s", user="s", est_runtime_s=1800)),
+            T.PreemptionPlanned,
+        )
 
     quiet, loaded = plan_with(0), plan_with(100)
     assert quiet and loaded
@@ -529,15 +633,19 @@ def test_a_recently_preempted_victim_is_weighed_below_its_preemptors_level_never
     against a level the protection does not cover; it is weighed at level 2 at most."""
     run = Run(requeue_boost_per_preemption=3, requeue_boost_max=3, min_run_after_restart_ms=HOUR)
     run.at(0, node("a1"))
-    run.at(1000, submit("victim", 4, 8, team="search", user="li", est_runtime_s=100 * 3600, ckpt_interval_s=0))
+    run.at(
+        1000, submit("victim", 4, 8, team="search", user="li", est_runtime_s=100 * 3600, ckpt_interval_s=0)
+    )
     start_all(run, 1000)
     _victim_preempted(run, HOUR + 1000, "p1", HOUR)
     run.at(HOUR + 20 * MIN, T.Finished(job="p1", ok=True))
     start_all(run, HOUR + 21 * MIN)
     victim = run.job("victim")
     assert victim.state == "running" and victim.boost == 3 and victim.protected_until_t > HOUR + 30 * MIN
-    plans = of(run.at(HOUR + 30 * MIN, submit("p2", 1, 8, team="safety", user="p2", est_runtime_s=3 * HOUR)),
-               T.PreemptionPlanned)
+    plans = of(
+        run.at(HOUR + 30 * MIN, submit("p2", 1, 8, team="safety", user="p2", est_runtime_s=3 * HOUR)),
+        T.PreemptionPlanned,
+    )
     assert [p.victims for p in plans] == [["victim"]]
     from core.pricing import priced_level
 
@@ -553,10 +661,14 @@ def _gang_under_backlog(backlog: int) -> list:
     run.at(1000, submit("gang", 4, 16, team="train", user="g", est_runtime_s=20 * 3600))
     start_all(run, 2000)
     fresh_checkpoint(run, 10 * MIN, "gang")
-    run.at(10 * MIN + 500, *[submit(f"q{i}", 3, 1, team="q", user=f"q{i}", est_runtime_s=4 * 3600)
-                             for i in range(backlog)])
-    return of(run.at(10 * MIN + 1000, submit("fix", 1, 1, team="sre", user="o", est_runtime_s=1800)),
-              T.PreemptionPlanned)
+    run.at(
+        10 * MIN + 500,
+        *[submit(f"q{i}", 3, 1, team="q", user=f"q{i}", est_runtime_s=4 * 3600) for i in range(backlog)],
+    )
+    return of(
+        run.at(10 * MIN + 1000, submit("fix", 1, 1, team="sre", user="o", est_runtime_s=1800)),
+        T.PreemptionPlanned,
+    )
 
 
 def test_a_gangs_gpus_the_preemptor_does_not_take_are_charged_only_where_the_queue_leaves_them_idle():
@@ -580,8 +692,10 @@ def test_a_victims_requeue_wait_counts_no_release_for_its_own_gpus():
     run.at(1000, submit("victim", 6, 8, team="v", user="v", est_runtime_s=20 * 3600))
     start_all(run, 2000)
     fresh_checkpoint(run, 10 * MIN, "victim")
-    plans = of(run.at(10 * MIN + 1000, submit("fix", 1, 1, team="s", user="s", est_runtime_s=1800)),
-               T.PreemptionPlanned)
+    plans = of(
+        run.at(10 * MIN + 1000, submit("fix", 1, 1, team="s", user="s", est_runtime_s=1800)),
+        T.PreemptionPlanned,
+    )
     assert [p.victims for p in plans] == [["victim"]]
     p = run.state.canonical.policy
     assert plans[0].cost < p.level_weight[6] * 8 * 2 * 1800  # well under 20 h of displacement

@@ -10,10 +10,15 @@ from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, star
 def two_victims_on_one_node(**params) -> Run:
     run = Run(**params)
     run.at(0, node("a1", "A100"), node("h1", "H100"))
-    run.at(1000, submit("low-1", 6, 4, team="search", user="li", est_runtime_s=4 * 3600,
-                        ckpt_cost_s=15, restore_cost_s=10),
-           submit("low-2", 6, 4, team="search", user="li", est_runtime_s=4 * 3600,
-                  ckpt_cost_s=15, restore_cost_s=10))
+    run.at(
+        1000,
+        submit(
+            "low-1", 6, 4, team="search", user="li", est_runtime_s=4 * 3600, ckpt_cost_s=15, restore_cost_s=10
+        ),
+        submit(
+            "low-2", 6, 4, team="search", user="li", est_runtime_s=4 * 3600, ckpt_cost_s=15, restore_cost_s=10
+        ),
+    )
     start_all(run, 2000)
     return run
 
@@ -55,11 +60,13 @@ def test_same_level_never_preempts():
 
 def test_missed_deadline_rolls_everything_back_and_no_gpu_is_held_twice():
     run = two_victims_on_one_node()
-    plan = of(run.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana")),
-              T.PreemptionPlanned)[0]
-    run.at(20 * MIN + 30_000, T.SafePoint(job="low-1"),
-           T.CheckpointSaved(job="low-1", step=10, digest="sha256:aa", bytes=100),
-           T.Released(job="low-1"))
+    plan = of(run.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana")), T.PreemptionPlanned)[0]
+    run.at(
+        20 * MIN + 30_000,
+        T.SafePoint(job="low-1"),
+        T.CheckpointSaved(job="low-1", step=10, digest="sha256:aa", bytes=100),
+        T.Released(job="low-1"),
+    )
     check_invariants(run.state)
     events = run.at(plan.deadline_t + 1, tick(plan.deadline_t + 1))
     rolled = of(events, T.PreemptionRolledBack)
@@ -86,9 +93,12 @@ def test_victim_writing_a_checkpoint_is_waited_for():
     assert plan.deadline_t >= 20 * MIN + 15_000
     run.at(20 * MIN + 15_000, T.CheckpointSaved(job="low-1", step=7, digest="sha256:c1", bytes=1))
     run.at(20 * MIN + 16_000, T.Released(job="low-1"))
-    done = run.at(20 * MIN + 60_000, T.SafePoint(job="low-2"),
-                  T.CheckpointSaved(job="low-2", step=7, digest="sha256:c2", bytes=1),
-                  T.Released(job="low-2"))
+    done = run.at(
+        20 * MIN + 60_000,
+        T.SafePoint(job="low-2"),
+        T.CheckpointSaved(job="low-2", step=7, digest="sha256:c2", bytes=1),
+        T.Released(job="low-2"),
+    )
     assert of(done, T.PreemptionCommitted)
     released = {e.job: e for e in run.events(T.VictimReleased)}
     assert released["low-1"].lost_progress_ms < 2000  # only the second after its checkpoint
@@ -108,11 +118,15 @@ def test_no_preemption_when_victim_finishes_in_seconds_and_would_lose_hours():
 
 def test_a_fresh_checkpoint_makes_a_victim_cheap():
     stale = two_victims_on_one_node()
-    stale_plan = of(stale.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana")),
-                    T.PreemptionPlanned)[0]
+    stale_plan = of(
+        stale.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana")), T.PreemptionPlanned
+    )[0]
     fresh = two_victims_on_one_node()
-    fresh.at(20 * MIN - 10_000, T.CheckpointSaved(job="low-1", step=3, digest="sha256:f1", bytes=1),
-             T.CheckpointSaved(job="low-2", step=3, digest="sha256:f2", bytes=1))
+    fresh.at(
+        20 * MIN - 10_000,
+        T.CheckpointSaved(job="low-1", step=3, digest="sha256:f1", bytes=1),
+        T.CheckpointSaved(job="low-2", step=3, digest="sha256:f2", bytes=1),
+    )
     events = fresh.at(20 * MIN, submit("urgent", 1, 8, team="safety", user="ana"))
     fresh_plan = of(events, T.PreemptionPlanned)[0]
     assert fresh_plan.cost < stale_plan.cost
@@ -120,15 +134,18 @@ def test_a_fresh_checkpoint_makes_a_victim_cheap():
 
 
 def preempt_cycle(run: Run, t: int, preemptor: str, team: str, user: str) -> T.PreemptionPlanned | None:
-    plans = of(run.at(t, submit(preemptor, 1, 8, team=team, user=user, est_runtime_s=600)),
-               T.PreemptionPlanned)
+    plans = of(
+        run.at(t, submit(preemptor, 1, 8, team=team, user=user, est_runtime_s=600)), T.PreemptionPlanned
+    )
     return plans[0] if plans else None
 
 
 def fill_nodes(run: Run, count: int, team: str = "research") -> None:
     run.at(0, *[node(f"n{i}") for i in range(count)])
-    run.at(1000, *[submit(f"bg-{i}", 6, 8, team=team, user=f"r{i}", est_runtime_s=10 * 3600)
-                   for i in range(count)])
+    run.at(
+        1000,
+        *[submit(f"bg-{i}", 6, 8, team=team, user=f"r{i}", est_runtime_s=10 * 3600) for i in range(count)],
+    )
     start_all(run, 2000)
 
 
@@ -146,12 +163,14 @@ def test_team_preempted_too_often_is_protected():
 
 
 def test_a_user_past_the_preempting_allowance_may_still_displace_only_their_own_jobs():
-    run = Run(user_preempting_max=1, user_preempted_max=100, team_preempting_max=100,
-              team_preempted_max=100)
+    run = Run(user_preempting_max=1, user_preempted_max=100, team_preempting_max=100, team_preempted_max=100)
     run.at(0, *[node(f"n{i}") for i in range(3)])
-    run.at(1000, submit("bg-0", 6, 8, team="research", user="r0", est_runtime_s=10 * 3600),
-           submit("bg-1", 6, 8, team="research", user="r1", est_runtime_s=10 * 3600),
-           submit("mine", 6, 8, team="prod", user="a", est_runtime_s=10 * 3600))
+    run.at(
+        1000,
+        submit("bg-0", 6, 8, team="research", user="r0", est_runtime_s=10 * 3600),
+        submit("bg-1", 6, 8, team="research", user="r1", est_runtime_s=10 * 3600),
+        submit("mine", 6, 8, team="prod", user="a", est_runtime_s=10 * 3600),
+    )
     start_all(run, 2000)
     first = preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
     assert first.victims == ["bg-0"]  # another user's job: the allowance is used up
@@ -164,8 +183,7 @@ def test_a_user_past_the_preempting_allowance_may_still_displace_only_their_own_
 
 
 def test_a_team_displacing_its_own_jobs_is_neither_downgraded_nor_protected():
-    run = Run(team_preempting_max=1, team_preempted_max=1, user_preempting_max=100,
-              user_preempted_max=100)
+    run = Run(team_preempting_max=1, team_preempted_max=1, user_preempting_max=100, user_preempted_max=100)
     fill_nodes(run, 3, team="prod")
     for i, minute in enumerate((20, 21, 22)):
         assert preempt_cycle(run, minute * MIN, f"p{i}", "prod", "a") is not None
@@ -175,8 +193,9 @@ def test_a_team_displacing_its_own_jobs_is_neither_downgraded_nor_protected():
 
 
 def test_a_log_written_before_own_work_went_uncounted_folds_as_it_was_written():
-    run = Run(team_preempting_max=100, team_preempted_max=100, user_preempting_max=100,
-              user_preempted_max=100)
+    run = Run(
+        team_preempting_max=100, team_preempted_max=100, user_preempting_max=100, user_preempted_max=100
+    )
     fill_nodes(run, 2, team="prod")
     for i, minute in enumerate((20, 21)):
         preempt_cycle(run, minute * MIN, f"p{i}", "prod", "a")
@@ -191,8 +210,13 @@ def test_a_log_written_before_own_work_went_uncounted_folds_as_it_was_written():
 
 def prod_preempted_twice(**params) -> Run:
     """Team prod passes an allowance of two preemptions an hour."""
-    run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
-              user_preempted_max=100, **params)
+    run = Run(
+        team_preempting_max=2,
+        team_preempted_max=100,
+        user_preempting_max=100,
+        user_preempted_max=100,
+        **params,
+    )
     fill_nodes(run, 3)
     preempt_cycle(run, 20 * MIN, "p1", "prod", "a")
     preempt_cycle(run, 21 * MIN, "p2", "prod", "b")
@@ -232,9 +256,11 @@ def test_guaranteed_share_keeps_a_level_from_being_preempted_below_it():
 def test_minimal_victim_set_prefers_cheapest_jobs():
     run = Run()
     run.at(0, node("a1"))
-    run.at(1000, submit("cheap", 7, 4, user="u1", est_runtime_s=10 * 3600, ckpt_cost_s=5),
-           submit("dear", 6, 4, user="u2", est_runtime_s=10 * 3600, ckpt_cost_s=600),
-           )
+    run.at(
+        1000,
+        submit("cheap", 7, 4, user="u1", est_runtime_s=10 * 3600, ckpt_cost_s=5),
+        submit("dear", 6, 4, user="u2", est_runtime_s=10 * 3600, ckpt_cost_s=600),
+    )
     start_all(run, 2000)
     events = run.at(HOUR, submit("mid", 2, 4, team="safety", user="ana"))
     assert of(events, T.PreemptionPlanned)[0].victims == ["cheap"]
@@ -243,8 +269,11 @@ def test_minimal_victim_set_prefers_cheapest_jobs():
 def test_gpus_of_the_wrong_model_are_never_chosen():
     run = Run()
     run.at(0, node("a1", "A100"), node("h1", "H100"))
-    run.at(1000, submit("on-a", 6, 8, models=["A100"], est_runtime_s=10 * 3600),
-           submit("on-h", 6, 8, models=["H100"], user="u2", est_runtime_s=10 * 3600))
+    run.at(
+        1000,
+        submit("on-a", 6, 8, models=["A100"], est_runtime_s=10 * 3600),
+        submit("on-h", 6, 8, models=["H100"], user="u2", est_runtime_s=10 * 3600),
+    )
     start_all(run, 2000)
     events = run.at(HOUR, submit("wants-h", 1, 8, team="safety", user="ana", models=["H100"]))
     plan = of(events, T.PreemptionPlanned)[0]
@@ -310,9 +339,13 @@ def test_gpus_held_for_a_blocked_gang_do_not_count_as_free_for_an_urgent_job():
     preempts there instead of waiting for GPUs that are promised."""
     run = Run(preempts_from_level=[4, 3, 4, 6, 7, 8, 8, 8])
     run.at(0, node("a1"), node("a2"))
-    run.at(1, submit("long", 3, 8, team="ops", user="o", est_runtime_s=10 * 3600,
-                     ckpt_cost_s=20, restore_cost_s=20),
-           submit("level3", 3, 6, team="ops", user="o", est_runtime_s=600))
+    run.at(
+        1,
+        submit(
+            "long", 3, 8, team="ops", user="o", est_runtime_s=10 * 3600, ckpt_cost_s=20, restore_cost_s=20
+        ),
+        submit("level3", 3, 6, team="ops", user="o", est_runtime_s=600),
+    )
     start_all(run, 2)
     run.at(10, submit("gang", 0, 8, team="g", user="g", est_runtime_s=3600))
     assert run.state.index.reserved_nodes["a2"][1] == "gang"
@@ -325,17 +358,35 @@ def test_gpus_held_for_a_blocked_gang_do_not_count_as_free_for_an_urgent_job():
 def test_a_victim_that_would_requeue_behind_a_deep_queue_costs_more():
     """The requeued victim's wait is estimated from the GPUs queued ahead of it: with a deep
     queue at more urgent levels the same preemption is declined."""
+
     def attempt(queued_ahead: int) -> list:
         # The queue ahead may not preempt, by priority nor by reclaiming team q's share.
         run = Run(preempts_from_level=[2, 3, 8, 8, 8, 8, 8, 8], fair_share_guarantee=False)
         run.at(0, node("a1"), node("a2"))
-        run.at(1, submit("victim", 6, 8, team="ops", user="o", est_runtime_s=10 * 3600,
-                         ckpt_cost_s=20, restore_cost_s=20),
-               submit("level2", 2, 8, team="ops", user="o", est_runtime_s=3 * 3600))
+        run.at(
+            1,
+            submit(
+                "victim",
+                6,
+                8,
+                team="ops",
+                user="o",
+                est_runtime_s=10 * 3600,
+                ckpt_cost_s=20,
+                restore_cost_s=20,
+            ),
+            submit("level2", 2, 8, team="ops", user="o", est_runtime_s=3 * 3600),
+        )
         start_all(run, 2)
-        run.at(5, *[submit(f"ahead-{i}", 2, 8, team="q", user=f"q{i}", est_runtime_s=4 * 3600)
-                    for i in range(queued_ahead)])
+        run.at(
+            5,
+            *[
+                submit(f"ahead-{i}", 2, 8, team="q", user=f"q{i}", est_runtime_s=4 * 3600)
+                for i in range(queued_ahead)
+            ],
+        )
         return run.at(10, submit("urgent", 1, 1, team="u", user="u", est_runtime_s=10 * 3600))
+
     assert of(attempt(0), T.PreemptionPlanned)
     declined = of(attempt(6), T.PreemptionDeclined)
     assert [d.reason for d in declined if d.job == "urgent"] == ["benefit_below_cost"]
@@ -345,6 +396,7 @@ def test_a_job_past_its_estimate_is_expected_to_run_as_long_again_as_it_has_over
     """Runtimes are heavy-tailed: a job that outlived its estimate is not about to end, so
     waiting for it does not look cheap (the Lindy effect), and never looks free."""
     from core.preemption import remaining_ms
+
     run = Run()
     run.at(0, node("a1"))
     run.at(1, submit("long", 6, 8, est_runtime_s=3600))
@@ -353,6 +405,7 @@ def test_a_job_past_its_estimate_is_expected_to_run_as_long_again_as_it_has_over
     def remaining_at(t: int) -> int:
         run.state.canonical.t = t  # the clock decisions read (step sets it to the input's time)
         return remaining_ms(run.state, run.job("long"))
+
     assert remaining_at(2) == HOUR
     assert remaining_at(2 + HOUR // 2) == HOUR // 2
     assert remaining_at(2 + HOUR + MIN) == HOUR // 10  # just past: a tenth of the estimate
@@ -364,10 +417,12 @@ def _kill_for_urgent(queued_behind: int = 0, **params) -> list:
     level-0 job holds the rest; a level-1 job would otherwise wait 40 minutes."""
     run = Run(**params)
     run.at(0, node("a1", gpus=2), node("big", gpus=30))
-    run.at(1, submit("no-ckpt", 7, 1, team="x", user="x", est_runtime_s=20 * 3600,
-                     ckpt_interval_s=0),
-           submit("other", 3, 1, team="y", user="y", est_runtime_s=10 * 3600 + 40 * 60),
-           submit("holder", 0, 30, team="z", user="z", est_runtime_s=20 * 3600, preemptible=False))
+    run.at(
+        1,
+        submit("no-ckpt", 7, 1, team="x", user="x", est_runtime_s=20 * 3600, ckpt_interval_s=0),
+        submit("other", 3, 1, team="y", user="y", est_runtime_s=10 * 3600 + 40 * 60),
+        submit("holder", 0, 30, team="z", user="z", est_runtime_s=20 * 3600, preemptible=False),
+    )
     start_all(run, 2)
     run.at(3, *[submit(f"behind-{i}", 6, 30, team="w", user=f"w{i}") for i in range(queued_behind)])
     return run.at(10 * HOUR, submit("urgent", 1, 1, team="u", user="u", est_runtime_s=600))
@@ -397,15 +452,30 @@ def test_a_level_with_no_eligible_victims_does_not_use_up_the_attempts_of_a_tick
     the level-2 job, which has a level-6 victim on the A100, gets the second attempt."""
     run = Run(preemption_candidates_max=2)
     run.at(0, node("h1", "H100", gpus=2), node("a1", "A100", gpus=1))
-    run.at(1, submit("h-busy-1", 1, 1, team="x", user="x", models=["H100"], est_runtime_s=36000),
-           submit("h-busy-2", 1, 1, team="x", user="x", models=["H100"], est_runtime_s=36000),
-           submit("a-busy", 6, 1, team="y", user="y", models=["A100"], est_runtime_s=36000,
-                  ckpt_cost_s=10, restore_cost_s=10))
+    run.at(
+        1,
+        submit("h-busy-1", 1, 1, team="x", user="x", models=["H100"], est_runtime_s=36000),
+        submit("h-busy-2", 1, 1, team="x", user="x", models=["H100"], est_runtime_s=36000),
+        submit(
+            "a-busy",
+            6,
+            1,
+            team="y",
+            user="y",
+            models=["A100"],
+            est_runtime_s=36000,
+            ckpt_cost_s=10,
+            restore_cost_s=10,
+        ),
+    )
     run.at(2, started("h-busy-1"), started("h-busy-2"))
     # a-busy is still starting: no one can preempt it yet.
-    run.at(10, submit("h-wait-1", 1, 1, team="h", user="h1", models=["H100"]),
-           submit("h-wait-2", 1, 1, team="h", user="h2", models=["H100"]),
-           submit("a-wait", 2, 1, team="a", user="a", models=["A100"], est_runtime_s=600))
+    run.at(
+        10,
+        submit("h-wait-1", 1, 1, team="h", user="h1", models=["H100"]),
+        submit("h-wait-2", 1, 1, team="h", user="h2", models=["H100"]),
+        submit("a-wait", 2, 1, team="a", user="a", models=["A100"], est_runtime_s=600),
+    )
     run.at(20, started("a-busy"))
     events = run.at(5 * MIN, tick(5 * MIN))
     assert [(p.preemptor, p.victims) for p in of(events, T.PreemptionPlanned)] == [("a-wait", ["a-busy"])]
@@ -416,13 +486,15 @@ def test_an_urgent_job_prefers_the_victim_that_lets_go_sooner():
     saves in 10 s. The level-0 job's own wait while the victim saves decides it."""
     run = Run()
     run.at(0, node("a1", gpus=1), node("a2", gpus=1))
-    run.at(1, submit("quick", 6, 1, team="x", user="x", est_runtime_s=36000, ckpt_cost_s=10,
-                     restore_cost_s=60),
-           submit("slow", 6, 1, team="y", user="y", est_runtime_s=36000, ckpt_cost_s=55,
-                  restore_cost_s=10))
+    run.at(
+        1,
+        submit("quick", 6, 1, team="x", user="x", est_runtime_s=36000, ckpt_cost_s=10, restore_cost_s=60),
+        submit("slow", 6, 1, team="y", user="y", est_runtime_s=36000, ckpt_cost_s=55, restore_cost_s=10),
+    )
     start_all(run, 2)
-    plan = of(run.at(HOUR, submit("urgent", 0, 1, team="u", user="u", est_runtime_s=600)),
-              T.PreemptionPlanned)
+    plan = of(
+        run.at(HOUR, submit("urgent", 0, 1, team="u", user="u", est_runtime_s=600)), T.PreemptionPlanned
+    )
     assert [p.victims for p in plan] == [["quick"]]
 
 
@@ -430,16 +502,25 @@ def test_a_team_with_most_of_the_demand_may_preempt_in_proportion_before_it_is_d
     """Two preemptions an hour per team with an even share of the demand. Besides the
     victims' team, three teams queue one GPU each and `big` queues 48: the same two
     preemptions downgrade `small` (its share is about the mean) but not `big` (3.5x it)."""
+
     def downgraded_after_two(team: str, queued_by_big: int) -> list[str]:
-        run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
-                  user_preempted_max=100, fair_share_guarantee=False)  # tiny teams would reclaim
+        run = Run(
+            team_preempting_max=2,
+            team_preempted_max=100,
+            user_preempting_max=100,
+            user_preempted_max=100,
+            fair_share_guarantee=False,
+        )  # tiny teams would reclaim
         fill_nodes(run, 3)
-        run.at(10 * MIN, *[submit(f"big-q{i}", 7, 8, team="big", user=f"q{i}")
-                           for i in range(queued_by_big)],
-               *[submit(f"tiny-{i}", 7, 1, team=f"tiny{i}", user=f"t{i}") for i in range(3)])
+        run.at(
+            10 * MIN,
+            *[submit(f"big-q{i}", 7, 8, team="big", user=f"q{i}") for i in range(queued_by_big)],
+            *[submit(f"tiny-{i}", 7, 1, team=f"tiny{i}", user=f"t{i}") for i in range(3)],
+        )
         preempt_cycle(run, 20 * MIN, "p1", team, "a")
         preempt_cycle(run, 21 * MIN, "p2", team, "b")
         return [d.team for d in run.events(T.TeamDowngraded)]
+
     assert downgraded_after_two("small", queued_by_big=6) == ["small"]
     assert downgraded_after_two("big", queued_by_big=6) == []
 
@@ -448,10 +529,12 @@ def test_a_queue_wait_is_bounded_by_the_pools_pace_not_its_longest_job():
     """Four one-GPU jobs end in 10, 20 and 30 minutes and 100 hours. Five GPUs more than
     are free will not take 100 hours: the pool frees 3 GPUs per 30 minutes at its median."""
     from core.preemption import ReleaseCurve
+
     run = Run()
     run.at(0, node("a1", gpus=4))
-    run.at(1, *[submit(f"j{m}", 6, 1, team="x", user=f"u{m}", est_runtime_s=m * 60)
-                for m in (10, 20, 30, 6000)])
+    run.at(
+        1, *[submit(f"j{m}", 6, 1, team="x", user=f"u{m}", est_runtime_s=m * 60) for m in (10, 20, 30, 6000)]
+    )
     run.at(1, *[started(f"j{m}") for m in (10, 20, 30, 6000)])
     curve = ReleaseCurve(run.state, [run.state.canonical.nodes["a1"]], HOUR)
     assert curve.wait_for(2) == 20 * MIN
@@ -464,8 +547,7 @@ def test_a_tick_decides_with_its_own_time_not_the_last_recorded_event():
     and the state's clock must stay where the events left it when a tick records nothing."""
     run = Run()
     run.at(0, node("a1", gpus=1))
-    run.at(1, submit("no-ckpt", 7, 1, team="x", user="x", est_runtime_s=20 * 3600,
-                     ckpt_interval_s=0))
+    run.at(1, submit("no-ckpt", 7, 1, team="x", user="x", est_runtime_s=20 * 3600, ckpt_interval_s=0))
     run.at(5, submit("urgent", 0, 1, team="u", user="u", est_runtime_s=600))  # victim not running yet
     run.at(20_000, started("no-ckpt"))
     plans = of(run.at(2 * HOUR, tick(2 * HOUR)), T.PreemptionPlanned)
@@ -482,15 +564,30 @@ def test_an_urgent_preemptor_lets_a_victim_with_little_unsaved_work_go_without_s
     """Three minutes of unsaved work on a victim whose save takes a minute: a level-0 gang on all eight GPUs would rather the
     victim let go at once (its wait weighs more than the lost minutes), a level-4 one would
     rather wait for the save."""
+
     def notices_for(level: int, gpus: int) -> list[T.VictimNotified]:
         run = Run(preempts_from_level=[1, 2, 4, 6, 7, 7, 7, 8])
         run.at(0, node("a1"))
-        run.at(1, submit("victim", 7, 8, team="research", user="r", est_runtime_s=10 * 3600,
-                         ckpt_cost_s=60, restore_cost_s=60))
+        run.at(
+            1,
+            submit(
+                "victim",
+                7,
+                8,
+                team="research",
+                user="r",
+                est_runtime_s=10 * 3600,
+                ckpt_cost_s=60,
+                restore_cost_s=60,
+            ),
+        )
         start_all(run, 2)
         run.at(HOUR - 3 * MIN, T.CheckpointSaved(job="victim", step=1, digest="sha256:v1", bytes=1))
-        return of(run.at(HOUR, submit("urgent", level, gpus, team="ops", user="o",
-                                      est_runtime_s=10 * 3600)), T.VictimNotified)
+        return of(
+            run.at(HOUR, submit("urgent", level, gpus, team="ops", user="o", est_runtime_s=10 * 3600)),
+            T.VictimNotified,
+        )
+
     assert [n.checkpoint_needed for n in notices_for(0, 8)] == [False]
     assert [n.checkpoint_needed for n in notices_for(4, 8)] == [True]
 
@@ -503,12 +600,15 @@ def test_a_victim_is_charged_at_most_the_wait_the_preemptor_saves_on_the_gpus_it
     # The queue ahead may not preempt; no overhead term, so only displacement is priced.
     run = Run(preempts_from_level=[2, 3, 8, 8, 8, 8, 8, 8], preemption_overhead_s=0.0)
     run.at(0, node("a1"))
-    run.at(1, submit("victim", 6, 1, team="ops", user="o", est_runtime_s=10 * 3600,
-                     ckpt_cost_s=20, restore_cost_s=20),
-           submit("level2", 2, 7, team="ops", user="o", est_runtime_s=30 * 60))
+    run.at(
+        1,
+        submit(
+            "victim", 6, 1, team="ops", user="o", est_runtime_s=10 * 3600, ckpt_cost_s=20, restore_cost_s=20
+        ),
+        submit("level2", 2, 7, team="ops", user="o", est_runtime_s=30 * 60),
+    )
     start_all(run, 2)
-    run.at(5, *[submit(f"ahead-{i}", 2, 8, team="q", user=f"q{i}", est_runtime_s=4 * 3600)
-                for i in range(6)])
+    run.at(5, *[submit(f"ahead-{i}", 2, 8, team="q", user=f"q{i}", est_runtime_s=4 * 3600) for i in range(6)])
     events = run.at(10, submit("urgent", 1, 1, team="u", user="u", est_runtime_s=10 * 3600))
     plan = of(events, T.PreemptionPlanned)
     assert [p.victims for p in plan] == [["victim"]]
@@ -519,10 +619,14 @@ def test_a_victim_is_charged_at_most_the_wait_the_preemptor_saves_on_the_gpus_it
 
 def test_a_burst_of_urgent_jobs_expects_the_later_ones_to_wait_for_the_earlier():
     from core.preemption import natural_wait_ms
+
     run = Run(preempts_from_level=[8] * 8)  # nobody preempts: only the estimate is looked at
     run.at(0, node("a1"))
-    run.at(1, submit("short", 6, 1, est_runtime_s=120),
-           *[submit(f"long-{i}", 6, 1, user=f"u{i}", est_runtime_s=10 * 3600) for i in range(7)])
+    run.at(
+        1,
+        submit("short", 6, 1, est_runtime_s=120),
+        *[submit(f"long-{i}", 6, 1, user=f"u{i}", est_runtime_s=10 * 3600) for i in range(7)],
+    )
     start_all(run, 2)
     run.at(10, submit("first", 1, 1, team="ops", user="o"), submit("second", 1, 1, team="ops", user="o"))
     nodes = [run.state.canonical.nodes["a1"]]
@@ -533,13 +637,20 @@ def test_a_burst_of_urgent_jobs_expects_the_later_ones_to_wait_for_the_earlier()
 
 
 def test_preemptions_by_a_teams_mid_level_jobs_do_not_downgrade_its_urgent_jobs():
-    run = Run(team_preempting_max=2, team_preempted_max=100, user_preempting_max=100,
-              user_preempted_max=100, preempts_from_level=[1, 2, 4, 5, 7, 8, 8, 8],
-              fair_share_guarantee=False)  # the third preemption would take ops below its share
+    run = Run(
+        team_preempting_max=2,
+        team_preempted_max=100,
+        user_preempting_max=100,
+        user_preempted_max=100,
+        preempts_from_level=[1, 2, 4, 5, 7, 8, 8, 8],
+        fair_share_guarantee=False,
+    )  # the third preemption would take ops below its share
     fill_nodes(run, 3)  # level-6 jobs
     for i, t in enumerate((20 * MIN, 21 * MIN, 22 * MIN)):
-        plans = of(run.at(t, submit(f"mid-{i}", 3, 8, team="prod", user=f"m{i}", est_runtime_s=600)),
-                   T.PreemptionPlanned)
+        plans = of(
+            run.at(t, submit(f"mid-{i}", 3, 8, team="prod", user=f"m{i}", est_runtime_s=600)),
+            T.PreemptionPlanned,
+        )
         assert plans, f"mid-{i} should preempt"
     assert not run.events(T.TeamDowngraded)
     urgent = of(run.at(23 * MIN, submit("urgent", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
@@ -548,8 +659,10 @@ def test_preemptions_by_a_teams_mid_level_jobs_do_not_downgrade_its_urgent_jobs(
 
 def test_the_time_victims_take_to_reach_a_safe_point_is_learned():
     from core.preemption import safe_point_ms
-    run = Run(team_preempting_max=100, team_preempted_max=100, user_preempting_max=100,
-              user_preempted_max=100)
+
+    run = Run(
+        team_preempting_max=100, team_preempted_max=100, user_preempting_max=100, user_preempted_max=100
+    )
     fill_nodes(run, 4)
     policy = run.state.canonical.policy
     for i in range(3):
@@ -572,8 +685,9 @@ def test_a_downgrade_lasts_until_the_teams_preemption_quota_recovers():
     # p4 asks for a model whose only node is down: it stays queued, downgraded, until the
     # quota recovers (a model no node ever had would be refused at submit).
     run.at(24 * MIN, node("h9", "H100"), T.NodeDown(node="h9"))
-    during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])),
-                T.JobSubmitted)[0]
+    during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])), T.JobSubmitted)[
+        0
+    ]
     assert (during.requested_level, during.level) == (1, 3)
     assert not of(run.at(until - 1000, tick(until - 1000)), T.JobLevelRestored)
     restored = of(run.at(until, tick(until)), T.JobLevelRestored)
@@ -591,8 +705,9 @@ def test_an_operator_may_bound_the_wait_of_a_downgraded_urgent_job():
     until = run.events(T.TeamDowngraded)[0].until_t
     run.at(23 * MIN, T.Cancel(job="p1"), T.Cancel(job="p2"))
     run.at(24 * MIN, node("h9", "H100"), T.NodeDown(node="h9"))
-    during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])),
-                T.JobSubmitted)[0]
+    during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])), T.JobSubmitted)[
+        0
+    ]
     assert (during.requested_level, during.level) == (1, 3)
     assert not of(run.at(29 * MIN - 1000, tick(29 * MIN - 1000)), T.JobLevelRestored)
     restored = of(run.at(29 * MIN, tick(29 * MIN)), T.JobLevelRestored)

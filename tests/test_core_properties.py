@@ -20,10 +20,20 @@ HERE = os.path.dirname(__file__)
 
 
 def index_view(ix) -> tuple:
-    return (ix.queues, ix.aging, {k: v for k, v in ix.free_by_model.items() if v},
-            {m: {f: sorted(b) for f, b in bs.items() if b} for m, bs in ix.free_buckets.items() if any(bs.values())},
-            {n: sorted(j) for n, j in ix.jobs_by_node.items() if j},
-            {k: v for k, v in ix.team_gpus.items() if v}, ix.level_gpus, ix.total_gpus)
+    return (
+        ix.queues,
+        ix.aging,
+        {k: v for k, v in ix.free_by_model.items() if v},
+        {
+            m: {f: sorted(b) for f, b in bs.items() if b}
+            for m, bs in ix.free_buckets.items()
+            if any(bs.values())
+        },
+        {n: sorted(j) for n, j in ix.jobs_by_node.items() if j},
+        {k: v for k, v in ix.team_gpus.items() if v},
+        ix.level_gpus,
+        ix.total_gpus,
+    )
 
 
 def check_step(state, inp, records, before) -> None:
@@ -40,7 +50,9 @@ def check_step(state, inp, records, before) -> None:
                 victim = state.canonical.jobs[victim_id]
                 if ev.reclaim:
                     assert victim.team != preemptor.team, "a team reclaimed from itself"
-                    assert victim.level >= state.canonical.policy.fair_share_from_level, "urgent job reclaimed"
+                    assert victim.level >= state.canonical.policy.fair_share_from_level, (
+                        "urgent job reclaimed"
+                    )
                 else:
                     assert victim.level > preemptor.level, "same or higher level preempted"
             if ev.reclaim:  # the reclaiming team stays within its share: nothing to move back
@@ -69,8 +81,11 @@ def test_invariants_hold_after_every_step_of_a_random_workload(seed):
     world.settle(check_invariants_only)
     assert not world.state.canonical.sagas, "a saga neither committed nor rolled back"
     planned = {r.event.saga for r in world.records if isinstance(r.event, T.PreemptionPlanned)}
-    ended = [r.event.saga for r in world.records
-             if isinstance(r.event, (T.PreemptionCommitted, T.PreemptionRolledBack))]
+    ended = [
+        r.event.saga
+        for r in world.records
+        if isinstance(r.event, (T.PreemptionCommitted, T.PreemptionRolledBack))
+    ]
     assert sorted(ended) == sorted(planned), "every saga ends exactly once"
     assert index_view(rebuild_index(world.state.canonical)) == index_view(world.state.index)
     replayed = rebuild(world.records)
@@ -85,8 +100,16 @@ def test_random_workloads_do_preempt_and_roll_back():
         for record in run_world(seed, 1500).records:
             name = type(record.event).__name__
             kinds[name] = kinds.get(name, 0) + 1
-    for name in ("PreemptionPlanned", "PreemptionCommitted", "PreemptionRolledBack",
-                 "JobRequeued", "PriorityAged", "CheckpointFallback", "NodeLost", "StateDigest"):
+    for name in (
+        "PreemptionPlanned",
+        "PreemptionCommitted",
+        "PreemptionRolledBack",
+        "JobRequeued",
+        "PriorityAged",
+        "CheckpointFallback",
+        "NodeLost",
+        "StateDigest",
+    ):
         assert kinds.get(name, 0) > 0, f"no {name} in random worlds: {kinds}"
 
 
@@ -102,8 +125,13 @@ def test_same_scenario_under_two_hash_seeds_gives_byte_identical_logs():
     logs = []
     for hash_seed in ("1", "4242"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        out = subprocess.run([sys.executable, os.path.join(HERE, "random_world.py"), "11", "2000"],
-                             env=env, capture_output=True, check=True, cwd=os.path.dirname(HERE))
+        out = subprocess.run(
+            [sys.executable, os.path.join(HERE, "random_world.py"), "11", "2000"],
+            env=env,
+            capture_output=True,
+            check=True,
+            cwd=os.path.dirname(HERE),
+        )
         logs.append(out.stdout)
     assert logs[0] == logs[1]
     assert logs[0].count(b"\n") > 2000

@@ -8,10 +8,38 @@ import sys
 CORE = pathlib.Path(__file__).resolve().parent.parent / "core"
 # Standard-library modules that would bring time, randomness, I/O or concurrency into core.
 FORBIDDEN_STDLIB = {
-    "time", "datetime", "random", "secrets", "uuid", "os", "sys", "io", "socket", "select",
-    "threading", "multiprocessing", "asyncio", "subprocess", "signal", "shutil", "tempfile",
-    "pathlib", "glob", "urllib", "http", "ssl", "ctypes", "concurrent", "sched", "queue",
-    "zoneinfo", "calendar", "locale", "platform", "resource", "logging",
+    "time",
+    "datetime",
+    "random",
+    "secrets",
+    "uuid",
+    "os",
+    "sys",
+    "io",
+    "socket",
+    "select",
+    "threading",
+    "multiprocessing",
+    "asyncio",
+    "subprocess",
+    "signal",
+    "shutil",
+    "tempfile",
+    "pathlib",
+    "glob",
+    "urllib",
+    "http",
+    "ssl",
+    "ctypes",
+    "concurrent",
+    "sched",
+    "queue",
+    "zoneinfo",
+    "calendar",
+    "locale",
+    "platform",
+    "resource",
+    "logging",
 }
 # tomllib reads a file a user names; the one function that does so is allowed to open it.
 ALLOWED_THIRD_PARTY = {"msgspec"}
@@ -52,9 +80,15 @@ def test_core_reads_no_clock_randomness_or_files():
             for node in ast.walk(func):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                     if node.func.id in FORBIDDEN_CALLS:
-                        assert (path.name, func.name) in OPEN_ALLOWED_IN, \
+                        assert (path.name, func.name) in OPEN_ALLOWED_IN, (
                             f"{path.name}:{func.name} calls {node.func.id}()"
-                if isinstance(node, ast.Attribute) and node.attr in ("now", "utcnow", "time_ns", "perf_counter"):
+                        )
+                if isinstance(node, ast.Attribute) and node.attr in (
+                    "now",
+                    "utcnow",
+                    "time_ns",
+                    "perf_counter",
+                ):
                     raise AssertionError(f"{path.name}:{func.name} reads a clock ({node.attr})")
 
 
@@ -66,8 +100,10 @@ def set_iterations(tree: ast.AST) -> list[int]:
         if isinstance(node, (ast.For, ast.comprehension)):
             it = node.iter
             if isinstance(it, (ast.Set, ast.SetComp)) or (
-                    isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
-                    and it.func.id in ("set", "frozenset")):
+                isinstance(it, ast.Call)
+                and isinstance(it.func, ast.Name)
+                and it.func.id in ("set", "frozenset")
+            ):
                 lines.append(it.lineno)
     return lines
 
@@ -78,11 +114,13 @@ def test_core_never_iterates_a_set():
 
 
 def test_the_set_check_would_catch_each_way_of_iterating_a_set():
-    bad = ast.parse("for a in {1, 2}: pass\n"
-                    "b = [x for x in set(a)]\n"
-                    "c = {y for y in frozenset(b)}\n"
-                    "for d in {z for z in c}: pass\n"
-                    "for e in sorted({1, 2}): pass\n")
+    bad = ast.parse(
+        "for a in {1, 2}: pass\n"
+        "b = [x for x in set(a)]\n"
+        "c = {y for y in frozenset(b)}\n"
+        "for d in {z for z in c}: pass\n"
+        "for e in sorted({1, 2}): pass\n"
+    )
     assert sorted(set_iterations(bad)) == [1, 2, 3, 4]
 
 
@@ -97,4 +135,3 @@ def test_no_core_file_is_over_500_lines_without_a_reason_at_its_top():
         if text.count("\n") > 500:
             docstring = ast.get_docstring(ast.parse(text)) or ""
             assert "Over 500 lines on purpose" in docstring, f"{path.name}: split it, or say why not"
-

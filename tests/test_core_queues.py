@@ -109,8 +109,9 @@ def test_aging_starts_a_starved_level_7_job_within_its_bound():
                 del running[job_id]
         for _ in range(2):
             n += 1
-            run.at(t, submit(f"small-{n}", 5, 1, team=f"team{n % 3}", user=f"u{n}",
-                             est_runtime_s=job_ms / 1000))
+            run.at(
+                t, submit(f"small-{n}", 5, 1, team=f"team{n % 3}", user=f"u{n}", est_runtime_s=job_ms / 1000)
+            )
         for job_id in sorted(run.state.canonical.jobs):
             job = run.state.canonical.jobs[job_id]
             if job.state == "starting":
@@ -145,9 +146,12 @@ def test_small_jobs_start_on_idle_gpus_behind_more_blocked_gangs_than_the_scan_b
     run = Run(scan_jobs_max=4, head_reservations_max=0)
     run.at(0, node("a1"), node("a2"))
     # Level 1: the level-1 gangs may not preempt them.
-    run.at(1, submit("half", 1, 4, team="ops", est_runtime_s=3600),
-           submit("other-half", 1, 4, team="ops", est_runtime_s=3600),
-           submit("third", 1, 7, team="ops", est_runtime_s=3600))
+    run.at(
+        1,
+        submit("half", 1, 4, team="ops", est_runtime_s=3600),
+        submit("other-half", 1, 4, team="ops", est_runtime_s=3600),
+        submit("third", 1, 7, team="ops", est_runtime_s=3600),
+    )
     start_all(run, 2)
     run.at(10, *[submit(f"gang-{i}", 1, 8, team="g") for i in range(10)])
     events = run.at(20, submit("small", 5, 1, team="s"))
@@ -158,8 +162,11 @@ def _gang_behind_small_jobs(**params) -> Run:
     run = Run(**{"fair_share_guarantee": False, **params})  # team f would reclaim its share
     run.at(0, node("a1"), node("a2"))
     # Level 3: not preemptible by the level-2 gang, so it can only wait for a node to drain.
-    run.at(1, submit("long-a", 3, 7, team="ops", est_runtime_s=10 * 3600),
-           submit("short-b", 3, 6, team="ops", est_runtime_s=600))  # best fit: a2, 2 left
+    run.at(
+        1,
+        submit("long-a", 3, 7, team="ops", est_runtime_s=10 * 3600),
+        submit("short-b", 3, 6, team="ops", est_runtime_s=600),
+    )  # best fit: a2, 2 left
     start_all(run, 2)
     run.at(10, submit("gang", 2, 8, team="g", est_runtime_s=3600))
     run.at(20, submit("filler", 5, 2, team="f", est_runtime_s=5 * 3600))
@@ -193,17 +200,26 @@ def test_a_small_teams_starving_job_does_not_wait_out_a_big_teams_backlog():
     """Two busy nodes, a backlog of older level-5 gangs from a big team, and one level-6
     gang from a team that holds nothing: once all are starving, the oldest of all holds one
     node and the small team's job the other, rather than the big team's second oldest."""
+
     def reserved_for(team_reservations: int) -> list[str]:
-        run = Run(starvation_team_reservations_max=team_reservations, head_reservations_max=0,
-                  preempts_from_level=[8] * 8)
+        run = Run(
+            starvation_team_reservations_max=team_reservations,
+            head_reservations_max=0,
+            preempts_from_level=[8] * 8,
+        )
         run.at(0, node("a1"), node("a2"), node("small-node", gpus=4))  # free, too small
-        run.at(1, submit("long-1", 5, 8, team="big", user="b", est_runtime_s=10 * 3600),
-               submit("long-2", 5, 8, team="big", user="b", est_runtime_s=11 * 3600))
+        run.at(
+            1,
+            submit("long-1", 5, 8, team="big", user="b", est_runtime_s=10 * 3600),
+            submit("long-2", 5, 8, team="big", user="b", est_runtime_s=11 * 3600),
+        )
         start_all(run, 2)
-        run.at(10, *[submit(f"backlog-{i}", 5, 8, team="big", user="b", est_runtime_s=3600)
-                     for i in range(5)])
+        run.at(
+            10, *[submit(f"backlog-{i}", 5, 8, team="big", user="b", est_runtime_s=3600) for i in range(5)]
+        )
         run.at(10 * MIN, submit("small", 6, 8, team="small", user="s", est_runtime_s=3600))
         run.at(3 * HOUR, tick(3 * HOUR))
         return sorted(holder for _, holder in run.state.index.reserved_nodes.values())
+
     assert reserved_for(1) == ["backlog-0", "small"]
     assert reserved_for(0) == ["backlog-0"]

@@ -9,8 +9,10 @@ def preempted_once(run: Run, t: int, preemptor: str, checkpoints: list[tuple[int
     """Preempt `victim` for a new level-1 job at t, saving the given checkpoints first."""
     for step, digest in checkpoints:
         run.at(t - 1000, T.CheckpointSaved(job="victim", step=step, digest=digest, bytes=10))
-    plans = of(run.at(t, submit(preemptor, 1, 8, team="safety", user=preemptor, est_runtime_s=600)),
-               T.PreemptionPlanned)
+    plans = of(
+        run.at(t, submit(preemptor, 1, 8, team="safety", user=preemptor, est_runtime_s=600)),
+        T.PreemptionPlanned,
+    )
     assert plans, f"{preemptor} did not preempt"
     run.at(t + 20_000, T.Released(job="victim"))
     start_all(run, t + 30_000)
@@ -28,8 +30,9 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one_and_reports_the_loss(
     preempted_once(run, HOUR + 1000, "urgent", [])
     resume = of(run.at(HOUR + 40 * MIN, T.Finished(job="urgent", ok=True)), T.JobResumeRequested)
     assert [(r.job, r.ckpt_digest) for r in resume] == [("victim", "sha256:new")]
-    events = run.at(HOUR + 41 * MIN, T.CheckpointFailed(job="victim", reason="digest_mismatch",
-                                                        digest="sha256:new"))
+    events = run.at(
+        HOUR + 41 * MIN, T.CheckpointFailed(job="victim", reason="digest_mismatch", digest="sha256:new")
+    )
     fallback = of(events, T.CheckpointFallback)
     assert len(fallback) == 1
     assert (fallback[0].to_step, fallback[0].to_digest) == (100, "sha256:old")

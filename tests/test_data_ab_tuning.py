@@ -65,8 +65,9 @@ def test_ab_report_gives_seeded_bootstrap_intervals_per_variant(tmp_path):
     con = duckdb.connect(db, read_only=True)
     for variant in ("control", "b"):
         entry = rep["variants"][variant]
-        jobs, wait = con.execute("SELECT count(*), avg(waited_ms) / 1000.0 FROM jobs WHERE variant = ?",
-                                 [variant]).fetchone()
+        jobs, wait = con.execute(
+            "SELECT count(*), avg(waited_ms) / 1000.0 FROM jobs WHERE variant = ?", [variant]
+        ).fetchone()
         assert entry["jobs"] == jobs
         assert entry["wait_s"]["value"] == pytest.approx(wait)
         for metric in ("wait_s", "jct_s", "lost_gpu_h", "preempted", "fairness_jain"):
@@ -74,7 +75,9 @@ def test_ab_report_gives_seeded_bootstrap_intervals_per_variant(tmp_path):
             assert lo <= entry[metric]["value"] <= hi
     assert "diff_ci" in rep["variants"]["b"]["wait_s"] and rep["control"] == "control"
     # variant b never preempts: its overrides were applied, and the report shows its jobs
-    preemptors = con.execute("SELECT DISTINCT j.variant FROM sagas s JOIN jobs j ON s.preemptor = j.job").fetchall()
+    preemptors = con.execute(
+        "SELECT DISTINCT j.variant FROM sagas s JOIN jobs j ON s.preemptor = j.job"
+    ).fetchall()
     assert preemptors == [("control",)]
     # b's urgent jobs never preempt, so they wait longer: a difference the report calls
     b = rep["variants"]["b"]

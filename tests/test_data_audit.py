@@ -126,19 +126,31 @@ def test_audit_job_tells_its_history_in_plain_words(tmp_path):
     result = xirang("audit", "--log", path, "--job", job)
     assert result.returncode == 0, result.stderr
     story = result.stdout.split(f"history of {job}:")[1]
-    for words in ("queued at level", "preempted by", "because the benefit", "outweighed the cost",
-                  "released its GPUs", "requeued (preempted)", "restoring from checkpoint step",
-                  "compensated", "GPU-hours of quota", "in fee credit"):
+    for words in (
+        "queued at level",
+        "preempted by",
+        "because the benefit",
+        "outweighed the cost",
+        "released its GPUs",
+        "requeued (preempted)",
+        "restoring from checkpoint step",
+        "compensated",
+        "GPU-hours of quota",
+        "in fee credit",
+    ):
         assert words in story, words
     lines = [line for line in story.splitlines() if line.strip()]
     assert lines[0].strip().split("  ", 1)[1].startswith("queued at level")
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--log", "/nonexistent/log.jsonl"], "does not exist"),
-    (["--log", "x", "--to-seq", "-3"], "--to-seq"),
-    (["--log", "x", "--to-time", "yesterday"], "ISO datetime"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--log", "/nonexistent/log.jsonl"], "does not exist"),
+        (["--log", "x", "--to-seq", "-3"], "--to-seq"),
+        (["--log", "x", "--to-time", "yesterday"], "ISO datetime"),
+    ],
+)
 def test_audit_explains_bad_arguments(args, words, tmp_path):
     result = xirang("audit", *args)
     assert result.returncode == 2 and words in result.stderr

@@ -28,17 +28,30 @@ from data_helpers import REPO, publish, start_nats, workload_records
 from replay.synthetic_log import Spec, generate
 
 HOUR = 3_600_000
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,900"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,900",
+]
 
 
 def chromium() -> str:
     """Debian's chromium, installed here when missing (the test set-up needs root for that)."""
     found = shutil.which("chromium")
     if not found and os.geteuid() == 0:
-        subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
-                       shell=True, check=False, timeout=600, capture_output=True)
+        subprocess.run(
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
+            shell=True,
+            check=False,
+            timeout=600,
+            capture_output=True,
+        )
         found = shutil.which("chromium")
     if not found:
         pytest.fail("chromium is missing: run `apt-get update && apt-get install -y chromium` as root")
@@ -47,8 +60,12 @@ def chromium() -> str:
 
 def run_chromium(url: str, tmp_path, *mode: str) -> str:
     profile = tmp_path / f"chromium-{time.monotonic_ns()}"
-    result = subprocess.run([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *mode, url],
-                            capture_output=True, text=True, timeout=90)
+    result = subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *mode, url],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     return result.stdout
 
 
@@ -73,10 +90,12 @@ def wait_for(predicate, timeout_s: float = 30.0):
 def expected_numbers(records) -> dict:
     """What the dashboard must show, from the core's own state (not the projection)."""
     c = rebuild(records).canonical
-    return {"events": len(records),
-            "queued": sum(j.state == QUEUED for j in c.jobs.values()),
-            "running-gpus": sum(j.gpus for j in c.jobs.values() if j.state in HOLDING),
-            "preemptions": sum(isinstance(r.event, T.PreemptionPlanned) for r in records)}
+    return {
+        "events": len(records),
+        "queued": sum(j.state == QUEUED for j in c.jobs.values()),
+        "running-gpus": sum(j.gpus for j in c.jobs.values() if j.state in HOLDING),
+        "preemptions": sum(isinstance(r.event, T.PreemptionPlanned) for r in records),
+    }
 
 
 def kpis(dom: str) -> dict:
@@ -91,9 +110,25 @@ def live_dashboard(tmp_path):
         publish(server.url, workload_records()[:10])  # the stream exists before the dashboard
         (tmp_path / "sql.token").write_text(SQL_TOKEN + "\n")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "xirang.cli", "dashboard", "--nats", server.url, "--db",
-             str(tmp_path / "dash.duckdb"), "--port", "0", "--sql-token-file", str(tmp_path / "sql.token")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+            [
+                sys.executable,
+                "-m",
+                "xirang.cli",
+                "dashboard",
+                "--nats",
+                server.url,
+                "--db",
+                str(tmp_path / "dash.duckdb"),
+                "--port",
+                "0",
+                "--sql-token-file",
+                str(tmp_path / "sql.token"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         line = proc.stdout.readline()
         port = int(re.search(r"127\.0\.0\.1:(\d+)/", line).group(1))
         yield server, f"http://127.0.0.1:{port}"
@@ -126,7 +161,9 @@ def test_dashboard_renders_live_numbers_in_headless_chromium(live_dashboard, tmp
         for key, value in want.items():
             assert shown[key] == value, (key, shown, want)
         # and why each waiting job waits, as core/explain.py says from the core's own state
-        reasons = dict(re.findall(r'<tr data-job="([^"]+)">(?:<td>[^<]*</td>){7}<td class="code">([a-z_]+)</td>', dom))
+        reasons = dict(
+            re.findall(r'<tr data-job="([^"]+)">(?:<td>[^<]*</td>){7}<td class="code">([a-z_]+)</td>', dom)
+        )
         state = rebuild(records[:cut])
         waiting = sum(j.state in (QUEUED, "reserved", "held") for j in state.canonical.jobs.values())
         assert reasons and len(reasons) == min(metrics.PENDING_SHOWN_MAX, waiting)
@@ -149,10 +186,14 @@ def test_metrics_endpoint_speaks_prometheus_text(live_dashboard):
     for line in text.splitlines():
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
     c = rebuild(records[:cut]).canonical
-    queued = {level: sum(j.state == QUEUED and j.eff_level == level for j in c.jobs.values())
-              for level in range(T.LEVELS)}
-    shown = {int(level): int(jobs) for level, jobs
-             in re.findall(r'^xirang_level_queue_jobs\{level="(\d)"\} (\d+)$', text, re.M)}
+    queued = {
+        level: sum(j.state == QUEUED and j.eff_level == level for j in c.jobs.values())
+        for level in range(T.LEVELS)
+    }
+    shown = {
+        int(level): int(jobs)
+        for level, jobs in re.findall(r'^xirang_level_queue_jobs\{level="(\d)"\} (\d+)$', text, re.M)
+    }
     assert sum(queued.values()) > 0, "set-up: jobs wait at the cut"
     assert {level: shown.get(level, 0) for level in queued} == queued
     assert f"xirang_queue_jobs {sum(j.state == QUEUED for j in c.jobs.values())}\n" in text
@@ -162,7 +203,7 @@ def test_metrics_endpoint_speaks_prometheus_text(live_dashboard):
     families = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
     assert all(name.startswith("xirang_") for name in families)
     assert all(name.endswith("_total") for name, kind in families.items() if kind == "counter")
-    assert not re.search(r'\{[^}]*job=', text)
+    assert not re.search(r"\{[^}]*job=", text)
     for line in text.splitlines():
         if line.startswith("xirang_level_"):
             assert "team=" not in line and "user=" not in line, line
@@ -179,19 +220,30 @@ def _sql(url: str, query: str, token: str | None = SQL_TOKEN) -> tuple[int, obje
         return err.code, json.loads(err.read())
 
 
-def test_sql_over_http_answers_one_select_with_the_token_and_refuses_everything_else(live_dashboard, tmp_path):
+def test_sql_over_http_answers_one_select_with_the_token_and_refuses_everything_else(
+    live_dashboard, tmp_path
+):
     _, url = live_dashboard
     assert wait_for(lambda: _sql(url, "SELECT count(*) AS n FROM events") == (200, [{"n": 10}]))
     assert _sql(url, "SELECT 1", token=None)[0] == 401
     assert _sql(url, "SELECT 1", token="wrong")[0] == 401
     secret = tmp_path / "secret.txt"
     secret.write_text("top secret\n")
-    attacks = [f"SELECT * FROM read_csv('{secret}')", f"SELECT * FROM read_text('{secret}')",
-               f"SELECT * FROM glob('{tmp_path}/*')", f"COPY events TO '{tmp_path}/out.csv'",
-               f"EXPLAIN ANALYZE COPY events TO '{tmp_path}/out2.csv'", "EXPLAIN ANALYZE DELETE FROM events",
-               "DELETE FROM events", "DROP TABLE jobs", "INSTALL httpfs", f"ATTACH '{tmp_path}/x.duckdb' AS x",
-               "SET enable_external_access = true", "SELECT 1; DELETE FROM events",
-               "SELECT * FROM query('DELETE FROM events')"]
+    attacks = [
+        f"SELECT * FROM read_csv('{secret}')",
+        f"SELECT * FROM read_text('{secret}')",
+        f"SELECT * FROM glob('{tmp_path}/*')",
+        f"COPY events TO '{tmp_path}/out.csv'",
+        f"EXPLAIN ANALYZE COPY events TO '{tmp_path}/out2.csv'",
+        "EXPLAIN ANALYZE DELETE FROM events",
+        "DELETE FROM events",
+        "DROP TABLE jobs",
+        "INSTALL httpfs",
+        f"ATTACH '{tmp_path}/x.duckdb' AS x",
+        "SET enable_external_access = true",
+        "SELECT 1; DELETE FROM events",
+        "SELECT * FROM query('DELETE FROM events')",
+    ]
     for attack in attacks:
         status, answer = _sql(url, attack)
         assert status == 400 and "error" in answer, (attack, answer)
@@ -210,7 +262,9 @@ def _alerts_at(spec: Spec, at_t: int) -> tuple[list[alerts.Alert], str, str]:
 def test_alert_fires_on_an_injected_preemption_storm_and_not_without_it():
     storm_t, at_t = 8 * HOUR, 8 * HOUR + 10 * 60_000
     calm, calm_page, calm_metrics = _alerts_at(Spec(jobs=300, seed=5), at_t)
-    storm, page, text = _alerts_at(Spec(jobs=300, seed=5, storm_t=storm_t, storm_jobs=24, storm_level=1), at_t)
+    storm, page, text = _alerts_at(
+        Spec(jobs=300, seed=5, storm_t=storm_t, storm_jobs=24, storm_level=1), at_t
+    )
     assert calm == [] and "No alerts" in calm_page and "xirang_alert_firing{" not in calm_metrics
     rate = [a for a in storm if a.kind == "preemption_rate"]
     assert any(a.subject == "level 1 (preempting)" for a in rate), storm

@@ -20,7 +20,9 @@ def _committed_sagas(url: str, db: str) -> list[tuple]:
     assert xirang("project", "--nats", url, "--db", db).returncode == 0
     con = duckdb.connect(db, read_only=True)
     try:
-        return con.execute("SELECT saga, preemptor, benefit, cost FROM sagas WHERE outcome = 'committed'").fetchall()
+        return con.execute(
+            "SELECT saga, preemptor, benefit, cost FROM sagas WHERE outcome = 'committed'"
+        ).fetchall()
     finally:
         con.close()
 
@@ -30,20 +32,49 @@ def test_projection_and_audit_read_what_the_live_scheduler_wrote(tmp_path):
     with xirang_up(data, hosts=1, simulate="8xA100") as info:
         url = info["nats"]
         for job in ("low-1", "low-2"):
-            done = xirang("submit", job, "--team", "batch", "--level", "6", "--gpus", "4",
-                          "--gpu-model", "A100", "--command", "sleep 60", "--nats", url)
+            done = xirang(
+                "submit",
+                job,
+                "--team",
+                "batch",
+                "--level",
+                "6",
+                "--gpus",
+                "4",
+                "--gpu-model",
+                "A100",
+                "--command",
+                "sleep 60",
+                "--nats",
+                url,
+            )
             assert done.stdout.startswith("accepted"), done.stdout + done.stderr
         time.sleep(1.0)  # let them start, so that the urgent job has to preempt
-        done = xirang("submit", "urgent", "--team", "safety", "--level", "1", "--gpus", "8",
-                      "--gpu-model", "A100", "--command", "sleep 60", "--nats", url)
+        done = xirang(
+            "submit",
+            "urgent",
+            "--team",
+            "safety",
+            "--level",
+            "1",
+            "--gpus",
+            "8",
+            "--gpu-model",
+            "A100",
+            "--command",
+            "sleep 60",
+            "--nats",
+            url,
+        )
         assert done.stdout.startswith("accepted"), done.stdout + done.stderr
         db = str(tmp_path / "p.duckdb")
         deadline = time.monotonic() + 60
         while not _committed_sagas(url, db) and time.monotonic() < deadline:
             time.sleep(0.5)
         sagas = _committed_sagas(url, db)
-        audit = xirang("audit", "--nats", url, "--job", "low-1", "--json",
-                       "--public-key", f"{data}/keys/scheduler.pub")
+        audit = xirang(
+            "audit", "--nats", url, "--job", "low-1", "--json", "--public-key", f"{data}/keys/scheduler.pub"
+        )
     assert [s[1] for s in sagas] == ["urgent"] and sagas[0][2] > sagas[0][3]
     summary = json.loads(audit.stdout)
     assert audit.returncode == 0 and summary["ok"], summary

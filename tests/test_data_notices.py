@@ -22,8 +22,10 @@ def _storm_log():
     spec = Spec(jobs=150, seed=7, storm_t=4 * HOUR, storm_jobs=6)
     first = generate(spec).records
     jobs = [r.event for r in first if isinstance(r.event, T.JobSubmitted)]
-    spec.extra_inputs = [T.Feedback(t=20 * HOUR, job=jobs[0].job, user=jobs[0].user, score=2, comment="slow"),
-                         T.Feedback(t=20 * HOUR, job=jobs[1].job, user="lead", score=5)]
+    spec.extra_inputs = [
+        T.Feedback(t=20 * HOUR, job=jobs[0].job, user=jobs[0].user, score=2, comment="slow"),
+        T.Feedback(t=20 * HOUR, job=jobs[1].job, user="lead", score=5),
+    ]
     return generate(spec).records
 
 
@@ -38,14 +40,16 @@ def test_the_projection_tells_each_victims_user_with_the_progress_lost_and_keeps
     proj.apply([(i, T.encode(r)) for i, r in enumerate(records, 1)])
     victims = _victims(records)
     assert victims, "the storm must preempt"
-    rows = proj.con.execute("SELECT job, \"user\", kind, message FROM notices").fetchall()
+    rows = proj.con.execute('SELECT job, "user", kind, message FROM notices').fetchall()
     notified = {(job, user) for job, user, kind, _ in rows if kind == "preemption_notice"}
     assert notified == set(victims.items())
     preempted = [m for _, _, kind, m in rows if kind == "preempted"]
-    requeues = [r.event for r in records if isinstance(r.event, T.JobRequeued) and r.event.reason == "preempted"]
+    requeues = [
+        r.event for r in records if isinstance(r.event, T.JobRequeued) and r.event.reason == "preempted"
+    ]
     assert len(preempted) == len(requeues) and all("of progress" in m for m in preempted)
     # the survey: attributed answers, and per team and level in the satisfaction view
-    answers = proj.con.execute("SELECT \"user\", score, comment FROM feedback ORDER BY score").fetchall()
+    answers = proj.con.execute('SELECT "user", score, comment FROM feedback ORDER BY score').fetchall()
     assert [a[1] for a in answers] == [2, 5] and answers[1][0] == "lead" and answers[0][2] == "slow"
     (teams,) = proj.con.execute("SELECT count(*) FROM satisfaction WHERE answers > 0").fetchone()
     assert teams >= 1
@@ -71,8 +75,14 @@ def test_notices_shows_a_user_theirs_once_and_all_again_on_request(tmp_path, mon
 def test_jobs_marks_open_jobs_with_unread_notices_until_they_are_read(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     records = _storm_log()
-    cut = next(i for i, r in enumerate(records) if isinstance(r.event, T.JobRequeued)
-               and r.event.reason == "preempted") + 1
+    cut = (
+        next(
+            i
+            for i, r in enumerate(records)
+            if isinstance(r.event, T.JobRequeued) and r.event.reason == "preempted"
+        )
+        + 1
+    )
     head = records[:cut]  # the log as it stood just after the first preemption
     requeued = head[-1].event.job
     user = next(r.event.user for r in head if isinstance(r.event, T.JobSubmitted) and r.event.job == requeued)

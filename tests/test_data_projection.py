@@ -14,7 +14,14 @@ import pytest
 
 from projections.projector import ProjectionError, Projector
 from data_helpers import (
-    REPO, position, publish, start_nats, table_rows, workload_records, write_jsonl, xirang,
+    REPO,
+    position,
+    publish,
+    start_nats,
+    table_rows,
+    workload_records,
+    write_jsonl,
+    xirang,
 )
 from core import types as T
 
@@ -33,9 +40,24 @@ def test_projector_killed_with_sigkill_and_restarted_projects_exactly_once(nats,
 
     # given a projector committing small batches, killed after its first commits
     proc = subprocess.Popen(
-        [sys.executable, "-m", "xirang.cli", "project", "--nats", nats.url, "--db", killed_db,
-         "--batch", "50", "--progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "xirang.cli",
+            "project",
+            "--nats",
+            nats.url,
+            "--db",
+            killed_db,
+            "--batch",
+            "50",
+            "--progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         for _ in range(3):
             assert proc.stdout.readline().startswith("committed seq")
@@ -69,7 +91,7 @@ def test_rebuild_from_seq_1_equals_incremental_projection(nats, tmp_path):
     # given records arriving in four parts, projected after each one
     quarter = len(records) // 4
     for start in range(0, len(records), quarter):
-        publish(nats.url, records[start:start + quarter])
+        publish(nats.url, records[start : start + quarter])
         result = xirang("project", "--nats", nats.url, "--db", db, "--batch", "333")
         assert result.returncode == 0, result.stderr
     incremental = table_rows(db)
@@ -135,18 +157,24 @@ def test_reclaims_are_marked_and_a_database_from_before_the_column_gains_it(tmp_
     proj = Projector(db)
     proj.apply([(i, T.encode(r)) for i, r in enumerate(records[half:], half + 1)])
     con = proj.con
-    marked = [row[0] for row in con.execute(
-        "SELECT saga FROM sagas WHERE reclaim ORDER BY saga").fetchall()]
-    later = sorted(r.event.saga for r in records[half:]
-                   if isinstance(r.event, T.PreemptionPlanned) and r.event.reclaim)
+    marked = [row[0] for row in con.execute("SELECT saga FROM sagas WHERE reclaim ORDER BY saga").fetchall()]
+    later = sorted(
+        r.event.saga for r in records[half:] if isinstance(r.event, T.PreemptionPlanned) and r.event.reclaim
+    )
     assert later and sorted(marked) == later
     assert con.execute("SELECT count(*) FROM sagas").fetchone()[0] == len(planned)
     fresh = Projector(str(tmp_path / "fresh.duckdb"))
     fresh.apply([(i, T.encode(r)) for i, r in enumerate(records, 1)])
-    assert sorted(r[0] for r in fresh.con.execute(
-        "SELECT DISTINCT saga FROM preemptions WHERE reclaim").fetchall()) == reclaims
-    assert fresh.con.execute("SELECT sum(reclaims) FROM preemption_stats").fetchone()[0] == \
-        fresh.con.execute("SELECT count(*) FROM preemptions WHERE reclaim").fetchone()[0]
+    assert (
+        sorted(
+            r[0] for r in fresh.con.execute("SELECT DISTINCT saga FROM preemptions WHERE reclaim").fetchall()
+        )
+        == reclaims
+    )
+    assert (
+        fresh.con.execute("SELECT sum(reclaims) FROM preemption_stats").fetchone()[0]
+        == fresh.con.execute("SELECT count(*) FROM preemptions WHERE reclaim").fetchone()[0]
+    )
 
 
 def test_projector_refuses_a_gap_and_keeps_what_it_had(tmp_path):

@@ -43,19 +43,50 @@ def planted_workload() -> Workload:
     for i in range(EPISODES):
         t, progress = i * 8 * HOUR, (60 + 5 * i) * MIN
         left = 90 * MIN if progress <= 95 * MIN else 10 * MIN
-        jobs.append(TraceJob(id=f"batch-{chr(97 + i)}", submit_ms=t, duration_ms=progress + left, gpus=8,
-                             team="research", user=f"r{i}", level=6, gpu_models=[], ckpt_interval_ms=0,
-                             ckpt_cost_ms=600_000, restore_cost_ms=60_000, est_runtime_ms=progress + 120 * MIN))
-        jobs.append(TraceJob(id=f"fix-{chr(97 + i)}", submit_ms=t + progress, duration_ms=10 * MIN, gpus=2,
-                             team="ops", user="oncall", level=1, gpu_models=[], ckpt_interval_ms=0, ckpt_cost_ms=0,
-                             restore_cost_ms=0, est_runtime_ms=10 * MIN))
+        jobs.append(
+            TraceJob(
+                id=f"batch-{chr(97 + i)}",
+                submit_ms=t,
+                duration_ms=progress + left,
+                gpus=8,
+                team="research",
+                user=f"r{i}",
+                level=6,
+                gpu_models=[],
+                ckpt_interval_ms=0,
+                ckpt_cost_ms=600_000,
+                restore_cost_ms=60_000,
+                est_runtime_ms=progress + 120 * MIN,
+            )
+        )
+        jobs.append(
+            TraceJob(
+                id=f"fix-{chr(97 + i)}",
+                submit_ms=t + progress,
+                duration_ms=10 * MIN,
+                gpus=2,
+                team="ops",
+                user="oncall",
+                level=1,
+                gpu_models=[],
+                ckpt_interval_ms=0,
+                ckpt_cost_ms=0,
+                restore_cost_ms=0,
+                est_runtime_ms=10 * MIN,
+            )
+        )
     jobs.sort(key=lambda j: (j.submit_ms, j.id))
     return Workload("planted", jobs, 0)
 
 
 def _replay(policy: Policy | None = None) -> tuner.Replay:
-    return tuner.Replay(planted_workload(), Cluster.uniform(8, 8), policy or Policy(), OBJECTIVE,
-                        sim_options={"urgent_tick_s": 60})
+    return tuner.Replay(
+        planted_workload(),
+        Cluster.uniform(8, 8),
+        policy or Policy(),
+        OBJECTIVE,
+        sim_options={"urgent_tick_s": 60},
+    )
 
 
 def _objective(replay, value: float) -> float:
@@ -88,7 +119,10 @@ def test_the_tuner_converges_to_the_planted_best_net_benefit_min(start, planted_
     assert evidence["after"]["objective_gpu_h"] == pytest.approx(best, abs=1e-3)
     assert evidence["after"]["objective_gpu_h"] > evidence["before"]["objective_gpu_h"]
     # the evidence has before/after figures per level and per team
-    assert set(evidence["after"]["per_level"]) == {"1", "6"} and set(evidence["after"]["per_team"]) == {"ops", "research"}
+    assert set(evidence["after"]["per_level"]) == {"1", "6"} and set(evidence["after"]["per_team"]) == {
+        "ops",
+        "research",
+    }
 
 
 def test_the_tuner_declines_a_worse_value(planted_best):
@@ -102,11 +136,16 @@ def test_the_tuner_declines_a_worse_value(planted_best):
 
 # ------------------------------------------------------------------ from logs, through the CLI
 
+
 def _planted_log(tmp_path, policy: Policy | None = None) -> str:
     """The planted workload run by the simulator, which keeps the core's log."""
     path = str(tmp_path / "planted.jsonl")
-    simulate(planted_workload(), Cluster.uniform(8, 8), "xirang",
-             {"policy": policy or Policy(), "urgent_tick_s": 60, "log_path": path, "epoch_ms": EPOCH_MS})
+    simulate(
+        planted_workload(),
+        Cluster.uniform(8, 8),
+        "xirang",
+        {"policy": policy or Policy(), "urgent_tick_s": 60, "log_path": path, "epoch_ms": EPOCH_MS},
+    )
     return path
 
 
@@ -115,14 +154,35 @@ def test_tune_on_a_simulated_log_proposes_set_policy_inputs_that_carry_their_evi
     log = _planted_log(tmp_path)
     assert xirang("audit", "--log", log).returncode == 0  # the simulator's log verifies
     out = tmp_path / "proposals.jsonl"
-    result = xirang("tune", "--log", log, "--window-ms", str(200 * HOUR), "--group", "decision_model",
-                    "--param", "net_benefit_min", "--evals", "16", "--urgent-weight", "8", "--urgent-tick-s", "60", "--out", str(out), "--json")
+    result = xirang(
+        "tune",
+        "--log",
+        log,
+        "--window-ms",
+        str(200 * HOUR),
+        "--group",
+        "decision_model",
+        "--param",
+        "net_benefit_min",
+        "--evals",
+        "16",
+        "--urgent-weight",
+        "8",
+        "--urgent-tick-s",
+        "60",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["window"]["from_t"] == EPOCH_MS and "last 200 h" in report["window"]["chosen"]
     proposal = report["proposals"][0]
-    assert proposal["group"] == "decision_model" and proposal["evidence"]["after"]["objective_gpu_h"] > \
-        proposal["evidence"]["before"]["objective_gpu_h"]
+    assert (
+        proposal["group"] == "decision_model"
+        and proposal["evidence"]["after"]["objective_gpu_h"]
+        > proposal["evidence"]["before"]["objective_gpu_h"]
+    )
     # the set_policy input goes through the core like any other and lands as PolicyChanged
     records = [T.decode_record(line) for line in open(log, "rb").read().splitlines()]
     state = rebuild(records)
@@ -134,13 +194,25 @@ def test_tune_on_a_simulated_log_proposes_set_policy_inputs_that_carry_their_evi
     assert len(changed[0].reason) <= 2000  # within an input's bounds
     objective_before, objective_after = evidence["objective_gpu_h"]
     assert objective_after > objective_before
-    ops_wait, research_lost = evidence["per_team"]["ops"]["wait_s_mean"], evidence["per_team"]["research"]["lost_gpu_h"]
-    assert ops_wait[1] > ops_wait[0] and research_lost[1] < research_lost[0]  # a higher bar: fewer preemptions
+    ops_wait, research_lost = (
+        evidence["per_team"]["ops"]["wait_s_mean"],
+        evidence["per_team"]["research"]["lost_gpu_h"],
+    )
+    assert (
+        ops_wait[1] > ops_wait[0] and research_lost[1] < research_lost[0]
+    )  # a higher bar: fewer preemptions
 
 
 def _with_change(params: dict, t: int):
-    return generate(Spec(jobs=150, seed=7, extra_inputs=[
-        T.SetPolicy(t=t, params=params, by="tuner", reason="tuner (decision_model): planted")])).records
+    return generate(
+        Spec(
+            jobs=150,
+            seed=7,
+            extra_inputs=[
+                T.SetPolicy(t=t, params=params, by="tuner", reason="tuner (decision_model): planted")
+            ],
+        )
+    ).records
 
 
 def test_a_change_planted_to_hurt_is_reverted_after_the_watched_window():
@@ -169,8 +241,26 @@ def test_tune_apply_publishes_to_xr_in_and_needs_a_server(tmp_path):
     server = start_nats(tmp_path)
     try:
         publish(server.url, [T.decode_record(line) for line in open(log, "rb").read().splitlines()])
-        result = xirang("tune", "--nats", server.url, "--window-ms", str(200 * HOUR), "--group", "decision_model",
-                        "--param", "net_benefit_min", "--evals", "1", "--urgent-weight", "8", "--urgent-tick-s", "60", "--apply", "--json", timeout=120)
+        result = xirang(
+            "tune",
+            "--nats",
+            server.url,
+            "--window-ms",
+            str(200 * HOUR),
+            "--group",
+            "decision_model",
+            "--param",
+            "net_benefit_min",
+            "--evals",
+            "1",
+            "--urgent-weight",
+            "8",
+            "--urgent-tick-s",
+            "60",
+            "--apply",
+            "--json",
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr
         out = json.loads(result.stdout)
 
@@ -193,13 +283,30 @@ def test_the_objective_charges_a_drop_in_team_fairness_against_no_preemption():
     from replay.sim import JobOutcome, SimResult
 
     def result(wait_ms: int) -> SimResult:
-        jobs = [JobOutcome(id="u", team="ops", user="o", level=0, gpus=2, submit_ms=0, duration_ms=HOUR,
-                           first_start_ms=wait_ms, finish_ms=wait_ms + HOUR)]
+        jobs = [
+            JobOutcome(
+                id="u",
+                team="ops",
+                user="o",
+                level=0,
+                gpus=2,
+                submit_ms=0,
+                duration_ms=HOUR,
+                first_start_ms=wait_ms,
+                finish_ms=wait_ms + HOUR,
+            )
+        ]
         return SimResult("x", "w", 0, 8, jobs, end_ms=3 * HOUR, wall_s=0, steps=0, events=0)
 
     objective = tuner.Objective(urgent_weight=2.0, lost_weight=1.0, fairness_weight=3.0)
-    score = tuner._score(objective, result(0), {"jain_teams_share": 0.9, "lost_gpu_h": 0.5},
-                         result(HOUR), {"jain_teams_share": 1.0}, work_gpu_h=10.0)
+    score = tuner._score(
+        objective,
+        result(0),
+        {"jain_teams_share": 0.9, "lost_gpu_h": 0.5},
+        result(HOUR),
+        {"jain_teams_share": 1.0},
+        work_gpu_h=10.0,
+    )
     assert score.urgent_saved_gpu_h == pytest.approx(2.0)  # 2 GPUs x 1 h sooner
     assert score.fairness_penalty_gpu_h == pytest.approx(3.0 * 0.1 * 10.0)
     assert score.objective_gpu_h == pytest.approx(2.0 * 2.0 - 0.5 - 3.0)
@@ -208,8 +315,22 @@ def test_the_objective_charges_a_drop_in_team_fairness_against_no_preemption():
 def test_a_proposal_sent_twice_before_it_is_applied_is_deduplicated_on_xr_in(tmp_path):
     log = _planted_log(tmp_path)
     server = start_nats(tmp_path)
-    args = ["--window-ms", str(200 * HOUR), "--group", "decision_model", "--param", "net_benefit_min",
-            "--evals", "1", "--urgent-weight", "8", "--urgent-tick-s", "60", "--apply", "--json"]
+    args = [
+        "--window-ms",
+        str(200 * HOUR),
+        "--group",
+        "decision_model",
+        "--param",
+        "net_benefit_min",
+        "--evals",
+        "1",
+        "--urgent-weight",
+        "8",
+        "--urgent-tick-s",
+        "60",
+        "--apply",
+        "--json",
+    ]
     try:
         publish(server.url, [T.decode_record(line) for line in open(log, "rb").read().splitlines()])
         first = json.loads(xirang("tune", "--nats", server.url, *args, timeout=120).stdout)

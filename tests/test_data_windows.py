@@ -34,9 +34,13 @@ def test_a_partial_window_is_filled_from_the_log_and_named():
     assert windows.resolve(None, None, 100, 900).chosen == "the log's whole span"
 
 
-@pytest.mark.parametrize("quarter, start_iso, end_iso", [
-    ("2026Q4", "2026-10-01", "2026-12-31"), ("2026q1", "2026-01-01", "2026-03-31"),
-])
+@pytest.mark.parametrize(
+    "quarter, start_iso, end_iso",
+    [
+        ("2026Q4", "2026-10-01", "2026-12-31"),
+        ("2026q1", "2026-01-01", "2026-03-31"),
+    ],
+)
 def test_quarter_bounds_cover_the_calendar_quarter(quarter, start_iso, end_iso):
     start, end = windows.quarter_bounds(quarter)
     assert windows.fmt_t(start).startswith(start_iso) and windows.fmt_t(end).startswith(end_iso + " 23:59:59")

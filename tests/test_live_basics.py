@@ -19,8 +19,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def xirang(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xirang.cli", *args], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "xirang.cli", *args], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
 
 
 @pytest.fixture
@@ -34,8 +35,22 @@ def cluster(tmp_path):
 
 def test_submitted_job_starts_runs_and_finishes(cluster):
     command = f'{sys.executable} -c "import time; time.sleep(0.5)"'
-    done = xirang("submit", "j1", "--nats", cluster.url, "--team", "a", "--level", "3", "--gpus", "2",
-                  "--gpu-model", "H100", "--command", command)
+    done = xirang(
+        "submit",
+        "j1",
+        "--nats",
+        cluster.url,
+        "--team",
+        "a",
+        "--level",
+        "3",
+        "--gpus",
+        "2",
+        "--gpu-model",
+        "H100",
+        "--command",
+        command,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("accepted: submit j1")
     records = cluster.wait_for(T.JobFinished, job="j1")
@@ -55,16 +70,16 @@ def test_bad_submission_answers_with_the_reason_and_loses_nothing(cluster):
     never = xirang("submit", "j4", "--nats", cluster.url, "--team", "a", "--level", "7", "--gpus", "64")
     assert never.returncode == 1 and "rejected: gang_larger_than_pool" in never.stdout
     assert "ask for at most 8" in never.stdout
-    good = xirang("submit", "j3", "--nats", cluster.url, "--team", "a", "--level", "7", "--gpus", "8",
-                  "--json")
+    good = xirang(
+        "submit", "j3", "--nats", cluster.url, "--team", "a", "--level", "7", "--gpus", "8", "--json"
+    )
     assert json.loads(good.stdout)["outcome"] == "accepted"
     jobs = json.loads(xirang("jobs", "--nats", cluster.url, "--json").stdout)
     assert [r["job"] for r in jobs["jobs"]] == ["j3"]
 
 
 def test_duplicated_input_is_applied_once(cluster):
-    inp = T.Submit(job="dup", team="a", user="u", level=5, gpus=1, id="client-42",
-                   command=sleep_command(30))
+    inp = T.Submit(job="dup", team="a", user="u", level=5, gpus=1, id="client-42", command=sleep_command(30))
     first, second = cluster.send(inp, inp)
     assert not first[2] and second[2] and first[1] == second[1]
     cluster.wait_for(T.JobRunning, job="dup")
@@ -83,6 +98,7 @@ def test_client_without_a_server_gets_a_clear_error(tmp_path):
 
 def test_stale_writer_is_fenced_and_appends_nothing(tmp_path):
     with Cluster(tmp_path) as c:
+
         async def go():
             nc, js = await bus.connect(c.url)
             await bus.ensure_streams(js)
@@ -94,4 +110,5 @@ def test_stale_writer_is_fenced_and_appends_nothing(tmp_path):
                 await bus.publish_atomic(nc, bus.record_messages(more), 0, "stale")
             assert await bus.stream_last_seq(js, bus.EV_STREAM) == last
             await nc.close()
+
         asyncio.run(go())

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def xirang(*args: str, timeout: float = 100) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xirang.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "xirang.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
 
 
 def test_agent_without_an_nvidia_driver_says_to_simulate():
@@ -46,7 +47,8 @@ def test_bus_bench_quick_run_reports_both_rates_and_the_preemption_latency():
     result = json.loads(done.stdout)
     assert result["end_to_end"]["median_per_s"] > 0 and result["raw_pipelined_publish"]["median_per_s"] > 0
     assert result["end_to_end_vs_raw"] == pytest.approx(
-        result["end_to_end"]["median_per_s"] / result["raw_pipelined_publish"]["median_per_s"], rel=0.01)
+        result["end_to_end"]["median_per_s"] / result["raw_pipelined_publish"]["median_per_s"], rel=0.01
+    )
     latency = result["preemption_latency"]
     assert len(latency["submit_to_start_ms"]) == latency["rounds"] == 1
     assert 0 <= latency["median_less_checkpoint_ms"] <= latency["median_ms"]

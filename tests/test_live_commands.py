@@ -45,12 +45,44 @@ def cluster(tmp_path_factory):
 
 def test_a_waiting_job_says_why_and_when_it_should_start(cluster, capsys):
     url = cluster.url
-    code, out, _ = xirang(capsys, "submit", "big-1", "--nats", url, "--team", "vision", "--user", "ana",
-                          "--level", "5", "--gpus", "8", "--est-runtime-s", "600", "--command", HELLO)
+    code, out, _ = xirang(
+        capsys,
+        "submit",
+        "big-1",
+        "--nats",
+        url,
+        "--team",
+        "vision",
+        "--user",
+        "ana",
+        "--level",
+        "5",
+        "--gpus",
+        "8",
+        "--est-runtime-s",
+        "600",
+        "--command",
+        HELLO,
+    )
     assert code == 0 and out.startswith("accepted")
     cluster.wait_for(T.JobRunning, job="big-1")
-    code, out, _ = xirang(capsys, "submit", "small-1", "--nats", url, "--team", "nlp", "--user", "bo",
-                          "--level", "6", "--gpus", "2", "--est-runtime-s", "60")
+    code, out, _ = xirang(
+        capsys,
+        "submit",
+        "small-1",
+        "--nats",
+        url,
+        "--team",
+        "nlp",
+        "--user",
+        "bo",
+        "--level",
+        "6",
+        "--gpus",
+        "2",
+        "--est-runtime-s",
+        "60",
+    )
     assert code == 0
     jobs = {r["job"]: r for r in as_json(capsys, "jobs", "--nats", url)["jobs"]}
     waiting = jobs["small-1"]
@@ -68,8 +100,22 @@ def test_a_waiting_job_says_why_and_when_it_should_start(cluster, capsys):
 
 def test_dry_run_tells_what_would_happen_and_submits_nothing(cluster, capsys):
     url = cluster.url
-    answer = as_json(capsys, "submit", "urgent-dry", "--nats", url, "--team", "safety", "--level", "1",
-                     "--gpus", "8", "--est-runtime-s", "60", "--dry-run")
+    answer = as_json(
+        capsys,
+        "submit",
+        "urgent-dry",
+        "--nats",
+        url,
+        "--team",
+        "safety",
+        "--level",
+        "1",
+        "--gpus",
+        "8",
+        "--est-runtime-s",
+        "60",
+        "--dry-run",
+    )
     # big-1 runs on every GPU with no checkpoint: an urgent one-minute job is worth preempting it
     # only if the decision model says so; either way the answer says why, in numbers.
     assert answer["outcome"] in ("preempts", "waits"), answer
@@ -78,8 +124,23 @@ def test_dry_run_tells_what_would_happen_and_submits_nothing(cluster, capsys):
     else:
         assert answer["reason"] and answer["start_in_s"] is not None
     print(answer["summary"], file=sys.stderr)
-    code, out, _ = xirang(capsys, "submit", "never", "--nats", url, "--team", "safety", "--level", "1",
-                          "--gpus", "1", "--gpu-model", "B200", "--dry-run", "--json")
+    code, out, _ = xirang(
+        capsys,
+        "submit",
+        "never",
+        "--nats",
+        url,
+        "--team",
+        "safety",
+        "--level",
+        "1",
+        "--gpus",
+        "1",
+        "--gpu-model",
+        "B200",
+        "--dry-run",
+        "--json",
+    )
     refused = json.loads(out)
     assert code == 1 and (refused["outcome"], refused["reason"]) == ("rejected", "no_node_of_model")
     jobs = as_json(capsys, "jobs", "--nats", url)["jobs"]
@@ -89,8 +150,17 @@ def test_dry_run_tells_what_would_happen_and_submits_nothing(cluster, capsys):
 def test_nodes_shares_and_logs(cluster, capsys):
     url = cluster.url
     nodes = as_json(capsys, "nodes", "--nats", url)["nodes"]
-    assert nodes == [{"node": "h1", "gpu_model": "H100", "gpus": 8, "used": 8, "free": 0,
-                      "jobs": ["big-1"], "state": "allocated"}]
+    assert nodes == [
+        {
+            "node": "h1",
+            "gpu_model": "H100",
+            "gpus": 8,
+            "used": 8,
+            "free": 0,
+            "jobs": ["big-1"],
+            "state": "allocated",
+        }
+    ]
     teams = {r["team"]: r for r in as_json(capsys, "shares", "--nats", url)["teams"]}
     assert teams["vision"]["held_gpus"] == 8 and teams["nlp"]["queued_gpus"] == 2
     assert teams["vision"]["fair_share_gpus"] + teams["nlp"]["fair_share_gpus"] == pytest.approx(8)
@@ -112,12 +182,27 @@ def test_history_shows_finished_jobs_with_filters(cluster, capsys):
     assert [r["job"] for r in cancelled] == ["big-1"]
     assert as_json(capsys, "history", "--nats", url, "--team", "nobody")["jobs"] == []
     assert as_json(capsys, "history", "--nats", url, "--since", "2999-01-01T00:00:00")["jobs"] == []
-    assert len(as_json(capsys, "history", "--nats", url, "--until", "2999-01-01T00:00:00")["jobs"]) == len(rows)
+    assert len(as_json(capsys, "history", "--nats", url, "--until", "2999-01-01T00:00:00")["jobs"]) == len(
+        rows
+    )
     code, out, _ = xirang(capsys, "history", "--nats", url)
     assert "big-1" in out and "cancelled" in out
-    fail = f"{sys.executable} -c \"import sys; sys.exit(3)\""
-    xirang(capsys, "submit", "fail-1", "--nats", url, "--team", "nlp", "--level", "5", "--gpus", "1",
-           "--command", fail)
+    fail = f'{sys.executable} -c "import sys; sys.exit(3)"'
+    xirang(
+        capsys,
+        "submit",
+        "fail-1",
+        "--nats",
+        url,
+        "--team",
+        "nlp",
+        "--level",
+        "5",
+        "--gpus",
+        "1",
+        "--command",
+        fail,
+    )
     cluster.wait_for(T.JobFailed, job="fail-1")
     failed = as_json(capsys, "history", "--nats", url, "--state", "failed")["jobs"]
     assert [(r["job"], r["exit_code"]) for r in failed] == [("fail-1", 3)]
@@ -125,8 +210,21 @@ def test_history_shows_finished_jobs_with_filters(cluster, capsys):
 
 def test_hold_release_set_level_and_requeue(cluster, capsys):
     url = cluster.url
-    as_json(capsys, "submit", "later", "--nats", url, "--team", "nlp", "--user", "bo", "--level", "7",
-            "--gpus", "8")
+    as_json(
+        capsys,
+        "submit",
+        "later",
+        "--nats",
+        url,
+        "--team",
+        "nlp",
+        "--user",
+        "bo",
+        "--level",
+        "7",
+        "--gpus",
+        "8",
+    )
     code, out, _ = xirang(capsys, "hold", "later", "--nats", url, "--user", "bo")
     assert code == 0 and out.startswith("accepted")
     jobs = {r["job"]: r for r in as_json(capsys, "jobs", "--nats", url)["jobs"]}
@@ -150,15 +248,50 @@ def test_hold_release_set_level_and_requeue(cluster, capsys):
 def test_watch_redraws_and_logs_follow_ends_with_the_job(cluster, capsys):
     url = cluster.url
     ticker = f"{sys.executable} -c \"import time\nfor i in range(5): print('tick', i, flush=True); time.sleep(0.4)\""
-    xirang(capsys, "submit", "ticker", "--nats", url, "--team", "nlp", "--level", "2", "--gpus", "1",
-           "--command", ticker)
-    follow = subprocess.run([sys.executable, "-m", "xirang.cli", "logs", "ticker", "--follow", "--nats", url,
-                             "--data-dir", str(cluster.root)], capture_output=True, text=True, timeout=60,
-                            cwd=REPO)
+    xirang(
+        capsys,
+        "submit",
+        "ticker",
+        "--nats",
+        url,
+        "--team",
+        "nlp",
+        "--level",
+        "2",
+        "--gpus",
+        "1",
+        "--command",
+        ticker,
+    )
+    follow = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "xirang.cli",
+            "logs",
+            "ticker",
+            "--follow",
+            "--nats",
+            url,
+            "--data-dir",
+            str(cluster.root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert follow.returncode == 0, follow.stderr
-    assert [line for line in follow.stdout.splitlines() if line.startswith("tick")] == [f"tick {i}" for i in range(5)]
-    watch = subprocess.Popen([sys.executable, "-m", "xirang.cli", "queue", "--watch", "0.3", "--json", "--nats", url],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert [line for line in follow.stdout.splitlines() if line.startswith("tick")] == [
+        f"tick {i}" for i in range(5)
+    ]
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "xirang.cli", "queue", "--watch", "0.3", "--json", "--nats", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         frames = [json.loads(watch.stdout.readline()) for _ in range(2)]
         assert all(len(frame["levels"]) == 8 for frame in frames)

@@ -235,7 +235,9 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     resumed_t = matching(records, T.JobRunning, job="train")[-1].event.t
     _wait(
         nats,
-        lambda rs: any(r.event.t >= resumed_t + 7_000 for r in matching(rs, T.CheckpointRecorded, job="train")),
+        lambda rs: any(
+            r.event.t >= resumed_t + 7_000 for r in matching(rs, T.CheckpointRecorded, job="train")
+        ),
         40,
         "a checkpoint after the first credentials expired",
     )

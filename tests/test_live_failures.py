@@ -20,9 +20,19 @@ pytestmark = pytest.mark.timeout(150)
 
 
 def low(job: str, gpus: int, command: list[str]) -> T.Submit:
-    return T.Submit(job=job, team=f"team-{job}", user=f"user-{job}", level=6, gpus=gpus,
-                    gpu_models=["H100"], est_runtime_s=600, ckpt_interval_s=5, ckpt_cost_s=1,
-                    restore_cost_s=1, command=command)
+    return T.Submit(
+        job=job,
+        team=f"team-{job}",
+        user=f"user-{job}",
+        level=6,
+        gpus=gpus,
+        gpu_models=["H100"],
+        est_runtime_s=600,
+        ckpt_interval_s=5,
+        ckpt_cost_s=1,
+        restore_cost_s=1,
+        command=command,
+    )
 
 
 def assert_no_gpu_held_twice(records) -> None:
@@ -33,7 +43,9 @@ def assert_no_gpu_held_twice(records) -> None:
         if isinstance(ev, (T.JobStartRequested, T.JobResumeRequested)):
             for slot in ev.placement:
                 for g in slot.gpus:
-                    assert holder.get((slot.node, g)) in (None, ev.job), f"{slot.node}:{g} held twice at {r.n}"
+                    assert holder.get((slot.node, g)) in (None, ev.job), (
+                        f"{slot.node}:{g} held twice at {r.n}"
+                    )
                     holder[(slot.node, g)] = ev.job
         elif isinstance(ev, (T.JobFinished, T.JobFailed, T.JobCancelled, T.VictimReleased, T.JobRequeued)):
             for key in [k for k, job in holder.items() if job == ev.job]:
@@ -42,6 +54,7 @@ def assert_no_gpu_held_twice(records) -> None:
 
 def kill_scheduler_when(cluster: Cluster, proc, kind) -> int:
     """SIGKILL the scheduler the moment an event of `kind` reaches the log; returns its n."""
+
     async def go(nc, js):
         seen = asyncio.get_running_loop().create_future()
 
@@ -50,11 +63,18 @@ def kill_scheduler_when(cluster: Cluster, proc, kind) -> int:
             if isinstance(record.event, kind) and not seen.done():
                 os.kill(proc.pid, signal.SIGKILL)
                 seen.set_result(record.n)
-        sub = await js.subscribe(f"{bus.LOG_PREFIX}.>", stream=bus.EV_STREAM, ordered_consumer=True,
-                                 cb=on_msg, config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+
+        sub = await js.subscribe(
+            f"{bus.LOG_PREFIX}.>",
+            stream=bus.EV_STREAM,
+            ordered_consumer=True,
+            cb=on_msg,
+            config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL),
+        )
         n = await asyncio.wait_for(seen, 30)
         await sub.unsubscribe()
         return n
+
     return cluster._run(go)
 
 
@@ -64,21 +84,37 @@ def test_scheduler_killed_mid_saga_loses_nothing_and_the_saga_ends(tmp_path):
         c.agent("h1", "8xH100")
         c.wait_for(T.NodeJoined, node="h1")
         # Slow steps: the victims reach their safe point while no scheduler runs.
-        c.send(low("v1", 4, train_command(100_000, step_ms=400)), low("v2", 4, train_command(100_000, step_ms=400)))
+        c.send(
+            low("v1", 4, train_command(100_000, step_ms=400)),
+            low("v2", 4, train_command(100_000, step_ms=400)),
+        )
         c.wait(lambda rs: len(matching(rs, T.JobRunning)) == 2, what="victims running")
         time.sleep(1.5)  # the SDK is loaded
-        c.send(T.Submit(job="urgent", team="ops", user="kim", level=0, gpus=8, gpu_models=["H100"],
-                        est_runtime_s=10, command=sleep_command(1)))
+        c.send(
+            T.Submit(
+                job="urgent",
+                team="ops",
+                user="kim",
+                level=0,
+                gpus=8,
+                gpu_models=["H100"],
+                est_runtime_s=10,
+                command=sleep_command(1),
+            )
+        )
         planned_n = kill_scheduler_when(c, s1, T.PreemptionPlanned)
         s1.wait(10)
         before = c.records()
         assert not matching(before, T.PreemptionCommitted)
         c.scheduler("s2")
-        records = c.wait(lambda rs: matching(rs, T.PreemptionCommitted) or matching(rs, T.PreemptionRolledBack),
-                         timeout_s=30, what="saga ended")
+        records = c.wait(
+            lambda rs: matching(rs, T.PreemptionCommitted) or matching(rs, T.PreemptionRolledBack),
+            timeout_s=30,
+            what="saga ended",
+        )
         records = c.wait_for(T.JobFinished, job="urgent", timeout_s=20)
         assert [r.n for r in records] == list(range(1, len(records) + 1))  # nothing lost or doubled
-        assert records[:len(before)] == before and planned_n <= len(before)
+        assert records[: len(before)] == before and planned_n <= len(before)
         rebuild(records)  # hash chain and digests hold across the takeover
         assert_no_gpu_held_twice(records)
         accepted = [r.input_seq for r in records if isinstance(r.event, T.InputAccepted) and r.input_seq]
@@ -113,8 +149,10 @@ def test_host_agent_killed_and_restarted_repeats_no_action(tmp_path):
         c.scheduler()
         agent = c.agent("h1", "8xH100")
         c.wait_for(T.NodeJoined, node="h1")
-        c.send(T.Submit(job="long", team="a", user="u", level=5, gpus=2, command=sleep_command(4, trace)),
-               T.Submit(job="other", team="a", user="u", level=5, gpus=2, command=sleep_command(60)))
+        c.send(
+            T.Submit(job="long", team="a", user="u", level=5, gpus=2, command=sleep_command(4, trace)),
+            T.Submit(job="other", team="a", user="u", level=5, gpus=2, command=sleep_command(60)),
+        )
         c.wait(lambda rs: len(matching(rs, T.JobRunning)) == 2, what="jobs running")
         c.kill(agent)
         c.send(T.Cancel(job="other"))  # decided while the agent is down
@@ -145,6 +183,7 @@ def test_restarted_scheduler_starts_from_its_snapshot_and_the_tail(tmp_path):
 
         async def snapshot(nc, js):
             return await bus.load_snapshot_obj(js)
+
         state, covered = c._run(snapshot)
         assert state is not None and 0 < covered and state.canonical.events_n >= 20
         c.kill(s1)
@@ -152,7 +191,9 @@ def test_restarted_scheduler_starts_from_its_snapshot_and_the_tail(tmp_path):
         c.scheduler("s2")
         records = c.wait_for(T.JobSubmitted, count=35)
         full = rebuild(records)
-        assert sorted(j for j in full.canonical.jobs) == sorted([f"j{i}" for i in range(30)] + [f"k{i}" for i in range(5)])
+        assert sorted(j for j in full.canonical.jobs) == sorted(
+            [f"j{i}" for i in range(30)] + [f"k{i}" for i in range(5)]
+        )
         assert f"(snapshot at XR_EV seq {covered} + " in (c.logs / "s2.log").read_text()
 
 
@@ -172,8 +213,9 @@ def test_silent_host_is_lost_its_jobs_requeued_and_it_rejoins_when_back(tmp_path
         records = c.wait_for(T.NodeJoined, node="h1", count=2, timeout_s=20)
         records = c.wait_for(T.JobRunning, job="j", count=2, timeout_s=20)
         deadline = time.monotonic() + 10
-        while (len(trace.read_text().split()) < 2 or pid_alive(int(trace.read_text().split()[0]))) \
-                and time.monotonic() < deadline:
+        while (
+            len(trace.read_text().split()) < 2 or pid_alive(int(trace.read_text().split()[0]))
+        ) and time.monotonic() < deadline:
             time.sleep(0.2)
         first, second = (int(pid) for pid in trace.read_text().split())
         assert not pid_alive(first) and pid_alive(second)  # the orphan was stopped, not doubled

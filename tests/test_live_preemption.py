@@ -23,15 +23,34 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def urgent(job: str = "urgent", seconds: float = 1.0, level: int = 0) -> T.Submit:
-    return T.Submit(job=job, team="ops", user="kim", level=level, gpus=8, gpu_models=["H100"],
-                    est_runtime_s=10, command=sleep_command(seconds))
+    return T.Submit(
+        job=job,
+        team="ops",
+        user="kim",
+        level=level,
+        gpus=8,
+        gpu_models=["H100"],
+        est_runtime_s=10,
+        command=sleep_command(seconds),
+    )
 
 
-def low(job: str, gpus: int, command: list[str], level: int = 6, ckpt_cost_s: float = 1,
-        team: str = "") -> T.Submit:
-    return T.Submit(job=job, team=team or f"team-{job}", user=f"user-{job}", level=level, gpus=gpus,
-                    gpu_models=["H100"], est_runtime_s=600, ckpt_interval_s=5, ckpt_cost_s=ckpt_cost_s,
-                    restore_cost_s=ckpt_cost_s, command=command)
+def low(
+    job: str, gpus: int, command: list[str], level: int = 6, ckpt_cost_s: float = 1, team: str = ""
+) -> T.Submit:
+    return T.Submit(
+        job=job,
+        team=team or f"team-{job}",
+        user=f"user-{job}",
+        level=level,
+        gpus=gpus,
+        gpu_models=["H100"],
+        est_runtime_s=600,
+        ckpt_interval_s=5,
+        ckpt_cost_s=ckpt_cost_s,
+        restore_cost_s=ckpt_cost_s,
+        command=command,
+    )
 
 
 UNTRAINED_LOSS = math.log(2)  # logistic loss of the zero model the example starts from
@@ -64,11 +83,14 @@ def test_multi_victim_preemption_commits_and_victims_resume_from_their_checkpoin
     # Saving takes a tenth of a second: past a couple of seconds of training, a save is
     # cheaper than the progress it keeps. The victims are of the preemptor's own team: a
     # level-3 job of another team could take only what they hold beyond their fair shares.
-    cluster.send(low("v1", 4, train_command(100_000, seed=1), ckpt_cost_s=0.1, team="ops"),
-                 low("v2", 2, train_command(100_000, seed=2), ckpt_cost_s=0.1, team="ops"),
-                 low("v3", 2, train_command(100_000, seed=3), level=7, ckpt_cost_s=0.1, team="ops"))
-    records = cluster.wait(lambda rs: all(matching(rs, T.JobRunning, job=v) for v in victims),
-                           what="victims running")
+    cluster.send(
+        low("v1", 4, train_command(100_000, seed=1), ckpt_cost_s=0.1, team="ops"),
+        low("v2", 2, train_command(100_000, seed=2), ckpt_cost_s=0.1, team="ops"),
+        low("v3", 2, train_command(100_000, seed=3), level=7, ckpt_cost_s=0.1, team="ops"),
+    )
+    records = cluster.wait(
+        lambda rs: all(matching(rs, T.JobRunning, job=v) for v in victims), what="victims running"
+    )
     for v in victims:  # each has trained a little
         first_run = run_dir(cluster, v, matching(records, T.JobStartRequested, job=v)[0].n)
         wait_metrics(first_run / "output.log")
@@ -80,8 +102,11 @@ def test_multi_victim_preemption_commits_and_victims_resume_from_their_checkpoin
     planned = matching(records, T.PreemptionPlanned)[0].event
     assert sorted(planned.victims) == victims and planned.benefit > planned.cost
     assert all(n.event.checkpoint_needed for n in matching(records, T.VictimNotified))
-    records = cluster.wait(lambda rs: all(len(matching(rs, T.JobRunning, job=v)) == 2 for v in victims),
-                           timeout_s=30, what="victims resumed")
+    records = cluster.wait(
+        lambda rs: all(len(matching(rs, T.JobRunning, job=v)) == 2 for v in victims),
+        timeout_s=30,
+        what="victims resumed",
+    )
     assert matching(records, T.JobFinished, job="urgent")
     for v in victims:
         saved = matching(records, T.CheckpointRecorded, job=v)[-1].event
@@ -96,8 +121,9 @@ def test_multi_victim_preemption_commits_and_victims_resume_from_their_checkpoin
 
 def test_victim_that_never_releases_rolls_everything_back(cluster):
     cluster.send(low("stuck", 2, stuck_command()), low("good", 6, train_command(100_000)))
-    cluster.wait(lambda rs: all(matching(rs, T.JobRunning, job=v) for v in ("stuck", "good")),
-                 what="victims running")
+    cluster.wait(
+        lambda rs: all(matching(rs, T.JobRunning, job=v) for v in ("stuck", "good")), what="victims running"
+    )
     cluster.send(urgent())
     records = cluster.wait_for(T.PreemptionRolledBack, timeout_s=25)
     rolled = matching(records, T.PreemptionRolledBack)[0].event
@@ -110,7 +136,9 @@ def test_victim_that_never_releases_rolls_everything_back(cluster):
     assert not matching(records, T.PreemptionCommitted)
     records = cluster.wait(lambda rs: len(matching(rs, T.JobRunning, job="good")) == 2, what="good resumed")
     state = rebuild(records)
-    assert state.canonical.jobs["stuck"].state == "running" and state.canonical.jobs["urgent"].state == "queued"
+    assert (
+        state.canonical.jobs["stuck"].state == "running" and state.canonical.jobs["urgent"].state == "queued"
+    )
     assert state.canonical.jobs["good"].state == "running"
 
 
@@ -133,10 +161,12 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
                 await ckptstore.put(js, "c1", found[0], slot, bytes(data))
                 return slot
         raise AssertionError("c1's newest checkpoint is in no slot")
+
     cluster._run(corrupt)
 
-    records = cluster.wait(lambda rs: len(matching(rs, T.JobRunning, job="c1")) == 2, timeout_s=30,
-                           what="c1 resumed")
+    records = cluster.wait(
+        lambda rs: len(matching(rs, T.JobRunning, job="c1")) == 2, timeout_s=30, what="c1 resumed"
+    )
     fallback = matching(records, T.CheckpointFallback, job="c1")[0].event
     assert fallback.bad_digest == newest.digest
     assert (fallback.to_step, fallback.to_digest) == (previous.step, previous.digest)
@@ -161,8 +191,19 @@ time.sleep(120)
 
 
 def test_victim_without_the_sdk_gets_sigterm_then_sigkill_and_is_released(cluster):
-    cluster.send(T.Submit(job="plain", team="a", user="u", level=6, gpus=8, gpu_models=["H100"],
-                          est_runtime_s=600, ckpt_interval_s=0, command=[sys.executable, "-c", STUBBORN]))
+    cluster.send(
+        T.Submit(
+            job="plain",
+            team="a",
+            user="u",
+            level=6,
+            gpus=8,
+            gpu_models=["H100"],
+            est_runtime_s=600,
+            ckpt_interval_s=0,
+            command=[sys.executable, "-c", STUBBORN],
+        )
+    )
     records = cluster.wait_for(T.JobRunning, job="plain")
     time.sleep(3)  # past most of the agent's wait for an SDK to show up
     cluster.send(urgent())

@@ -26,16 +26,39 @@ def test_up_runs_a_cluster_that_clients_find_and_stops_it_all(tmp_path):
         while _total_gpus(data) < 12 and time.monotonic() < deadline:  # the hosts join
             time.sleep(0.3)
         assert _total_gpus(data) == 12
-        done = subprocess.run(cli + ["submit", "big", "--team", "a", "--level", "2", "--gpus", "4",
-                                     "--gpu-model", "A100", "--data-dir", data],
-                              capture_output=True, text=True, timeout=30, cwd=REPO)
+        done = subprocess.run(
+            cli
+            + [
+                "submit",
+                "big",
+                "--team",
+                "a",
+                "--level",
+                "2",
+                "--gpus",
+                "4",
+                "--gpu-model",
+                "A100",
+                "--data-dir",
+                data,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=REPO,
+        )
         assert done.stdout.startswith("accepted"), done.stdout + done.stderr
     assert all(not pid_alive(p) for p in pids)
 
 
 def _total_gpus(data: str) -> int:
-    out = subprocess.run([sys.executable, "-m", "xirang.cli", "queue", "--data-dir", data],
-                         capture_output=True, text=True, timeout=30, cwd=REPO).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "xirang.cli", "queue", "--data-dir", data],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+    ).stdout
     if not out.strip():
         return 0  # the scheduler has not created the streams yet
     last = out.strip().splitlines()[-1]  # "GPUs free F/T; sagas open S"

@@ -13,16 +13,17 @@ XIRANG = [sys.executable, "-m", "xirang.cli"]
 
 
 def _run(*args, timeout=240):
-    return subprocess.run(XIRANG + list(args), capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout)
+    return subprocess.run(XIRANG + list(args), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
 
 
 def _trace(tmp_path, jobs=40) -> str:
     rng = random.Random(11)
     lines = ["job,submit_s,duration_s,gpus,team,level"]
     for i in range(jobs):
-        lines.append(f"j{i},{i * 30},{rng.randint(300, 4000)},{rng.choice([1, 1, 2, 4, 8])},"
-                     f"t{i % 3},{rng.randrange(8)}")
+        lines.append(
+            f"j{i},{i * 30},{rng.randint(300, 4000)},{rng.choice([1, 1, 2, 4, 8])},"
+            f"t{i % 3},{rng.randrange(8)}"
+        )
     path = tmp_path / "small.csv"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -49,8 +50,19 @@ def test_sim_compares_all_policies_and_writes_every_output(tmp_path):
 
 
 def test_sim_shows_progress_on_stderr(tmp_path):
-    proc = _run("sim", "--trace", _trace(tmp_path, 10), "--gpus", "16", "--policies", "none,k8s",
-                "--procs", "1", "--out", str(tmp_path / "o"))
+    proc = _run(
+        "sim",
+        "--trace",
+        _trace(tmp_path, 10),
+        "--gpus",
+        "16",
+        "--policies",
+        "none,k8s",
+        "--procs",
+        "1",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "none [" in proc.stderr and "100%" in proc.stderr
 
@@ -69,8 +81,17 @@ def test_sim_rejects_bad_arguments_with_what_to_fix(tmp_path):
         assert words in proc.stderr, (extra, proc.stderr)
     proc = _run("sim", "--trace", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "cannot read" in proc.stderr
-    proc = _run("sim", "--trace", _trace(tmp_path, 40), "--gpus", "4", "--node-gpus", "4",
-                "--out", str(tmp_path / "o"))
+    proc = _run(
+        "sim",
+        "--trace",
+        _trace(tmp_path, 40),
+        "--gpus",
+        "4",
+        "--node-gpus",
+        "4",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert proc.returncode == 2 and "raise --gpus" in proc.stderr
 
 

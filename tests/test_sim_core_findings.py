@@ -28,7 +28,11 @@ def test_a_starving_gang_does_not_idle_nodes_it_is_not_waiting_for():
     ]
     for inp in inputs:
         step(state, inp)
-    _, records = step(state, T.Submit(t=2000 + 2 * HOUR_MS + 2000, job="small", team="z",
-                                      user="w", level=5, gpus=1, est_runtime_s=600))
+    _, records = step(
+        state,
+        T.Submit(
+            t=2000 + 2 * HOUR_MS + 2000, job="small", team="z", user="w", level=5, gpus=1, est_runtime_s=600
+        ),
+    )
     # Node b has 4 free GPUs the gang cannot use before `long` ends in ~100 h.
     assert "small" in _started(records)

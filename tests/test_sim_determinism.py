@@ -40,8 +40,10 @@ def trace(tmp_path_factory) -> str:
 
 
 def _digest(result) -> str:
-    rows = [(j.id, j.first_start_ms, j.finish_ms, j.preemptions, j.lost_progress_ms, j.overhead_ms)
-            for j in result.jobs]
+    rows = [
+        (j.id, j.first_start_ms, j.finish_ms, j.preemptions, j.lost_progress_ms, j.overhead_ms)
+        for j in result.jobs
+    ]
     return hashlib.sha256(repr(rows).encode()).hexdigest()
 
 
@@ -64,8 +66,14 @@ def test_xirang_run_does_not_depend_on_the_hash_seed(trace):
     digests = {_digest(_run(trace, "xirang", 3))}
     for hash_seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        proc = subprocess.run([sys.executable, "-c", DIGEST_SCRIPT, trace, "3", "xirang"],
-                              capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, "-c", DIGEST_SCRIPT, trace, "3", "xirang"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert proc.returncode == 0, proc.stderr
         digests.add(proc.stdout.strip())
     assert len(digests) == 1

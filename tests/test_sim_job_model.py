@@ -9,9 +9,9 @@ NODE = [("n0", 1)]
 
 def test_notified_job_saves_and_resumes_from_its_checkpoint_with_its_progress():
     wl = workload(job("j", 0, 3000, ckpt_interval_s=1000, ckpt_cost_s=20, restore_cost_s=30))
-    sim, policy = run_scripted(wl, [(0, "start", "j", NODE, 0),
-                                    (1_500_000, "notify", "j", True),
-                                    (2_000_000, "start", "j", NODE, 2)])
+    sim, policy = run_scripted(
+        wl, [(0, "start", "j", NODE, 0), (1_500_000, "notify", "j", True), (2_000_000, "start", "j", NODE, 2)]
+    )
     out = sim.jobs["j"].out
     # 1000 s done at the periodic checkpoint, +475 s to the notice, +10 s to the safe point.
     assert sim.jobs["j"].ckpt_progress == {1: 1_000_000, 2: 1_485_000, 3: 2_000_000}
@@ -25,9 +25,10 @@ def test_notified_job_saves_and_resumes_from_its_checkpoint_with_its_progress():
 
 def test_killed_job_loses_progress_since_its_last_periodic_checkpoint():
     wl = workload(job("j", 0, 3000, ckpt_interval_s=1000, ckpt_cost_s=20, restore_cost_s=30))
-    sim, policy = run_scripted(wl, [(0, "start", "j", NODE, 0),
-                                    (1_500_000, "kill", "j", 30_000),
-                                    (2_000_000, "start", "j", NODE, None)])
+    sim, policy = run_scripted(
+        wl,
+        [(0, "start", "j", NODE, 0), (1_500_000, "kill", "j", 30_000), (2_000_000, "start", "j", NODE, None)],
+    )
     out = sim.jobs["j"].out
     assert policy.fact_times("released", "j") == [1_530_400]
     assert out.lost_progress_ms == 505_000  # computed to 1505 s through the grace, saved 1000 s
@@ -38,8 +39,9 @@ def test_killed_job_loses_progress_since_its_last_periodic_checkpoint():
 
 def test_job_that_never_checkpoints_loses_everything_on_a_notice():
     wl = workload(job("j", 0, 3000, ckpt_interval_s=0))
-    sim, _ = run_scripted(wl, [(0, "start", "j", NODE, 0), (1_000_000, "notify", "j", True),
-                               (1_100_000, "start", "j", NODE, 0)])
+    sim, _ = run_scripted(
+        wl, [(0, "start", "j", NODE, 0), (1_000_000, "notify", "j", True), (1_100_000, "start", "j", NODE, 0)]
+    )
     out = sim.jobs["j"].out
     assert out.lost_progress_ms == 1_010_200 - 5_200  # safe point minus start
     assert out.finish_ms == 1_100_200 + 5_000 + 3_000_000
@@ -47,8 +49,9 @@ def test_job_that_never_checkpoints_loses_everything_on_a_notice():
 
 def test_withdrawn_notice_lets_the_job_run_on_without_loss():
     wl = workload(job("j", 0, 3000, ckpt_interval_s=1000, ckpt_cost_s=20))
-    sim, policy = run_scripted(wl, [(0, "start", "j", NODE, 0), (1_500_000, "notify", "j", True),
-                                    (1_505_000, "withdraw", "j")])
+    sim, policy = run_scripted(
+        wl, [(0, "start", "j", NODE, 0), (1_500_000, "notify", "j", True), (1_505_000, "withdraw", "j")]
+    )
     out = sim.jobs["j"].out
     assert out.preemptions == 0 and out.lost_progress_ms == 0
     assert out.finish_ms == 5_200 + 3_000_000 + 2 * 20_000

@@ -7,13 +7,32 @@ from replay.sim import JobOutcome, SimResult
 
 
 def _result(policy, jobs, end_ms=10_000_000):
-    return SimResult(policy=policy, workload="hand", seed=0, total_gpus=8, jobs=jobs,
-                     end_ms=end_ms, wall_s=0.1, steps=1, events=1)
+    return SimResult(
+        policy=policy,
+        workload="hand",
+        seed=0,
+        total_gpus=8,
+        jobs=jobs,
+        end_ms=end_ms,
+        wall_s=0.1,
+        steps=1,
+        events=1,
+    )
 
 
 def _job(job_id, level, team, gpus, submit, start, finish, duration, **kw):
-    return JobOutcome(id=job_id, team=team, user="u", level=level, gpus=gpus, submit_ms=submit,
-                      duration_ms=duration, first_start_ms=start, finish_ms=finish, **kw)
+    return JobOutcome(
+        id=job_id,
+        team=team,
+        user="u",
+        level=level,
+        gpus=gpus,
+        submit_ms=submit,
+        duration_ms=duration,
+        first_start_ms=start,
+        finish_ms=finish,
+        **kw,
+    )
 
 
 def test_jain_is_one_when_even_and_one_over_n_when_one_takes_all():
@@ -24,8 +43,20 @@ def test_jain_is_one_when_even_and_one_over_n_when_one_takes_all():
 
 def test_card_counts_waits_lost_gpu_hours_and_team_service():
     jobs = [
-        _job("a", 0, "x", 2, 0, 10_000, 3_610_000, 3_600_000, preemptions=1,
-             lost_progress_ms=1_800_000, overhead_ms=60_000, held_spans=[(10_000, 3_610_000)]),
+        _job(
+            "a",
+            0,
+            "x",
+            2,
+            0,
+            10_000,
+            3_610_000,
+            3_600_000,
+            preemptions=1,
+            lost_progress_ms=1_800_000,
+            overhead_ms=60_000,
+            held_spans=[(10_000, 3_610_000)],
+        ),
         _job("b", 0, "y", 4, 0, 0, 3_600_000, 3_600_000, held_spans=[(0, 3_600_000)]),
         _job("c", 5, "y", 1, 1000, -1, -1, 60_000),
     ]
@@ -42,9 +73,23 @@ def test_card_counts_waits_lost_gpu_hours_and_team_service():
 
 def test_acceptance_compares_xirang_with_k8s_and_none():
     def run(policy, wait_ms, lost_ms):
-        return _result(policy, [_job(f"{policy}{i}", i % 2, f"t{i % 3}", 1, 0, wait_ms,
-                                     wait_ms + 1000, 1000, lost_progress_ms=lost_ms)
-                                for i in range(30)])
+        return _result(
+            policy,
+            [
+                _job(
+                    f"{policy}{i}",
+                    i % 2,
+                    f"t{i % 3}",
+                    1,
+                    0,
+                    wait_ms,
+                    wait_ms + 1000,
+                    1000,
+                    lost_progress_ms=lost_ms,
+                )
+                for i in range(30)
+            ],
+        )
 
     card = scorecard([run("none", 100_000, 0), run("k8s", 5_000, 9000), run("xirang", 6_000, 1000)])
     checks = card["acceptance"]["checks"]
@@ -62,10 +107,13 @@ def test_acceptance_compares_xirang_with_k8s_and_none():
 def test_acceptance_checks_each_less_urgent_level_against_no_preemption():
     """Level 4 waits 10 s under none and 20 s under xirang: 2x, past the 1.25x bound; the
     mean over all jobs is measured against none's too."""
+
     def run(policy, level4_wait_ms):
         jobs = [_job(f"{policy}-u{i}", 0, "t", 1, 0, 1000, 2000, 1000) for i in range(10)]
-        jobs += [_job(f"{policy}-b{i}", 4, "t", 1, 0, level4_wait_ms, level4_wait_ms + 1000, 1000)
-                 for i in range(10)]
+        jobs += [
+            _job(f"{policy}-b{i}", 4, "t", 1, 0, level4_wait_ms, level4_wait_ms + 1000, 1000)
+            for i in range(10)
+        ]
         return _result(policy, jobs)
 
     card = scorecard([run("none", 10_000), run("k8s", 10_000), run("xirang", 20_000)])
@@ -80,11 +128,13 @@ def test_acceptance_checks_each_less_urgent_level_against_no_preemption():
 def test_team_fairness_inside_a_level_compares_held_with_the_levels_max_min_split():
     """Level 4 holds 8 GPUs: x holds all 8 while y asks for 4 and waits (Jain 0.5); at
     level 5 each holds what it asks: 1.0. Other levels' GPUs do not enter level 4's."""
-    jobs = [_job("x", 4, "x", 8, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
-            _job("y", 4, "y", 4, 0, -1, -1, 100_000),
-            _job("a", 5, "x", 2, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
-            _job("b", 5, "y", 2, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
-            _job("c", 3, "y", 8, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)])]
+    jobs = [
+        _job("x", 4, "x", 8, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
+        _job("y", 4, "y", 4, 0, -1, -1, 100_000),
+        _job("a", 5, "x", 2, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
+        _job("b", 5, "y", 2, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
+        _job("c", 3, "y", 8, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
+    ]
     card = policy_card(_result("p", jobs, end_ms=100_000))
     assert card["level_team_jain"]["4"] == pytest.approx(0.5, abs=1e-3)
     assert card["level_team_jain"]["5"] == 1.0
@@ -104,11 +154,24 @@ def test_fair_share_fairness_compares_what_teams_held_with_their_max_min_share()
     """8 GPUs; team y wants 2 for the whole run. When x wants and holds 6 next to y's 2,
     both got their max-min share; when x wants and holds all 8 while y waits, max-min
     entitled x to 6 and y to 2: x got 8/6 of its share and y none."""
+
     def card(x_gpus: int, y_started: bool):
-        jobs = [_job("x", 3, "x", x_gpus, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
-                _job("y", 3, "y", 2, 0, 0 if y_started else -1, 100_000 if y_started else -1,
-                     100_000, held_spans=[(0, 100_000)] if y_started else [])]
+        jobs = [
+            _job("x", 3, "x", x_gpus, 0, 0, 100_000, 100_000, held_spans=[(0, 100_000)]),
+            _job(
+                "y",
+                3,
+                "y",
+                2,
+                0,
+                0 if y_started else -1,
+                100_000 if y_started else -1,
+                100_000,
+                held_spans=[(0, 100_000)] if y_started else [],
+            ),
+        ]
         return policy_card(_result("p", jobs, end_ms=100_000))
+
     even = card(6, True)
     assert even["teams"]["x"]["share_of_fair"] == 1.0 and even["teams"]["y"]["share_of_fair"] == 1.0
     assert even["jain_teams_share"] == 1.0

@@ -44,9 +44,10 @@ def _write(tmp_path, text):
 
 
 def test_canonical_csv_keeps_given_columns_and_fills_the_rest(tmp_path):
-    path = _write(tmp_path, "job,submit_s,duration_s,gpus,level,team,gpu_model\n"
-                            "b,20,100,2,1,red,A100\n"
-                            "a,10,50,1,,blue,\n")
+    path = _write(
+        tmp_path,
+        "job,submit_s,duration_s,gpus,level,team,gpu_model\nb,20,100,2,1,red,A100\na,10,50,1,,blue,\n",
+    )
     wl = load_canonical(path, seed=3)
     assert [j.id for j in wl.jobs] == ["a", "b"]
     a, b = wl.jobs
@@ -57,17 +58,20 @@ def test_canonical_csv_keeps_given_columns_and_fills_the_rest(tmp_path):
     assert load_canonical(path, seed=3).jobs == wl.jobs
 
 
-@pytest.mark.parametrize("text,words", [
-    ("job,submit_s,gpus\na,0,1\n", "missing required columns duration_s"),
-    ("job,submit_s,duration_s,gpus\na,0,-5,1\n", "duration must be positive"),
-    ("job,submit_s,duration_s,gpus\na,0,5,0\n", "gpus must be positive"),
-    ("job,submit_s,duration_s,gpus\na,zero,5,1\n", "trace.csv:2: submit_s must be a number, got 'zero'"),
-    ("job,submit_s,duration_s,gpus\na,0,5,two\n", "gpus must be a whole number, got 'two'"),
-    ("job,submit_s,duration_s,gpus,level\na,0,5,1,high\n", "level must be a whole number"),
-    ("job,submit_s,duration_s,gpus,level\na,0,5,1,9\n", "level must be 0..7"),
-    ("job,submit_s,duration_s,gpus\na,0,5,1\na,1,5,1\n", "appears twice"),
-    ("", "empty file"),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("job,submit_s,gpus\na,0,1\n", "missing required columns duration_s"),
+        ("job,submit_s,duration_s,gpus\na,0,-5,1\n", "duration must be positive"),
+        ("job,submit_s,duration_s,gpus\na,0,5,0\n", "gpus must be positive"),
+        ("job,submit_s,duration_s,gpus\na,zero,5,1\n", "trace.csv:2: submit_s must be a number, got 'zero'"),
+        ("job,submit_s,duration_s,gpus\na,0,5,two\n", "gpus must be a whole number, got 'two'"),
+        ("job,submit_s,duration_s,gpus,level\na,0,5,1,high\n", "level must be a whole number"),
+        ("job,submit_s,duration_s,gpus,level\na,0,5,1,9\n", "level must be 0..7"),
+        ("job,submit_s,duration_s,gpus\na,0,5,1\na,1,5,1\n", "appears twice"),
+        ("", "empty file"),
+    ],
+)
 def test_bad_canonical_csv_says_what_to_fix(tmp_path, text, words):
     with pytest.raises(TraceError, match=words):
         load_canonical(_write(tmp_path, text))

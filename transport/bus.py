@@ -86,8 +86,9 @@ def node_token(name: str) -> str:
     return "x" + name.encode().hex()
 
 
-async def connect(url: str, name: str = "xirang", creds: str | None = None,
-                  **kwargs) -> tuple[nats.NATS, object]:
+async def connect(
+    url: str, name: str = "xirang", creds: str | None = None, **kwargs
+) -> tuple[nats.NATS, object]:
     """Connect to one or several servers (comma separated), with the credentials in
     `creds` or $XIRANG_CREDS and TLS as trust/connect.py says."""
     refused: list[BaseException] = []
@@ -100,9 +101,15 @@ async def connect(url: str, name: str = "xirang", creds: str | None = None,
     if identity:
         _IDENTITY["from_creds"] = identity
     try:
-        nc = await nats.connect(name=name, max_reconnect_attempts=kwargs.pop("reconnects", 60),
-                                reconnect_time_wait=kwargs.pop("reconnect_time_wait", 0.25), connect_timeout=5,
-                                error_cb=_quiet, **options, **kwargs)
+        nc = await nats.connect(
+            name=name,
+            max_reconnect_attempts=kwargs.pop("reconnects", 60),
+            reconnect_time_wait=kwargs.pop("reconnect_time_wait", 0.25),
+            connect_timeout=5,
+            error_cb=_quiet,
+            **options,
+            **kwargs,
+        )
     except nats.errors.NoServersError as err:
         if refused:  # the server answered, and said no: not an outage
             raise CredentialsRefused(credentials_refused(creds)) from err
@@ -116,8 +123,7 @@ RECONNECT_WAIT_S = 0.5
 CONNECT_BACKOFF_MAX_S = 5.0
 
 
-async def connect_forever(url: str, name: str = "xirang", stop=None,
-                          **kwargs) -> tuple[nats.NATS, object]:
+async def connect_forever(url: str, name: str = "xirang", stop=None, **kwargs) -> tuple[nats.NATS, object]:
     """`connect` for the scheduler, agents and jobs: never gives up. The first connection
     is retried with exponential backoff (capped); once connected, the client reconnects
     forever. `stop` (an asyncio.Event) ends the wait with ConnectionError."""
@@ -137,14 +143,31 @@ async def ensure_streams(js, replicas: int | None = None) -> None:
     """Streams and buckets, replicated `replicas` times (default $XIRANG_REPLICAS, else 1)."""
     if replicas is None:
         replicas = int(os.environ.get("XIRANG_REPLICAS", "1"))
-    await _ensure_stream(js, api.StreamConfig(
-        name=IN_STREAM, subjects=[f"{IN_PREFIX}.>"], storage=api.StorageType.FILE,
-        retention=api.RetentionPolicy.LIMITS, duplicate_window=DEDUP_WINDOW_S,
-        num_replicas=replicas))
-    await _ensure_stream(js, api.StreamConfig(
-        name=EV_STREAM, subjects=["xr.ev.>"], storage=api.StorageType.FILE,
-        retention=api.RetentionPolicy.LIMITS, allow_atomic=True, deny_delete=True,
-        deny_purge=True, num_replicas=replicas, duplicate_window=DEDUP_WINDOW_S))
+    await _ensure_stream(
+        js,
+        api.StreamConfig(
+            name=IN_STREAM,
+            subjects=[f"{IN_PREFIX}.>"],
+            storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.LIMITS,
+            duplicate_window=DEDUP_WINDOW_S,
+            num_replicas=replicas,
+        ),
+    )
+    await _ensure_stream(
+        js,
+        api.StreamConfig(
+            name=EV_STREAM,
+            subjects=["xr.ev.>"],
+            storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.LIMITS,
+            allow_atomic=True,
+            deny_delete=True,
+            deny_purge=True,
+            num_replicas=replicas,
+            duplicate_window=DEDUP_WINDOW_S,
+        ),
+    )
     try:
         await js.object_store(SNAP_BUCKET)
     except (NotFoundError, BadRequestError, Exception):  # noqa: BLE001 - any miss means create
@@ -154,16 +177,17 @@ async def ensure_streams(js, replicas: int | None = None) -> None:
         await js.key_value(LEASE_BUCKET)
     except Exception:  # noqa: BLE001
         try:
-            await js.create_key_value(api.KeyValueConfig(bucket=LEASE_BUCKET, history=1,
-                                                         replicas=replicas))
+            await js.create_key_value(api.KeyValueConfig(bucket=LEASE_BUCKET, history=1, replicas=replicas))
         except BadRequestError:
             pass  # created by someone else meanwhile
 
 
 async def _create_object_store(js, bucket: str, replicas: int) -> None:
     try:
-        await js.create_object_store(bucket, config=api.ObjectStoreConfig(
-            bucket=bucket, storage=api.StorageType.FILE, replicas=replicas))
+        await js.create_object_store(
+            bucket,
+            config=api.ObjectStoreConfig(bucket=bucket, storage=api.StorageType.FILE, replicas=replicas),
+        )
     except BadRequestError:
         pass
 
@@ -228,8 +252,7 @@ async def send_input(js, inp: T.Input, sender: str | None = None) -> tuple[str, 
 
 async def send_raw_input(js, data: bytes, msg_id: str | None = None) -> int:
     """Publish bytes as they are (possibly malformed: the scheduler records the rejection)."""
-    ack = await js.publish(f"{IN_PREFIX}.raw", data,
-                           headers={"Nats-Msg-Id": msg_id or uuid.uuid4().hex})
+    ack = await js.publish(f"{IN_PREFIX}.raw", data, headers={"Nats-Msg-Id": msg_id or uuid.uuid4().hex})
     return ack.seq
 
 
@@ -262,8 +285,7 @@ def record_messages(records: list[T.Record], signer=None) -> list[tuple[str, byt
     return out
 
 
-async def publish_atomic(nc, messages: list[tuple[str, bytes]], expected_last_seq: int,
-                         writer: str) -> int:
+async def publish_atomic(nc, messages: list[tuple[str, bytes]], expected_last_seq: int, writer: str) -> int:
     """Append messages to XR_EV as one atomic batch fenced by expected-last-sequence.
     Returns the stream sequence of the last message."""
     batch_id = uuid.uuid4().hex
@@ -301,10 +323,17 @@ async def read_records(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[
     if end_seq < start_seq:
         return
     sub = await js.pull_subscribe(
-        f"{LOG_PREFIX}.>", durable=None, stream=EV_STREAM,
-        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                  opt_start_seq=start_seq, ack_policy=api.AckPolicy.NONE,
-                                  inactive_threshold=30.0, max_ack_pending=-1))
+        f"{LOG_PREFIX}.>",
+        durable=None,
+        stream=EV_STREAM,
+        config=api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start_seq,
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=30.0,
+            max_ack_pending=-1,
+        ),
+    )
     try:
         info = await sub.consumer_info()
         pending = info.num_pending
@@ -329,8 +358,7 @@ async def read_records(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[
         await sub.unsubscribe()
 
 
-async def load_state(js, snapshot: bool = True, stats: dict | None = None,
-                     keyring=None) -> tuple[State, int]:
+async def load_state(js, snapshot: bool = True, stats: dict | None = None, keyring=None) -> tuple[State, int]:
     """State folded from the newest snapshot plus the log tail; returns (state, the XR_EV
     sequence it covers). The policy comes from the log (set_policy inputs), never from a
     local file, so a replay of the log rebuilds the same state. `stats`, if given, gets
@@ -342,8 +370,10 @@ async def load_state(js, snapshot: bool = True, stats: dict | None = None,
     if state is not None and covered > end_seq and keyring is not None:
         # A snapshot we signed covers records the log no longer has: never rebuild
         # another history over a deleted one.
-        raise LogTruncated(f"the log ends at XR_EV seq {end_seq} but the scheduler's signed snapshot "
-                           f"covers seq {covered}: records were deleted; restore the stream")
+        raise LogTruncated(
+            f"the log ends at XR_EV seq {end_seq} but the scheduler's signed snapshot "
+            f"covers seq {covered}: records were deleted; restore the stream"
+        )
     if state is None or covered > end_seq:
         state, covered = new_state(), 0
     folded = await fold_records(js, state, covered + 1, end_seq, keyring)
@@ -359,7 +389,7 @@ async def fold_records(js, state: State, start_seq: int, end_seq: int, keyring=N
     verifier = LogVerifier(keyring) if keyring is not None else None
     folded = 0
     async for _, record in read_records(js, start_seq, end_seq):
-        for trusted, _ in (verifier.admit(record) if verifier is not None else [(record, 0)]):
+        for trusted, _ in verifier.admit(record) if verifier is not None else [(record, 0)]:
             apply_record(state, trusted)
             folded += 1
     if verifier is not None:
@@ -389,8 +419,11 @@ async def load_snapshot_obj(js, keyring=None) -> tuple[State | None, int]:
 
 
 def _snapshot_sealed(meta: dict, body: bytes) -> bytes:
-    return json.dumps({"ev_seq": meta.get("ev_seq"), "events_n": meta.get("events_n")},
-                      sort_keys=True).encode() + b"\n" + body
+    return (
+        json.dumps({"ev_seq": meta.get("ev_seq"), "events_n": meta.get("events_n")}, sort_keys=True).encode()
+        + b"\n"
+        + body
+    )
 
 
 async def save_snapshot(js, state: State, ev_seq: int, signer=None) -> None:

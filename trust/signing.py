@@ -86,8 +86,9 @@ def _unb64(text: str) -> bytes:
 
 def record_message(record: T.Record) -> bytes:
     """The bytes a record's signature covers."""
-    return b"\0".join([RECORD_DOMAIN, str(record.n).encode(), str(record.input_seq).encode(),
-                       record.hash.encode()])
+    return b"\0".join(
+        [RECORD_DOMAIN, str(record.n).encode(), str(record.input_seq).encode(), record.hash.encode()]
+    )
 
 
 # ---------------------------------------------------------------- signing (the scheduler)
@@ -108,8 +109,9 @@ class Signer:
             data = Path(path).read_bytes()
             private = serialization.load_pem_private_key(data, password=None)
         except (OSError, ValueError, TypeError) as err:
-            raise KeyFileError(f"cannot read the signing key {path}: {err}; make one with "
-                            f"`xirang key create --dir DIR`") from err
+            raise KeyFileError(
+                f"cannot read the signing key {path}: {err}; make one with `xirang key create --dir DIR`"
+            ) from err
         if not isinstance(private, Ed25519PrivateKey):
             raise KeyFileError(f"{path} is not an Ed25519 private key")
         return cls(private)
@@ -140,8 +142,7 @@ def sign_records(records: list[T.Record], signer: Signer | None, hosts_of) -> li
     if signer is None or not records:
         return records
     last = len(records) - 1
-    return [signer.sign_record(r) if i == last or hosts_of(r.event) else r
-            for i, r in enumerate(records)]
+    return [signer.sign_record(r) if i == last or hosts_of(r.event) else r for i, r in enumerate(records)]
 
 
 # ---------------------------------------------------------------- verifying (everyone else)
@@ -286,8 +287,12 @@ class LogVerifier:
         if record.n < adopted.n:
             return []
         if record.hash != adopted.hash:
-            raise SignatureError(record.n, "is not the head of the history the keyring adopted (`xirang key "
-                                           "adopt`): the log up to it was altered", pos)
+            raise SignatureError(
+                record.n,
+                "is not the head of the history the keyring adopted (`xirang key "
+                "adopt`): the log up to it was altered",
+                pos,
+            )
         covered, self.adopting = self.adopting, []
         return covered
 
@@ -295,16 +300,23 @@ class LogVerifier:
         """The log ended: raise `SignatureError` if records are left that no signature covers."""
         if self.adopting:
             first, pos = self.adopting[0]
-            raise SignatureError(first.n, f"the log ends at record {self.adopting[-1][0].n}, before record "
-                                          f"{self.keyring.adopted.n} that the keyring adopted: records were "
-                                          "deleted", pos)
+            raise SignatureError(
+                first.n,
+                f"the log ends at record {self.adopting[-1][0].n}, before record "
+                f"{self.keyring.adopted.n} that the keyring adopted: records were "
+                "deleted",
+                pos,
+            )
         if self.unsigned:
             self._uncovered()
 
     def _uncovered(self) -> None:
         first, pos = self.unsigned[0]
-        raise SignatureError(first.n, "not signed by the scheduler: no signature covers it "
-                                      "(appended or altered by someone else)", pos)
+        raise SignatureError(
+            first.n,
+            "not signed by the scheduler: no signature covers it (appended or altered by someone else)",
+            pos,
+        )
 
 
 def verify_one(keyring: KeyRing, record: T.Record) -> str | None:
@@ -332,8 +344,9 @@ def _public_line(public: Ed25519PublicKey) -> str:
 
 
 def _write_private(path: Path, private: Ed25519PrivateKey) -> None:
-    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:

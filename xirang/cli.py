@@ -38,8 +38,8 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The `xirang` argument parser with every command registered."""
     parser = OneLineParser(
-        prog="xirang",
-        description="Event-sourced GPU job scheduler with safe, atomic, fair preemption.")
+        prog="xirang", description="Event-sourced GPU job scheduler with safe, atomic, fair preemption."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:

@@ -54,8 +54,11 @@ def register(sub) -> None:
 def add_source(parser) -> None:
     """The --nats / --log choice of where to read the log."""
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--nats", metavar="URL", help="read XR_EV from this NATS server (default:"
-                       " $XIRANG_NATS, else the server `xirang up` started)")
+    group.add_argument(
+        "--nats",
+        metavar="URL",
+        help="read XR_EV from this NATS server (default: $XIRANG_NATS, else the server `xirang up` started)",
+    )
     group.add_argument("--log", metavar="FILE", help="read an exported log (JSONL, one record a line)")
 
 
@@ -72,8 +75,10 @@ def resolve_source(args) -> None:
         with open(url_file, encoding="utf-8") as fh:
             args.nats = fh.read().strip()
     if not args.nats:
-        raise _user_error("no log to read: pass --log FILE or --nats URL (or set XIRANG_NATS,"
-                          " or start the system with `xirang up`)")
+        raise _user_error(
+            "no log to read: pass --log FILE or --nats URL (or set XIRANG_NATS,"
+            " or start the system with `xirang up`)"
+        )
 
 
 def add_db(parser, default: str = DEFAULT_DB) -> None:
@@ -92,8 +97,10 @@ def parse_time(text: str | None) -> int | None:
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise _user_error(f"time {text!r}: give log milliseconds (e.g. 3600000) or an ISO"
-                          " datetime (e.g. 2026-11-29T03:12:00)") from None
+        raise _user_error(
+            f"time {text!r}: give log milliseconds (e.g. 3600000) or an ISO"
+            " datetime (e.g. 2026-11-29T03:12:00)"
+        ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     return int(when.timestamp() * 1000)
@@ -102,8 +109,9 @@ def parse_time(text: str | None) -> int | None:
 def check_log_file(path: str) -> None:
     """Refuse, saying how to make one, a log file that does not exist."""
     if not os.path.isfile(path):
-        raise _user_error(f"log file {path} does not exist (export one with"
-                          " `xirang replay run INPUTS --events-out FILE`)")
+        raise _user_error(
+            f"log file {path} does not exist (export one with `xirang replay run INPUTS --events-out FILE`)"
+        )
 
 
 # ---------------------------------------------------------------- project
@@ -117,8 +125,11 @@ def _register_project(sub) -> None:
     p.add_argument("--rebuild", action="store_true", help="drop the database and project from seq 1")
     p.add_argument("--batch", type=int, default=20000, help="records per transaction at most")
     p.add_argument("--progress", action="store_true", help="print each committed position")
-    p.add_argument("--public-key", metavar="FILE",
-                   help="project only records the scheduler signed (default $XIRANG_PUBLIC_KEY; none: all)")
+    p.add_argument(
+        "--public-key",
+        metavar="FILE",
+        help="project only records the scheduler signed (default $XIRANG_PUBLIC_KEY; none: all)",
+    )
     p.set_defaults(func=cmd_project)
 
 
@@ -137,8 +148,7 @@ def open_projector(db: str, rebuild: bool = False, stream: str = "XR_EV"):
     try:
         return Projector(db, stream=stream, pending_reasons=True)
     except duckdb.IOException as err:
-        raise _user_error(f"cannot open {db}: {err} (is another projector or dashboard"
-                          " using it?)") from err
+        raise _user_error(f"cannot open {db}: {err} (is another projector or dashboard using it?)") from err
 
 
 def cmd_project(args) -> int:
@@ -207,8 +217,16 @@ async def _project_nats(args) -> int:
     finally:
         await nc.close()
     proj.refresh_pending()
-    print(json.dumps({"applied": applied, "last_seq": proj.last_seq, "last_record": proj.last_n,
-                      "stream": bus.EV_STREAM}))
+    print(
+        json.dumps(
+            {
+                "applied": applied,
+                "last_seq": proj.last_seq,
+                "last_record": proj.last_n,
+                "stream": bus.EV_STREAM,
+            }
+        )
+    )
     return 0
 
 
@@ -226,8 +244,9 @@ async def connect_or_explain(url: str):
         await js.stream_info(bus.EV_STREAM)
     except Exception as err:  # noqa: BLE001
         await nc.close()
-        raise _user_error(f"{url} has no {bus.EV_STREAM} stream (is the scheduler running"
-                          f" there?): {err!r}") from err
+        raise _user_error(
+            f"{url} has no {bus.EV_STREAM} stream (is the scheduler running there?): {err!r}"
+        ) from err
     return nc, js
 
 
@@ -253,8 +272,10 @@ def open_readonly(db: str):
     import duckdb
 
     if not os.path.exists(db):
-        raise _user_error(f"no projection at {db}: run `xirang project --log FILE` or"
-                          " `xirang project --nats URL` first (or pass --db)")
+        raise _user_error(
+            f"no projection at {db}: run `xirang project --log FILE` or"
+            " `xirang project --nats URL` first (or pass --db)"
+        )
     import time
 
     deadline = time.monotonic() + READ_WAIT_S
@@ -264,10 +285,12 @@ def open_readonly(db: str):
         except duckdb.IOException as err:
             # A projector writing a batch holds the file for a moment: wait it out.
             if time.monotonic() > deadline:
-                raise _user_error(f"cannot open {db}: another process holds it for writing (a"
-                                  " `xirang project --follow`, or a dashboard given this --db); stop"
-                                  " it, or read the dashboard's own copy (--db .xirang/dashboard.duckdb"
-                                  " is written by it, /api/sql serves it)") from err
+                raise _user_error(
+                    f"cannot open {db}: another process holds it for writing (a"
+                    " `xirang project --follow`, or a dashboard given this --db); stop"
+                    " it, or read the dashboard's own copy (--db .xirang/dashboard.duckdb"
+                    " is written by it, /api/sql serves it)"
+                ) from err
             time.sleep(0.2)
         except duckdb.Error as err:
             raise _user_error(f"cannot open {db}: {err}") from err
@@ -336,9 +359,12 @@ def cmd_export(args) -> int:
     """`xirang export`: every projection table as a Parquet file in a folder."""
     con = open_readonly(args.db)
     os.makedirs(args.parquet, exist_ok=True)
-    names = [r[0] for r in con.execute(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
-        " ORDER BY table_name").fetchall()]
+    names = [
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' ORDER BY table_name"
+        ).fetchall()
+    ]
     written = {}
     for name in names:
         path = os.path.join(args.parquet, f"{name}.parquet")
@@ -363,12 +389,18 @@ def _register_audit(sub) -> None:
     window.add_argument("--to-time", metavar="T", help="stop after log time T")
     p.add_argument("--job", metavar="J", help="tell this job's history in plain words")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--public-key", metavar="FILE",
-                   help="the scheduler's public keyring; every record must carry or be covered by its "
-                        "signature (default: $XIRANG_PUBLIC_KEY, else .xirang/keys/scheduler.pub if there)")
-    p.add_argument("--redecide", action="store_true",
-                   help="once the log verifies, step every accepted input again through this release's "
-                        "core and say whether it decides the same, or where it first does not")
+    p.add_argument(
+        "--public-key",
+        metavar="FILE",
+        help="the scheduler's public keyring; every record must carry or be covered by its "
+        "signature (default: $XIRANG_PUBLIC_KEY, else .xirang/keys/scheduler.pub if there)",
+    )
+    p.add_argument(
+        "--redecide",
+        action="store_true",
+        help="once the log verifies, step every accepted input again through this release's "
+        "core and say whether it decides the same, or where it first does not",
+    )
     p.set_defaults(func=cmd_audit)
 
 
@@ -379,8 +411,12 @@ def cmd_audit(args) -> int:
 
     if args.to_seq is not None and args.to_seq < 0:
         raise _user_error("--to-seq must be a record number >= 0")
-    audit = Audit(job=args.job or "", to_n=args.to_seq, to_t=parse_time(args.to_time),
-                  verifier=_log_verifier(args.public_key))
+    audit = Audit(
+        job=args.job or "",
+        to_n=args.to_seq,
+        to_t=parse_time(args.to_time),
+        verifier=_log_verifier(args.public_key),
+    )
     resolve_source(args)
     pos_name = "line" if args.log else "stream seq"
     feed_log(args, audit)
@@ -466,11 +502,15 @@ def _print_audit(args, audit, summary: dict) -> None:
         print(f"LOG DOES NOT VERIFY: {summary['problem']}")
         print(f"verified {audit.records} records before it ({audit.digests} state digests)")
     else:
-        print(f"log verified: {audit.records} records, hash chain intact, {audit.digest_words()};"
-              f" scheduler signatures: {summary['signatures']}")
+        print(
+            f"log verified: {audit.records} records, hash chain intact, {audit.digest_words()};"
+            f" scheduler signatures: {summary['signatures']}"
+        )
         print(f"chain head {summary['chain_head']}; state digest {summary['state_digest']}")
-    print(f"state at record {summary['last_record']}: {summary['jobs_open']} open jobs,"
-          f" {summary['jobs_done']} done, {summary['sagas_open']} open preemptions")
+    print(
+        f"state at record {summary['last_record']}: {summary['jobs_open']} open jobs,"
+        f" {summary['jobs_done']} done, {summary['sagas_open']} open preemptions"
+    )
     if "redecide_words" in summary:
         print(summary["redecide_words"])
     if args.job:
@@ -485,19 +525,28 @@ def _print_audit(args, audit, summary: dict) -> None:
 
 
 def _register_dashboard(sub) -> None:
-    p = sub.add_parser("dashboard", help="live web dashboard and /metrics, projecting as it goes"
-                       " (into its own copy: sql, alerts, report and project keep working)")
+    p = sub.add_parser(
+        "dashboard",
+        help="live web dashboard and /metrics, projecting as it goes"
+        " (into its own copy: sql, alerts, report and project keep working)",
+    )
     add_source(p)
     add_db(p, DASHBOARD_DB)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8321, help="port (0 picks a free one; default 8321)")
-    p.add_argument("--sql-token-file", metavar="FILE",
-                   help="file holding the token analysts send to /api/sql (Authorization: Bearer); "
-                        "default $XIRANG_SQL_TOKEN; without either /api/sql is off")
+    p.add_argument(
+        "--sql-token-file",
+        metavar="FILE",
+        help="file holding the token analysts send to /api/sql (Authorization: Bearer); "
+        "default $XIRANG_SQL_TOKEN; without either /api/sql is off",
+    )
     p.add_argument("--sql-time-limit-s", type=float, default=5.0, help="stop a query after this long")
     p.add_argument("--sql-rows-max", type=int, default=10_000, help="rows an /api/sql answer holds at most")
-    p.add_argument("--public-key", metavar="FILE",
-                   help="show only records the scheduler signed (default $XIRANG_PUBLIC_KEY; none: all)")
+    p.add_argument(
+        "--public-key",
+        metavar="FILE",
+        help="show only records the scheduler signed (default $XIRANG_PUBLIC_KEY; none: all)",
+    )
     p.set_defaults(func=cmd_dashboard)
 
 
@@ -511,8 +560,11 @@ def cmd_dashboard(args) -> int:
     resolve_source(args)
     stream = f"file:{os.path.abspath(args.log)}" if args.log else "XR_EV"
     try:
-        sql = AnalystSql(token=token_from(args.sql_token_file), time_limit_s=args.sql_time_limit_s,
-                         rows_max=args.sql_rows_max)
+        sql = AnalystSql(
+            token=token_from(args.sql_token_file),
+            time_limit_s=args.sql_time_limit_s,
+            rows_max=args.sql_rows_max,
+        )
     except OSError as err:
         raise _user_error(f"cannot read --sql-token-file: {err}") from err
     proj = open_projector(args.db, stream=stream)
@@ -520,8 +572,10 @@ def cmd_dashboard(args) -> int:
     try:
         server = dashboard.serve(proj.con, args.host, args.port, sql, live)
     except OSError as err:
-        raise _user_error(f"cannot listen on {args.host}:{args.port}: {err.strerror}"
-                          " (pick another --port, or 0 for a free one)") from err
+        raise _user_error(
+            f"cannot listen on {args.host}:{args.port}: {err.strerror}"
+            " (pick another --port, or 0 for a free one)"
+        ) from err
     host, port = server.server_address[:2]
     print(f"dashboard on http://{host}:{port}/ (metrics at /metrics)", flush=True)
     try:
@@ -635,23 +689,49 @@ def cmd_ab_report(args) -> int:
 def _register_tune(sub) -> None:
     p = sub.add_parser("tune", help="learn policy changes by replaying the recent log (set_policy inputs)")
     add_source(p)
-    p.add_argument("--from", dest="from_t", metavar="T", help="window start (default: --window-ms before the end)")
+    p.add_argument(
+        "--from", dest="from_t", metavar="T", help="window start (default: --window-ms before the end)"
+    )
     p.add_argument("--to", dest="to_t", metavar="T", help="window end (default: the log's last time)")
     p.add_argument("--window-ms", type=int, default=None, help="recent log to replay (default 6 h)")
-    p.add_argument("--group", action="append", metavar="G", help="parameter group(s) to tune (default:"
-                   " all of guaranteed_shares, decision_model, fairness, safe_points)")
-    p.add_argument("--param", action="append", metavar="P", help="only these parameters (e.g."
-                   " net_benefit_min, level_weight[0]; default: every one of the groups)")
+    p.add_argument(
+        "--group",
+        action="append",
+        metavar="G",
+        help="parameter group(s) to tune (default:"
+        " all of guaranteed_shares, decision_model, fairness, safe_points)",
+    )
+    p.add_argument(
+        "--param",
+        action="append",
+        metavar="P",
+        help="only these parameters (e.g."
+        " net_benefit_min, level_weight[0]; default: every one of the groups)",
+    )
     p.add_argument("--evals", type=int, default=4, help="replays per parameter at most (default 4)")
-    p.add_argument("--urgent-weight", type=float, default=1.0, help="objective: weight of an urgent GPU-hour of wait")
-    p.add_argument("--lost-weight", type=float, default=1.0, help="objective: weight of a GPU-hour of lost work")
+    p.add_argument(
+        "--urgent-weight", type=float, default=1.0, help="objective: weight of an urgent GPU-hour of wait"
+    )
+    p.add_argument(
+        "--lost-weight", type=float, default=1.0, help="objective: weight of a GPU-hour of lost work"
+    )
     p.add_argument("--fairness-weight", type=float, default=1.0, help="objective: weight of the Jain drop")
-    p.add_argument("--urgent-tick-s", type=float, default=5.0, help="replays: how often a waiting urgent"
-                   " job is re-evaluated (default 5 s; coarser is faster and less faithful)")
+    p.add_argument(
+        "--urgent-tick-s",
+        type=float,
+        default=5.0,
+        help="replays: how often a waiting urgent"
+        " job is re-evaluated (default 5 s; coarser is faster and less faithful)",
+    )
     p.add_argument("--out", metavar="FILE", help="append the proposals to FILE as set_policy inputs")
     p.add_argument("--apply", action="store_true", help="publish them to XR_IN (needs --nats)")
-    p.add_argument("--every", type=float, metavar="S", help="with --apply: run every S seconds, watching"
-                   " each change over the next window and reverting it if it made things worse")
+    p.add_argument(
+        "--every",
+        type=float,
+        metavar="S",
+        help="with --apply: run every S seconds, watching"
+        " each change over the next window and reverting it if it made things worse",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_tune)
 
@@ -715,11 +795,23 @@ def _tune_once(args, objective) -> None:
     given_from, given_to = parse_time(args.from_t), parse_time(args.to_t)
     span = windows.resolve(given_from, given_to, first_t, last_t)
     if given_from is None:
-        span = windows.Span(max(first_t, span.to_t - window_ms), span.to_t,
-                            f"the last {window_ms / 3_600_000:g} h of the log" if given_to is None else span.chosen)
+        span = windows.Span(
+            max(first_t, span.to_t - window_ms),
+            span.to_t,
+            f"the last {window_ms / 3_600_000:g} h of the log" if given_to is None else span.chosen,
+        )
     try:
-        result = tuner.cycle(records, span.from_t, span.to_t, objective, args.group, args.evals, window_ms,
-                             only=args.param, sim_options={"urgent_tick_s": args.urgent_tick_s})
+        result = tuner.cycle(
+            records,
+            span.from_t,
+            span.to_t,
+            objective,
+            args.group,
+            args.evals,
+            window_ms,
+            only=args.param,
+            sim_options={"urgent_tick_s": args.urgent_tick_s},
+        )
     except ValueError as err:
         raise _user_error(f"tune: {err}") from err
     inputs = [_tuner_input(p, records, last_t) for p in result.proposals]
@@ -730,9 +822,15 @@ def _tune_once(args, objective) -> None:
             for inp in inputs:
                 fh.write(T.encode(inp) + b"\n")
     sent = asyncio.run(_send_inputs(args.nats, inputs)) if args.apply and inputs else []
-    out = {"window": span.as_dict(), "objective": objective.describe(), "watched": result.watched,
-           "proposals": [p.as_dict() for p in result.proposals], "replays": result.runs,
-           "written_to": args.out if inputs else None, "published_xr_in_seqs": sent}
+    out = {
+        "window": span.as_dict(),
+        "objective": objective.describe(),
+        "watched": result.watched,
+        "proposals": [p.as_dict() for p in result.proposals],
+        "replays": result.runs,
+        "written_to": args.out if inputs else None,
+        "published_xr_in_seqs": sent,
+    }
     if args.json:
         print(json.dumps(out, indent=1), flush=True)
         return

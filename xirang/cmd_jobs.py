@@ -41,22 +41,27 @@ def register(sub) -> None:
     cancel.add_argument("job")
     cancel.set_defaults(func=cmd_cancel)
 
-    jobs = sub.add_parser("jobs", help="open jobs: state, placement, progress; why each waits and"
-                          " when it is expected to start")
+    jobs = sub.add_parser(
+        "jobs", help="open jobs: state, placement, progress; why each waits and when it is expected to start"
+    )
     common(jobs)
     filters(jobs)
     watch(jobs)
     jobs.set_defaults(func=cmd_jobs)
 
-    queue = sub.add_parser("queue", help="queued and running jobs per level, in serving order, with"
-                           " reasons (squeue-like)")
+    queue = sub.add_parser(
+        "queue", help="queued and running jobs per level, in serving order, with reasons (squeue-like)"
+    )
     common(queue)
     filters(queue)
     watch(queue)
     queue.set_defaults(func=cmd_queue)
 
-    history = sub.add_parser("history", help="every job the log has seen: state, exit code, wait, run"
-                             " time, preemptions, lost progress, compensation (sacct-like)")
+    history = sub.add_parser(
+        "history",
+        help="every job the log has seen: state, exit code, wait, run"
+        " time, preemptions, lost progress, compensation (sacct-like)",
+    )
     common(history)
     filters(history)
     history.add_argument("--since", metavar="T", help="submitted at or after T (ISO datetime or log ms)")
@@ -73,22 +78,29 @@ def register(sub) -> None:
     common(nodes)
     nodes.set_defaults(func=cmd_nodes)
 
-    shares = sub.add_parser("shares", help="teams: quota, fair share, GPUs held, protection, downgrade,"
-                            " compensation (sshare-like)")
+    shares = sub.add_parser(
+        "shares",
+        help="teams: quota, fair share, GPUs held, protection, downgrade, compensation (sshare-like)",
+    )
     common(shares)
     shares.set_defaults(func=cmd_shares)
 
-    for name, what in (("hold", "keep a queued job from being scheduled until `release`"),
-                       ("release", "let a held job be scheduled again"),
-                       ("requeue", "stop a running job and queue it again (it resumes from its checkpoint)"),
-                       ("set-level", "change a job's level (more urgent needs --operator)")):
+    for name, what in (
+        ("hold", "keep a queued job from being scheduled until `release`"),
+        ("release", "let a held job be scheduled again"),
+        ("requeue", "stop a running job and queue it again (it resumes from its checkpoint)"),
+        ("set-level", "change a job's level (more urgent needs --operator)"),
+    ):
         p = sub.add_parser(name, help=what)
         common(p)
         p.add_argument("job")
         if name == "set-level":
             p.add_argument("level", type=int, help="0 (emergency) .. 7 (exploration)")
-        p.add_argument("--user", default=default_user(),
-                       help="who asks (default: the user of $XIRANG_IDENTITY, else $USER)")
+        p.add_argument(
+            "--user",
+            default=default_user(),
+            help="who asks (default: the user of $XIRANG_IDENTITY, else $USER)",
+        )
         p.add_argument("--operator", action="store_true", help="act as an operator (on anyone's job)")
         p.set_defaults(func=cmd_job_request, request=name)
 
@@ -104,8 +116,11 @@ def default_user() -> str:
 
 def common(p) -> None:
     """The options every job command takes: --nats, --json, --data-dir."""
-    p.add_argument("--nats", metavar="URL", help="NATS server URL (default: $XIRANG_NATS, else the one"
-                   " `xirang up` started)")
+    p.add_argument(
+        "--nats",
+        metavar="URL",
+        help="NATS server URL (default: $XIRANG_NATS, else the one `xirang up` started)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output (JSON only)")
     p.add_argument("--data-dir", default=DATA_DIR_DEFAULT, help="local folder of `xirang up`")
 
@@ -120,8 +135,14 @@ def filters(p) -> None:
 
 def watch(p) -> None:
     """The --watch option (redraw every S seconds)."""
-    p.add_argument("--watch", type=float, metavar="S", nargs="?", const=2.0,
-                   help="redraw every S seconds (default 2) until Ctrl-C")
+    p.add_argument(
+        "--watch",
+        type=float,
+        metavar="S",
+        nargs="?",
+        const=2.0,
+        help="redraw every S seconds (default 2) until Ctrl-C",
+    )
 
 
 def _register_submit(sub) -> None:
@@ -129,8 +150,9 @@ def _register_submit(sub) -> None:
     common(submit)
     submit.add_argument("job")
     submit.add_argument("--team", required=True)
-    submit.add_argument("--user", default=default_user(),
-                        help="default: the user of $XIRANG_IDENTITY, else $USER")
+    submit.add_argument(
+        "--user", default=default_user(), help="default: the user of $XIRANG_IDENTITY, else $USER"
+    )
     submit.add_argument("--level", type=int, required=True, help="0 (emergency) .. 7 (exploration)")
     submit.add_argument("--gpus", type=int, required=True)
     submit.add_argument("--gpu-model", action="append", default=[], help="acceptable model (repeatable)")
@@ -140,10 +162,16 @@ def _register_submit(sub) -> None:
     submit.add_argument("--restore-cost-s", type=float)
     submit.add_argument("--not-preemptible", action="store_true")
     submit.add_argument("--id", help="input id for deduplication (default: random)")
-    submit.add_argument("--command", default="",
-                        help='what the host runs, one shell-quoted string: "python train.py --steps 100"')
-    submit.add_argument("--dry-run", action="store_true",
-                        help="say where and when it would start and whom it would preempt; submit nothing")
+    submit.add_argument(
+        "--command",
+        default="",
+        help='what the host runs, one shell-quoted string: "python train.py --steps 100"',
+    )
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say where and when it would start and whom it would preempt; submit nothing",
+    )
     submit.set_defaults(func=cmd_submit)
 
 
@@ -158,11 +186,21 @@ def cmd_submit(args) -> int:
         command = shlex.split(args.command)
     except ValueError as err:
         raise UserError(f"--command {args.command!r}: {err}") from err
-    inp = T.Submit(job=args.job, team=args.team, user=args.user, level=args.level, gpus=args.gpus,
-                   gpu_models=args.gpu_model, est_runtime_s=args.est_runtime_s,
-                   ckpt_interval_s=args.ckpt_interval_s, ckpt_cost_s=args.ckpt_cost_s,
-                   restore_cost_s=args.restore_cost_s, preemptible=not args.not_preemptible,
-                   command=_resolve_example(command), id=args.id or "")
+    inp = T.Submit(
+        job=args.job,
+        team=args.team,
+        user=args.user,
+        level=args.level,
+        gpus=args.gpus,
+        gpu_models=args.gpu_model,
+        est_runtime_s=args.est_runtime_s,
+        ckpt_interval_s=args.ckpt_interval_s,
+        ckpt_cost_s=args.ckpt_cost_s,
+        restore_cost_s=args.restore_cost_s,
+        preemptible=not args.not_preemptible,
+        command=_resolve_example(command),
+        id=args.id or "",
+    )
     if args.dry_run:
         return _dry_run(args, inp)
     return _send_and_answer(args, inp)
@@ -188,7 +226,9 @@ def cmd_job_request(args) -> int:
     outcome."""
     from core import types as T
 
-    kind = {"hold": T.Hold, "release": T.ReleaseHold, "requeue": T.Requeue, "set-level": T.SetLevel}[args.request]
+    kind = {"hold": T.Hold, "release": T.ReleaseHold, "requeue": T.Requeue, "set-level": T.SetLevel}[
+        args.request
+    ]
     fields = {"job": args.job, "by": args.user, "operator": args.operator}
     if args.request == "set-level":
         fields["level"] = args.level
@@ -220,8 +260,10 @@ def _dry_run(args, inp) -> int:
     else:
         print(answer["summary"])
         for victim in answer.get("victims", []):
-            print(f"  would preempt {victim['job']} (team {victim['team']}, level {victim['level']},"
-                  f" {victim['gpus']} GPUs, loses {_dur(victim['lost_s'])} of progress)")
+            print(
+                f"  would preempt {victim['job']} (team {victim['team']}, level {victim['level']},"
+                f" {victim['gpus']} GPUs, loses {_dur(victim['lost_s'])} of progress)"
+            )
     return 0 if answer["outcome"] != "rejected" else 1
 
 
@@ -288,6 +330,7 @@ def _filtered(args, rows):
 
 def cmd_jobs(args) -> int:
     """`xirang jobs`: open jobs with their state, placement and why each waits."""
+
     def draw() -> int:
         from projections.views import job_rows
 
@@ -297,29 +340,47 @@ def cmd_jobs(args) -> int:
         for r in rows:
             r["unread_notices"] = unread.get(r["job"], 0)
         if args.json:
-            print(json.dumps({"t": state.canonical.t, "jobs": rows, "done": dict(sorted(state.canonical.done.items()))},
-                             sort_keys=True))
+            print(
+                json.dumps(
+                    {
+                        "t": state.canonical.t,
+                        "jobs": rows,
+                        "done": dict(sorted(state.canonical.done.items())),
+                    },
+                    sort_keys=True,
+                )
+            )
             return 0
-        print(f"  {'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'STATE':<10} {'GPUS':>4} {'WHERE':<16} "
-              f"{'PROGRESS':>8} {'PREEMPT':>7} {'START':>8}  REASON")
+        print(
+            f"  {'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'STATE':<10} {'GPUS':>4} {'WHERE':<16} "
+            f"{'PROGRESS':>8} {'PREEMPT':>7} {'START':>8}  REASON"
+        )
         for r in rows:
             lvl = f"{r['level']}" + (f"^{r['eff_level']}" if r["eff_level"] != r["level"] else "")
             where = " ".join(r["placement"]) or "-"
             start = _dur(r["start_in_s"], "in ") if r["reason_code"] else "-"
-            why = r["reason"] or (f"checkpoint step {r['checkpoint_step']}" if r["checkpoint_step"] is not None else "")
+            why = r["reason"] or (
+                f"checkpoint step {r['checkpoint_step']}" if r["checkpoint_step"] is not None else ""
+            )
             mark = "! " if r["unread_notices"] else "  "
-            print(f"{mark}{r['job']:<18} {r['team']:<9} {r['user']:<8} {lvl:>3} {r['state']:<10} {r['gpus']:>4} "
-                  f"{where:<16} {_dur(r['progress_s']):>8} {r['preempt_count']:>7} {start:>8}  {why}")
+            print(
+                f"{mark}{r['job']:<18} {r['team']:<9} {r['user']:<8} {lvl:>3} {r['state']:<10} {r['gpus']:>4} "
+                f"{where:<16} {_dur(r['progress_s']):>8} {r['preempt_count']:>7} {start:>8}  {why}"
+            )
         print(f"{len(rows)} open, {state.canonical.done_count} done")
         if unread:
-            print(f"! = unread notices ({sum(unread.values())}): `xirang notices"
-                  f"{' --user ' + args.user if args.user else ''}` shows them")
+            print(
+                f"! = unread notices ({sum(unread.values())}): `xirang notices"
+                f"{' --user ' + args.user if args.user else ''}` shows them"
+            )
         return 0
+
     return _repeat(args, draw)
 
 
 def cmd_queue(args) -> int:
     """`xirang queue`: each level's jobs in serving order."""
+
     def draw() -> int:
         from projections.views import job_rows, queue_levels
 
@@ -334,21 +395,28 @@ def cmd_queue(args) -> int:
         if args.json:
             print(json.dumps({"t": state.canonical.t, "levels": levels}, sort_keys=True))
             return 0
-        print(f"{'LVL':>3} {'POLICY':<11} {'POS':>3} {'JOB':<18} {'TEAM':<9} {'USER':<8} {'GPUS':>4} "
-              f"{'STATE':<10} {'WAIT':>7} {'START':>8}  REASON")
+        print(
+            f"{'LVL':>3} {'POLICY':<11} {'POS':>3} {'JOB':<18} {'TEAM':<9} {'USER':<8} {'GPUS':>4} "
+            f"{'STATE':<10} {'WAIT':>7} {'START':>8}  REASON"
+        )
         for lv in levels:
             for pos, q in enumerate(lv["queued"], 1):
-                print(f"{lv['level']:>3} {lv['policy']:<11} {pos:>3} {q['job']:<18} {q['team']:<9} "
-                      f"{q['user']:<8} {q['gpus']:>4} {'queued':<10} {_dur(q['wait_s']):>7} "
-                      f"{_dur(q['start_in_s'], 'in '):>8}  {q['reason_code']}: {q['reason']}")
+                print(
+                    f"{lv['level']:>3} {lv['policy']:<11} {pos:>3} {q['job']:<18} {q['team']:<9} "
+                    f"{q['user']:<8} {q['gpus']:>4} {'queued':<10} {_dur(q['wait_s']):>7} "
+                    f"{_dur(q['start_in_s'], 'in '):>8}  {q['reason_code']}: {q['reason']}"
+                )
             for h in lv["holding"]:
-                print(f"{lv['level']:>3} {lv['policy']:<11} {'-':>3} {h['job']:<18} {h['team']:<9} "
-                      f"{h['user']:<8} {h['gpus']:>4} {h['state']:<10} {'':>7} {'':>8}")
+                print(
+                    f"{lv['level']:>3} {lv['policy']:<11} {'-':>3} {h['job']:<18} {h['team']:<9} "
+                    f"{h['user']:<8} {h['gpus']:>4} {h['state']:<10} {'':>7} {'':>8}"
+                )
         c = state.canonical
         free = sum(n.holder.count("") for n in c.nodes.values() if n.up)
         total = sum(n.gpus for n in c.nodes.values() if n.up)
         print(f"GPUs free {free}/{total}; sagas open {len(c.sagas)}")
         return 0
+
     return _repeat(args, draw)
 
 
@@ -362,19 +430,30 @@ def cmd_history(args) -> int:
     from xirang.cmd_data import parse_time
 
     rows = history_rows(record for _, record in records(client_url(args)))
-    rows = keep(rows, team=args.team, user=args.user, level=args.level, state=args.state,
-                since_t=parse_time(args.since), until_t=parse_time(args.until))
+    rows = keep(
+        rows,
+        team=args.team,
+        user=args.user,
+        level=args.level,
+        state=args.state,
+        since_t=parse_time(args.since),
+        until_t=parse_time(args.until),
+    )
     if args.json:
         print(json.dumps({"jobs": rows}, sort_keys=True))
         return 0
-    print(f"{'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'GPUS':>4} {'STATE':<10} {'EXIT':>4} "
-          f"{'WAIT':>7} {'RUN':>7} {'PREEMPT':>7} {'LOST':>7}  COMPENSATION")
+    print(
+        f"{'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'GPUS':>4} {'STATE':<10} {'EXIT':>4} "
+        f"{'WAIT':>7} {'RUN':>7} {'PREEMPT':>7} {'LOST':>7}  COMPENSATION"
+    )
     for r in rows:
         comp = ", ".join(f"{k} {v:g}" for k, v in sorted(r["compensation"].items())) or "-"
         code = "-" if r["exit_code"] is None else str(r["exit_code"])
-        print(f"{r['job']:<18} {r['team']:<9} {r['user']:<8} {r['level']:>3} {r['gpus']:>4} {r['state']:<10} "
-              f"{code:>4} {_dur(r['wait_s']):>7} {_dur(r['run_s']):>7} {r['preemptions']:>7} "
-              f"{_dur(r['lost_progress_s']):>7}  {comp}")
+        print(
+            f"{r['job']:<18} {r['team']:<9} {r['user']:<8} {r['level']:>3} {r['gpus']:>4} {r['state']:<10} "
+            f"{code:>4} {_dur(r['wait_s']):>7} {_dur(r['run_s']):>7} {r['preemptions']:>7} "
+            f"{_dur(r['lost_progress_s']):>7}  {comp}"
+        )
     print(f"{len(rows)} job(s)")
     return 0
 
@@ -423,8 +502,9 @@ def _print_from(path: Path, offset: int, header: bool) -> int:
 def _job_ended(recs, job: str) -> bool:
     from core import types as T
 
-    return any(isinstance(r.event, (T.JobFinished, T.JobFailed, T.JobCancelled)) and r.event.job == job
-               for r in recs)
+    return any(
+        isinstance(r.event, (T.JobFinished, T.JobFailed, T.JobCancelled)) and r.event.job == job for r in recs
+    )
 
 
 def cmd_nodes(args) -> int:
@@ -437,8 +517,10 @@ def cmd_nodes(args) -> int:
         return 0
     print(f"{'NODE':<14} {'MODEL':<8} {'GPUS':>4} {'USED':>4} {'FREE':>4} {'STATE':<9}  JOBS")
     for r in rows:
-        print(f"{r['node']:<14} {r['gpu_model']:<8} {r['gpus']:>4} {r['used']:>4} {r['free']:>4} "
-              f"{r['state']:<9}  {' '.join(r['jobs']) or '-'}")
+        print(
+            f"{r['node']:<14} {r['gpu_model']:<8} {r['gpus']:>4} {r['used']:>4} {r['free']:>4} "
+            f"{r['state']:<9}  {' '.join(r['jobs']) or '-'}"
+        )
     return 0
 
 
@@ -450,13 +532,17 @@ def cmd_shares(args) -> int:
     if args.json:
         print(json.dumps({"teams": rows}, sort_keys=True))
         return 0
-    print(f"{'TEAM':<12} {'QUOTA':>6} {'SHARE':>7} {'HELD':>5} {'QUEUED':>6} {'USAGE':>6} "
-          f"{'PROTECTED':>10} {'DOWNGRADED':>10} {'FEE':>7}")
+    print(
+        f"{'TEAM':<12} {'QUOTA':>6} {'SHARE':>7} {'HELD':>5} {'QUEUED':>6} {'USAGE':>6} "
+        f"{'PROTECTED':>10} {'DOWNGRADED':>10} {'FEE':>7}"
+    )
     for r in rows:
         usage = "-" if r["usage"] is None else f"{r['usage']:.2f}"
-        print(f"{r['team']:<12} {r['quota']:>6g} {r['fair_share_gpus']:>7.1f} {r['held_gpus']:>5} "
-              f"{r['queued_gpus']:>6} {usage:>6} {_dur(r['protected_for_s'], 'for '):>10} "
-              f"{_dur(r['downgraded_for_s'], 'for '):>10} {r['fee_credit']:>7g}")
+        print(
+            f"{r['team']:<12} {r['quota']:>6g} {r['fair_share_gpus']:>7.1f} {r['held_gpus']:>5} "
+            f"{r['queued_gpus']:>6} {usage:>6} {_dur(r['protected_for_s'], 'for '):>10} "
+            f"{_dur(r['downgraded_for_s'], 'for '):>10} {r['fee_credit']:>7g}"
+        )
     return 0
 
 

@@ -21,17 +21,28 @@ URL_FILE = "nats.url"
 def register(sub) -> None:
     """Add the live-cluster (`up`, `scheduler`, `agent`, `demo`) command(s) to the CLI's
     subparsers."""
+
     def common(p, server: bool = False) -> None:
-        p.add_argument("--nats", metavar="URL", help="NATS server URL (default: $XIRANG_NATS, "
-                       + ("else an embedded server" if server else "else the one `xirang up` started") + ")")
+        p.add_argument(
+            "--nats",
+            metavar="URL",
+            help="NATS server URL (default: $XIRANG_NATS, "
+            + ("else an embedded server" if server else "else the one `xirang up` started")
+            + ")",
+        )
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.add_argument("--data-dir", default=DATA_DIR_DEFAULT, help="local folder (embedded NATS data, host state)")
+        p.add_argument(
+            "--data-dir", default=DATA_DIR_DEFAULT, help="local folder (embedded NATS data, host state)"
+        )
 
     up = sub.add_parser("up", help="embedded NATS, the scheduler and N simulated hosts, until Ctrl-C")
     common(up, server=True)
     up.add_argument("--hosts", type=int, default=2, help="simulated hosts (default 2)")
-    up.add_argument("--simulate", default="8xH100,8xA100",
-                    help="inventories, comma separated, cycled over the hosts (default 8xH100,8xA100)")
+    up.add_argument(
+        "--simulate",
+        default="8xH100,8xA100",
+        help="inventories, comma separated, cycled over the hosts (default 8xH100,8xA100)",
+    )
     up.add_argument("--policy", help="policy TOML, applied through a set_policy input")
     up.add_argument("--tick-ms", type=int, default=1000)
     up.set_defaults(func=cmd_up)
@@ -42,17 +53,27 @@ def register(sub) -> None:
     sched.add_argument("--policy", help="policy TOML, applied through a set_policy input")
     sched.add_argument("--tick-ms", type=int, default=1000)
     sched.add_argument("--group-max", type=int, default=256, help="inputs per group commit")
-    sched.add_argument("--linger-ms", type=float, default=5.0,
-                       help="a burst of inputs waits this long to share one group commit")
+    sched.add_argument(
+        "--linger-ms",
+        type=float,
+        default=5.0,
+        help="a burst of inputs waits this long to share one group commit",
+    )
     sched.add_argument("--node-timeout-ms", type=int, default=10_000)
     sched.add_argument("--lease-ms", type=int, default=3000)
     sched.add_argument("--snapshot-every-events", type=int, default=5000)
-    sched.add_argument("--signing-key", metavar="FILE",
-                       help="the scheduler's Ed25519 private key (default: $XIRANG_SIGNING_KEY, else "
-                            "DATA_DIR/keys/scheduler.key, made there on first use)")
-    sched.add_argument("--public-key", metavar="FILE",
-                       help="trusted public keyring, for records signed by rotated keys (default: "
-                            "$XIRANG_PUBLIC_KEY, else DATA_DIR/keys/scheduler.pub)")
+    sched.add_argument(
+        "--signing-key",
+        metavar="FILE",
+        help="the scheduler's Ed25519 private key (default: $XIRANG_SIGNING_KEY, else "
+        "DATA_DIR/keys/scheduler.key, made there on first use)",
+    )
+    sched.add_argument(
+        "--public-key",
+        metavar="FILE",
+        help="trusted public keyring, for records signed by rotated keys (default: "
+        "$XIRANG_PUBLIC_KEY, else DATA_DIR/keys/scheduler.pub)",
+    )
     sched.set_defaults(func=cmd_scheduler)
 
     agent = sub.add_parser("agent", help="run a GPU host agent")
@@ -61,21 +82,36 @@ def register(sub) -> None:
     agent.add_argument("--simulate", metavar="NxMODEL", help="simulated inventory, e.g. 8xH100")
     agent.add_argument("--gpu-model", help="override the discovered model name")
     agent.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL")
-    agent.add_argument("--job-creds-ttl-s", type=float, default=3600.0,
-                       help="lifetime of each job run's own NATS credentials, minted with the job signing "
-                            "key in the agent's creds file ($XIRANG_CREDS) and renewed while the run "
-                            "lives (default 3600); the agent's own credentials never reach a job")
-    agent.add_argument("--job-user", metavar="NAME", default=os.environ.get("XIRANG_JOB_USER"),
-                       help="the unprivileged OS user an agent running as root starts its jobs as (default "
-                            "$XIRANG_JOB_USER, else nobody), so a job cannot read the agent's credentials or "
-                            "state folder; an agent not running as root runs jobs as its own user (and warns)")
-    agent.add_argument("--ckpt-secret-file", metavar="FILE", default=os.environ.get("XIRANG_CKPT_SECRET_FILE"),
-                       help="the hosts' shared secret that seals each job's checkpoints under its own key "
-                            "(default $XIRANG_CKPT_SECRET_FILE, else DATA_DIR/keys/checkpoint.secret, made there "
-                            "on first use; every host of a cluster needs the same one)")
-    agent.add_argument("--public-key", metavar="FILE",
-                       help="the scheduler's public keyring: decisions are acted on only if signed "
-                            "(default: $XIRANG_PUBLIC_KEY, else DATA_DIR/keys/scheduler.pub)")
+    agent.add_argument(
+        "--job-creds-ttl-s",
+        type=float,
+        default=3600.0,
+        help="lifetime of each job run's own NATS credentials, minted with the job signing "
+        "key in the agent's creds file ($XIRANG_CREDS) and renewed while the run "
+        "lives (default 3600); the agent's own credentials never reach a job",
+    )
+    agent.add_argument(
+        "--job-user",
+        metavar="NAME",
+        default=os.environ.get("XIRANG_JOB_USER"),
+        help="the unprivileged OS user an agent running as root starts its jobs as (default "
+        "$XIRANG_JOB_USER, else nobody), so a job cannot read the agent's credentials or "
+        "state folder; an agent not running as root runs jobs as its own user (and warns)",
+    )
+    agent.add_argument(
+        "--ckpt-secret-file",
+        metavar="FILE",
+        default=os.environ.get("XIRANG_CKPT_SECRET_FILE"),
+        help="the hosts' shared secret that seals each job's checkpoints under its own key "
+        "(default $XIRANG_CKPT_SECRET_FILE, else DATA_DIR/keys/checkpoint.secret, made there "
+        "on first use; every host of a cluster needs the same one)",
+    )
+    agent.add_argument(
+        "--public-key",
+        metavar="FILE",
+        help="the scheduler's public keyring: decisions are acted on only if signed "
+        "(default: $XIRANG_PUBLIC_KEY, else DATA_DIR/keys/scheduler.pub)",
+    )
     agent.set_defaults(func=cmd_agent)
 
     demo = sub.add_parser("demo", help="the end-to-end demonstration (`make run`)")
@@ -103,8 +139,10 @@ def client_url(args) -> str:
     if url:
         args.nats = url  # for the one-line message should the server not answer
         return url
-    raise _user_error("no NATS server: start one with `xirang up` (in another terminal), "
-                      "or pass --nats URL / set XIRANG_NATS")
+    raise _user_error(
+        "no NATS server: start one with `xirang up` (in another terminal), "
+        "or pass --nats URL / set XIRANG_NATS"
+    )
 
 
 def server_url(args):
@@ -124,8 +162,7 @@ def server_url(args):
 
 
 def _logging(args) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
 
 # ---------------------------------------------------------------- server commands
@@ -146,15 +183,33 @@ def cmd_scheduler(args) -> int:
     _logging(args)
     # Two processes under one id would both hold the lease (it names the id): one per
     # folder and id. Schedulers under other ids are hot standbys, fenced on the log.
-    lock = _hold(InstanceLock(Path(args.data_dir) / f"scheduler-{args.id}.lock",
-                              f"a scheduler with id {args.id} in {args.data_dir}")) if args.id else None
+    lock = (
+        _hold(
+            InstanceLock(
+                Path(args.data_dir) / f"scheduler-{args.id}.lock",
+                f"a scheduler with id {args.id} in {args.data_dir}",
+            )
+        )
+        if args.id
+        else None
+    )
     url, server = server_url(args)
     try:
-        asyncio.run(run_scheduler(
-            url, instance=args.id, tick_ms=args.tick_ms, group_max=args.group_max,
-            node_timeout_ms=args.node_timeout_ms, lease_ms=args.lease_ms,
-            snapshot_every_events=args.snapshot_every_events, policy=params, linger_ms=args.linger_ms,
-            signer=signer, keyring=keyring))
+        asyncio.run(
+            run_scheduler(
+                url,
+                instance=args.id,
+                tick_ms=args.tick_ms,
+                group_max=args.group_max,
+                node_timeout_ms=args.node_timeout_ms,
+                lease_ms=args.lease_ms,
+                snapshot_every_events=args.snapshot_every_events,
+                policy=params,
+                linger_ms=args.linger_ms,
+                signer=signer,
+                keyring=keyring,
+            )
+        )
     finally:
         if server:
             server.stop()
@@ -171,7 +226,9 @@ def scheduler_keys(args):
     try:
         signer = find_signer(signing_key, args.data_dir, create=True)
         ring = find_keyring(args.public_key, args.data_dir)
-        if ring is None and signing_key:  # the keyring beside the key (`xirang key rotate` keeps old keys there)
+        if (
+            ring is None and signing_key
+        ):  # the keyring beside the key (`xirang key rotate` keeps old keys there)
             beside = Path(signing_key).resolve().parent / "scheduler.pub"
             ring = KeyRing.load(beside) if beside.exists() else None
     except KeyFileError as err:
@@ -213,8 +270,10 @@ def job_minter(ttl_s: float):
     except RosterError as err:
         raise _user_error(str(err)) from err
     if path and minter is None:
-        raise _user_error(f"{path} holds no job signing key: a host agent needs the creds file of a "
-                          f"`xirang nats add-user host NODE` user (its jobs get credentials minted with it)")
+        raise _user_error(
+            f"{path} holds no job signing key: a host agent needs the creds file of a "
+            f"`xirang nats add-user host NODE` user (its jobs get credentials minted with it)"
+        )
     return minter
 
 
@@ -239,12 +298,19 @@ def cmd_agent(args) -> int:
     try:
         from trust.signing import keyring_path
 
-        asyncio.run(run_host(url, node=args.node, inventory=inventory,
-                             state_dir=Path(args.data_dir) / "hosts", grace_s=args.grace_s,
-                             keyring_path=keyring_path(args.public_key, args.data_dir),
-                             job_minter=job_minter(args.job_creds_ttl_s),
-                             ckpt_secret=checkpoint_secret(args.ckpt_secret_file, args.data_dir),
-                             job_user=job_user))
+        asyncio.run(
+            run_host(
+                url,
+                node=args.node,
+                inventory=inventory,
+                state_dir=Path(args.data_dir) / "hosts",
+                grace_s=args.grace_s,
+                keyring_path=keyring_path(args.public_key, args.data_dir),
+                job_minter=job_minter(args.job_creds_ttl_s),
+                ckpt_secret=checkpoint_secret(args.ckpt_secret_file, args.data_dir),
+                job_user=job_user,
+            )
+        )
     except (AlreadyRunning, JobUserError) as err:
         raise _user_error(str(err)) from err
     finally:
@@ -271,12 +337,19 @@ def cmd_up(args) -> int:
     from agents.cluster import start_cluster, stop_cluster
 
     children = start_cluster(url, args.data_dir, args.hosts, specs, policy=args.policy, tick_ms=args.tick_ms)
-    info = {"nats": url, "data_dir": str(Path(args.data_dir).resolve()),
-            "pids": {name: proc.pid for name, proc in children},
-            "nats_pid": server.proc.pid if server else None}
-    print(json.dumps(info) if args.json else
-          f"xirang up: NATS {url}; scheduler and {args.hosts} host(s) running "
-          f"(pids {', '.join(str(p.pid) for _, p in children)}). Ctrl-C stops them.", flush=True)
+    info = {
+        "nats": url,
+        "data_dir": str(Path(args.data_dir).resolve()),
+        "pids": {name: proc.pid for name, proc in children},
+        "nats_pid": server.proc.pid if server else None,
+    }
+    print(
+        json.dumps(info)
+        if args.json
+        else f"xirang up: NATS {url}; scheduler and {args.hosts} host(s) running "
+        f"(pids {', '.join(str(p.pid) for _, p in children)}). Ctrl-C stops them.",
+        flush=True,
+    )
     stop = {"flag": False}
 
     def _on_signal(_sig, _frame):

@@ -59,8 +59,9 @@ def run_lines(lines, policy_params: dict | None = None, out=None) -> dict:
     first_line = 1
     done: list = []  # every record so far: folding them again undoes a failed step
     if policy_params:
-        lines = itertools.chain([encode(SetPolicy(t=0, params=policy_params, by="replay --policy"))
-                                 .decode()], lines)
+        lines = itertools.chain(
+            [encode(SetPolicy(t=0, params=policy_params, by="replay --policy")).decode()], lines
+        )
         first_line = 0
     for line_no, line in enumerate(lines, first_line):
         if not line.strip():
@@ -73,8 +74,9 @@ def run_lines(lines, policy_params: dict | None = None, out=None) -> dict:
             name = type_name(record.event)
             by_type[name] = by_type.get(name, 0) + 1
             if name == "InputRejected":
-                rejected.append({"line": line_no, "reason": record.event.reason,
-                                 "detail": record.event.detail})
+                rejected.append(
+                    {"line": line_no, "reason": record.event.reason, "detail": record.event.detail}
+                )
             if out is not None:
                 out.write(encode(record) + b"\n")
     c = state.canonical

@@ -33,32 +33,52 @@ time + restores, times GPUs.
 def register(sub) -> None:
     """Add the `sim` command(s) to the CLI's subparsers."""
     sim = sub.add_parser(
-        "sim", help="simulate policies on a trace and write a scorecard",
+        "sim",
+        help="simulate policies on a trace and write a scorecard",
         description="Run a GPU job trace through several scheduling policies on a simulated "
-                    "cluster (virtual clock; xirang's policy is core.step itself) and compare "
-                    "queueing delay, JCT, preemptions, lost GPU-hours, utilisation and fairness.",
-        epilog=POLICIES_HELP + "\n" + DEFAULTS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sim.add_argument("--trace", default="philly",
-                     help="'philly' (../shared/traces/philly/philly.csv) or a canonical CSV: "
-                          "job,submit_s,duration_s,gpus[,gpu_model,team,user,level,ckpt_interval_s,"
-                          "ckpt_cost_s,restore_cost_s,est_runtime_s]")
+        "cluster (virtual clock; xirang's policy is core.step itself) and compare "
+        "queueing delay, JCT, preemptions, lost GPU-hours, utilisation and fairness.",
+        epilog=POLICIES_HELP + "\n" + DEFAULTS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim.add_argument(
+        "--trace",
+        default="philly",
+        help="'philly' (../shared/traces/philly/philly.csv) or a canonical CSV: "
+        "job,submit_s,duration_s,gpus[,gpu_model,team,user,level,ckpt_interval_s,"
+        "ckpt_cost_s,restore_cost_s,est_runtime_s]",
+    )
     sim.add_argument("--philly-path", help="where the Philly CSV is, if not in the usual place")
     sim.add_argument("--gpus", type=int, default=512, help="GPUs in the cluster (default 512)")
     sim.add_argument("--node-gpus", type=int, default=8, help="GPUs per node (default 8)")
-    sim.add_argument("--gpu-models", default="V100",
-                     help="comma-separated GPU models, assigned to nodes in turn (default V100)")
-    sim.add_argument("--policies", default=",".join(POLICIES),
-                     help=f"comma-separated, from {', '.join(POLICIES)} (default all)")
+    sim.add_argument(
+        "--gpu-models",
+        default="V100",
+        help="comma-separated GPU models, assigned to nodes in turn (default V100)",
+    )
+    sim.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated, from {', '.join(POLICIES)} (default all)",
+    )
     sim.add_argument("--limit", type=int, help="only the first N jobs (by submit time)")
     sim.add_argument("--seed", type=int, default=0, help="seed for missing trace columns (default 0)")
     sim.add_argument("--policy", help="xirang policy TOML (keys of core.Policy)")
-    sim.add_argument("--xirang-periodic-ckpt-reports", choices=("on", "off"), default="on",
-                     help="whether simulated hosts report every periodic checkpoint to xirang's "
-                          "core, as live agents do (default on; off saves two core steps per "
-                          "checkpoint, but the core then sees no victim's checkpoint as fresh)")
-    sim.add_argument("--xirang-tick-s", type=float, default=60.0,
-                     help="simulated seconds between xirang's re-evaluation ticks while jobs wait "
-                          "(default 60); aging is rate-limited to the same period")
+    sim.add_argument(
+        "--xirang-periodic-ckpt-reports",
+        choices=("on", "off"),
+        default="on",
+        help="whether simulated hosts report every periodic checkpoint to xirang's "
+        "core, as live agents do (default on; off saves two core steps per "
+        "checkpoint, but the core then sees no victim's checkpoint as fresh)",
+    )
+    sim.add_argument(
+        "--xirang-tick-s",
+        type=float,
+        default=60.0,
+        help="simulated seconds between xirang's re-evaluation ticks while jobs wait "
+        "(default 60); aging is rate-limited to the same period",
+    )
     sim.add_argument("--procs", type=int, default=2, help="policies run in parallel (default 2)")
     sim.add_argument("--out", required=True, help="folder for scorecard.json, .duckdb and PNGs")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -91,8 +111,9 @@ def _plan(args) -> list[dict]:
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
     if unknown or not names:
-        raise UserError(f"--policies: unknown {', '.join(unknown) or '(none given)'};"
-                        f" choose from {', '.join(POLICIES)}")
+        raise UserError(
+            f"--policies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}"
+        )
     if len(set(names)) != len(names):
         raise UserError("--policies: a policy is listed twice")
     if args.limit is not None and args.limit <= 0:
@@ -119,18 +140,30 @@ def _plan(args) -> list[dict]:
         raise UserError(f"{args.trace}: no jobs to simulate")
     biggest = max(j.gpus for j in workload.jobs)
     if biggest > cluster.total_gpus:
-        raise UserError(f"a job asks for {biggest} GPUs but the cluster has {cluster.total_gpus};"
-                        " raise --gpus")
+        raise UserError(
+            f"a job asks for {biggest} GPUs but the cluster has {cluster.total_gpus}; raise --gpus"
+        )
     asked = sorted({m for j in workload.jobs for m in j.gpu_models} - set(cluster.models))
     if asked:
-        raise UserError(f"jobs ask for GPU models {', '.join(asked)} that the cluster lacks;"
-                        " list them in --gpu-models")
+        raise UserError(
+            f"jobs ask for GPU models {', '.join(asked)} that the cluster lacks; list them in --gpu-models"
+        )
     # xirang first: it takes longest, so the pool finishes sooner.
     names.sort(key=lambda p: p != "xirang")
-    return [dict(policy=name, trace=args.trace, philly_path=args.philly_path, seed=args.seed,
-                 limit=args.limit, cluster=cluster, policy_file=args.policy if name == "xirang" else None,
-                 periodic=args.xirang_periodic_ckpt_reports == "on", tick_s=args.xirang_tick_s)
-            for name in names]
+    return [
+        dict(
+            policy=name,
+            trace=args.trace,
+            philly_path=args.philly_path,
+            seed=args.seed,
+            limit=args.limit,
+            cluster=cluster,
+            policy_file=args.policy if name == "xirang" else None,
+            periodic=args.xirang_periodic_ckpt_reports == "on",
+            tick_s=args.xirang_tick_s,
+        )
+        for name in names
+    ]
 
 
 def run_policies(jobs: list[dict], procs: int, quiet: bool = False) -> list:
@@ -178,8 +211,14 @@ def _run_one(job: dict, report):
         config["report_periodic_checkpoints"] = job["periodic"]
         config["tick_s"] = job["tick_s"]
     name = job["policy"]
-    return simulate(workload, job["cluster"], name, config, job["seed"],
-                    progress=lambda done, total, t: report(name, done, total, t))
+    return simulate(
+        workload,
+        job["cluster"],
+        name,
+        config,
+        job["seed"],
+        progress=lambda done, total, t: report(name, done, total, t),
+    )
 
 
 class ProgressBar:
@@ -215,4 +254,3 @@ class ProgressBar:
         if not self.quiet and self.tty:
             sys.stderr.write("\n")
             sys.stderr.flush()
-

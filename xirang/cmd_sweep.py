@@ -14,22 +14,31 @@ POLICIES_DEFAULT = "none,k8s,xirang"
 def register(sub) -> None:
     """Add the `sweep` command(s) to the CLI's subparsers."""
     sweep = sub.add_parser(
-        "sweep", help="run the scorecard over pool sizes, windows and seeds; one table",
+        "sweep",
+        help="run the scorecard over pool sizes, windows and seeds; one table",
         description="Run policies on every combination of --gpus, --windows and --seeds of one "
-                    "trace and print one markdown table of xirang's acceptance checks (a value "
-                    "marked ! misses its target). Cases run one after another: this is heavy.")
-    sweep.add_argument("--trace", default="philly",
-                       help="'philly', 'bursts' (generated for each pool size: urgent bursts over "
-                            "an overloaded background) or a canonical CSV")
+        "trace and print one markdown table of xirang's acceptance checks (a value "
+        "marked ! misses its target). Cases run one after another: this is heavy.",
+    )
+    sweep.add_argument(
+        "--trace",
+        default="philly",
+        help="'philly', 'bursts' (generated for each pool size: urgent bursts over "
+        "an overloaded background) or a canonical CSV",
+    )
     sweep.add_argument("--gpus", default="64,256,512", help="comma-separated pool sizes")
-    sweep.add_argument("--windows", default="",
-                       help="comma-separated START:COUNT job windows (default: the whole trace)")
+    sweep.add_argument(
+        "--windows", default="", help="comma-separated START:COUNT job windows (default: the whole trace)"
+    )
     sweep.add_argument("--seeds", default="0", help="comma-separated seeds")
     sweep.add_argument("--policies", default=POLICIES_DEFAULT, help=f"default {POLICIES_DEFAULT}")
     sweep.add_argument("--policy", help="xirang policy TOML")
     sweep.add_argument("--out", required=True, help="folder for sweep.json and sweep.md")
-    sweep.add_argument("--cache", help="folder keeping the peers' results (none, k8s, slurm) for "
-                                       "reuse: they do not change with xirang's rules")
+    sweep.add_argument(
+        "--cache",
+        help="folder keeping the peers' results (none, k8s, slurm) for "
+        "reuse: they do not change with xirang's rules",
+    )
     sweep.set_defaults(func=cmd_sweep)
 
 
@@ -72,16 +81,21 @@ def cmd_sweep(args) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
-        raise UserError(f"--policies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}")
+        raise UserError(
+            f"--policies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}"
+        )
     config = {}
     if args.policy:
         try:
             config["policy"] = load_policy_toml(args.policy)
         except (OSError, PolicyError) as err:
             raise UserError(f"--policy: {err}") from err
-    cases = [Case(args.trace, gpus, seed, window)
-             for window in _windows(args.windows) for gpus in _ints(args.gpus, "gpus")
-             for seed in _ints(args.seeds, "seeds")]
+    cases = [
+        Case(args.trace, gpus, seed, window)
+        for window in _windows(args.windows)
+        for gpus in _ints(args.gpus, "gpus")
+        for seed in _ints(args.seeds, "seeds")
+    ]
     for gpus in sorted({case.gpus for case in cases}):
         if gpus % 8:
             raise UserError(f"--gpus: {gpus} does not split into nodes of 8")

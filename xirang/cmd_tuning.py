@@ -32,8 +32,9 @@ def _register_feedback(sub) -> None:
     p = sub.add_parser("feedback", help="tell how a job was treated: a score 1 (bad) .. 5 (good)")
     common(p)
     p.add_argument("job")
-    p.add_argument("--score", type=int, required=True, choices=range(1, 6), metavar="1..5",
-                   help="1 (bad) .. 5 (good)")
+    p.add_argument(
+        "--score", type=int, required=True, choices=range(1, 6), metavar="1..5", help="1 (bad) .. 5 (good)"
+    )
     p.add_argument("--comment", default="", help="what went well or badly (at most 500 characters)")
     p.add_argument("--user", default=DEFAULT_USER, help="who answers (default $USER)")
     p.set_defaults(func=cmd_feedback)
@@ -43,8 +44,9 @@ def cmd_feedback(args) -> int:
     """`xirang feedback`: send a score (and comment) about how a job was treated."""
     from core import types as T
 
-    return _send_and_answer(args, T.Feedback(job=args.job, user=args.user, score=args.score,
-                                              comment=args.comment))
+    return _send_and_answer(
+        args, T.Feedback(job=args.job, user=args.user, score=args.score, comment=args.comment)
+    )
 
 
 # ---------------------------------------------------------------- notices
@@ -53,15 +55,22 @@ def cmd_feedback(args) -> int:
 def _register_notices(sub) -> None:
     from xirang.cmd_data import add_source
 
-    p = sub.add_parser("notices", help="what you were told about your jobs: preemptions, checkpoint"
-                       " fallbacks, compensation, downgrades")
+    p = sub.add_parser(
+        "notices",
+        help="what you were told about your jobs: preemptions, checkpoint"
+        " fallbacks, compensation, downgrades",
+    )
     add_source(p)
     p.add_argument("--user", default=DEFAULT_USER, help="whose notices (default $USER)")
     p.add_argument("--all", action="store_true", help="every notice, not only the unread ones")
     p.add_argument("--everyone", action="store_true", help="every user's notices (operators)")
     p.add_argument("--follow", action="store_true", help="keep printing new notices (NATS)")
-    p.add_argument("--publish", action="store_true", help="publish every user's notices on their own"
-                   " subject xr.notice.<user> (NATS; with --follow, as they happen)")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="publish every user's notices on their own"
+        " subject xr.notice.<user> (NATS; with --follow, as they happen)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object a line")
     p.set_defaults(func=cmd_notices)
 
@@ -89,7 +98,9 @@ def cmd_notices(args) -> int:
         nonlocal shown
         for notice in notifier.feed(seq, record):
             if (user is None or notice.user == user) and seq > after:
-                print(json.dumps(notice.as_dict(), sort_keys=True) if args.json else notice.line(), flush=True)
+                print(
+                    json.dumps(notice.as_dict(), sort_keys=True) if args.json else notice.line(), flush=True
+                )
                 shown += 1
                 if user is not None:
                     marks.set(user, seq)
@@ -125,7 +136,9 @@ async def _publish(url: str, follow: bool, as_json: bool) -> int:
         async for batch in read_batches(js, 1, follow=follow):
             for seq, data in batch:
                 for notice in notifier.feed(seq, T.decode_record(data)):
-                    await nc.publish(subject(notice.user), json.dumps(notice.as_dict(), sort_keys=True).encode())
+                    await nc.publish(
+                        subject(notice.user), json.dumps(notice.as_dict(), sort_keys=True).encode()
+                    )
                     sent[notice.user] = sent.get(notice.user, 0) + 1
         await nc.flush()
     finally:
@@ -157,19 +170,36 @@ async def _read_nats(url: str, follow: bool, show) -> None:
 def _register_review(sub) -> None:
     from xirang.cmd_data import add_source
 
-    p = sub.add_parser("review", help="the quarterly review as HTML: net benefit against no preemption,"
-                       " per level, fairness, satisfaction, recommended changes")
+    p = sub.add_parser(
+        "review",
+        help="the quarterly review as HTML: net benefit against no preemption,"
+        " per level, fairness, satisfaction, recommended changes",
+    )
     add_source(p)
     window = p.add_mutually_exclusive_group()
-    window.add_argument("--quarter", metavar="YYYYQn", help="e.g. 2026Q4 (default: the last full quarter in the log)")
+    window.add_argument(
+        "--quarter", metavar="YYYYQn", help="e.g. 2026Q4 (default: the last full quarter in the log)"
+    )
     window.add_argument("--from", dest="from_t", metavar="T", help="period start (log ms or ISO time)")
     p.add_argument("--to", dest="to_t", metavar="T", help="period end (with --from; default the log's end)")
-    p.add_argument("--out", default="xirang-review.html", help="HTML file to write (default xirang-review.html)")
-    p.add_argument("--tune-evals", type=int, default=2, help="replays per parameter for the recommendations"
-                   " (0: none; default 2)")
-    p.add_argument("--tune-param", action="append", metavar="P", help="only these parameters (default: all groups)")
-    p.add_argument("--urgent-tick-s", type=float, default=5.0, help="replays: re-evaluation period of a waiting"
-                   " urgent job (default 5 s)")
+    p.add_argument(
+        "--out", default="xirang-review.html", help="HTML file to write (default xirang-review.html)"
+    )
+    p.add_argument(
+        "--tune-evals",
+        type=int,
+        default=2,
+        help="replays per parameter for the recommendations (0: none; default 2)",
+    )
+    p.add_argument(
+        "--tune-param", action="append", metavar="P", help="only these parameters (default: all groups)"
+    )
+    p.add_argument(
+        "--urgent-tick-s",
+        type=float,
+        default=5.0,
+        help="replays: re-evaluation period of a waiting urgent job (default 5 s)",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
     p.set_defaults(func=cmd_review)
 
@@ -205,8 +235,13 @@ def cmd_review(args) -> int:
     if span.to_t <= span.from_t:
         raise UserError("--to must be after --from")
     try:
-        data = review.gather(records, span, tune_evals=args.tune_evals, tune_params=args.tune_param,
-                             sim_options={"urgent_tick_s": args.urgent_tick_s})
+        data = review.gather(
+            records,
+            span,
+            tune_evals=args.tune_evals,
+            tune_params=args.tune_param,
+            sim_options={"urgent_tick_s": args.urgent_tick_s},
+        )
     except ValueError as err:
         raise UserError(f"review: {err}") from err
     with open(args.out, "w", encoding="utf-8") as fh:
@@ -215,8 +250,10 @@ def cmd_review(args) -> int:
         print(json.dumps(dict(data, out=args.out), indent=1, default=str))
     else:
         rec = data["net_benefit"]["recorded"]
-        print(f"review of the {span.describe()}: {data['jobs']} jobs; net benefit of preemption"
-              f" {rec['objective_gpu_h']:+.2f} GPU-h against no preemption;"
-              f" {len(data['recommendations'])} recommended change(s)")
+        print(
+            f"review of the {span.describe()}: {data['jobs']} jobs; net benefit of preemption"
+            f" {rec['objective_gpu_h']:+.2f} GPU-h against no preemption;"
+            f" {len(data['recommendations'])} recommended change(s)"
+        )
         print(f"wrote {args.out}")
     return 0

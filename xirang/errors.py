@@ -15,8 +15,10 @@ class UserError(Exception):
     """A mistake the user can fix; printed as one line, exit status 2."""
 
 
-NATS_HINT = ("start a cluster with `xirang up` (in another terminal), or pass --nats URL /"
-             " set XIRANG_NATS to a running server")
+NATS_HINT = (
+    "start a cluster with `xirang up` (in another terminal), or pass --nats URL /"
+    " set XIRANG_NATS to a running server"
+)
 
 
 def explain_failure(err: BaseException, url: str | None = None) -> str:
@@ -36,19 +38,29 @@ def explain_failure(err: BaseException, url: str | None = None) -> str:
     if isinstance(err, OSError):
         path = f" {err.filename}" if err.filename else ""
         return f"{err.strerror or _words(err)}{path}: check the path and its permissions"
-    return (f"unexpected {name}: {_words(err)} (a bug in xirang: rerun with XIRANG_DEBUG=1"
-            " for the traceback and report it)")
+    return (
+        f"unexpected {name}: {_words(err)} (a bug in xirang: rerun with XIRANG_DEBUG=1"
+        " for the traceback and report it)"
+    )
 
 
 def _nats_failure(err: BaseException, name: str, where: str) -> str:
-    if name in ("NoServersError", "ConnectionClosedError", "StaleConnectionError",
-                "UnexpectedEOF", "OutboundBufferLimitError", "SecureConnRequiredError"):
+    if name in (
+        "NoServersError",
+        "ConnectionClosedError",
+        "StaleConnectionError",
+        "UnexpectedEOF",
+        "OutboundBufferLimitError",
+        "SecureConnRequiredError",
+    ):
         return f"no NATS server answers{where}: {NATS_HINT}"
     if name in ("AuthorizationError", "PermissionsViolation") or "authorization" in str(err).lower():
         return f"NATS{where} refused the credentials or subject ({_words(err)}): check --nats URL's user and password"
     if name in ("NotFoundError", "ServiceUnavailableError", "NoRespondersError"):
-        return (f"NATS{where} has no xirang streams or JetStream is off ({name}): start the"
-                " scheduler there (`xirang up` or `xirang scheduler`)")
+        return (
+            f"NATS{where} has no xirang streams or JetStream is off ({name}): start the"
+            " scheduler there (`xirang up` or `xirang scheduler`)"
+        )
     if name == "TimeoutError":
         return f"NATS{where} did not answer in time: is the server overloaded or gone? {NATS_HINT}"
     return f"NATS{where} failed ({name}: {_words(err)}): {NATS_HINT}"
@@ -57,8 +69,10 @@ def _nats_failure(err: BaseException, name: str, where: str) -> str:
 def _duckdb_failure(err: BaseException, name: str) -> str:
     text = _words(err)
     if "lock" in text.lower():
-        return (f"the projection database is held by another process ({text}): stop it, or use"
-                " --db with another file")
+        return (
+            f"the projection database is held by another process ({text}): stop it, or use"
+            " --db with another file"
+        )
     if name == "CatalogException":
         return f"{text} (no projection yet? run `xirang project` first)"
     return f"DuckDB: {text}"

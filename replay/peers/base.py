@@ -284,7 +284,7 @@ class PeerPolicy:
     def _room_below(self, job: PeerJob) -> bool:
         # A pool-wide bound, cheap next to the per-node search: if evicting every
         # lower-priority job would not free enough GPUs, no victim set will.
-        lower = sum(self.level_gpus[job.level + 1:])
+        lower = sum(self.level_gpus[job.level + 1 :])
         return lower + self.pool.free_total - self.pool.reserved_total >= job.gpus
 
     # ------------------------------------------------------------ to implement
@@ -329,8 +329,9 @@ def gpus_on(job: PeerJob, node: str) -> int:
     return 0
 
 
-def best_single_node(policy: PeerPolicy, job: PeerJob, node_victims,
-                     node_key) -> tuple[list[PeerJob], list] | None:
+def best_single_node(
+    policy: PeerPolicy, job: PeerJob, node_victims, node_key
+) -> tuple[list[PeerJob], list] | None:
     """Among the nodes large enough for `job` where `node_victims(node, job, gpus)` makes
     room by evicting someone, the one with the smallest `node_key(victims, node)`: its
     victims and reservation, or None."""

@@ -74,8 +74,13 @@ class K8sPolicy(NonePolicy):
 def _node_key(victims: list[PeerJob], node: str) -> tuple:
     """pickOneNodeForPreemption's order, smallest best."""
     top = min(v.level for v in victims)
-    return (-top, sum(7 - v.level for v in victims), len(victims),
-            -min(v.start_t for v in victims if v.level == top), node)
+    return (
+        -top,
+        sum(7 - v.level for v in victims),
+        len(victims),
+        -min(v.start_t for v in victims if v.level == top),
+        node,
+    )
 
 
 def _top_victim_rank(candidates: list[PeerJob]) -> int:

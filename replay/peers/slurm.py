@@ -66,8 +66,9 @@ class SlurmPolicy(PeerPolicy):
     def __init__(self, config: dict, cluster, seed: int) -> None:
         unknown = sorted(set(config) - set(DEFAULTS))
         if unknown:
-            raise ValueError(f"slurm policy: unknown setting(s) {', '.join(unknown)};"
-                             f" known: {', '.join(DEFAULTS)}")
+            raise ValueError(
+                f"slurm policy: unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}"
+            )
         super().__init__(config, cluster, seed)
         cfg = {**DEFAULTS, **config}
         self.w_age = float(cfg["PriorityWeightAge"])
@@ -85,7 +86,7 @@ class SlurmPolicy(PeerPolicy):
         self.queue: list[tuple[float, int, int, str]] = []  # (-priority, eligible_t, seq, id)
         self.keys: dict[str, tuple] = {}
         self.next_calc_t = 0
-        self.last_bf_t = -10**18
+        self.last_bf_t = -(10**18)
         self.arrivals = 0
         self._bf_idle_key: tuple = ()
 
@@ -94,8 +95,7 @@ class SlurmPolicy(PeerPolicy):
     def priority(self, job: PeerJob, t: int) -> float:
         """The job's multifactor priority at `t`: age, QOS (its level) and partition."""
         age = min(max(0, t - job.eligible_t), self.max_age_ms)
-        return (self.w_age * age / self.max_age_ms + self.w_qos * (7 - job.level) / 7
-                + self.w_part)
+        return self.w_age * age / self.max_age_ms + self.w_qos * (7 - job.level) / 7 + self.w_part
 
     def _key(self, job: PeerJob, t: int) -> tuple:
         return (-self.priority(job, t), job.eligible_t, job.seq, job.id)
@@ -227,8 +227,12 @@ class SlurmPolicy(PeerPolicy):
         return victims if have >= need else None
 
     def _single_node(self, job: PeerJob):
-        return best_single_node(self, job, self._node_victims,
-                                lambda victims, node: (len(victims), sum(v.gpus for v in victims), node))
+        return best_single_node(
+            self,
+            job,
+            self._node_victims,
+            lambda victims, node: (len(victims), sum(v.gpus for v in victims), node),
+        )
 
     def _across_nodes(self, job: PeerJob):
         return take_across_nodes(job, rank_nodes(self, job, len), self._node_victims)

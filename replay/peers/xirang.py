@@ -44,8 +44,16 @@ TICK_MS = 60_000  # re-evaluation period while jobs wait (simulated time)
 # every second, and an urgent job declined at submit should not wait a minute for its next try.
 URGENT_TICK_MS = 5_000
 
-ADAPTER_KEYS = ("policy", "tick_s", "urgent_tick_s", "report_periodic_checkpoints", "log_path", "epoch_ms",
-                "keep_records", "inputs")
+ADAPTER_KEYS = (
+    "policy",
+    "tick_s",
+    "urgent_tick_s",
+    "report_periodic_checkpoints",
+    "log_path",
+    "epoch_ms",
+    "keep_records",
+    "inputs",
+)
 
 
 class XirangPolicy:
@@ -85,8 +93,14 @@ class XirangPolicy:
         and queue the timed inputs."""
         self.sim = sim
         if self.initial_params:
-            self._step(T.SetPolicy(t=self.epoch_ms, params=self.initial_params, by="simulator",
-                                   reason="the policy of the simulated run"))
+            self._step(
+                T.SetPolicy(
+                    t=self.epoch_ms,
+                    params=self.initial_params,
+                    by="simulator",
+                    reason="the policy of the simulated run",
+                )
+            )
         for name, model, gpus in self.cluster.nodes:
             self._step(T.NodeUp(t=self.epoch_ms, node=name, gpu_model=model, gpus=gpus))
         for inp in self.timed_inputs:
@@ -94,11 +108,21 @@ class XirangPolicy:
 
     def on_submit(self, spec: TraceJob, t: int) -> None:
         """A trace arrival as a `submit` input."""
-        self._step(T.Submit(
-            t=t + self.epoch_ms, job=spec.id, team=spec.team, user=spec.user, level=spec.level, gpus=spec.gpus,
-            gpu_models=list(spec.gpu_models), est_runtime_s=spec.est_runtime_ms / 1000,
-            ckpt_interval_s=spec.ckpt_interval_ms / 1000, ckpt_cost_s=spec.ckpt_cost_ms / 1000,
-            restore_cost_s=spec.restore_cost_ms / 1000))
+        self._step(
+            T.Submit(
+                t=t + self.epoch_ms,
+                job=spec.id,
+                team=spec.team,
+                user=spec.user,
+                level=spec.level,
+                gpus=spec.gpus,
+                gpu_models=list(spec.gpu_models),
+                est_runtime_s=spec.est_runtime_ms / 1000,
+                ckpt_interval_s=spec.ckpt_interval_ms / 1000,
+                ckpt_cost_s=spec.ckpt_cost_ms / 1000,
+                restore_cost_s=spec.restore_cost_ms / 1000,
+            )
+        )
 
     def on_fact(self, inp: T.Input) -> None:
         """A host's fact, stepped through the core as it is (its time shifted by `epoch_ms`)."""
@@ -116,8 +140,11 @@ class XirangPolicy:
         # The urgent levels are the policy's (`urgent_levels`): each of their jobs is tried
         # for preemption on every pass.
         urgent_levels = self.state.canonical.policy.urgent_levels
-        waiting = [jobs[job_id].preempt_retry_t for level in range(urgent_levels)
-                   for _, job_id in self.state.index.waiting_by_level[level]]
+        waiting = [
+            jobs[job_id].preempt_retry_t
+            for level in range(urgent_levels)
+            for _, job_id in self.state.index.waiting_by_level[level]
+        ]
         return min(waiting) - self.epoch_ms if waiting else None
 
     def summary(self) -> dict:
@@ -126,9 +153,11 @@ class XirangPolicy:
         if self.log is not None:
             self.log.close()
             self.log = None
-        return {"events": dict(sorted(self.counts.items())),
-                "rejected": dict(sorted(self.rejections.items())),
-                "downgraded": list(self.downgraded)}
+        return {
+            "events": dict(sorted(self.counts.items())),
+            "rejected": dict(sorted(self.rejections.items())),
+            "downgraded": list(self.downgraded),
+        }
 
     def _step(self, inp: T.Input) -> None:
         self.steps += 1
