@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,64 @@ def world_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
+PACKAGES = ("core", "transport", "trust", "agents", "projections", "replay", "xirang", "examples")
+
+
+def _place(source: Path, target: Path) -> None:
+    """`source` at `target`, readable by all: a hard link where the file already is (free, and
+    nobody then needs no way through the checkout's folders), else a copy."""
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if source.stat().st_mode & 0o004:
+        try:
+            os.link(source, target)
+            return
+        except OSError:
+            pass  # another file system: copy it
+    shutil.copy2(source, target)
+    target.chmod(target.stat().st_mode | 0o444)
+
+
+def _runtime_distributions() -> list[metadata.Distribution]:
+    """The installed distributions xirang needs to run (its dependencies, transitively; not
+    the test extras), without xirang itself."""
+    found: dict[str, metadata.Distribution] = {}
+    todo = ["xirang"]
+    while todo:
+        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if name in found:
+            continue
+        try:
+            found[name] = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # a dependency for another python (a marker we don't evaluate)
+        for requirement in found[name].requires or []:
+            if "extra ==" not in requirement:
+                todo.append(re.match(r"[A-Za-z0-9._-]+", requirement).group(0))
+    found.pop("xirang", None)
+    return list(found.values())
+
+
+def _install_for_nobody(root: Path) -> tuple[Path, Path]:
+    """What an agent and its jobs need, placed below `root` (which nobody can reach) whatever
+    folder the checkout and its venv sit in (a CI clone in a 0700 mktemp folder): the
+    product's packages and examples as `root/xirang`, the runtime dependencies as
+    `root/site`. Returns both folders."""
+    repo, site = root / "xirang", root / "site"
+    for package in PACKAGES:
+        for source in sorted((REPO / package).rglob("*")):
+            if source.is_file() and "__pycache__" not in source.parts:
+                _place(source, repo / source.relative_to(REPO))
+    for dist in _runtime_distributions():
+        base = Path(dist.locate_file("")).resolve()
+        for entry in dist.files or []:
+            source = Path(dist.locate_file(entry)).resolve()
+            if source.is_file() and source.is_relative_to(base) and "__pycache__" not in source.parts:
+                _place(source, site / source.relative_to(base))
+    for folder, _, _ in os.walk(root):
+        os.chmod(folder, 0o755)  # whatever the umask made them
+    return repo, site
+
+
 def _uid(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):
@@ -91,11 +150,7 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
     except KeyError:
         pytest.skip("no user nobody")
     python = _job_python()
-    site = sysconfig.get_paths()["purelib"]
-    platsite = sysconfig.get_paths()["platlib"]
-    for folder in (REPO, site):
-        if subprocess.run(["test", "-r", str(folder), "-a", "-x", str(folder)], user="nobody").returncode:
-            pytest.skip(f"nobody cannot read {folder}")
+    repo, site = _install_for_nobody(world_dir / "install")
     with running_cluster(tmp_path, monkeypatch) as (nats, procs):
         (tmp_path / "policy.toml").write_text(FAST_POLICY)
         sched = ["scheduler", "--nats", nats.url, "--data-dir", str(tmp_path / "sched"), "--tick-ms", "200"]
@@ -115,7 +170,7 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
         env.update(
             XIRANG_CREDS=str(creds),
             XIRANG_TLS_CA=str(world_dir / "ca.pem"),
-            PYTHONPATH=os.pathsep.join([str(REPO), site, platsite]),
+            PYTHONPATH=os.pathsep.join([str(repo), str(site)]),
         )
         agent_cmd = [python, "-m", "xirang.cli", "agent", "--nats", nats.url, "--node", "h1",
                      "--simulate", "2xH100", "--data-dir", str(data), "--grace-s", "1",
@@ -124,7 +179,7 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
         def start_agent() -> subprocess.Popen:
             out = open(tmp_path / f"agent-{len(procs)}.log", "ab")
             proc = subprocess.Popen(agent_cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=REPO, env=env)  # fmt: skip
+                                    cwd=repo, env=env)  # fmt: skip
             procs.append(proc)
             return proc
 
@@ -142,7 +197,8 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
             "snoop", [python, "-c", SNOOP, str(creds), str(state), str(data / "keys" / "checkpoint.secret")]
         )
         train = train_command(100_000, ckpt_s=0.5)
-        submit("train", [python, *train[1:]])
+        script = Path(train[1]).relative_to(REPO)
+        submit("train", [python, str(repo / script), *train[2:]])
         _wait(nats, lambda rs: matching(rs, T.JobFinished, job="snoop"), 30, "the snooping job finished")
         # it ran as nobody, got EACCES for everything of the host's, and said so by its exit status
         output = next(state.glob("runs/snoop-*/output.log")).read_text()
