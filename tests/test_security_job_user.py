@@ -121,13 +121,13 @@ def _install_for_nobody(root: Path) -> tuple[Path, Path]:
     repo, site = root / "xirang", root / "site"
     for package in PACKAGES:
         for source in sorted((REPO / package).rglob("*")):
-            if source.is_file() and "__pycache__" not in source.parts:
+            if source.is_file():
                 _place(source, repo / source.relative_to(REPO))
     for dist in _runtime_distributions():
         base = Path(dist.locate_file("")).resolve()
         for entry in dist.files or []:
             source = Path(dist.locate_file(entry)).resolve()
-            if source.is_file() and source.is_relative_to(base) and "__pycache__" not in source.parts:
+            if source.is_file() and source.is_relative_to(base):
                 _place(source, site / source.relative_to(base))
     for folder, _, _ in os.walk(root):
         os.chmod(folder, 0o755)  # whatever the umask made them
