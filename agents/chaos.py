@@ -38,6 +38,7 @@ from transport.natsd import EmbeddedNats
 
 from .jobwrap import STARTED_FILE
 from .local_cluster import REPO, Cluster, matching, train_command
+from .runfolders import run_of
 
 FAULTS = ("kill_scheduler", "kill_agent", "stop_agent", "term_agent", "kill_nats")
 HOSTS = 2
@@ -292,7 +293,7 @@ class Chaos:
         runs: dict[str, dict[str, tuple[float, float]]] = {}
         for started in self.root.glob(f"hosts/*/runs/*/{STARTED_FILE}"):
             run_dir = started.parent
-            job, _, n = run_dir.name.rpartition("-")
+            job, n = run_of(run_dir.name) or (run_dir.name, 0)
             begin = json.loads(started.read_text())["t"]
             end = _end_of(run_dir, now)
             span = runs.setdefault(job, {}).get(n)
@@ -341,9 +342,9 @@ def _end_of(run_dir: Path, now: float) -> float:
         return json.loads((run_dir / "exit.json").read_text())["t"]
     except (OSError, ValueError, KeyError):
         pass
-    job_token, _, n = run_dir.name.rpartition("-")
+    job_token, _ = run_of(run_dir.name) or (run_dir.name, 0)
     try:  # the agent still tracks this very run: it is running
-        if str(json.loads((run_dir.parent / f"{job_token}.json").read_text())["n"]) == n:
+        if Path(json.loads((run_dir.parent / f"{job_token}.json").read_text())["dir"]) == run_dir.resolve():
             return now
     except (OSError, ValueError, KeyError):
         pass

@@ -49,6 +49,7 @@ from transport.locks import AlreadyRunning, InstanceLock
 from .gpus import Inventory
 from .jobuser import JobUser, JobUserError, own_user_name, probe, warn_shared
 from .outbox import JOB_MARKER, Outbox
+from .runfolders import new_run_folder, run_folders
 
 log = logging.getLogger("xirang.host")
 
@@ -545,8 +546,7 @@ class HostAgent:
         gpus = [g for slot in ev.placement if slot.node == self.node for g in slot.gpus]
         primary = bool(ev.placement) and ev.placement[0].node == self.node
         resume = isinstance(ev, T.JobResumeRequested) and bool(ev.ckpt_digest)
-        run_dir = self.runs_dir / f"{_safe(ev.job)}-{n}"
-        adopted = find_marked_process(marker, str(run_dir))
+        adopted, run_dir = self._unrecorded_run(ev.job, n, marker)
         run_dir.mkdir(parents=True, exist_ok=True)
         self._hand_over(run_dir)
         run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume, started_t=time.time())
@@ -757,6 +757,17 @@ class HostAgent:
             f", {run.stopping}" if run.stopping else "",
         )
         self._drop_run(run)
+
+    def _unrecorded_run(self, job: str, n: int, marker: str) -> tuple[int, Path]:
+        """The process (0: none) and folder of the run that record `n` starts: a crashed agent
+        may have started it (or made its folder) without recording it; else a new folder
+        with an unguessable name (agents/runfolders.py says why)."""
+        folders = run_folders(self.runs_dir, job, n)
+        for folder in folders:
+            pid = find_marked_process(marker, str(folder))
+            if pid:
+                return pid, folder
+        return 0, folders[-1] if folders else new_run_folder(self.runs_dir, job, n)
 
     async def _report(self, inp: T.Input, msg_id: str) -> None:
         """Into the durable outbox; the sender delivers it as soon as the bus takes it."""

@@ -1,6 +1,7 @@
 """Where a job's output lies on a local cluster: each run's `output.log` under the host
-agent's folder (`<data-dir>/hosts/<node>/runs/<job>-<record n>/`), found from the log's
-start and resume records."""
+agent's folder (`<data-dir>/hosts/<node>/runs/<job>-<record n>-<secret>/`), found from the
+log's start and resume records (listing the runs folder, which the operator may and jobs may
+not)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from core import types as T
 
 from transport.bus import node_token
 
+from .runfolders import run_folders
+
 
 def job_output_paths(records, job: str, hosts_dir: Path) -> list[Path] | None:
     """The output files of the job's runs on its primary node, oldest first; None when the
-    log has never seen the job, [] when it has not started."""
+    log has never seen the job, [] when it has not started (no run folder yet)."""
     seen = False
     paths = []
     for record in records:
@@ -23,7 +26,6 @@ def job_output_paths(records, job: str, hosts_dir: Path) -> list[Path] | None:
         seen = True
         if isinstance(ev, (T.JobStartRequested, T.JobResumeRequested)) and ev.placement:
             node = ev.placement[0].node
-            paths.append(
-                Path(hosts_dir) / node_token(node) / "runs" / f"{node_token(job)}-{record.n}" / "output.log"
-            )
+            runs_dir = Path(hosts_dir) / node_token(node) / "runs"
+            paths.extend(folder / "output.log" for folder in run_folders(runs_dir, job, record.n))
     return paths if seen else None

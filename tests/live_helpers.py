@@ -10,9 +10,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from agents.local_cluster import REPO
+from agents.runfolders import run_folders
 
 
 @contextlib.contextmanager
@@ -69,3 +71,16 @@ def metrics(output_log: Path) -> list[dict]:
             except ValueError:
                 pass
     return out
+
+
+def run_folder(runs_dir: Path, job: str, n: int, timeout_s: float = 20.0) -> Path:
+    """The folder of the run of `job` that record `n` started (its name ends in a secret the
+    agent drew: agents/runfolders.py), once the agent has made it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = run_folders(Path(runs_dir), job, n)
+        if found:
+            return found[-1]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no run folder for {job} record {n} in {runs_dir}")
+        time.sleep(0.1)

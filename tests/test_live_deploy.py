@@ -18,6 +18,7 @@ from nats.js import api
 
 from agents import ckptfile
 from agents.local_cluster import FAST_POLICY, matching, train_command
+from live_helpers import run_folder
 from tests.test_live_preemption import wait_metrics
 from transport import bus
 from transport import checkpoints as ckptstore
@@ -227,7 +228,7 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     assert resume.event.ckpt_step > 0 and resume.event.ckpt_digest in {
         r.event.digest for r in matching(records, T.CheckpointRecorded, job="train")
     }
-    resumed_log = tmp_path / "host" / "hosts" / "h1" / "runs" / f"train-{resume.n}" / "output.log"
+    resumed_log = run_folder(tmp_path / "host" / "hosts" / "h1" / "runs", "train", resume.n) / "output.log"
     lines = wait_metrics(resumed_log)
     assert lines[0]["step"] == resume.event.ckpt_step and lines[0].get("resumed") == 1, lines[:2]
     # the resumed run outlives its first credentials (6 s) and still checkpoints: its host

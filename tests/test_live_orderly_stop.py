@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agents.local_cluster import REPO, matching, train_command
-from live_helpers import metrics
+from live_helpers import metrics, run_folder
 from core import types as T
 from transport import bus
 
@@ -119,7 +119,7 @@ def test_ctrl_c_on_xirang_up_requeues_sdk_jobs_from_checkpoints_and_up_again_res
         send(info["nats"], train("t2"))
         records = wait_records(info["nats"], lambda rs: matching(rs, T.JobRunning, job="t2"))
         start = matching(records, T.JobStartRequested, job="t2")[0]
-        wait_steps(data / "hosts" / "host-1" / "runs" / f"t2-{start.n}" / "output.log", 100)
+        wait_steps(run_folder(data / "hosts" / "host-1" / "runs", "t2", start.n) / "output.log", 100)
     finally:
         os.kill(proc.pid, signal.SIGINT)
         proc.wait(60)
@@ -133,14 +133,8 @@ def test_ctrl_c_on_xirang_up_requeues_sdk_jobs_from_checkpoints_and_up_again_res
         assert [r.event.reason for r in matching(records, T.NodeLost)] == ["agent_stopped"]
         requeued = matching(records, T.JobRequeued, job="t2")
         assert len(requeued) == 1 and requeued[0].n < matching(records, T.JobResumeRequested, job="t2")[0].n
-        lines = metrics(
-            data
-            / "hosts"
-            / "host-1"
-            / "runs"
-            / f"t2-{matching(records, T.JobResumeRequested, job='t2')[0].n}"
-            / "output.log"
-        )
+        resumed = matching(records, T.JobResumeRequested, job="t2")[0].n
+        lines = metrics(run_folder(data / "hosts" / "host-1" / "runs", "t2", resumed) / "output.log")
         assert lines[0]["step"] == saved.step and lines[0].get("resumed") == 1
         assert not matching(records, T.JobFailed)
     finally:

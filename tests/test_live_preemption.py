@@ -14,7 +14,7 @@ import pytest
 from transport import checkpoints as ckptstore
 from agents import sdk
 from agents.local_cluster import Cluster, matching, sleep_command, train_command
-from live_helpers import metrics, stuck_command
+from live_helpers import metrics, run_folder, stuck_command
 from core import rebuild
 from core import types as T
 from projections.notices import Notifier
@@ -66,7 +66,7 @@ def wait_metrics(path: Path, timeout_s: float = 15.0) -> list[dict]:
 
 
 def run_dir(cluster: Cluster, job: str, n: int) -> Path:
-    return cluster.root / "hosts" / "h1" / "runs" / f"{job}-{n}"
+    return run_folder(cluster.root / "hosts" / "h1" / "runs", job, n)
 
 
 @pytest.fixture

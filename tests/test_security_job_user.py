@@ -1,8 +1,9 @@
 """Jobs run as an unprivileged OS user: a host agent started as root under the shipped
 config (TLS, JWT users) starts its jobs as `nobody` by default. A job cannot read the host's
 credentials file or the agent's state folder (EACCES), yet an SDK job still reads its own
-credentials, checkpoints and reports through its outbox; an agent restarted after SIGKILL
-adopts the job process it left."""
+credentials, checkpoints and reports through its outbox; another job, though it runs as the
+same user, cannot find that job's run folder (and credentials) by guessing its name; an
+agent restarted after SIGKILL adopts the job process it left."""
 
 from __future__ import annotations
 
@@ -45,6 +46,27 @@ for what, attempt in (("creds", lambda: open(creds).read()), ("state", lambda: o
         refused.append(err.errno == errno.EACCES)
 print("uid", os.getuid(), "home", os.environ.get("HOME"))
 sys.exit(0 if len(refused) == 6 and all(refused) else 1)
+"""
+
+# Another job running as the same user, knowing a running job's name and start record (the
+# log tells both), tries the run folder names it could build from them, and lists the runs.
+GUESS = """
+import errno, os, sys
+runs, job, n = sys.argv[1], sys.argv[2], sys.argv[3]
+refused = []
+for name in (f"{job}-{n}", f"{job}-{n}-" + "0" * 32, job, f"{job}-{n}-"):
+    try:
+        open(os.path.join(runs, name, "nats.creds")).read()
+        print("guess", name, "READ")
+    except OSError as err:
+        print("guess", name, errno.errorcode[err.errno])
+        refused.append(err.errno in (errno.ENOENT, errno.EACCES))
+try:
+    print("listed", os.listdir(runs))
+except OSError as err:
+    print("list", errno.errorcode[err.errno])
+    refused.append(err.errno == errno.EACCES)
+sys.exit(0 if len(refused) == 5 and all(refused) else 1)
 """
 
 
@@ -223,6 +245,20 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
             os.stat(run_dir).st_uid == nobody.pw_uid
             and os.stat(run_dir / "nats.creds").st_uid == nobody.pw_uid
         )
+
+        # another job (same OS user) that guesses train's run folder from its name and start
+        # record cannot open its credentials, though nobody could read them by their real path
+        started = matching(_wait(nats, lambda rs: True, 1, ""), T.JobStartRequested, job="train")[0]
+        submit("guess", [python, "-c", GUESS, str(state / "runs"), "train", str(started.n)])
+        ended = (T.JobFinished, T.JobFailed)
+        _wait(nats, lambda rs: any(matching(rs, e, job="guess") for e in ended), 30, "the guessing job ended")
+        output = next(state.glob("runs/guess-*/output.log")).read_text()
+        assert "READ" not in output and "list EACCES" in output, output
+        assert output.count("ENOENT") == 4, output
+        assert not matching(_wait(nats, lambda rs: True, 1, ""), T.JobFailed, job="guess")  # exit status 0
+        by_real_name = subprocess.run([python, "-c", "import sys; open(sys.argv[1]).read()", str(run_dir / "nats.creds")],
+                                      user="nobody", capture_output=True)  # fmt: skip
+        assert by_real_name.returncode == 0, by_real_name.stderr
 
         # an agent restarted after SIGKILL adopts the job (same pid) and its facts still flow
         os.kill(agent.pid, signal.SIGKILL)
