@@ -108,6 +108,17 @@ def _node_lost(s: State, ev: T.NodeLost) -> None:
 # ---------------------------------------------------------------- jobs
 
 
+def submitted_costs_ms(ev: T.JobSubmitted) -> dict[str, int]:
+    """A submitted job's runtime estimate and checkpoint costs in whole ms, as a Job keeps them
+    (the seconds of the submit, truncated); the test world's simulated hosts run it by them too."""
+    return {
+        "est_runtime_ms": int(ev.est_runtime_s * 1000),
+        "ckpt_interval_ms": int(ev.ckpt_interval_s * 1000),
+        "ckpt_cost_ms": int(ev.ckpt_cost_s * 1000),
+        "restore_cost_ms": int(ev.restore_cost_s * 1000),
+    }
+
+
 def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
     job = Job(
         id=ev.job,
@@ -119,10 +130,7 @@ def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
         eff_level=ev.level,
         gpus=ev.gpus,
         gpu_models=list(ev.gpu_models),
-        est_runtime_ms=int(ev.est_runtime_s * 1000),
-        ckpt_interval_ms=int(ev.ckpt_interval_s * 1000),
-        ckpt_cost_ms=int(ev.ckpt_cost_s * 1000),
-        restore_cost_ms=int(ev.restore_cost_s * 1000),
+        **submitted_costs_ms(ev),
         preemptible=ev.preemptible,
         safe_point_interval_ms=int(ev.safe_point_interval_s * 1000),
         command=list(ev.command),

@@ -17,6 +17,7 @@ import msgspec
 
 from core import new_state, step
 from core import types as T
+from core.evolve import submitted_costs_ms
 from core.state import State
 from replay.simhost import IDLE, SimHosts
 from replay.workload import TraceJob
@@ -96,10 +97,7 @@ class World:
             user=ev.user,
             level=ev.level,
             gpu_models=list(ev.gpu_models),
-            ckpt_interval_ms=int(ev.ckpt_interval_s * 1000),
-            ckpt_cost_ms=int(ev.ckpt_cost_s * 1000),
-            restore_cost_ms=int(ev.restore_cost_s * 1000),
-            est_runtime_ms=int(ev.est_runtime_s * 1000),
+            **submitted_costs_ms(ev),
         )
 
     def next_input(self) -> T.Input:
