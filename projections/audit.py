@@ -34,6 +34,7 @@ import msgspec
 from core import ChainError, apply_record, new_state
 from core import types as T
 from core.digest import LEGACY_RELEASES
+from core.explain import human_duration
 from core.state import state_digest
 from trust.signing import SignatureError
 
@@ -46,16 +47,6 @@ def fmt_t(t: int) -> str:
         return dt.datetime.fromtimestamp(t / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     s = t // 1000
     return f"T+{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s"
-
-
-def fmt_ms(ms: float) -> str:
-    """A duration in words (s, min s, h min)."""
-    s = int(round(ms / 1000))
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min {s % 60} s"
-    return f"{s // 3600} h {s // 60 % 60} min"
 
 
 @dataclass
@@ -266,7 +257,7 @@ class Audit:
                 f" for {ev.user} of team {ev.team}{variant}"
             )
         if isinstance(ev, T.PriorityAged):
-            return f"aged from level {ev.from_level} to {ev.to_level} after waiting {fmt_ms(ev.waited_ms)}"
+            return f"aged from level {ev.from_level} to {ev.to_level} after waiting {human_duration(ev.waited_ms)}"
         if isinstance(ev, T.JobStartRequested):
             return f"placed on {_where(ev.placement)}"
         if isinstance(ev, T.JobResumeRequested):
@@ -278,7 +269,7 @@ class Audit:
             )
             return f"resumed {why} on {_where(ev.placement)}, restoring {ckpt}"
         if isinstance(ev, T.JobRunning):
-            return f"running, after waiting {fmt_ms(ev.waited_ms)} in the queue"
+            return f"running, after waiting {human_duration(ev.waited_ms)} in the queue"
         if isinstance(ev, T.PreemptionPlanned):
             if ev.preemptor == job:
                 victims = ", ".join(self._who(v) for v in ev.victims)
@@ -307,7 +298,7 @@ class Audit:
         if isinstance(ev, T.VictimReleased):
             ckpt = self._last_ckpt.get(job)
             at = f" at checkpoint step {ckpt.step}" if ckpt else " without any checkpoint"
-            return f"released its GPUs{at}, losing {fmt_ms(ev.lost_progress_ms)} of progress since it"
+            return f"released its GPUs{at}, losing {human_duration(ev.lost_progress_ms)} of progress since it"
         if isinstance(ev, T.PreemptionCommitted):
             return f"preemption {ev.saga} committed" + (
                 ": starts on the freed GPUs" if ev.preemptor == job else ""
@@ -321,12 +312,12 @@ class Audit:
         if isinstance(ev, T.JobRequeued):
             return (
                 f"requeued ({ev.reason}) with a priority boost of {ev.boost}, preempted"
-                f" {ev.preempt_count} time(s) so far, {fmt_ms(ev.lost_progress_ms)} of progress lost"
+                f" {ev.preempt_count} time(s) so far, {human_duration(ev.lost_progress_ms)} of progress lost"
             )
         if isinstance(ev, T.CheckpointFallback):
             return (
                 f"checkpoint {ev.bad_digest[:23]} failed verification: fell back to step"
-                f" {ev.to_step}, losing {fmt_ms(ev.lost_progress_ms)} more"
+                f" {ev.to_step}, losing {human_duration(ev.lost_progress_ms)} more"
             )
         if isinstance(ev, T.CompensationGranted):
             unit = {
@@ -343,9 +334,9 @@ class Audit:
         if isinstance(ev, T.CheckpointFailedRecorded):
             return f"checkpoint failed: {ev.reason}"
         if isinstance(ev, T.JobFinished):
-            return f"finished after {fmt_ms(ev.run_ms)} of training"
+            return f"finished after {human_duration(ev.run_ms)} of training"
         if isinstance(ev, T.JobFailed):
-            return f"failed ({ev.reason}) after {fmt_ms(ev.run_ms)} of training"
+            return f"failed ({ev.reason}) after {human_duration(ev.run_ms)} of training"
         if isinstance(ev, T.JobCancelled):
             return "cancelled"
         if isinstance(ev, T.InputRejected):

@@ -22,7 +22,9 @@ import duckdb
 
 from . import metrics
 from .analyst_sql import AnalystSql, Refused, lock_down
-from .audit import fmt_ms, fmt_t
+from core.explain import human_duration
+
+from .audit import fmt_t
 
 REFRESH_MS = 2000
 
@@ -63,7 +65,7 @@ def _num(value, digits: int = 1) -> str:
 
 
 def _dur(ms) -> str:
-    return "–" if ms is None else fmt_ms(ms)
+    return "–" if ms is None else human_duration(ms)
 
 
 def _pct(ratio) -> str:

@@ -31,7 +31,9 @@ from typing import Callable, Iterable
 
 from core import types as T
 
-from .audit import fmt_ms, fmt_t
+from core.explain import human_duration
+
+from .audit import fmt_t
 
 NOTICE_PREFIX = "xr.notice"
 _SUBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -101,14 +103,14 @@ def _message(ev: T.Event, lookup: JobLookup) -> tuple[str, str, str] | None:
         return (
             "preempted",
             f"{cause}; requeued with a priority boost of {ev.boost} level(s), lost"
-            f" {fmt_ms(ev.lost_progress_ms)} of progress (preempted {ev.preempt_count} times)",
+            f" {human_duration(ev.lost_progress_ms)} of progress (preempted {ev.preempt_count} times)",
             "",
         )
     if isinstance(ev, T.CheckpointFallback):
         return (
             "checkpoint_fallback",
             f"checkpoint {ev.bad_digest[:19]} failed verification; resumed"
-            f" from step {ev.to_step}, losing {fmt_ms(ev.lost_progress_ms)} of progress",
+            f" from step {ev.to_step}, losing {human_duration(ev.lost_progress_ms)} of progress",
             "",
         )
     if isinstance(ev, T.CompensationGranted):

@@ -24,7 +24,9 @@ matplotlib.use("Agg")  # no display: render to bytes
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .audit import fmt_ms, fmt_t  # noqa: E402
+from core.explain import human_duration  # noqa: E402
+
+from .audit import fmt_t  # noqa: E402
 
 
 def jain(values) -> float | None:
@@ -162,7 +164,7 @@ def render(d: dict) -> str:
         ("Victims / progress lost (GPU-hours)", f"{d['victims']} / {d['lost_gpu_h']:.3f}"),
         (
             "Victims' mean recovery (notice to running again)",
-            "–" if d["recovery_ms_mean"] is None else fmt_ms(d["recovery_ms_mean"]),
+            "–" if d["recovery_ms_mean"] is None else human_duration(d["recovery_ms_mean"]),
         ),
         ("Jobs finished", str(d["jobs_finished"])),
         ("Jain's index, teams, GPU-hours served", f"<b id='jain-teams'>{_f(d['jain_teams_gpu_h'])}</b>"),

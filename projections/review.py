@@ -40,7 +40,7 @@ from core import types as T  # noqa: E402
 from replay import whatif  # noqa: E402
 
 from . import tuner  # noqa: E402
-from .audit import fmt_ms  # noqa: E402
+from core.explain import human_duration  # noqa: E402
 from .projector import Projector  # noqa: E402
 from .windows import Span  # noqa: E402
 
@@ -332,12 +332,16 @@ def render(d: dict) -> str:
         [
             r["level"],
             r["jobs"],
-            fmt_ms(r["wait_s_mean"] * 1000),
-            "–" if r["no_preemption_wait_s_mean"] is None else fmt_ms(r["no_preemption_wait_s_mean"] * 1000),
+            human_duration(r["wait_s_mean"] * 1000),
+            "–"
+            if r["no_preemption_wait_s_mean"] is None
+            else human_duration(r["no_preemption_wait_s_mean"] * 1000),
             f"{r['speedup']:.3g}x faster"
             if r.get("speedup")
             else (
-                f"+{fmt_ms(r['extra_wait_s_mean'] * 1000)} wait" if r.get("extra_wait_s_mean", 0) > 0 else "–"
+                f"+{human_duration(r['extra_wait_s_mean'] * 1000)} wait"
+                if r.get("extra_wait_s_mean", 0) > 0
+                else "–"
             ),
             r["lost_gpu_h"],
             r["preemptions"],
@@ -354,7 +358,7 @@ def render(d: dict) -> str:
             t["downgrades"],
             t["fee_credit"],
             t["lost_gpu_h"],
-            fmt_ms(t["wait_s_mean"] * 1000),
+            human_duration(t["wait_s_mean"] * 1000),
         ]
         for t in f["teams"]
     ]

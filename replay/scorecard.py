@@ -46,6 +46,7 @@ import tempfile
 
 import numpy as np
 
+from core.explain import human_duration
 from core.shares import max_min_shares
 
 from .sim import SimResult
@@ -393,13 +394,7 @@ def acceptance(cards: dict) -> dict:
 
 
 def _h(seconds) -> str:
-    if seconds is None:
-        return "never"
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
+    return "never" if seconds is None else human_duration(seconds * 1000)
 
 
 def _ratio(value) -> str:
