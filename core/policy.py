@@ -179,7 +179,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Preemptions by a team's jobs of levels below `downgrade_applies_below_level`: past
     # this count the team's new jobs of those levels are downgraded.
     team_preempting_max: int = 6
-    team_downgrade_ms: int = 1800 * 1000  # or until the team is back within its quota
+    # DEPRECATED, no effect: a downgrade lasts until the team's preemption quota recovers
+    # (saga.quota_recovers_t), not a fixed time. Kept so that logs and policy files that set
+    # it still fold and load (and older state digests, which cover it, still match).
+    team_downgrade_ms: int = 1800 * 1000
     downgrade_levels: int = 2
     downgrade_applies_below_level: int = 3  # jobs submitted at levels < this are downgraded
     # An operator's opt-in (0: off, the model's rule): a downgraded job gets its requested
@@ -322,6 +325,20 @@ def _check_not_negative(policy: Policy) -> None:
         for entry in values:
             if isinstance(entry, (int, float)) and not isinstance(entry, bool) and entry < 0:
                 raise PolicyError(f"{name} must not be negative, got {value}")
+
+
+# Parameters that no longer change anything, with why: still accepted (older logs and
+# policy files set them), and the scheduler and `xirang replay` say so when given one.
+DEPRECATED_PARAMS = {
+    "team_downgrade_ms": "no effect: a team's downgrade lasts until its preemption quota recovers "
+    "(team_preempting_max in fairness_window_ms)",
+}
+
+
+def deprecation_notes(params: dict[str, Any]) -> list[str]:
+    """One line per deprecated parameter in `params`, saying that it is ignored and why."""
+    return [f"policy parameter {key!r} is deprecated, {DEPRECATED_PARAMS[key]}" for key in sorted(params)
+            if key in DEPRECATED_PARAMS]  # fmt: skip
 
 
 AB_SPLITS = ("team", "user", "job_group", "job")

@@ -3,6 +3,7 @@
 from core import new_state
 from core import types as T
 from core.evolve import evolve
+from core.policy import deprecation_notes
 
 from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, started, submit, tick
 
@@ -695,6 +696,20 @@ def test_a_downgrade_lasts_until_the_teams_preemption_quota_recovers():
     assert run.job("p4").level == 1 and run.job("p4").eff_level <= 1
     after = of(run.at(until + 1000, submit("p5", 1, 8, team="prod", user="e")), T.JobSubmitted)[0]
     assert after.level == 1
+
+
+def test_the_deprecated_team_downgrade_ms_is_still_accepted_and_changes_no_decision():
+    """Older logs and policy files set `team_downgrade_ms` (a fixed downgrade time, before a
+    downgrade lasted until the quota recovers): a set_policy with it is still accepted, and
+    the same story decides exactly the same with it as without."""
+    accepted = Run().at(MIN, T.SetPolicy(params={"team_downgrade_ms": 60_000}, by="ops"))
+    assert of(accepted, T.PolicyChanged) and not of(accepted, T.InputRejected)
+    plain, old = prod_preempted_twice(), prod_preempted_twice(team_downgrade_ms=60_000)
+    assert old.events(T.TeamDowngraded) and old.events() == plain.events()
+    assert deprecation_notes({"team_downgrade_ms": 1, "fairness_window_ms": 2}) == [
+        "policy parameter 'team_downgrade_ms' is deprecated, no effect: a team's downgrade lasts until"
+        " its preemption quota recovers (team_preempting_max in fairness_window_ms)"
+    ]
 
 
 def test_an_operator_may_bound_the_wait_of_a_downgraded_urgent_job():

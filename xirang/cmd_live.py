@@ -171,7 +171,7 @@ def _logging(args) -> None:
 def cmd_scheduler(args) -> int:
     """`xirang scheduler`: run the scheduler (leader or hot standby) until stopped."""
     from agents.scheduler import run_scheduler
-    from core.policy import PolicyError, read_policy_toml
+    from core.policy import PolicyError, deprecation_notes, read_policy_toml
 
     params = None
     if args.policy:
@@ -179,6 +179,8 @@ def cmd_scheduler(args) -> int:
             params = read_policy_toml(args.policy)
         except (OSError, PolicyError) as err:
             raise _user_error(str(err)) from err
+        for note in deprecation_notes(params):
+            print(f"note: {args.policy}: {note}", file=sys.stderr)
     signer, keyring = scheduler_keys(args)
     _logging(args)
     # Two processes under one id would both hold the lease (it names the id): one per
