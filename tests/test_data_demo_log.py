@@ -1,6 +1,7 @@
-"""The tuning loop's commands on a real log: `tests/fixtures/demo-events.jsonl` is the log of
+"""The tuning loop's commands on a real log: `tests/data/demo-events.jsonl` is the log of
 one `xirang demo` run (real nats-server, scheduler, two hosts, numpy training jobs, one
-level-0 job preempting three; kept as written, signatures and all)."""
+level-0 job preempting three; kept as written, signatures and all), and
+`tests/data/demo-events.pub` the public keyring of the scheduler that signed it."""
 
 from __future__ import annotations
 
@@ -15,12 +16,24 @@ from projections.notices import Notifier
 from projections.projector import Projector
 from tests.data_helpers import xirang
 
-DEMO_LOG = os.path.join(os.path.dirname(__file__), "fixtures", "demo-events.jsonl")
+DEMO_LOG = os.path.join(os.path.dirname(__file__), "data", "demo-events.jsonl")
+DEMO_KEYRING = os.path.join(os.path.dirname(__file__), "data", "demo-events.pub")
 
 
 def _records() -> list[T.Record]:
     with open(DEMO_LOG, "rb") as fh:
         return [T.decode_record(line) for line in fh.read().splitlines()]
+
+
+def test_the_demo_log_verifies_under_its_schedulers_keyring_and_under_no_other_key():
+    signed = sum(b'"sig":' in line for line in open(DEMO_LOG, "rb"))
+    result = xirang("audit", "--log", DEMO_LOG, "--public-key", DEMO_KEYRING, "--json")
+    summary = json.loads(result.stdout)
+    assert result.returncode == 0 and summary["ok"] and summary["jobs_done"] == 7
+    assert signed >= 70 and summary["signatures"] == f"{signed} verified (keys 558df41c4460e227)"
+    other = os.path.join(os.path.dirname(__file__), "data", "golden-logs", "signed-with-digest-schema-2.pub")
+    result = xirang("audit", "--log", DEMO_LOG, "--public-key", other, "--json")
+    assert result.returncode == 1 and not json.loads(result.stdout)["ok"]
 
 
 def test_whatif_and_tune_replay_the_demo_logs_own_span_and_say_so(tmp_path):
