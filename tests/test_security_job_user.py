@@ -49,7 +49,8 @@ sys.exit(0 if len(refused) == 6 and all(refused) else 1)
 """
 
 # Another job running as the same user, knowing a running job's name and start record (the
-# log tells both), tries the run folder names it could build from them, and lists the runs.
+# log tells both), tries the run folder names it could build from them, lists the runs and
+# reads the agent's record of that run.
 GUESS = """
 import errno, os, sys
 runs, job, n = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -66,7 +67,12 @@ try:
 except OSError as err:
     print("list", errno.errorcode[err.errno])
     refused.append(err.errno == errno.EACCES)
-sys.exit(0 if len(refused) == 5 and all(refused) else 1)
+try:  # the agent's record of the run, which names its folder
+    print("record", open(os.path.join(runs, job + ".json")).read())
+except OSError as err:
+    print("record", errno.errorcode[err.errno])
+    refused.append(err.errno == errno.EACCES)
+sys.exit(0 if len(refused) == 6 and all(refused) else 1)
 """
 
 
@@ -253,7 +259,7 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
         ended = (T.JobFinished, T.JobFailed)
         _wait(nats, lambda rs: any(matching(rs, e, job="guess") for e in ended), 30, "the guessing job ended")
         output = next(state.glob("runs/guess-*/output.log")).read_text()
-        assert "READ" not in output and "list EACCES" in output, output
+        assert "READ" not in output and "list EACCES" in output and "record EACCES" in output, output
         assert output.count("ENOENT") == 4, output
         assert not matching(_wait(nats, lambda rs: True, 1, ""), T.JobFailed, job="guess")  # exit status 0
         by_real_name = subprocess.run([python, "-c", "import sys; open(sys.argv[1]).read()", str(run_dir / "nats.creds")],
