@@ -427,7 +427,7 @@ def _no_set_within_limits(state: State, job: Job, p) -> Pending:
         code=FAIRNESS_LIMIT,
         limit="victims_per_preemption_max",
         reason=f"no victim set within the fairness limits: freeing its gang takes more"
-        f" than victims_per_preemption_max ({p.victims_per_preemption_max}) jobs",
+        f" than victims_per_preemption_max ({p.victims_per_preemption_max}) jobs per node it needs",
     )
 
 

@@ -15,6 +15,7 @@ from .drain import drain_fit
 from .fairness import level_floors
 from .substitutes import substitute_placement
 from .forecast import earliest_fit, expected_runtime_ms
+from .holds import binding_holds
 from .log_seal import Ctx
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .queues import TEAM_OLDEST_LOOKED_AT, serving_order
@@ -24,7 +25,7 @@ from .types import LEVELS
 
 # A one-GPU job that accepts any model and does not fit even ignoring reservations:
 # nothing else will either.
-ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool] = ((), False)
+ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool, int] = ((), False, -1)
 ANY_END = -1  # a block that no reservation caused: it holds whatever the job's end
 
 
@@ -208,7 +209,7 @@ class _PlacementPass:
         self.attempts_left = self.backfill_left = self.state.canonical.policy.scan_jobs_max
         # Per job's model list: the models it accepts and their largest node.
         self.models_of: dict[tuple[str, ...], tuple[list[str], int]] = {}
-        self.blocked: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
+        self.blocked: dict[tuple[tuple[str, ...], bool, int], list[tuple[int, int]]] = {}
         self.free_open = sum(self.state.index.free_by_model.values())
         self.free_unheld = self.free_open - _free_on(self.state.canonical, reserved)
 
@@ -240,18 +241,30 @@ class _PlacementPass:
             models = acceptable_models(job.gpu_models, ix)
             known = self.models_of[key] = (models, node_size_max(models, ix))
         models, size_max = known
-        shape = (key, job.gpus > size_max)
+        starts = self._starts_for(job)
+        # Jobs that see other holds (an urgent level: core/holds.py) are blocked apart.
+        shape = (key, job.gpus > size_max, job.level if starts is not self.starts_by_node else -1)
         ends_t = self.t + expected_runtime_ms(state, job)
         if free_gpus(models, ix) < job.gpus or any(
             g <= job.gpus and e <= ends_t for g, e in self.blocked.get(shape, ())
         ):
             return None
         self.attempts_left -= 1
-        placement = place(job.gpus, models, state.canonical.nodes, ix, self.starts_by_node, ends_t)
+        placement = place(job.gpus, models, state.canonical.nodes, ix, starts, ends_t)
         if placement is None:
-            held = any(ends_t > start_t for start_t in self.starts_by_node.values())
+            held = any(ends_t > start_t for start_t in starts.values())
             self.blocked.setdefault(shape, []).append((job.gpus, ends_t if held else ANY_END))
         return placement
+
+    def _starts_for(self, job: Job) -> dict[str, int]:
+        """The holds that bind `job` (node -> expected start): all of them, but for an
+        urgent job those of holders its level may preempt (core/holds.py)."""
+        if job.level >= self.state.canonical.policy.urgent_levels or not self.reserved:
+            return self.starts_by_node
+        binding = binding_holds(self.state, job, self.reserved)
+        if len(binding) == len(self.reserved):
+            return self.starts_by_node
+        return _starts_by_node(binding)
 
     def took(self, placement: list[T.Slot]) -> None:
         self.free_open -= sum(len(slot.gpus) for slot in placement)

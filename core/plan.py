@@ -22,6 +22,7 @@ from .eligibility import eligible_victims, user_preempting_exhausted
 from .fairness import Guard, depth_limits
 from .forecast import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
 from .placement import acceptable_models, place
+from .holds import binding_holds, victim_cap
 from .policy import Policy, with_params
 from .pricing import VictimCost, price_victims, pricing_for
 from .state import QUEUED, Job, Node, State
@@ -93,7 +94,7 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     if not eligible:
         return Decline(reason="user_preempting_limit" if own_only else "no_eligible_victims")
     if not stand_ins and cannot_free_enough(
-        state, job, scope.models, scope.nodes, eligible, guard, p.victims_per_preemption_max
+        state, job, scope.models, scope.nodes, eligible, guard, victim_cap(state, p, job, scope.models)
     ):
         return Decline(reason="no_victim_set_within_limits")  # whatever the prices: skip them
     curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
@@ -122,7 +123,7 @@ def _choose_with_substitutes(
 ):
     """The cheapest victim set on the job's own models or, priced with the extra run time
     (core/substitutes.py), on a compatible model; (choice, that extra cost)."""
-    cap = p.victims_per_preemption_max
+    cap = victim_cap(state, p, job, scope.models)
     if not stand_ins:
         return choose_victims(state, job, scope.models, scope.nodes, costs, pricing, guard, cap), 0.0
     c = state.canonical
@@ -167,7 +168,7 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     # the queue since.)
     held = {
         name: start_t
-        for name, (start_t, holder) in ix.reserved_nodes.items()
+        for name, (start_t, holder) in binding_holds(state, job, ix.reserved_nodes).items()
         if holder != job.id and c.t + runtime > start_t and _still_queued(c, holder)
     }
     if place(job.gpus, models, c.nodes, ix, held, c.t + runtime) is not None:

@@ -134,6 +134,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the budget `preemption_candidates_max` applies to the less urgent levels.
     urgent_levels: int = 2
     urgent_candidates_max: int = 64
+    # An urgent job is not bound by a node hold (reservation) for a job its level may
+    # preempt: it may start on, or preempt on, nodes held for such a job (core/holds.py).
+    urgent_override_holds: bool = True
     # How long a preemptor of each level waits for a victim to let go, at most (0: as long
     # as the save takes): a victim that cannot reach its safe point and save a checkpoint in
     # time lets go from its last checkpoint, and the progress since counts as lost in the

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from core import rebuild, snapshot_bytes, state_digest
 from core import types as T
+from core.holds import victim_cap
+from core.placement import acceptable_models
 from core.shares import fair_shares, holding
 from core.state import live_digest, rebuild_index
 
@@ -57,7 +59,9 @@ def check_step(state, inp, records, before) -> None:
                     assert victim.level > preemptor.level, "same or higher level preempted"
             if ev.reclaim:  # the reclaiming team stays within its share: nothing to move back
                 assert held.get(preemptor.team, 0) <= shares[preemptor.team] + 1e-6, "reclaimed past share"
-            assert len(ev.victims) <= state.canonical.policy.victims_per_preemption_max
+            # The cap is per node the preemptor's gang needs (core/holds.py victim_cap).
+            models = acceptable_models(preemptor.gpu_models, state.index)
+            assert len(ev.victims) <= victim_cap(state, state.canonical.policy, preemptor, models)
 
 
 def check_invariants_only(state, inp, records, before) -> None:

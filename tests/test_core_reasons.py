@@ -117,7 +117,8 @@ def held_back_by_reservation() -> list[str]:
     start_all(run, 2000)
     run.at(3000, submit("starving", 5, 8, team="s", user="s", est_runtime_s=LONG_S))
     run.at(3 * MIN, tick(3 * MIN))  # it has waited past starvation_wait_ms: n1 is held for it
-    return declined(run.at(4 * MIN, submit("u", 1, 8, team="x", user="x", est_runtime_s=LONG_S)), "u")
+    # Level 2 may preempt level 6 but is not urgent: the hold binds it (core/holds.py).
+    return declined(run.at(4 * MIN, submit("u", 2, 8, team="x", user="x", est_runtime_s=LONG_S)), "u")
 
 
 def no_node_of_model() -> list[str]:

@@ -1,0 +1,42 @@
+"""Which node holds bind a job, and how many victims one preemption may take.
+
+A hold (a reservation: the starving job's or the head's, see core/placement_pass.py) is a
+promise to a queued job. It binds every job of its level or more urgent, and every job
+that could not preempt the holder were it running. An urgent job whose level may preempt
+the holder's is not bound by it: a promise to a job it could displace once it runs cannot
+outrank it while it waits (else a starving level-6 gang holding half the pool keeps a
+level-0 emergency off those nodes, where a running level-6 job would not). The holder
+keeps its place in line: it starts when the urgent job's GPUs come back.
+"""
+
+from __future__ import annotations
+
+from .placement import node_size_max
+from .policy import Policy
+from .state import Job, State
+
+
+def overrides_hold(p: Policy, job: Job, holder: Job | None) -> bool:
+    """Whether `job` is not bound by a hold for `holder`: it is urgent and its level may
+    preempt the holder's."""
+    if holder is None or job.level >= p.urgent_levels or not p.urgent_override_holds:
+        return False
+    return holder.level > job.level and holder.level >= p.preempts_from_level[job.level]
+
+
+def binding_holds(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> dict[str, tuple[int, str]]:
+    """The holds in `reserved` (node -> (start, holder)) that bind `job`."""
+    p = state.canonical.policy
+    if job.level >= p.urgent_levels or not p.urgent_override_holds or not reserved:
+        return reserved
+    jobs = state.canonical.jobs
+    return {name: held for name, held in reserved.items() if not overrides_hold(p, job, jobs.get(held[1]))}
+
+
+def victim_cap(state: State, p: Policy, job: Job, models: list[str]) -> int:
+    """The most victims one preemption for `job` may take: `victims_per_preemption_max` per
+    node its gang needs (a 32-GPU gang on 8-GPU nodes frees four nodes, so it may need four
+    times the victims of a one-node job to find room among one-GPU jobs)."""
+    size = node_size_max(models, state.index)
+    nodes = -(-job.gpus // size) if size > 0 else 1
+    return p.victims_per_preemption_max * max(1, nodes)
