@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,63 +44,70 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def test_a_waiting_job_says_why_and_when_it_should_start(cluster, capsys):
+@pytest.fixture
+def idle(cluster, capsys):
+    """The one cluster with no open job: each test builds the jobs it reads itself, so it passes
+    alone, in any order and after any other test of the file."""
     url = cluster.url
-    code, out, _ = xirang(
+    for row in as_json(capsys, "jobs", "--nats", url)["jobs"]:
+        code, out, err = xirang(capsys, "cancel", row["job"], "--nats", url)
+        assert code == 0, out + err
+        cluster.wait_for(T.JobCancelled, job=row["job"])
+    nodes = as_json(capsys, "nodes", "--nats", url)["nodes"]
+    assert [(n["node"], n["free"]) for n in nodes] == [("h1", 8)]
+    return cluster
+
+
+def submit(capsys, cluster, job: str, *, team: str, user: str, level: int, gpus: int, **extra) -> None:
+    """Submit `job` (extra options: est_runtime_s=600 -> --est-runtime-s 600) and check it is accepted."""
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in extra.items()]
+    code, out, err = xirang(
         capsys,
         "submit",
-        "big-1",
+        job,
         "--nats",
-        url,
+        cluster.url,
         "--team",
-        "vision",
+        team,
         "--user",
-        "ana",
+        user,
         "--level",
-        "5",
+        str(level),
         "--gpus",
-        "8",
-        "--est-runtime-s",
-        "600",
-        "--command",
-        HELLO,
+        str(gpus),
+        *options,
     )
-    assert code == 0 and out.startswith("accepted")
-    cluster.wait_for(T.JobRunning, job="big-1")
-    code, out, _ = xirang(
-        capsys,
-        "submit",
-        "small-1",
-        "--nats",
-        url,
-        "--team",
-        "nlp",
-        "--user",
-        "bo",
-        "--level",
-        "6",
-        "--gpus",
-        "2",
-        "--est-runtime-s",
-        "60",
-    )
-    assert code == 0
+    assert code == 0 and out.startswith("accepted"), out + err
+
+
+def fill_pool(capsys, cluster, job: str, *, team: str = "vision", user: str = "ana") -> None:
+    """Run `job` on all 8 GPUs of h1 at level 5 (printing a line, then sleeping a minute) and wait
+    until it runs: from then on a job of level 5 or less urgent queues."""
+    submit(capsys, cluster, job, team=team, user=user, level=5, gpus=8, est_runtime_s=600, command=HELLO)
+    cluster.wait_for(T.JobRunning, job=job)
+
+
+def test_a_waiting_job_says_why_and_when_it_should_start(idle, capsys):
+    url = idle.url
+    fill_pool(capsys, idle, "wait-big")
+    submit(capsys, idle, "wait-small", team="nlp", user="bo", level=6, gpus=2, est_runtime_s=60)
     jobs = {r["job"]: r for r in as_json(capsys, "jobs", "--nats", url)["jobs"]}
-    waiting = jobs["small-1"]
+    waiting = jobs["wait-small"]
     assert waiting["state"] == "queued" and waiting["reason_code"] and waiting["reason"]
     assert 0 < waiting["start_in_s"] <= 700
     queue = as_json(capsys, "queue", "--nats", url)
-    assert [q["job"] for q in queue["levels"][6]["queued"]] == ["small-1"]
+    assert [q["job"] for q in queue["levels"][6]["queued"]] == ["wait-small"]
     # The same reason, read a moment later: its countdown may have moved by a second.
     queued = queue["levels"][6]["queued"][0]
     assert queued["reason_code"] == waiting["reason_code"]
     assert re.sub(r"[0-9]+", "N", queued["reason"]) == re.sub(r"[0-9]+", "N", waiting["reason"])
     code, out, _ = xirang(capsys, "jobs", "--nats", url, "--team", "nlp")
-    assert "small-1" in out and "big-1" not in out and "GPUs of H100" in out
+    assert "wait-small" in out and "wait-big" not in out and "GPUs of H100" in out
 
 
-def test_dry_run_tells_what_would_happen_and_submits_nothing(cluster, capsys):
-    url = cluster.url
+def test_dry_run_tells_what_would_happen_and_submits_nothing(idle, capsys):
+    url = idle.url
+    fill_pool(capsys, idle, "dry-big")
     answer = as_json(
         capsys,
         "submit",
@@ -116,11 +124,11 @@ def test_dry_run_tells_what_would_happen_and_submits_nothing(cluster, capsys):
         "60",
         "--dry-run",
     )
-    # big-1 runs on every GPU with no checkpoint: an urgent one-minute job is worth preempting it
+    # dry-big runs on every GPU with no checkpoint: an urgent one-minute job is worth preempting it
     # only if the decision model says so; either way the answer says why, in numbers.
     assert answer["outcome"] in ("preempts", "waits"), answer
     if answer["outcome"] == "preempts":
-        assert [v["job"] for v in answer["victims"]] == ["big-1"] and answer["benefit"] > answer["cost"]
+        assert [v["job"] for v in answer["victims"]] == ["dry-big"] and answer["benefit"] > answer["cost"]
     else:
         assert answer["reason"] and answer["start_in_s"] is not None
     print(answer["summary"], file=sys.stderr)
@@ -144,11 +152,13 @@ def test_dry_run_tells_what_would_happen_and_submits_nothing(cluster, capsys):
     refused = json.loads(out)
     assert code == 1 and (refused["outcome"], refused["reason"]) == ("rejected", "no_node_of_model")
     jobs = as_json(capsys, "jobs", "--nats", url)["jobs"]
-    assert "urgent-dry" not in {r["job"] for r in jobs} and "never" not in {r["job"] for r in jobs}
+    assert [r["job"] for r in jobs] == ["dry-big"]
 
 
-def test_nodes_shares_and_logs(cluster, capsys):
-    url = cluster.url
+def test_nodes_shares_and_logs(idle, capsys):
+    url = idle.url
+    fill_pool(capsys, idle, "nodes-big")
+    submit(capsys, idle, "nodes-small", team="nlp", user="bo", level=6, gpus=2)
     nodes = as_json(capsys, "nodes", "--nats", url)["nodes"]
     assert nodes == [
         {
@@ -157,74 +167,59 @@ def test_nodes_shares_and_logs(cluster, capsys):
             "gpus": 8,
             "used": 8,
             "free": 0,
-            "jobs": ["big-1"],
+            "jobs": ["nodes-big"],
             "state": "allocated",
         }
     ]
     teams = {r["team"]: r for r in as_json(capsys, "shares", "--nats", url)["teams"]}
     assert teams["vision"]["held_gpus"] == 8 and teams["nlp"]["queued_gpus"] == 2
     assert teams["vision"]["fair_share_gpus"] + teams["nlp"]["fair_share_gpus"] == pytest.approx(8)
-    code, out, _ = xirang(capsys, "logs", "big-1", "--nats", url, "--data-dir", str(cluster.root))
-    assert code == 0 and "hello from the job" in out
-    code, _, err = xirang(capsys, "logs", "no-such-job", "--nats", url, "--data-dir", str(cluster.root))
+    # The job prints its line as it starts; the host writes it to the run's log a moment later.
+    deadline = time.monotonic() + 20
+    while True:
+        code, out, err = xirang(capsys, "logs", "nodes-big", "--nats", url, "--data-dir", str(idle.root))
+        if (code == 0 and "hello from the job" in out) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert code == 0 and "hello from the job" in out, out + err
+    code, _, err = xirang(capsys, "logs", "no-such-job", "--nats", url, "--data-dir", str(idle.root))
     assert code == 2 and "no job no-such-job" in err
 
 
-def test_history_shows_finished_jobs_with_filters(cluster, capsys):
-    url = cluster.url
-    code, _, _ = xirang(capsys, "cancel", "big-1", "--nats", url)
+def test_history_shows_finished_jobs_with_filters(idle, capsys):
+    url = idle.url
+    fill_pool(capsys, idle, "hist-big")
+    submit(capsys, idle, "hist-small", team="nlp", user="bo", level=6, gpus=2, command=HELLO)
+    code, _, _ = xirang(capsys, "cancel", "hist-big", "--nats", url)
     assert code == 0
-    cluster.wait_for(T.JobRunning, job="small-1")
+    idle.wait_for(T.JobRunning, job="hist-small")
     rows = {r["job"]: r for r in as_json(capsys, "history", "--nats", url)["jobs"]}
-    assert rows["big-1"]["state"] == "cancelled" and rows["small-1"]["state"] == "running"
-    assert rows["small-1"]["wait_s"] > 0
+    assert rows["hist-big"]["state"] == "cancelled" and rows["hist-small"]["state"] == "running"
+    assert rows["hist-small"]["wait_s"] > 0
     cancelled = as_json(capsys, "history", "--nats", url, "--state", "cancelled")["jobs"]
-    assert [r["job"] for r in cancelled] == ["big-1"]
+    assert "hist-big" in [r["job"] for r in cancelled]
+    assert sorted(r["job"] for r in cancelled) == sorted(
+        j for j, r in rows.items() if r["state"] == "cancelled"
+    )
     assert as_json(capsys, "history", "--nats", url, "--team", "nobody")["jobs"] == []
     assert as_json(capsys, "history", "--nats", url, "--since", "2999-01-01T00:00:00")["jobs"] == []
     assert len(as_json(capsys, "history", "--nats", url, "--until", "2999-01-01T00:00:00")["jobs"]) == len(
         rows
     )
     code, out, _ = xirang(capsys, "history", "--nats", url)
-    assert "big-1" in out and "cancelled" in out
+    assert "hist-big" in out and "cancelled" in out
     fail = f'{sys.executable} -c "import sys; sys.exit(3)"'
-    xirang(
-        capsys,
-        "submit",
-        "fail-1",
-        "--nats",
-        url,
-        "--team",
-        "nlp",
-        "--level",
-        "5",
-        "--gpus",
-        "1",
-        "--command",
-        fail,
-    )
-    cluster.wait_for(T.JobFailed, job="fail-1")
+    submit(capsys, idle, "fail-1", team="nlp", user="bo", level=5, gpus=1, command=fail)
+    idle.wait_for(T.JobFailed, job="fail-1")
     failed = as_json(capsys, "history", "--nats", url, "--state", "failed")["jobs"]
     assert [(r["job"], r["exit_code"]) for r in failed] == [("fail-1", 3)]
 
 
-def test_hold_release_set_level_and_requeue(cluster, capsys):
-    url = cluster.url
-    as_json(
-        capsys,
-        "submit",
-        "later",
-        "--nats",
-        url,
-        "--team",
-        "nlp",
-        "--user",
-        "bo",
-        "--level",
-        "7",
-        "--gpus",
-        "8",
-    )
+def test_hold_release_set_level_and_requeue(idle, capsys):
+    url = idle.url
+    # bo's own job holds every GPU, so `later` (8 GPUs, less urgent) can only queue.
+    fill_pool(capsys, idle, "hold-runner", team="nlp", user="bo")
+    submit(capsys, idle, "later", team="nlp", user="bo", level=7, gpus=8)
     code, out, _ = xirang(capsys, "hold", "later", "--nats", url, "--user", "bo")
     assert code == 0 and out.startswith("accepted")
     jobs = {r["job"]: r for r in as_json(capsys, "jobs", "--nats", url)["jobs"]}
@@ -239,14 +234,14 @@ def test_hold_release_set_level_and_requeue(cluster, capsys):
     assert code == 0
     jobs = {r["job"]: r for r in as_json(capsys, "jobs", "--nats", url)["jobs"]}
     assert jobs["later"]["state"] == "queued" and jobs["later"]["level"] == 6
-    code, _, _ = xirang(capsys, "requeue", "small-1", "--nats", url, "--user", "bo")
+    code, _, _ = xirang(capsys, "requeue", "hold-runner", "--nats", url, "--user", "bo")
     assert code == 0
-    records = cluster.wait_for(T.JobRequeued, job="small-1", reason="requeue_requested")
-    assert [r for r in records if isinstance(r.event, T.JobStopRequested) and r.event.job == "small-1"]
+    records = idle.wait_for(T.JobRequeued, job="hold-runner", reason="requeue_requested")
+    assert [r for r in records if isinstance(r.event, T.JobStopRequested) and r.event.job == "hold-runner"]
 
 
-def test_watch_redraws_and_logs_follow_ends_with_the_job(cluster, capsys):
-    url = cluster.url
+def test_watch_redraws_and_logs_follow_ends_with_the_job(idle, capsys):
+    url = idle.url
     ticker = f"{sys.executable} -c \"import time\nfor i in range(5): print('tick', i, flush=True); time.sleep(0.4)\""
     xirang(
         capsys,
@@ -274,7 +269,7 @@ def test_watch_redraws_and_logs_follow_ends_with_the_job(cluster, capsys):
             "--nats",
             url,
             "--data-dir",
-            str(cluster.root),
+            str(idle.root),
         ],
         capture_output=True,
         text=True,
