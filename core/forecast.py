@@ -15,7 +15,8 @@ from .placement import gpus_on
 from .policy import Policy
 from .state import RUNNING, Job, State, job_progress_ms, node_free_count, queue_key
 
-LINDY_FLOOR_FRACTION = 10  # a job just past its estimate is expected to run 1/10 of it more
+# A job at (or just before, or just past) its estimate is expected to run 1/10 of it more.
+LINDY_FLOOR_FRACTION = 10
 
 
 def expected_runtime_ms(state: State, job: Job) -> int:
@@ -29,12 +30,15 @@ def expected_runtime_ms(state: State, job: Job) -> int:
 def remaining_ms(state: State, job: Job) -> int:
     """Expected runtime minus progress. A job already past its estimate has shown it runs
     long: runtimes are heavy-tailed, so it is expected to run about as long again as it has
-    overrun (the Lindy effect), and at least a tenth of the estimate, never zero."""
+    overrun (the Lindy effect), and at least a tenth of the estimate, never zero. The same
+    floor holds just before the estimate: the forecast does not drop towards zero as a job
+    nears its estimate only to jump back up once past it. (Without it, among hundreds of
+    running jobs some are always seconds from their estimates, and a blocked urgent job
+    expected releases within seconds that came minutes later, declining every preemption
+    meanwhile: issue 19.)"""
     total = expected_runtime_ms(state, job)
     done = job_progress_ms(job, state.canonical.t)
-    if done < total:
-        return total - done
-    return max(done - total, total // LINDY_FLOOR_FRACTION, 1)
+    return max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
 
 
 def safe_point_ms(state: State, p: Policy) -> int:
@@ -177,9 +181,7 @@ def remaining_at(spec: tuple, t: int) -> int:
     if fixed >= 0:
         return fixed
     done += max(0, t - since)
-    if done < total:
-        return total - done
-    return max(done - total, total // LINDY_FLOOR_FRACTION, 1)
+    return max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
 
 
 def node_releases(state: State, node) -> list[tuple[int, int]]:
@@ -209,7 +211,7 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
             fixed, total, done, since = spec[:4]
             if fixed < 0:  # as remaining_at
                 done += max(0, t - since)
-                fixed = total - done if done < total else max(done - total, total // LINDY_FLOOR_FRACTION, 1)
+                fixed = max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
             releases.append((fixed, gpus))
         releases.sort()
         ix.node_releases[node.name] = releases

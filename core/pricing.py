@@ -126,11 +126,15 @@ def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> flo
     if preemptor is not None and preemptor.state == QUEUED:
         weighted -= preemptor.gpus * p.level_weight[preemptor.level]
     pressure = max(0.0, weighted) / max(ix.total_gpus, 1)
-    if preemptor is not None:
-        # The same footing at any load: a wasted GPU-second delays the queue by one
-        # GPU-second, which is worth no more than a GPU-second of the preemptor's own wait
-        # (the jobs it delays are served after the preemptor, or they would have been
-        # placed first). Without the cap the backlog, not the trade, decides.
+    if preemptor is not None and preemptor.level < p.urgent_levels:
+        # For the urgent levels, the same footing at any load: a wasted GPU-second delays
+        # the queue by one GPU-second, which is worth no more than a GPU-second of the
+        # preemptor's own wait (the jobs it delays are served after the preemptor, or they
+        # would have been placed first). Without the cap the backlog, not the trade, decides.
+        # A less urgent preemptor's wait is itself a product of the backlog: under overload
+        # its natural wait grows without bound, so its throwing work away must pay the
+        # queue's whole pressure (capped, it threw away most of the lost GPU-hours on
+        # overloaded pools: issue 19).
         pressure = min(pressure, p.level_weight[preemptor.level])
     return pressure
 

@@ -94,3 +94,58 @@ def test_a_gang_spanning_nodes_may_take_one_victim_per_gpu_among_one_gpu_jobs():
     assert [(p.preemptor, len(p.victims)) for p in plans] == [("gang", 16)]
     assert victim_cap(run.state, Policy(), run.job("gang"), ["A100"]) == 16
     assert victim_cap(run.state, Policy(), run.job("one-00"), ["A100"]) == 8
+
+
+def _job_at_its_estimate(seconds_left: int) -> Run:
+    """n1's 8 GPUs run a level-6 hour-long job, checkpointed a minute ago, `seconds_left`
+    seconds from its estimate."""
+    run = Run()
+    run.at(0, node("n1"))
+    run.at(1000, submit("ending", 6, 8, team="v", user="v", est_runtime_s=3600))
+    start_all(run, 2000)
+    t = 2000 + (3600 - seconds_left) * 1000
+    run.at(t - MIN, T.CheckpointSaved(job="ending", step=1, digest="sha256:e", bytes=1))
+    run.at(t, tick(t))
+    return run
+
+
+def test_a_job_seconds_from_its_estimate_is_not_forecast_to_release_in_seconds():
+    """Natural-release forecasts: a job 5 s from its estimate is expected to run a tenth of
+    the estimate more, as it would be 5 s past it (runtimes are heavy-tailed); not 5 s."""
+    from core.forecast import remaining_ms
+
+    before, after = _job_at_its_estimate(5), _job_at_its_estimate(-5)
+    assert remaining_ms(before.state, before.job("ending")) == 360_000
+    assert remaining_ms(after.state, after.job("ending")) == 360_000
+
+
+def test_an_urgent_job_does_not_decline_every_preemption_waiting_for_a_release_forecast_in_seconds():
+    """The urgent job's natural wait, from the job at its estimate, is minutes, not the 5 s
+    that priced every preemption as saving nothing while the release came minutes later:
+    it preempts the victim, whose fresh checkpoint makes it cheap."""
+    run = _job_at_its_estimate(5)
+    events = run.at(run.t + 1000, submit("fix", 1, 8, team="s", user="s", est_runtime_s=1800))
+    plans = of(events, T.PreemptionPlanned)
+    assert [(p.preemptor, p.victims) for p in plans] == [("fix", ["ending"])]
+
+
+def _less_urgent_preemption(backlog: int):
+    """a1's 8 GPUs run a level-7 job that never checkpoints, an hour in and ten to go; a
+    level-4 job (which may preempt level 7) arrives; `backlog` level-3 gangs queue for the
+    B node, which is down. The level-4 job's plans and its last decline."""
+    run = Run()
+    run.at(0, node("a1"), node("b1", "B"))
+    run.at(1, T.NodeDown(node="b1"))
+    run.at(1000, submit("victim", 7, 8, team="v", user="v", est_runtime_s=11 * 3600, ckpt_interval_s=0))
+    start_all(run, 2000)
+    run.at(HOUR, *[submit(f"q{i}", 3, 8, team="q", user=f"q{i}", models=["B"]) for i in range(backlog)])
+    events = run.at(HOUR + 500, submit("mid", 4, 8, team="m", user="m", est_runtime_s=3600))
+    return [p.victims for p in of(events, T.PreemptionPlanned)], run.job("mid").last_decline
+
+
+def test_under_load_a_less_urgent_preemption_pays_the_queues_whole_pressure_for_work_it_throws_away():
+    """Queue pressure is capped at the preemptor's weight only for the urgent levels. A
+    level-4 preemptor's own wait grows with the backlog, so under load the hour of work it
+    would throw away weighs the queue's whole pressure, far past level 4's weight."""
+    assert _less_urgent_preemption(0) == ([["victim"]], "")
+    assert _less_urgent_preemption(100) == ([], "benefit_below_cost")
