@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .jobuser import JOB_USER_ENV, own_user_name
+from .jobuser import JOB_UID_RANGE_ENV, JOB_USER_ENV, own_user_name
 
 
 def stop_children(children: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
@@ -78,8 +78,11 @@ def start_cluster(
 def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
     out = open(log_path, "ab")
     # A local cluster's simulated hosts run their (example) jobs as the user who started it,
-    # as before, whatever that user is (its folders may not be reachable by `nobody`).
-    env = {**os.environ, JOB_USER_ENV: os.environ.get(JOB_USER_ENV) or own_user_name()}
+    # as before, whatever that user is (its folders may not be reachable by other users),
+    # unless $XIRANG_JOB_UID_RANGE asks for one uid per run.
+    env = dict(os.environ)
+    if not env.get(JOB_UID_RANGE_ENV):
+        env[JOB_USER_ENV] = env.get(JOB_USER_ENV) or own_user_name()
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     out.close()
     return proc

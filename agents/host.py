@@ -24,6 +24,7 @@ into OS processes, and the processes' fates into facts on XR_IN.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ from . import ckptfile
 from transport import bus
 from transport.locks import AlreadyRunning, InstanceLock
 from .gpus import Inventory
-from .jobuser import JobUser, JobUserError, own_user_name, probe, warn_shared
+from .jobuser import JobUser, JobUserError, UidPool, numeric_user, own_user_name, probe, warn_shared
 from .outbox import JOB_MARKER, Outbox
 from .runfolders import new_run_folder, run_folders
 
@@ -104,6 +105,7 @@ class Run(msgspec.Struct, kw_only=True):
     stopping: str = ""  # why the agent is stopping it: cancelled | finished_elsewhere | node_lost
     term_sent_t: float = 0.0
     killed: bool = False
+    job_uid: int = 0  # the run's own uid (and gid) from --job-uid-range; 0: none drawn
 
 
 class Acted(msgspec.Struct, kw_only=True):
@@ -128,11 +130,12 @@ class HostAgent:
         keyring_path: str | os.PathLike | None = None,
         job_minter: JobMinter | None = None,
         ckpt_secret: bytes | None = None,
-        job_user: JobUser | None = None,
+        job_user: JobUser | UidPool | None = None,
     ) -> None:
         self.url = url
-        # Who the jobs run as (None: the agent's own user). With another user, whatever the
-        # agent writes is its own only (umask 077); the runs' folders are handed to the user.
+        # Who the jobs run as: one user for all, one uid per run from a pool, or None (the
+        # agent's own user). With other users, whatever the agent writes is its own only
+        # (umask 077); each run's folder is handed to the run's user.
         self.job_user = job_user
         if job_user is not None:
             os.umask(0o077)
@@ -221,6 +224,9 @@ class HostAgent:
             self.outbox.retire(Path(run.dir) / "outbox")
             # The run's credentials die with it (they would expire soon anyway).
             (Path(run.dir) / JOB_CREDS_FILE).unlink(missing_ok=True)
+            if run.job_uid:
+                # Its uid is drawn again later: the next run holding it must not read this one's output.
+                _take_back(Path(run.dir))
         try:
             (self.runs_dir / f"{_safe(run.job)}.json").unlink()
         except FileNotFoundError:
@@ -243,10 +249,14 @@ class HostAgent:
         if self.job_user is None:
             warn_shared(own_user_name())
         else:
-            problem = probe(self.job_user, self.runs_dir, os.getcwd())
+            sample = self.job_user.sample() if isinstance(self.job_user, UidPool) else self.job_user
+            problem = probe(sample, self.runs_dir, os.getcwd())
             if problem:
                 raise JobUserError(problem)
-            log.info("host %s: jobs run as %s (uid %d)", self.node, self.job_user.name, self.job_user.uid)
+            if isinstance(self.job_user, UidPool):
+                log.info("host %s: each job run has its own uid, from %s", self.node, self.job_user.name)
+            else:
+                log.info("host %s: jobs run as %s (uid %d)", self.node, self.job_user.name, self.job_user.uid)
         self._outbox_wake = asyncio.Event()
         self._caught_up = asyncio.Event()
         # Outages are waited out: the client reconnects forever, jobs keep running, facts
@@ -547,13 +557,15 @@ class HostAgent:
         primary = bool(ev.placement) and ev.placement[0].node == self.node
         resume = isinstance(ev, T.JobResumeRequested) and bool(ev.ckpt_digest)
         adopted, run_dir = self._unrecorded_run(ev.job, n, marker)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self._hand_over(run_dir)
         run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume, started_t=time.time())
-        if adopted:
-            run.pid = adopted
-        else:
-            run.pid = self._spawn(run, marker, gpus, ev)
+        with self._run_user(adopted, run_dir) as user:
+            run.job_uid = user.uid if isinstance(self.job_user, UidPool) else 0
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._hand_over(run, run_dir)
+            if adopted:
+                run.pid = adopted
+            else:
+                run.pid = self._spawn(run, marker, gpus, ev)
         self.runs[ev.job] = run
         self._save_run(run)
         log.info(
@@ -569,17 +581,38 @@ class HostAgent:
             # the checkpoint's digest (a bad one must be reported before it starts).
             await self._report(T.Started(job=ev.job, attempt=n), f"{marker}:started")
 
-    def _hand_over(self, path: Path) -> None:
-        """Give the job user what its job must read or write (its run folder and files in it)."""
-        if self.job_user is not None:
-            self.job_user.own(path)
+    @contextlib.contextmanager
+    def _run_user(self, adopted_pid: int, run_dir: Path):
+        """The user a new run is started as (None: the agent's own): with a uid pool, a free uid,
+        kept from other agents until the block has started the run's process; for a process a
+        crashed agent started before recording it, the uid it runs as."""
+        if not isinstance(self.job_user, UidPool):
+            yield self.job_user
+        elif adopted_pid:
+            yield numeric_user(process_uid(adopted_pid))
+        else:
+            with self.job_user.lease({r.job_uid for r in self.runs.values() if r.job_uid}) as user:
+                yield user
 
-    def _job_owner(self) -> tuple[int, int] | None:
-        return None if self.job_user is None else (self.job_user.uid, self.job_user.gid)
+    def user_of(self, run: Run) -> JobUser | None:
+        """The user `run` runs as (None: the agent's own)."""
+        if isinstance(self.job_user, UidPool):
+            return numeric_user(run.job_uid) if run.job_uid else None
+        return self.job_user
+
+    def _hand_over(self, run: Run, path: Path) -> None:
+        """Give the run's user what its job must read or write (its run folder and files in it)."""
+        user = self.user_of(run)
+        if user is not None:
+            user.own(path)
+
+    def _job_owner(self, run: Run) -> tuple[int, int] | None:
+        user = self.user_of(run)
+        return None if user is None else (user.uid, user.gid)
 
     def _write_notice(self, run: Run, notice: dict) -> None:
         _write_atomic(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
-        self._hand_over(Path(run.dir) / NOTICE_FILE)
+        self._hand_over(run, Path(run.dir) / NOTICE_FILE)
 
     def _spawn(self, run: Run, marker: str, gpus: list[int], ev) -> int:
         command = list(ev.command) or list(self.default_command)
@@ -587,16 +620,17 @@ class HostAgent:
         env = {k: v for k, v in os.environ.items() if k not in JOB_WITHHELD_ENV}
         if self.job_minter is not None:
             # In the run's private folder (0600), never on its command line.
-            path = self.job_minter.write(ev.job, Path(run.dir) / JOB_CREDS_FILE, owner=self._job_owner())
+            path = self.job_minter.write(ev.job, Path(run.dir) / JOB_CREDS_FILE, owner=self._job_owner(run))
             env[CREDS_ENV] = str(path)
         if self.ckpt_secret:
             env[ckptfile.KEY_ENV] = ckptfile.job_key(self.ckpt_secret, ev.job).hex()
         # `python` in a job's command means the interpreter (and venv) the agent runs in.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        if self.job_user is not None:
-            env.update(HOME=run.dir, USER=self.job_user.name, LOGNAME=self.job_user.name)
+        user = self.user_of(run)
+        if user is not None:
+            env.update(HOME=run.dir, USER=user.name, LOGNAME=user.name)
         outbox = self.outbox.watch_job(Path(run.dir) / "outbox", ev.job)
-        self._hand_over(outbox)
+        self._hand_over(run, outbox)
         env.update(
             {
                 "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
@@ -613,10 +647,10 @@ class HostAgent:
             }
         )
         out = open(Path(run.dir) / "output.log", "ab")
-        self._hand_over(Path(run.dir) / "output.log")
+        self._hand_over(run, Path(run.dir) / "output.log")
         import subprocess
 
-        as_user = self.job_user.popen_kwargs() if self.job_user is not None else {}
+        as_user = user.popen_kwargs() if user is not None else {}
 
         proc = subprocess.Popen(
             [sys.executable, "-m", "agents.jobwrap", str(Path(run.dir) / EXIT_FILE), "--", *command],
@@ -723,7 +757,7 @@ class HostAgent:
         except FileNotFoundError:
             age_s = float("inf")  # e.g. adopted from an agent without a minter
         if age_s >= self.job_minter.ttl_s / 3:
-            self.job_minter.write(run.job, path, owner=self._job_owner())  # the job's, as it lands
+            self.job_minter.write(run.job, path, owner=self._job_owner(run))  # the job's, as it lands
 
     def _alive(self, run: Run) -> bool:
         child = self._children.get(run.pid)
@@ -793,6 +827,23 @@ def _read_rc(path: Path) -> int | None:
         return int(json.loads(path.read_text())["rc"])
     except (OSError, ValueError, KeyError):
         return None  # killed with its wrapper: no exit status
+
+
+def _take_back(folder: Path) -> None:
+    """Give an ended run's folder, and all in it, back to the agent's user."""
+    for parent, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            os.lchown(os.path.join(parent, name), os.geteuid(), os.getegid())
+    os.lchown(folder, os.geteuid(), os.getegid())
+
+
+def process_uid(pid: int) -> int:
+    """The real uid process `pid` runs as."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    raise ProcessLookupError(pid)
 
 
 def _signal_group(pid: int, sig: int) -> None:

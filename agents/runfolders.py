@@ -1,7 +1,8 @@
 """Run folders: where a host agent keeps one run of a job, `runs/<job>-<record n>-<secret>/`.
 
-All jobs on a host run as one OS user (`--job-user`), and the runs folder is search-only for
-others (0711) so that a job can reach its own folder by name. The name must therefore be
+The runs folder is search-only for others (0711) so that a job can reach its own folder by
+name. By default each run has its own uid (agents/jobuser.py) and its folder is that uid's
+alone (0700); with `--job-user` all jobs share one OS user, and then the name must be
 unguessable, or a job knowing another running job's name and start record (both in the log)
 could open its `nats.creds`. The agent draws a random 128-bit secret for each run folder and
 keeps the folder's path in its own run record (`runs/<job>.json`, 0600); after a restart it

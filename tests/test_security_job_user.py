@@ -1,9 +1,12 @@
-"""Jobs run as an unprivileged OS user: a host agent started as root under the shipped
-config (TLS, JWT users) starts its jobs as `nobody` by default. A job cannot read the host's
-credentials file or the agent's state folder (EACCES), yet an SDK job still reads its own
-credentials, checkpoints and reports through its outbox; another job, though it runs as the
-same user, cannot find that job's run folder (and credentials) by guessing its name; an
-agent restarted after SIGKILL adopts the job process it left."""
+"""Each job run has its own unprivileged OS user: a host agent started as root under the
+shipped config (TLS, JWT users) starts every run as its own uid and gid from --job-uid-range
+(no passwd entry, no supplementary groups). A job cannot read the host's credentials file or
+the agent's state folder (EACCES), yet an SDK job still reads its own credentials,
+checkpoints and reports through its outbox; another running job can neither guess that job's
+run folder nor, knowing its real path and pid, read the folder, its credentials or the job's
+/proc environment and working folder; an agent restarted after SIGKILL adopts the job process
+it left, and the uid stays that run's (a run started after it draws another); an ended run's
+uid is free again and its folder goes back to the agent."""
 
 from __future__ import annotations
 
@@ -17,10 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import random
 
 from agents.local_cluster import FAST_POLICY, REPO, matching, train_command
 from core import types as T
@@ -48,12 +53,13 @@ print("uid", os.getuid(), "home", os.environ.get("HOME"))
 sys.exit(0 if len(refused) == 6 and all(refused) else 1)
 """
 
-# Another job running as the same user, knowing a running job's name and start record (the
-# log tells both), tries the run folder names it could build from them, lists the runs and
-# reads the agent's record of that run.
+# Another job, knowing a running job's name and start record (the log tells both), tries the
+# run folder names it could build from them, lists the runs and reads the agent's record of
+# that run; then, given the folder's real path and the job's pid (as if leaked), reads its
+# credentials, lists the folder, reads the job's environment and working folder in /proc.
 GUESS = """
 import errno, os, sys
-runs, job, n = sys.argv[1], sys.argv[2], sys.argv[3]
+runs, job, n, real, pid = sys.argv[1:6]
 refused = []
 for name in (f"{job}-{n}", f"{job}-{n}-" + "0" * 32, job, f"{job}-{n}-"):
     try:
@@ -72,22 +78,42 @@ try:  # the agent's record of the run, which names its folder
 except OSError as err:
     print("record", errno.errorcode[err.errno])
     refused.append(err.errno == errno.EACCES)
-sys.exit(0 if len(refused) == 6 and all(refused) else 1)
+for what, attempt in (("real-creds", lambda: open(os.path.join(real, "nats.creds")).read()),
+                      ("real-dir", lambda: os.listdir(real)),
+                      ("environ", lambda: open(f"/proc/{pid}/environ", "rb").read()),
+                      ("cwd", lambda: os.listdir(f"/proc/{pid}/cwd"))):
+    try:
+        attempt()
+        print(what, "READ")
+    except OSError as err:
+        print(what, errno.errorcode[err.errno])
+        refused.append(err.errno == errno.EACCES)
+print("uid", os.getuid(), "groups", os.getgroups())
+sys.exit(0 if len(refused) == 10 and all(refused) else 1)
 """
 
 
-def _job_python() -> str:
-    """An interpreter `nobody` may run (this venv's may sit below /root, which it may not)."""
+def _job_python(uid: int) -> str:
+    """An interpreter user `uid` may run (this venv's may sit below /root, which it may not)."""
     for candidate in (
         os.path.realpath(sys.executable),
         f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}",
     ):
         try:
-            if subprocess.run([candidate, "-c", "0"], user="nobody", capture_output=True).returncode == 0:
+            done = subprocess.run(
+                [candidate, "-c", "0"], user=uid, group=uid, extra_groups=[], capture_output=True
+            )
+            if done.returncode == 0:
                 return candidate
         except OSError:
-            continue  # not there, or not for nobody
-    pytest.skip("no python interpreter that nobody may run")
+            continue  # not there, or not for that uid
+    pytest.skip(f"no python interpreter that uid {uid} may run")
+
+
+def _uid_range() -> tuple[int, int]:
+    """A block of the default range of its own, so that test runs side by side draw apart."""
+    first = 2_000_000_000 + 1000 * random.randrange(60)
+    return first, first + 999
 
 
 @pytest.fixture
@@ -162,22 +188,30 @@ def _install_for_nobody(root: Path) -> tuple[Path, Path]:
     return repo, site
 
 
-def _uid(pid: int) -> int:
+def _uid(pid: int, field: str = "Uid:") -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Uid:"):
+        if line.startswith(field):
             return int(line.split()[1])
-    raise AssertionError(f"no Uid in /proc/{pid}/status")
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def _gid(pid: int) -> int:
+    return _uid(pid, "Gid:")
+
+
+def _wait_until(condition, what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="an agent can start jobs as another user only as root")
-def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secrets(
+def test_each_job_run_has_its_own_uid_and_reads_neither_the_agents_secrets_nor_another_jobs(
     tmp_path, monkeypatch, world_dir
 ):
-    try:
-        nobody = pwd.getpwnam("nobody")
-    except KeyError:
-        pytest.skip("no user nobody")
-    python = _job_python()
+    first, last = _uid_range()
+    python = _job_python(first)
     repo, site = _install_for_nobody(world_dir / "install")
     with running_cluster(tmp_path, monkeypatch) as (nats, procs):
         (tmp_path / "policy.toml").write_text(FAST_POLICY)
@@ -201,7 +235,8 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
             PYTHONPATH=os.pathsep.join([str(repo), str(site)]),
         )
         agent_cmd = [python, "-m", "xirang.cli", "agent", "--nats", nats.url, "--node", "h1",
-                     "--simulate", "2xH100", "--data-dir", str(data), "--grace-s", "1",
+                     "--simulate", "3xH100", "--data-dir", str(data), "--grace-s", "1",
+                     "--job-uid-range", f"{first}-{last}",
                      "--public-key", str(tmp_path / "sched" / "keys" / "scheduler.pub")]  # fmt: skip
 
         def start_agent() -> subprocess.Popen:
@@ -228,11 +263,16 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
         script = Path(train[1]).relative_to(REPO)
         submit("train", [python, str(repo / script), *train[2:]])
         _wait(nats, lambda rs: matching(rs, T.JobFinished, job="snoop"), 30, "the snooping job finished")
-        # it ran as nobody, got EACCES for everything of the host's, and said so by its exit status
-        output = next(state.glob("runs/snoop-*/output.log")).read_text()
+        # it ran as a uid of the range, got EACCES for everything of the host's, and said so by
+        # its exit status; once it ended, its folder went back to the agent
+        snoop_dir = next(state.glob("runs/snoop-*"))
+        output = (snoop_dir / "output.log").read_text()
         for what in ("creds", "secret", "state", "acted", "runs", "outbox"):
             assert f"{what} EACCES" in output, output
-        assert f"uid {nobody.pw_uid} " in output, output
+        snoop_uid = int(re.search(r"uid (\d+) ", output).group(1))
+        assert first <= snoop_uid <= last, output
+        _wait_until(lambda: not (state / "runs" / "snoop.json").exists(), "snoop's run record dropped")
+        assert os.stat(snoop_dir).st_uid == 0 and os.stat(snoop_dir / "output.log").st_uid == 0
         assert not matching(_wait(nats, lambda rs: True, 1, ""), T.JobFailed, job="snoop")  # exit status 0
         # the agent's own secrets stay its own
         assert (os.stat(creds).st_uid, os.stat(creds).st_mode & 0o777) == (0, 0o600)
@@ -240,30 +280,37 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
         assert os.stat(state / "outbox").st_mode & 0o777 == 0o700
         assert os.stat(state / "acted.json").st_mode & 0o777 == 0o600
 
-        # the SDK job, as nobody, reads its own credentials and reports through its outbox
+        # the SDK job, as its own uid, reads its own credentials and reports through its outbox
         _wait(
             nats, lambda rs: matching(rs, T.CheckpointRecorded, job="train"), 30, "train's first checkpoint"
         )
-        pid = int(json.loads((state / "runs" / "train.json").read_text())["pid"])
-        assert _uid(pid) == nobody.pw_uid
+        record = json.loads((state / "runs" / "train.json").read_text())
+        pid, train_uid = int(record["pid"]), int(record["job_uid"])
+        assert first <= train_uid <= last and _uid(pid) == train_uid and _gid(pid) == train_uid
         run_dir = next(state.glob("runs/train-*"))
-        assert (
-            os.stat(run_dir).st_uid == nobody.pw_uid
-            and os.stat(run_dir / "nats.creds").st_uid == nobody.pw_uid
-        )
+        assert os.stat(run_dir).st_uid == train_uid and os.stat(run_dir / "nats.creds").st_uid == train_uid
+        assert os.stat(run_dir).st_mode & 0o077 == 0  # nobody else's
 
-        # another job (same OS user) that guesses train's run folder from its name and start
-        # record cannot open its credentials, though nobody could read them by their real path
+        # another job (its own uid) that guesses train's run folder from its name and start
+        # record cannot open its credentials; given the real path and pid, it reads nothing
+        # either; train's uid reads its credentials by that path
         started = matching(_wait(nats, lambda rs: True, 1, ""), T.JobStartRequested, job="train")[0]
-        submit("guess", [python, "-c", GUESS, str(state / "runs"), "train", str(started.n)])
+        submit(
+            "guess",
+            [python, "-c", GUESS, str(state / "runs"), "train", str(started.n), str(run_dir), str(pid)],
+        )
         ended = (T.JobFinished, T.JobFailed)
         _wait(nats, lambda rs: any(matching(rs, e, job="guess") for e in ended), 30, "the guessing job ended")
         output = next(state.glob("runs/guess-*/output.log")).read_text()
         assert "READ" not in output and "list EACCES" in output and "record EACCES" in output, output
+        for what in ("real-creds", "real-dir", "environ", "cwd"):
+            assert f"{what} EACCES" in output, output
         assert output.count("ENOENT") == 4, output
+        guess_uid = int(re.search(r"uid (\d+) groups \[\]", output).group(1))
+        assert first <= guess_uid <= last and guess_uid != train_uid, output
         assert not matching(_wait(nats, lambda rs: True, 1, ""), T.JobFailed, job="guess")  # exit status 0
         by_real_name = subprocess.run([python, "-c", "import sys; open(sys.argv[1]).read()", str(run_dir / "nats.creds")],
-                                      user="nobody", capture_output=True)  # fmt: skip
+                                      user=train_uid, group=train_uid, extra_groups=[], capture_output=True)  # fmt: skip
         assert by_real_name.returncode == 0, by_real_name.stderr
 
         # an agent restarted after SIGKILL adopts the job (same pid) and its facts still flow
@@ -273,26 +320,96 @@ def test_an_agent_running_as_root_runs_jobs_as_nobody_who_cannot_read_its_secret
         start_agent()
         _wait(nats, lambda rs: len(matching(rs, T.CheckpointRecorded, job="train")) > seen + 1, 30,
               "train checkpoints after the restart")  # fmt: skip
-        assert int(json.loads((state / "runs" / "train.json").read_text())["pid"]) == pid
-        assert _uid(pid) == nobody.pw_uid
+        record = json.loads((state / "runs" / "train.json").read_text())
+        assert (int(record["pid"]), int(record["job_uid"]), _uid(pid)) == (pid, train_uid, train_uid)
+        # a run started by the restarted agent draws a uid train does not hold
+        submit("after", [python, "-c", "import os; print('uid', os.getuid())"])
+        _wait(nats, lambda rs: matching(rs, T.JobFinished, job="after"), 30, "the job after the restart")
+        output = next(state.glob("runs/after-*/output.log")).read_text()
+        after_uid = int(re.search(r"uid (\d+)", output).group(1))
+        assert first <= after_uid <= last and after_uid != train_uid, output
         log = "".join(p.read_text() for p in tmp_path.glob("agent-*.log"))
-        assert "jobs run as nobody" in log, log[-2000:]
+        assert "each job run has its own uid" in log, log[-2000:]
 
 
-def test_the_job_user_defaults_to_nobody_for_root_and_an_unknown_or_unusable_user_is_refused():
-    from agents.jobuser import JobUserError, own_user_name, resolve
+def test_root_gives_each_run_its_own_uid_by_default_and_job_user_pins_one_user():
+    from agents.jobuser import (
+        DEFAULT_JOB_UID_RANGE,
+        JobUserError,
+        UidPool,
+        own_user_name,
+        resolve,
+        resolve_job_users,
+    )
 
     with pytest.raises(JobUserError, match="no such user"):
-        resolve("no-such-user-xirang")
-    assert resolve(own_user_name()) is None  # the agent's own user: jobs share it (the agent warns)
-    if os.geteuid() == 0 and any(entry.pw_name == "nobody" for entry in pwd.getpwall()):
-        user = resolve(None)
-        assert user is not None and user.name == "nobody" and user.uid != 0
-        assert user.popen_kwargs() == {"user": user.uid, "group": user.gid, "extra_groups": []}
-    elif os.geteuid() != 0:
-        assert resolve(None) is None
+        resolve_job_users("no-such-user-xirang", None)
+    assert resolve_job_users(own_user_name(), None) is None  # the agent's own user: jobs share it (it warns)
+    with pytest.raises(JobUserError, match="exclude each other"):
+        resolve_job_users("nobody", "2000000000-2000000009")
+    if os.geteuid() == 0:
+        pool = resolve_job_users(None, None)
+        assert isinstance(pool, UidPool) and f"{pool.first}-{pool.last}" == DEFAULT_JOB_UID_RANGE
+        user = pool.sample()
+        assert user.uid == user.gid == pool.first and user.popen_kwargs()["extra_groups"] == []
+        if any(entry.pw_name == "nobody" for entry in pwd.getpwall()):
+            user = resolve_job_users("nobody", None)
+            assert user.name == "nobody" and user.popen_kwargs() == {
+                "user": user.uid,
+                "group": user.gid,
+                "extra_groups": [],
+            }
+    else:
+        assert resolve(None) is None and resolve_job_users(None, None) is None
         with pytest.raises(JobUserError, match="only an agent running as root"):
             resolve("root")
+        with pytest.raises(JobUserError, match="only an agent running as root"):
+            resolve_job_users(None, "2000000000-2000000009")
+
+
+def test_a_uid_range_must_be_unprivileged_ids_nobody_else_was_given(tmp_path, monkeypatch):
+    from agents import jobuser
+    from agents.jobuser import JobUserError, parse_uid_range
+
+    assert parse_uid_range("2000000000-2000000009") == (2_000_000_000, 2_000_000_009)
+    for bad, says in (
+        ("2000-1000", "upwards"),
+        ("0-999", "upwards"),
+        ("1000", "FIRST-LAST"),
+        ("a-b", "FIRST-LAST"),
+    ):
+        with pytest.raises(JobUserError, match=says):
+            parse_uid_range(bad)
+    subuid = tmp_path / "subuid"
+    subuid.write_text("ana:100000:65536\nbo:2000000500:65536\n")
+    monkeypatch.setattr(jobuser, "SUBORDINATE_ID_FILES", (str(subuid),))
+    with pytest.raises(JobUserError, match="overlaps bo's subordinate ids 2000000500-2000066035"):
+        parse_uid_range("2000000000-2000000999")
+    assert parse_uid_range("2000000000-2000000499") == (2_000_000_000, 2_000_000_499)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process as another uid needs root")
+def test_a_uid_held_by_a_run_or_owning_a_live_process_is_not_drawn(tmp_path):
+    from agents.jobuser import JobUserError, UidPool
+
+    first, _ = _uid_range()
+    pool = UidPool(first, first + 2, tmp_path / "uids.lock")
+    # a job's stray process, its run long gone, still runs as `first`
+    stray = subprocess.Popen(["sleep", "30"], user=first, group=first, extra_groups=[])
+    try:
+        with pool.lease(held={first + 1}) as user:
+            assert (user.uid, user.gid) == (first + 2, first + 2)
+        with pytest.raises(JobUserError, match="every uid is held"):
+            with pool.lease(held={first + 1, first + 2}):
+                pass
+    finally:
+        stray.kill()
+        stray.wait(5)
+    # once the process is gone its uid is drawn again; round robin draws freed uids late
+    with pool.lease(held={first + 1}) as user:
+        assert user.uid == first
+    with pool.lease(held=set()) as user:
+        assert user.uid == first + 1
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="handing a folder to another user needs root")

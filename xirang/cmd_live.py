@@ -94,9 +94,19 @@ def register(sub) -> None:
         "--job-user",
         metavar="NAME",
         default=os.environ.get("XIRANG_JOB_USER"),
-        help="the unprivileged OS user an agent running as root starts its jobs as (default "
-        "$XIRANG_JOB_USER, else nobody), so a job cannot read the agent's credentials or "
-        "state folder; an agent not running as root runs jobs as its own user (and warns)",
+        help="one OS user an agent running as root starts ALL its jobs as (default "
+        "$XIRANG_JOB_USER; unset: each run gets its own uid, see --job-uid-range); jobs sharing "
+        "a user can read each other's environment in /proc; an agent not running as root runs "
+        "jobs as its own user (and warns)",
+    )
+    agent.add_argument(
+        "--job-uid-range",
+        metavar="FIRST-LAST",
+        default=os.environ.get("XIRANG_JOB_UID_RANGE"),
+        help="an agent running as root starts each job run as its own uid and gid from this "
+        "range, with no supplementary groups and no passwd entry, so a job can read neither the "
+        "agent's files nor another job's (default $XIRANG_JOB_UID_RANGE, else "
+        "2000000000-2000065535; ids must belong to nobody else on the host)",
     )
     agent.add_argument(
         "--ckpt-secret-file",
@@ -283,7 +293,7 @@ def cmd_agent(args) -> int:
     """`xirang agent`: run a GPU host agent until stopped."""
     from agents.gpus import NoGpus, discover, parse_simulate
     from agents.host import run_host
-    from agents.jobuser import JobUserError, resolve
+    from agents.jobuser import JobUserError, resolve_job_users
 
     try:
         inventory = parse_simulate(args.simulate) if args.simulate else discover()
@@ -292,7 +302,10 @@ def cmd_agent(args) -> int:
     if args.gpu_model:
         inventory.model = args.gpu_model
     try:
-        job_user = resolve(args.job_user)
+        hosts_dir = Path(args.data_dir) / "hosts"
+        job_user = resolve_job_users(
+            args.job_user, args.job_uid_range, lock_path=hosts_dir / ".job-uids.lock"
+        )
     except JobUserError as err:
         raise _user_error(str(err)) from err
     _logging(args)
@@ -305,7 +318,7 @@ def cmd_agent(args) -> int:
                 url,
                 node=args.node,
                 inventory=inventory,
-                state_dir=Path(args.data_dir) / "hosts",
+                state_dir=hosts_dir,
                 grace_s=args.grace_s,
                 keyring_path=keyring_path(args.public_key, args.data_dir),
                 job_minter=job_minter(args.job_creds_ttl_s),
