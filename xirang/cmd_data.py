@@ -874,12 +874,13 @@ def _register_whatif(sub) -> None:
 
 def cmd_whatif(args) -> int:
     """`xirang whatif`: a window of the log re-run under another policy, beside what happened."""
-    from core import PolicyError, load_policy_toml
+    from core import PolicyError
     from projections import windows
     from replay import whatif
+    from xirang.policy_file import load_policy_file
 
     try:
-        alt = load_policy_toml(args.policy)
+        alt = load_policy_file(args.policy)
     except OSError as err:
         raise _user_error(f"cannot read {args.policy}: {err.strerror}") from err
     except PolicyError as err:

@@ -181,16 +181,15 @@ def _logging(args) -> None:
 def cmd_scheduler(args) -> int:
     """`xirang scheduler`: run the scheduler (leader or hot standby) until stopped."""
     from agents.scheduler import run_scheduler
-    from core.policy import PolicyError, deprecation_notes, read_policy_toml
+    from core.policy import PolicyError
+    from xirang.policy_file import read_policy_file
 
     params = None
     if args.policy:
         try:
-            params = read_policy_toml(args.policy)
+            params = read_policy_file(args.policy)
         except (OSError, PolicyError) as err:
             raise _user_error(str(err)) from err
-        for note in deprecation_notes(params):
-            print(f"note: {args.policy}: {note}", file=sys.stderr)
     signer, keyring = scheduler_keys(args)
     _logging(args)
     # Two processes under one id would both hold the lease (it names the id): one per
@@ -346,6 +345,14 @@ def cmd_up(args) -> int:
         raise _user_error(str(err)) from err
     if args.hosts < 0 or not specs:
         raise _user_error("--hosts must be >= 0 and --simulate must name at least one inventory")
+    if args.policy:
+        from core.policy import PolicyError
+        from xirang.policy_file import read_policy_file
+
+        try:
+            read_policy_file(args.policy)  # the scheduler reads it again; its notes go to its log
+        except (OSError, PolicyError) as err:
+            raise _user_error(str(err)) from err
     # Before anything is started or written: a second `up` in a folder in use changes nothing.
     lock = _hold(InstanceLock(Path(args.data_dir) / "up.lock", f"xirang up in {args.data_dir}"))
     url, server = server_url(args)

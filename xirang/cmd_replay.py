@@ -7,7 +7,7 @@ import json
 import sys
 
 from core import PolicyError, new_state, parse_input, rebuild
-from core.policy import deprecation_notes, read_policy_toml
+from xirang.policy_file import read_policy_file
 from core.replay import step_guarded
 from core.state import state_digest
 from core.types import SetPolicy, encode, type_name
@@ -33,11 +33,9 @@ def cmd_run(args) -> int:
     policy_params = None
     if args.policy:
         try:
-            policy_params = read_policy_toml(args.policy)  # validates, naming the field to fix
+            policy_params = read_policy_file(args.policy)  # validates, naming the field to fix
         except (OSError, PolicyError) as err:
             raise UserError(str(err)) from err
-        for note in deprecation_notes(policy_params):
-            print(f"note: {args.policy}: {note}", file=sys.stderr)
     try:
         source = sys.stdin if args.inputs == "-" else open(args.inputs, encoding="utf-8", errors="replace")
     except OSError as err:

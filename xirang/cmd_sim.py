@@ -103,8 +103,9 @@ def cmd_sim(args) -> int:
 
 
 def _plan(args) -> list[dict]:
-    from core import PolicyError, load_policy_toml
+    from core import PolicyError
     from replay.sim import Cluster
+    from xirang.policy_file import load_policy_file
     from replay.workload import TraceError, load_trace
     from xirang.errors import UserError
 
@@ -129,7 +130,7 @@ def _plan(args) -> list[dict]:
         raise UserError(f"--gpus/--node-gpus: {err}") from err
     if args.policy:
         try:
-            load_policy_toml(args.policy)
+            load_policy_file(args.policy)  # checked and noted once here; workers load it quietly
         except (OSError, PolicyError) as err:
             raise UserError(f"--policy: {err}") from err
     try:

@@ -73,10 +73,11 @@ def _windows(text: str) -> list[tuple[int, int] | None]:
 
 def cmd_sweep(args) -> int:
     """`xirang sweep`: the scorecard over many operating points, one table."""
-    from core import PolicyError, load_policy_toml
+    from core import PolicyError
     from replay.peers import POLICIES
     from replay.sweep import Case, run_case, sweep_table
     from xirang.errors import UserError
+    from xirang.policy_file import load_policy_file
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
@@ -87,7 +88,7 @@ def cmd_sweep(args) -> int:
     config = {}
     if args.policy:
         try:
-            config["policy"] = load_policy_toml(args.policy)
+            config["policy"] = load_policy_file(args.policy)
         except (OSError, PolicyError) as err:
             raise UserError(f"--policy: {err}") from err
     cases = [

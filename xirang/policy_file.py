@@ -1,0 +1,24 @@
+"""Policy files as every command reads them: checked (core.policy.read_policy_toml raises a
+PolicyError naming the file and key to fix), with one note on stderr per deprecated
+parameter (core.policy.DEPRECATED_PARAMS), so the scheduler, `up`, `replay run`, `sim`,
+`sweep` and `whatif` all say the same when a file sets one."""
+
+from __future__ import annotations
+
+import sys
+
+from core.policy import Policy, deprecation_notes, read_policy_toml, with_params
+
+
+def read_policy_file(path: str) -> dict:
+    """The file's keys as `set_policy` params (OSError, PolicyError as read_policy_toml), after
+    printing `note: PATH: ...` on stderr for each deprecated parameter it sets."""
+    params = read_policy_toml(path)
+    for note in deprecation_notes(params):
+        print(f"note: {path}: {note}", file=sys.stderr)
+    return params
+
+
+def load_policy_file(path: str) -> Policy:
+    """The policy the file describes (the defaults with its keys), notes printed as above."""
+    return with_params(Policy(), read_policy_file(path))
