@@ -177,12 +177,26 @@ class HostAgent:
             self.acted = msgspec.json.decode(acted.read_bytes(), type=Acted)
         for path in sorted(self.runs_dir.glob("*.json")):
             run = msgspec.json.decode(path.read_bytes(), type=Run)
+            self._recover_uid(run)
             self.runs[run.job] = run
         self.outbox.watch_marked(self.runs_dir)  # runs' own outboxes, facts still waiting
         self._trust_own_records_over_markers()
         for folder in list(self.outbox.job_folders):
             if all(Path(run.dir) / "outbox" != folder for run in self.runs.values()):
                 self.outbox.retire(folder)
+
+    def _recover_uid(self, run: Run) -> None:
+        """A run an older agent started as its one job user (no uid in its record) keeps
+        running as that user under an agent now giving each run its own uid: its folder's
+        owner says who, so its notices and renewed credentials still reach it."""
+        if run.job_uid or not run.dir or not isinstance(self.job_user, UidPool):
+            return
+        try:
+            owner = os.stat(run.dir).st_uid
+        except FileNotFoundError:
+            return
+        if owner != os.geteuid():
+            run.job_uid = owner
 
     def _trust_own_records_over_markers(self) -> None:
         """A run's outbox folder belongs to its job (user): the job named in its marker is
@@ -595,10 +609,11 @@ class HostAgent:
                 yield user
 
     def user_of(self, run: Run) -> JobUser | None:
-        """The user `run` runs as (None: the agent's own)."""
-        if isinstance(self.job_user, UidPool):
-            return numeric_user(run.job_uid) if run.job_uid else None
-        return self.job_user
+        """The user `run` runs as (None: the agent's own): its own uid if it was given one
+        (whatever this agent's --job-user or range now), else the one job user."""
+        if run.job_uid:
+            return numeric_user(run.job_uid)
+        return None if isinstance(self.job_user, UidPool) else self.job_user
 
     def _hand_over(self, run: Run, path: Path) -> None:
         """Give the run's user what its job must read or write (its run folder and files in it)."""

@@ -435,3 +435,28 @@ def test_a_job_cannot_relabel_its_outbox_as_another_jobs_across_an_agent_restart
     (agent.runs_dir / "train.json").write_text(json.dumps({"job": "train", "n": 3, "dir": str(live.parent)}))
     agent._load()
     assert agent.outbox.job_folders == {live: "train"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a folder to another user needs root")
+def test_a_run_an_older_agent_started_as_the_one_job_user_keeps_that_user_under_per_run_uids(tmp_path):
+    from agents.gpus import parse_simulate
+    from agents.host import HostAgent
+    from agents.jobuser import UidPool
+
+    first, last = _uid_range()
+    agent = HostAgent("nats://127.0.0.1:9", node="h1", inventory=parse_simulate("1xH100"), state_dir=tmp_path,
+                      job_user=UidPool(first, last))  # fmt: skip
+    agent.runs_dir.mkdir(parents=True)
+    old, new = agent.runs_dir / "old-3-x", agent.runs_dir / "new-4-x"
+    for folder, owner in ((old, 65534), (new, first + 7)):
+        folder.mkdir()
+        os.chown(folder, owner, owner)
+    (agent.runs_dir / "old.json").write_text(json.dumps({"job": "old", "n": 3, "dir": str(old)}))
+    (agent.runs_dir / "new.json").write_text(
+        json.dumps({"job": "new", "n": 4, "dir": str(new), "job_uid": first + 7})
+    )
+    agent._load()
+    assert agent.user_of(agent.runs["old"]).uid == 65534  # its notices and renewed creds go to it
+    assert agent.user_of(agent.runs["new"]).uid == first + 7
+    with UidPool(first + 7, first + 8).lease({r.job_uid for r in agent.runs.values()}) as user:
+        assert user.uid == first + 8  # a uid a run record holds is not drawn
