@@ -782,7 +782,9 @@ class HostAgent:
             self._children.pop(run.pid, None)
             return False
         # Adopted after a restart: the pid must still be our wrapper, not a reused number.
-        return pid_alive(run.pid) and has_marker(run.pid, f"{self.node}/{run.job}/{run.n}")
+        return pid_alive(run.pid) and is_run_wrapper(
+            run.pid, f"{self.node}/{run.job}/{run.n}", run.dir, run.job_uid
+        )
 
     async def _exited(self, run: Run) -> None:
         rc = _read_rc(Path(run.dir) / EXIT_FILE)
@@ -877,33 +879,41 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def has_marker(pid: int, marker: str) -> bool:
-    """Whether process `pid` carries this run's marker in its environment (so it is our job, not
-    a reused pid)."""
+def is_run_wrapper(pid: int, marker: str, job_dir: str, uid: int = 0) -> bool:
+    """Whether process `pid` is the wrapper of this run (not a reused pid): it runs
+    agents.jobwrap with the run's exit file (in its folder, whose name no one else knows), as
+    the run's own uid when it has one, and carries the run's marker in its environment. Its
+    environment is read where the agent may (same user, or CAP_SYS_PTRACE); where it may not,
+    the command line and uid (world-readable) decide, so no extra capability is needed."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+        if uid and process_uid(pid) != uid:
+            return False
+    except (OSError, ProcessLookupError):
+        return False
+    if b"agents.jobwrap" not in args or str(Path(job_dir) / EXIT_FILE).encode() not in args:
+        return False
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
-            return f"{MARKER_ENV}={marker}".encode() in fh.read().split(b"\0")
+            env = fh.read().split(b"\0")
+    except PermissionError:
+        return True  # another user's, and the agent holds no CAP_SYS_PTRACE: command line and uid decided
     except OSError:
         return False
+    return f"{MARKER_ENV}={marker}".encode() in env and f"XR_JOB_DIR={job_dir}".encode() in env
 
 
 def find_marked_process(marker: str, job_dir: str) -> int:
     """The wrapper process started for this run before a crash, if it still lives. The
     marker (node/job/n) alone is not unique on a machine shared by several clusters (two
     test runs, two folders): the run's own folder, under this agent's state, must match too."""
-    needle = f"{MARKER_ENV}={marker}".encode()
-    folder = f"XR_JOB_DIR={job_dir}".encode()
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if needle in env and folder in env and b"agents.jobwrap" in cmdline and pid_alive(int(entry.name)):
+        if (
+            entry.name.isdigit()
+            and is_run_wrapper(int(entry.name), marker, job_dir)
+            and pid_alive(int(entry.name))
+        ):
             return int(entry.name)
     return 0
 

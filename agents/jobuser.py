@@ -37,6 +37,11 @@ DEFAULT_JOB_UID_RANGE = "2000000000-2000065535"
 UID_MIN = 1000  # below: system users
 UID_MAX = 2**31 - 2
 SUBORDINATE_ID_FILES = ("/etc/subuid", "/etc/subgid")
+# All a root agent needs of root: start a run as its uid (SETUID, SETGID), hand it its folder
+# (CHOWN), write its notices and renewed credentials there and take the folder back when the
+# run ends (DAC_OVERRIDE), signal it (KILL). The deploy files grant exactly these
+# (tests/test_security_job_user.py runs the agent with only these and checks the files).
+AGENT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "KILL", "SETGID", "SETUID")
 
 
 class JobUserError(ValueError):

@@ -110,6 +110,15 @@ def _job_python(uid: int) -> str:
     pytest.skip(f"no python interpreter that uid {uid} may run")
 
 
+def _with_agent_capabilities_only() -> list[str]:
+    """A command prefix that leaves root only AGENT_CAPABILITIES (as the deploy files do)."""
+    from agents.jobuser import AGENT_CAPABILITIES
+
+    if shutil.which("setpriv") is None:
+        return []  # util-linux's setpriv missing: the agent runs with all of root's
+    return ["setpriv", "--bounding-set", ",".join(["-all", *(f"+{c.lower()}" for c in AGENT_CAPABILITIES)])]
+
+
 def _uid_range() -> tuple[int, int]:
     """A block of the default range of its own, so that test runs side by side draw apart."""
     first = 2_000_000_000 + 1000 * random.randrange(60)
@@ -234,7 +243,7 @@ def test_each_job_run_has_its_own_uid_and_reads_neither_the_agents_secrets_nor_a
             XIRANG_TLS_CA=str(world_dir / "ca.pem"),
             PYTHONPATH=os.pathsep.join([str(repo), str(site)]),
         )
-        agent_cmd = [python, "-m", "xirang.cli", "agent", "--nats", nats.url, "--node", "h1",
+        agent_cmd = [*_with_agent_capabilities_only(), python, "-m", "xirang.cli", "agent", "--nats", nats.url, "--node", "h1",
                      "--simulate", "3xH100", "--data-dir", str(data), "--grace-s", "1",
                      "--job-uid-range", f"{first}-{last}",
                      "--public-key", str(tmp_path / "sched" / "keys" / "scheduler.pub")]  # fmt: skip
@@ -460,3 +469,19 @@ def test_a_run_an_older_agent_started_as_the_one_job_user_keeps_that_user_under_
     assert agent.user_of(agent.runs["new"]).uid == first + 7
     with UidPool(first + 7, first + 8).lease({r.job_uid for r in agent.runs.values()}) as user:
         assert user.uid == first + 8  # a uid a run record holds is not drawn
+
+
+def test_the_deploy_files_grant_the_agent_exactly_the_capabilities_it_needs():
+    from agents.jobuser import AGENT_CAPABILITIES
+
+    deploy = Path(REPO) / "deploy"
+    unit = (deploy / "systemd" / "xirang-agent.service").read_text()
+    bounding = re.search(r"^CapabilityBoundingSet=(.*)$", unit, re.M).group(1).split()
+    assert sorted(bounding) == sorted(f"CAP_{c}" for c in AGENT_CAPABILITIES)
+    manifest = (deploy / "k8s" / "xirang.yaml").read_text()
+    added = re.search(r"^\s*drop: \[ALL\]\n\s*add: \[(.*)\]$", manifest, re.M).group(1)
+    assert sorted(c.strip() for c in added.split(",")) == sorted(AGENT_CAPABILITIES)
+    docker = (deploy / "Dockerfile").read_text()
+    assert "--cap-drop ALL" in docker and sorted(re.findall(r"--cap-add (\w+)", docker)) == sorted(
+        AGENT_CAPABILITIES
+    )
