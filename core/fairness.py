@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .policy import Policy
 from .shares import above_share, fair_shares, holding, within_share
-from .state import Job, State, teams_with_demand
+from .state import Job, State, teams_with_demand, window_count
 
 
 def team_limit(state: State, team: str, per_100_gpus: int) -> int:
@@ -26,6 +26,38 @@ def team_limit(state: State, team: str, per_100_gpus: int) -> int:
     if not total or not own:
         return base
     return max(base, base * own * len(teams_with_demand(ix)) // total)
+
+
+def quota_recovers_t(times: list[int], limit: int, window_ms: int) -> int:
+    """When a team's preemptions in the window fall back below its limit: `times` holds the
+    window's entries, oldest first; once all but the newest `limit - 1` have left the
+    window (each leaves `window_ms` after it), the team is under its limit again (0: it
+    already is, whatever the window holds)."""
+    if len(times) < max(1, limit):
+        return 0
+    return times[len(times) - max(1, limit)] + window_ms
+
+
+def team_downgrade_ends_t(state: State, team: str) -> int:
+    """When the team's downgrade ends: when its preemption quota recovers, read now. The
+    `TeamDowngraded` event announced the time the quota recovers at the team's allowance
+    then; the allowance follows the team's share of the demand, so the downgrade ends as
+    soon as the preemptions still in the window are fewer than the allowance now (never
+    later than announced). 0 when the team is not downgraded."""
+    c = state.canonical
+    announced = c.team_downgraded_until.get(team, 0)
+    if announced <= c.t:
+        return announced
+    win = c.team_windows.get(team)
+    if win is None:
+        return 0
+    p = c.policy
+    times = win.preempting
+    live = times[len(times) - window_count(times, c.t, p.fairness_window_ms) :]
+    return min(
+        announced,
+        quota_recovers_t(live, team_limit(state, team, p.team_preempting_max), p.fairness_window_ms),
+    )
 
 
 def scaled_limit(state: State, per_100_gpus: int) -> int:

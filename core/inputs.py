@@ -9,6 +9,7 @@ import math
 import re
 
 from . import types as T
+from .fairness import team_downgrade_ends_t
 from .log_seal import Ctx, reject
 from .placement import placement_nodes
 from .policy import PolicyError, assign_variant, check_experiment, with_params
@@ -102,7 +103,7 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
     if problem:
         return reject(ctx, *problem)
     level = inp.level
-    if c.team_downgraded_until.get(inp.team, 0) > inp.t and level < p.downgrade_applies_below_level:
+    if level < p.downgrade_applies_below_level and team_downgrade_ends_t(ctx.state, inp.team) > inp.t:
         # Truthful: while the team is downgraded its urgent jobs enter lower, until its
         # preemption quota recovers (then `core.queues.restore_levels` gives queued ones
         # their level back).

@@ -14,6 +14,7 @@ from typing import Iterator
 
 from . import types as T
 from .log_seal import Ctx
+from .fairness import team_downgrade_ends_t
 from .shares import team_quota
 from .state import State, queue_depth
 from .types import LEVELS
@@ -95,9 +96,9 @@ def restore_levels(ctx: Ctx) -> None:
 
 def downgrade_ends_t(state: State, job) -> int:
     """When a downgraded queued job gets its requested level back: when its team's quota
-    recovers, or after `downgraded_wait_max_ms` of waiting when the policy bounds it."""
+    recovers (re-read on every pass: see `team_downgrade_ends_t`), or after `downgraded_wait_max_ms` of waiting when the policy bounds it."""
     c = state.canonical
-    ends = c.team_downgraded_until.get(job.team, 0)
+    ends = team_downgrade_ends_t(state, job.team)
     bound = c.policy.downgraded_wait_max_ms
     return min(ends, job.queued_since_t + bound) if bound else ends
 

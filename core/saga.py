@@ -9,7 +9,7 @@ started saga counts toward the fairness windows of the teams it touches.
 from __future__ import annotations
 
 from . import types as T
-from .fairness import team_limit
+from .fairness import quota_recovers_t, team_limit
 from .log_seal import Ctx
 from .placement import placement_nodes
 from .placement_pass import request_start
@@ -215,10 +215,3 @@ def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
         until = quota_recovers_t(win.preempting, limit, p.fairness_window_ms)
         if until > c.team_downgraded_until.get(preemptor.team, 0):
             ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=until, preempting_in_window=count))
-
-
-def quota_recovers_t(times: list[int], limit: int, window_ms: int) -> int:
-    """When a team's preemptions in the window fall back below its limit: `times` holds the
-    window's entries, oldest first; once all but the newest `limit - 1` have left the
-    window (each leaves `window_ms` after it), the team is under its limit again."""
-    return times[len(times) - max(1, limit)] + window_ms

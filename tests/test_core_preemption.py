@@ -712,6 +712,27 @@ def test_the_deprecated_team_downgrade_ms_is_still_accepted_and_changes_no_decis
     ]
 
 
+def test_a_downgrade_ends_as_soon_as_the_team_is_back_within_its_allowance():
+    """The allowance follows the team's share of the demand, and the downgrade is re-read on
+    every pass, not fixed at submit: once prod asks for most of the pool its two preemptions
+    in the window are within its allowance, so the downgrade announced until the first
+    leaves the window ends at once; the queued downgraded job gets its level back and the
+    next urgent job enters at its own."""
+    run = prod_preempted_twice()
+    until = run.events(T.TeamDowngraded)[0].until_t
+    run.at(24 * MIN, node("h9", "H100"), T.NodeDown(node="h9"))
+    during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])), T.JobSubmitted)[
+        0
+    ]
+    assert (during.requested_level, during.level) == (1, 3)
+    more = [submit(f"big-{i}", 6, 8, team="prod", user="e", est_runtime_s=3600) for i in range(10)]
+    restored = of(run.at(25 * MIN, *more), T.JobLevelRestored)
+    assert 25 * MIN < until
+    assert [(e.job, e.level) for e in restored] == [("p4", 1)]
+    after = of(run.at(26 * MIN, submit("p5", 1, 8, team="prod", user="f")), T.JobSubmitted)[0]
+    assert after.level == 1
+
+
 def test_an_operator_may_bound_the_wait_of_a_downgraded_urgent_job():
     """With `downgraded_wait_max_ms` (an opt-in; off, a downgraded job waits for its team's
     quota), a job queued downgraded gets its level back once it has waited that long, while
