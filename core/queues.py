@@ -137,27 +137,30 @@ def _fair_share_order(state: State, level: int, teams, names: list[str]) -> Iter
     """Next from the team furthest below its quota inside the level (GPUs its jobs of this
     level hold / quota, counting the jobs already offered in this pass: fair share decides
     who gets the level's next GPUs, whatever the teams hold at other levels), ties to the
-    head of the higher own level and older submit, then the team name."""
+    older submit, then the team name. Jobs aged into the level queue behind the jobs that
+    belong there, as at the first-come-first-served levels, and among themselves by the same
+    fair share inside their own level: a team's aged job is weighed by what the team holds
+    at the level the job belongs to."""
     c = state.canonical
-    held = state.index.level_team_gpus[level]
-    usage: list[list] = []  # [used / quota, head key, name, cursor, used, quota]
-    for name in names:
-        quota = team_quota(state, name)
-        used = held.get(name, 0)
-        usage.append([used / quota, teams[name][0][:2], name, 0, used, quota])
-    heap = [tuple(entry[:3]) + (i,) for i, entry in enumerate(usage)]
+    held = state.index.level_team_gpus
+    quotas = {name: team_quota(state, name) for name in names}
+    offered: dict[tuple[str, int], int] = {}
+
+    def entry(name: str, cursor: int) -> tuple:
+        own_level, submit_t = teams[name][cursor][:2]
+        used = held[own_level].get(name, 0) + offered.get((name, own_level), 0)
+        return (own_level, used / quotas[name], submit_t, name, cursor)
+
+    heap = [entry(name, 0) for name in names]
     heapq.heapify(heap)
     while heap:
-        _, _, name, i = heapq.heappop(heap)
-        entry = usage[i]
+        own_level, _, _, name, cursor = heapq.heappop(heap)
         queue = teams[name]
-        cursor = entry[3]
         job_id = queue[cursor][-1]
         yield job_id
-        entry[3] = cursor + 1
-        entry[4] += c.jobs[job_id].gpus
-        if entry[3] < len(queue):
-            heapq.heappush(heap, (entry[4] / entry[5], queue[entry[3]][:2], name, i))
+        offered[(name, own_level)] = offered.get((name, own_level), 0) + c.jobs[job_id].gpus
+        if cursor + 1 < len(queue):
+            heapq.heappush(heap, entry(name, cursor + 1))
 
 
 def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:

@@ -223,3 +223,29 @@ def test_a_small_teams_starving_job_does_not_wait_out_a_big_teams_backlog():
 
     assert reserved_for(1) == ["backlog-0", "small"]
     assert reserved_for(0) == ["backlog-0"]
+
+
+def test_jobs_aged_into_a_fair_share_level_queue_behind_the_jobs_that_belong_there():
+    """Team a's level-4 job aged into level 3 holds no level-3 GPUs, team b holds some: by
+    the level's fair share alone a would go first, but an aged job queues behind the jobs
+    of the level it aged into, as at the first-come-first-served levels. Among aged jobs,
+    fair share inside their own level decides: x holds level-4 GPUs, y none."""
+    run = Run()
+    run.at(0, node("a1"), node("a2"), node("a3"))
+    run.at(1, submit("busy", 1, 8, team="ops", est_runtime_s=HOUR / 1000))
+    run.at(1, submit("b-run", 3, 4, team="b", est_runtime_s=10 * HOUR / 1000))
+    run.at(1, submit("x-run", 4, 4, team="x", est_runtime_s=10 * HOUR / 1000))
+    run.at(1, submit("fill", 1, 8, team="ops", est_runtime_s=10 * HOUR / 1000))
+    start_all(run, 2)
+    run.at(10, submit("x-aged", 4, 8, team="x"))
+    run.at(11, submit("y-aged", 4, 8, team="y"))
+    run.at(12, submit("a-aged", 4, 8, team="a"))
+    aged_t = 20 + aging_threshold_ms(run.state, 4)
+    run.at(aged_t, tick(aged_t))
+    assert {run.job(j).eff_level for j in ("x-aged", "y-aged", "a-aged")} == {3}
+    run.at(aged_t + 1, submit("b-own", 3, 8, team="b"))
+    order = [run.job("busy").id]
+    for _ in range(3):
+        events = run.at(aged_t + 2 + len(order), T.Finished(job=order[-1], ok=True))
+        order.append(started_order(events)[0])
+    assert order[1:] == ["b-own", "y-aged", "a-aged"]
