@@ -7,6 +7,7 @@ within the levels is bounded, and the return of downgraded jobs to their level.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -125,7 +126,30 @@ def serving_order(state: State, level: int) -> Iterator[str]:
     depth = state.canonical.policy.scan_jobs_max
     names = sorted(live)
     teams = {name: live[name][:depth] for name in names}
-    policy = state.canonical.policy.queue_policy[level]
+    return _by_own_level(state, level, teams, names)
+
+
+def _by_own_level(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
+    """The jobs that belong to the level first, in its policy's order; then each group of
+    jobs aged (or boosted) into it from a less urgent level, in the order of the policy of
+    the level they belong to: aging moves a job ahead of the less urgent levels, it does
+    not change how it is weighed against its own level's other jobs (a team's aged level-4
+    jobs are served by fair share inside level 4 wherever they queue). A team's queue is
+    sorted by its jobs' own level first (`queue_key`), so each group is one slice of it."""
+    policies = state.canonical.policy.queue_policy
+    for own in range(LEVELS):
+        group: dict[str, list] = {}
+        for name in names:
+            queue = teams[name]
+            lo = bisect.bisect_left(queue, (own,))
+            hi = bisect.bisect_left(queue, (own + 1,), lo)
+            if lo < hi:
+                group[name] = queue[lo:hi]
+        if group:
+            yield from _order(state, level, policies[own], group, list(group))
+
+
+def _order(state: State, level: int, policy: str, teams, names: list[str]) -> Iterator[str]:
     if policy == "fcfs":
         return (key[-1] for key in heapq.merge(*(teams[name] for name in names)))
     if policy == "fair_share":

@@ -249,3 +249,26 @@ def test_jobs_aged_into_a_fair_share_level_queue_behind_the_jobs_that_belong_the
         events = run.at(aged_t + 2 + len(order), T.Finished(job=order[-1], ok=True))
         order.append(started_order(events)[0])
     assert order[1:] == ["b-own", "y-aged", "a-aged"]
+
+
+def test_jobs_aged_into_a_first_come_first_served_level_keep_their_own_levels_fair_share():
+    """Level 2 serves its own jobs first come first served; level-3 jobs aged into it are
+    served after them by fair share inside level 3, not by age: x holds level-3 GPUs and
+    y none, so y's aged job goes before x's older one."""
+    run = Run()
+    run.at(0, node("a1"), node("a2"), node("a3"))
+    run.at(1, submit("busy", 1, 8, team="ops", est_runtime_s=HOUR / 1000))
+    run.at(1, submit("x-run", 3, 8, team="x", est_runtime_s=10 * HOUR / 1000))
+    run.at(1, submit("fill", 1, 8, team="ops", est_runtime_s=10 * HOUR / 1000))
+    start_all(run, 2)
+    run.at(10, submit("x-aged", 3, 8, team="x"))
+    run.at(11, submit("y-aged", 3, 8, team="y"))
+    aged_t = 20 + aging_threshold_ms(run.state, 3)
+    run.at(aged_t, tick(aged_t))
+    assert {run.job(j).eff_level for j in ("x-aged", "y-aged")} == {2}
+    run.at(aged_t + 1, submit("z-own", 2, 8, team="z"))
+    order = [run.job("busy").id]
+    for _ in range(3):
+        events = run.at(aged_t + 2 + len(order), T.Finished(job=order[-1], ok=True))
+        order.append(started_order(events)[0])
+    assert order[1:] == ["z-own", "y-aged", "x-aged"]
