@@ -183,10 +183,16 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # this count the team's new jobs of those levels are downgraded.
     team_preempting_max: int = 6
     # DEPRECATED, no effect: a downgrade lasts until the team's preemption quota recovers
-    # (saga.quota_recovers_t), not a fixed time. Kept so that logs and policy files that set
-    # it still fold and load (and older state digests, which cover it, still match).
+    # (fairness.team_downgrade_ends_t), not a fixed time. Kept so that logs and policy files
+    # that set it still fold and load (and older state digests, which cover it, still match).
     team_downgrade_ms: int = 1800 * 1000
-    downgrade_levels: int = 2
+    # How many levels a downgraded job enters below the level it asked for. One: a level-1
+    # job enters at level 2, which is served after levels 0-1 and may preempt only levels
+    # 4-7 (`preempts_from_level`), and its preemptions still count toward the team's
+    # allowance. Two (level 3, which may preempt only levels 6-7) kept one team's burst of
+    # level-1 jobs waiting 30-45 minutes for its quota on full Philly (level 0-1 p99 1.7x
+    # k8s-style); one gives 1.2-1.3x, with the same allowance.
+    downgrade_levels: int = 1
     downgrade_applies_below_level: int = 3  # jobs submitted at levels < this are downgraded
     # An operator's opt-in (0: off, the model's rule): a downgraded job gets its requested
     # level back once it has waited this long, even while its team's quota has not yet

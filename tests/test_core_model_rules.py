@@ -311,8 +311,8 @@ def test_a_downgrade_really_lowers_the_level_until_the_preemption_quota_recovers
     assert downgrades[0].until_t == 10 * MIN + 1000 + run.state.canonical.policy.fairness_window_ms
     later = run.at(20 * MIN, submit("ops-2", 0, 8, team="ops", user="o", est_runtime_s=3600))
     submitted = of(later, T.JobSubmitted)[0]
-    assert submitted.requested_level == 0 and submitted.level == 2
-    assert run.job("ops-2").level == 2
+    assert submitted.requested_level == 0 and submitted.level == 1
+    assert run.job("ops-2").level == 1
 
 
 # ---------------------------------------------------------------- recovery, compensation, notices

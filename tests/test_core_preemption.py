@@ -229,7 +229,7 @@ def test_team_preempting_too_often_is_downgraded():
     downgraded = run.events(T.TeamDowngraded)
     assert [d.team for d in downgraded] == ["prod"]
     later = of(run.at(22 * MIN, submit("p3", 1, 8, team="prod", user="c")), T.JobSubmitted)[0]
-    assert (later.requested_level, later.level) == (1, 3)
+    assert (later.requested_level, later.level) == (1, 2)
     other = of(run.at(22 * MIN, submit("q1", 1, 8, team="other", user="d")), T.JobSubmitted)[0]
     assert other.level == 1
 
@@ -677,7 +677,7 @@ def test_the_time_victims_take_to_reach_a_safe_point_is_learned():
 def test_a_downgrade_lasts_until_the_teams_preemption_quota_recovers():
     """prod preempted at 20 and 21 minutes with an allowance of two an hour: it is back
     under the allowance when the first leaves the window, an hour later. Until then its
-    urgent jobs enter two levels lower, whatever it holds; a job queued downgraded gets its
+    urgent jobs enter a level lower, whatever it holds; a job queued downgraded gets its
     level back then, so its wait is bounded by the downgrade."""
     run = prod_preempted_twice()
     until = run.events(T.TeamDowngraded)[0].until_t
@@ -689,7 +689,7 @@ def test_a_downgrade_lasts_until_the_teams_preemption_quota_recovers():
     during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])), T.JobSubmitted)[
         0
     ]
-    assert (during.requested_level, during.level) == (1, 3)
+    assert (during.requested_level, during.level) == (1, 2)
     assert not of(run.at(until - 1000, tick(until - 1000)), T.JobLevelRestored)
     restored = of(run.at(until, tick(until)), T.JobLevelRestored)
     assert [(e.job, e.level) for e in restored] == [("p4", 1)]
@@ -724,7 +724,7 @@ def test_a_downgrade_ends_as_soon_as_the_team_is_back_within_its_allowance():
     during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])), T.JobSubmitted)[
         0
     ]
-    assert (during.requested_level, during.level) == (1, 3)
+    assert (during.requested_level, during.level) == (1, 2)
     more = [submit(f"big-{i}", 6, 8, team="prod", user="e", est_runtime_s=3600) for i in range(10)]
     restored = of(run.at(25 * MIN, *more), T.JobLevelRestored)
     assert 25 * MIN < until
@@ -744,9 +744,9 @@ def test_an_operator_may_bound_the_wait_of_a_downgraded_urgent_job():
     during = of(run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"])), T.JobSubmitted)[
         0
     ]
-    assert (during.requested_level, during.level) == (1, 3)
+    assert (during.requested_level, during.level) == (1, 2)
     assert not of(run.at(29 * MIN - 1000, tick(29 * MIN - 1000)), T.JobLevelRestored)
     restored = of(run.at(29 * MIN, tick(29 * MIN)), T.JobLevelRestored)
     assert [(e.job, e.level, e.waited_ms) for e in restored] == [("p4", 1, 5 * MIN)]
     later = of(run.at(30 * MIN, submit("p5", 1, 8, team="prod", user="e")), T.JobSubmitted)[0]
-    assert 30 * MIN < until and later.level == 3  # the team is still downgraded
+    assert 30 * MIN < until and later.level == 2  # the team is still downgraded

@@ -24,7 +24,7 @@ def test_a_downgraded_job_waiting_raises_an_alert_until_its_level_comes_back():
     run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"]))  # so it waits
     proj = _project(run)
     waiting = [a for a in alerts.evaluate(proj.con, 30 * MIN) if a.kind == "downgraded_waiting"]
-    assert [a.subject for a in waiting] == ["job p4"] and "level 3" in waiting[0].message
+    assert [a.subject for a in waiting] == ["job p4"] and "level 2" in waiting[0].message
     restored = of(run.at(until, tick(until)), T.JobLevelRestored)
     assert [e.job for e in restored] == ["p4"]
     proj = _project(run)
