@@ -136,6 +136,7 @@ def _node_state(node, used: int, reserved: dict) -> str:
 def share_rows(state) -> list[dict]:
     """Each team with demand or a ledger: quota, fair share, GPUs held and asked for,
     whether it is protected or downgraded and until when, compensation (Slurm's sshare)."""
+    from core.fairness import team_downgrade_ends_t
     from core.shares import fair_shares, holding, team_quota
 
     c = state.canonical
@@ -156,7 +157,9 @@ def share_rows(state) -> list[dict]:
                 "queued_gpus": ix.team_queued_gpus.get(team, 0),
                 "usage": round(held.get(team, 0) / shares[team], 3) if shares.get(team) else None,
                 "protected_for_s": _left_s(c.team_protected_until.get(team, 0), c.t),
-                "downgraded_for_s": _left_s(c.team_downgraded_until.get(team, 0), c.t),
+                # The core re-reads the quota on every pass: the downgrade may end before
+                # the time TeamDowngraded announced.
+                "downgraded_for_s": _left_s(team_downgrade_ends_t(state, team), c.t),
                 "preempted_in_window": _count(win, "preempted", c.t, c.policy.fairness_window_ms),
                 "preempting_in_window": _count(win, "preempting", c.t, c.policy.fairness_window_ms),
                 "quota_gpu_hours": round(ledger.quota_gpu_hours, 3) if ledger else 0.0,

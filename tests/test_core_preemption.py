@@ -3,6 +3,7 @@
 from core import new_state
 from core import types as T
 from core.evolve import evolve
+from projections.views import share_rows
 from core.policy import deprecation_notes
 
 from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, started, submit, tick
@@ -729,6 +730,8 @@ def test_a_downgrade_ends_as_soon_as_the_team_is_back_within_its_allowance():
     restored = of(run.at(25 * MIN, *more), T.JobLevelRestored)
     assert 25 * MIN < until
     assert [(e.job, e.level) for e in restored] == [("p4", 1)]
+    prod = [row for row in share_rows(run.state) if row["team"] == "prod"][0]
+    assert prod["downgraded_for_s"] is None  # what `xirang shares` shows agrees
     after = of(run.at(26 * MIN, submit("p5", 1, 8, team="prod", user="f")), T.JobSubmitted)[0]
     assert after.level == 1
 
