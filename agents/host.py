@@ -240,7 +240,10 @@ class HostAgent:
             (Path(run.dir) / JOB_CREDS_FILE).unlink(missing_ok=True)
             if run.job_uid:
                 # Its uid is drawn again later: the next run holding it must not read this one's output.
-                _take_back(Path(run.dir))
+                try:
+                    _take_back(Path(run.dir))
+                except OSError as err:  # e.g. the folder was removed by hand
+                    log.warning("host %s: cannot take back %s's folder: %r", self.node, run.job, err)
         try:
             (self.runs_dir / f"{_safe(run.job)}.json").unlink()
         except FileNotFoundError:
