@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from agents.gpus import parse_simulate
 from agents.host import MARKER_ENV, HostAgent
@@ -46,6 +47,7 @@ def test_an_agent_that_crashed_before_recording_a_run_adopts_its_process_and_fol
         cwd=REPO, start_new_session=True,
     )  # fmt: skip
     try:
+        _wait_for_exec(wrapper.pid)
         assert agent._unrecorded_run("train", 7, marker) == (wrapper.pid, folder)
         # a folder made but no process started: reused, not a second folder
         left = new_run_folder(agent.runs_dir, "train", 8)
@@ -58,3 +60,15 @@ def test_an_agent_that_crashed_before_recording_a_run_adopts_its_process_and_fol
     finally:
         os.killpg(wrapper.pid, signal.SIGKILL)
         wrapper.wait(10)
+
+
+def _wait_for_exec(pid: int) -> None:
+    """Right after exec the kernel shows an empty command line for a moment; a crashed
+    agent's wrapper has long passed that point, so wait for it rather than race it."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if fh.read():
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never showed its command line")
