@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 
 from . import types as T
+from .forecast import release_spec
 from .policy import with_params
 from .state import (
     FINISHED,
@@ -60,7 +61,7 @@ def evolve(state: State, ev: T.Event) -> None:
     if handler is not None:
         handler(state, ev)
         for job_id in touched_jobs(ev):
-            touch_job(state, job_id)
+            touch_job(state, job_id, release_spec)
 
 
 def touched_jobs(ev: T.Event) -> list[str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import re
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -253,6 +253,12 @@ class Index:
         # the time moves or `remaining_memo` is cleared.
         self.node_releases: dict[str, list[tuple[int, int]]] = {}
         self.node_releases_t = -1
+        # Per node, its releases as functions of the time (`core.forecast.NodeFit`): kept
+        # across time, dropped with the node's release list and whenever its free GPUs change.
+        self.node_fits: dict[str, Any] = {}
+        # Bumped when a learned runtime changes: a node's kept forecast then checks the
+        # estimates its jobs used.
+        self.estimates_gen = 0
         # Bumped whenever a node's releases or free GPUs may have changed: forecasts over
         # several nodes (pooled releases, earliest fits) are kept in `fits_memo` while it
         # stays the same (the jobs weighed in one pass mostly look at the same nodes).
@@ -416,6 +422,7 @@ def set_holder(c: Canonical, ix: Index, node_name: str, gpu: int, job_id: str) -
     if before == job_id:
         return
     ix.releases_gen += 1
+    ix.node_fits.pop(node_name, None)
     if node.up:
         free_before = node_free_count(node)
     node.holder[gpu] = job_id
@@ -498,15 +505,23 @@ def live_digest(state: "State") -> str:
     return state_digest(state.canonical, jobs_hash_total(state))
 
 
-def touch_job(state: "State", job_id: str) -> None:
+def touch_job(state: "State", job_id: str, release_spec: Callable | None = None) -> None:
     """Keep the index in step after an event changed (or removed) a job: its hash is taken
-    again when a digest needs it; its release forecast is forgotten."""
+    again when a digest needs it; its release forecast is forgotten. With `release_spec`
+    (`core.forecast.release_spec`), a forecast that was memoised is taken again at once,
+    and when it did not change (a checkpoint began, a notice was withdrawn...) the
+    forecasts of its nodes kept across time stay (`Index.node_fits`)."""
     ix = state.index
-    ix.remaining_memo.pop(job_id, None)
+    old = ix.remaining_memo.pop(job_id, None)
     ix.hashes_stale[job_id] = None
     job = state.canonical.jobs.get(job_id)
-    if job is not None:
-        forget_releases(ix, job.placement)
+    if job is None:
+        return
+    unchanged = False
+    if old is not None and release_spec is not None:
+        new = ix.remaining_memo[job_id] = release_spec(state, job)
+        unchanged = new[:4] == old[:4]
+    forget_releases(ix, job.placement, keep_fits=unchanged)
 
 
 def jobs_hash_total(state: "State") -> int:
@@ -557,11 +572,14 @@ def window_count(times: list[int], t: int, window_ms: int) -> int:
     return len(times) - bisect.bisect_right(times, start)
 
 
-def forget_releases(ix: Index, placement) -> None:
-    """Drop the memoised holders and release lists of the nodes a placement covers."""
+def forget_releases(ix: Index, placement, keep_fits: bool = False) -> None:
+    """Drop the memoised holders and release lists of the nodes a placement covers (and
+    their forecasts kept across time, unless `keep_fits`: no job's forecast changed)."""
     for slot in placement:
         ix.node_releases.pop(slot.node, None)
         ix.node_holders.pop(slot.node, None)
+        if not keep_fits:
+            ix.node_fits.pop(slot.node, None)
     if placement:
         ix.releases_gen += 1
 
@@ -570,6 +588,7 @@ def forget_node(ix: Index, node_name: str) -> None:
     """Drop what is memoised about a node's releases (its jobs or GPUs changed)."""
     ix.node_releases.pop(node_name, None)
     ix.node_holders.pop(node_name, None)
+    ix.node_fits.pop(node_name, None)
     ix.releases_gen += 1
 
 
@@ -577,6 +596,7 @@ def forget_release_lists(ix: Index) -> None:
     """Drop every memoised release list (a learned runtime changed; the jobs' release specs
     check their estimate themselves)."""
     ix.node_releases.clear()
+    ix.estimates_gen += 1
     ix.releases_gen += 1
 
 
@@ -584,4 +604,5 @@ def forget_remaining(ix: Index) -> None:
     """Drop every memoised release forecast (estimates or policy changed)."""
     ix.remaining_memo.clear()
     ix.node_releases.clear()
+    ix.node_fits.clear()
     ix.releases_gen += 1
