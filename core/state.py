@@ -253,7 +253,7 @@ class Index:
         # the time moves or `remaining_memo` is cleared.
         self.node_releases: dict[str, list[tuple[int, int]]] = {}
         self.node_releases_t = -1
-        # Per node, its releases as functions of the time (`core.forecast.NodeFit`): kept
+        # Per node, its releases as functions of the time (`core.node_fit.NodeFit`): kept
         # across time, dropped with the node's release list and whenever its free GPUs change.
         self.node_fits: dict[str, Any] = {}
         # Bumped when a learned runtime changes: a node's kept forecast then checks the

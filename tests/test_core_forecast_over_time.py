@@ -1,10 +1,11 @@
-"""A node's release forecast kept across time (core.forecast.NodeFit) gives, at every later
+"""A node's release forecast kept across time (core.node_fit.NodeFit) gives, at every later
 time, the same fit as working the node's releases out again at that time."""
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core import forecast as F
+from core import node_fit as N
 
 # A holding job's release spec (core.forecast.release_spec): fixed, or running with an
 # expected total, progress done at `since`; small scales reach the Lindy floor of 1 ms.
@@ -18,7 +19,7 @@ running_specs = st.builds(
 holders = st.lists(st.tuples(st.one_of(fixed_specs, running_specs), st.integers(1, 4)), max_size=8)
 
 
-class _Fit(F.NodeFit):
+class _Fit(N.NodeFit):
     """A NodeFit over given specs (the real one reads them from a state's node)."""
 
     __slots__ = ()
@@ -28,7 +29,7 @@ class _Fit(F.NodeFit):
         self.free = free
         self.lines = {}
         self.order = sorted(
-            ((*F._release_piece(spec, t0), gpus) for spec, gpus in specs),
+            ((*N._release_piece(spec, t0, F.LINDY_FLOOR_FRACTION), gpus) for spec, gpus in specs),
             key=lambda p: (p[0] + p[1] * t0, p[1]),
         )
 
@@ -52,7 +53,7 @@ def test_a_kept_node_forecast_matches_one_worked_out_again_at_every_later_time(s
     for step in steps:
         t += step
         line = fit.lines.get(need) or fit.line(need)
-        if t >= line[2]:  # as core.forecast.node_fit_ms: the line no longer tells, start again
+        if t >= line[2]:  # as core.node_fit.node_fit_ms: the line no longer tells, start again
             fit = _Fit(free, specs, t)
             line = fit.line(need)
             assert t < line[2]

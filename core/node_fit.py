@@ -1,0 +1,172 @@
+"""A node's release forecast kept across time: when `need` GPUs of one node will be free
+at once as its jobs end as forecast, worked out once and then read off a line until
+something changes, instead of working the node's releases out again at every step (the
+scheduling pass asks for the whole pool's fits at nearly every step while the pool is
+full). Exactly what `core.forecast._first_fit_time` over `core.forecast.node_releases`
+gives at that time; the reasoning is in `NodeFit`'s docstring, and
+tests/test_core_forecast_over_time.py checks it against working it out again.
+"""
+
+from __future__ import annotations
+
+from .placement import gpus_on
+from .state import State, node_free_count
+
+
+def earliest_single_fit(state: State, nodes, need: int) -> tuple[int, list[str]] | None:
+    """The soonest (wait, node) among the nodes a gang of `need` GPUs fits on alone."""
+    t = state.canonical.t
+    fits = state.index.node_fits
+    est_gen = state.index.estimates_gen
+    best_wait = -1
+    best_name = ""
+    for node in nodes:
+        if node.gpus < need:
+            continue
+        name = node.name
+        # node_fit_ms, inlined: this loop runs over the whole pool for every reservation.
+        fit = fits.get(name)
+        line = None if fit is None or fit.t0 > t or fit.estimates_gen != est_gen else fit.lines.get(need)
+        if line is None or t >= line[2]:
+            wait = node_fit_ms(state, node, need)
+        else:
+            wait = line[0] + line[1] * t if line[1] is not None else None
+        if wait is not None and (
+            best_wait < 0 or wait < best_wait or (wait == best_wait and name < best_name)
+        ):
+            best_wait, best_name = wait, name
+    return None if best_wait < 0 else (best_wait, [best_name])
+
+
+def node_fit_ms(state: State, node, need: int) -> int | None:
+    """When `need` GPUs of the node will be free at once as its jobs end as forecast (0:
+    now; None: never), as `_first_fit_time` over `node_releases` computes it, but kept
+    across time (`NodeFit`)."""
+    t = state.canonical.t
+    fits = state.index.node_fits
+    fit = fits.get(node.name)
+    if fit is None or fit.t0 > t or not fit.current(state):
+        fit = fits[node.name] = NodeFit(state, node, t)
+    line = fit.lines.get(need)
+    if line is None:
+        line = fit.lines[need] = fit.line(need)
+    if t >= line[2]:  # the line no longer tells: start again from now
+        fit = fits[node.name] = NodeFit(state, node, t)
+        line = fit.lines[need] = fit.line(need)
+    return line[0] + line[1] * t if line[1] is not None else None
+
+
+class NodeFit:
+    """A node's releases as functions of the time, from `t0` on. Each holding job's time to
+    release (`remaining_at`) is piecewise linear in the time: constant when fixed, falling
+    while a running job is within its expected runtime, then the Lindy floor, then growing
+    with the overrun. When `need` GPUs fit is the release of the job where, soonest first,
+    the GPUs add up to it (the k-th): that stays the k-th job's line while its piece (and
+    those of the jobs before it) lasts and no other job's line crosses it (the jobs before
+    it may swap among themselves, those after it too). `lines[need]` = (intercept, slope,
+    end): the fit is `intercept + slope * t` for `t0 <= t < end` (slope None: never fits;
+    (0, 0, ...): fits now). Kept in the index until the node's jobs, their forecasts or
+    its free GPUs change (`Index.node_fits`)."""
+
+    __slots__ = ("t0", "free", "order", "lines", "estimates_gen", "estimates_used")
+
+    def __init__(self, state: State, node, t0: int) -> None:
+        self.t0 = t0
+        self.free = node_free_count(node)
+        self.lines: dict[int, tuple] = {}
+        specs = _holder_specs(state, node)
+        self.estimates_gen = state.index.estimates_gen
+        self.estimates_used = [(spec[4], spec[5]) for spec, _ in specs]
+        from .forecast import LINDY_FLOOR_FRACTION as fraction  # forecast builds on this module
+
+        pieces = [(*_release_piece(spec, t0, fraction), gpus) for spec, gpus in specs]
+        # The order just after t0: by the value at t0, ties by slope (who is smaller next).
+        pieces.sort(key=lambda p: (p[0] + p[1] * t0, p[1]))
+        self.order = pieces
+
+    def current(self, state: State) -> bool:
+        """Whether the learned runtimes its jobs' forecasts used are still the ones in force
+        (checked again only after one changed)."""
+        ix = state.index
+        if self.estimates_gen == ix.estimates_gen:
+            return True
+        estimates = state.canonical.estimates
+        if any(estimates.get(key) is not used for key, used in self.estimates_used):
+            return False
+        self.estimates_gen = ix.estimates_gen
+        return True
+
+    def line(self, need: int) -> tuple:
+        """(intercept, slope, end) of when `need` GPUs fit (see the class)."""
+        if self.free >= need:
+            return (0, 0, NEVER)
+        total = self.free
+        order = self.order
+        end = NEVER
+        k = 0
+        while True:  # the k-th job, soonest first, where the GPUs add up to `need`
+            if k == len(order):
+                return (0, None, NEVER)
+            end = min(end, order[k][2])
+            total += order[k][4]
+            if total >= need:
+                break
+            k += 1
+        c, s = order[k][0], order[k][1]
+        t0 = self.t0
+        for j in range(k + 1, len(order)):
+            if order[j][3] < end:
+                end = order[j][3]
+        for cj, sj, _, _, _ in order:
+            if sj != s:
+                # c + s t = cj + sj t: valid through the crossing's integer floor.
+                cross = (cj - c) // (s - sj)
+                if cross >= t0 and cross + 1 < end:
+                    end = cross + 1
+        return (c, s, end)
+
+
+NEVER = 1 << 62
+
+
+def _holder_specs(state: State, node) -> list[tuple[tuple, int]]:
+    """(release spec, GPUs on the node) of each job holding GPUs on it (as
+    `core.forecast.node_releases`)."""
+    from .forecast import release_spec  # forecast builds on this module: imported here
+
+    ix = state.index
+    holders = ix.node_holders.get(node.name)
+    if holders is None:
+        jobs = state.canonical.jobs
+        holders = ix.node_holders[node.name] = [
+            (j, len(gpus_on(jobs[j], node.name))) for j in ix.jobs_by_node.get(node.name, {})
+        ]
+    memo = ix.remaining_memo
+    estimates = state.canonical.estimates
+    specs = []
+    for job_id, gpus in holders:
+        spec = memo.get(job_id)
+        if spec is None or estimates.get(spec[4]) is not spec[5]:
+            spec = memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
+        specs.append((spec, gpus))
+    return specs
+
+
+def _release_piece(spec: tuple, t0: int, floor_fraction: int) -> tuple[int, int, int, int]:
+    """(intercept, slope, end, end_above): `remaining_at(spec, t) == intercept + slope * t`
+    for `t0 <= t < end`; `end_above`: when a line below this one may pass it without
+    crossing this piece (NEVER: the next piece starts no lower and grows as fast as any)."""
+    fixed, total, done, since = spec[:4]
+    if fixed >= 0:
+        return (fixed, 0, NEVER, NEVER)
+    if t0 < since:  # not progressing yet (as `core.forecast.remaining_at`)
+        left = total - done
+        return (left if left > 0 else max(-left, total // floor_fraction, 1), 0, since, since)
+    ends = since + total - done  # when the job reaches its expected runtime
+    if t0 < ends:
+        # Then it jumps up to the Lindy floor, which a growing line just under it may pass.
+        return (ends, -1, ends, ends)
+    floor = max(total // floor_fraction, 1)
+    if t0 < ends + floor:
+        return (floor, 0, ends + floor, NEVER)  # then it grows from the floor
+    return (-ends, 1, NEVER, NEVER)
