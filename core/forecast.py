@@ -177,7 +177,9 @@ def release_spec(state: State, job: Job) -> tuple:
 
 
 def remaining_at(spec: tuple, t: int) -> int:
-    """The value of a `release_spec` at time `t` (as `remaining_ms` computes it)."""
+    """The value of a `release_spec` at time `t` (as `remaining_ms` computes it).
+    `core.node_fit._release_piece` mirrors it piece by piece: change both (the test
+    tests/test_core_forecast_over_time.py compares them)."""
     fixed, total, done, since = spec[:4]
     if fixed >= 0:
         return fixed

@@ -153,20 +153,20 @@ def _holder_specs(state: State, node) -> list[tuple[tuple, int]]:
 
 
 def _release_piece(spec: tuple, t0: int, floor_fraction: int) -> tuple[int, int, int, int]:
-    """(intercept, slope, end, end_above): `remaining_at(spec, t) == intercept + slope * t`
-    for `t0 <= t < end`; `end_above`: when a line below this one may pass it without
-    crossing this piece (NEVER: the next piece starts no lower and grows as fast as any)."""
+    """(intercept, slope, end, end_above): `core.forecast.remaining_at(spec, t) ==
+    intercept + slope * t` for `t0 <= t < end` (it mirrors that formula: change both, the
+    test compares them); `end_above`: when a line below this one may pass it without
+    crossing this piece (NEVER: the next piece starts where this one ends and grows at
+    least as fast)."""
     fixed, total, done, since = spec[:4]
     if fixed >= 0:
         return (fixed, 0, NEVER, NEVER)
-    if t0 < since:  # not progressing yet (as `core.forecast.remaining_at`)
-        left = total - done
-        return (left if left > 0 else max(-left, total // floor_fraction, 1), 0, since, since)
-    ends = since + total - done  # when the job reaches its expected runtime
-    if t0 < ends:
-        # Then it jumps up to the Lindy floor, which a growing line just under it may pass.
-        return (ends, -1, ends, ends)
     floor = max(total // floor_fraction, 1)
+    if t0 < since:  # not progressing yet; then it may fall
+        return (max(total - done, done - total, floor), 0, since, since)
+    ends = since + total - done  # when the job reaches its expected runtime
+    if t0 < ends - floor:
+        return (ends, -1, ends - floor, NEVER)  # falling, until the floor
     if t0 < ends + floor:
-        return (floor, 0, ends + floor, NEVER)  # then it grows from the floor
-    return (-ends, 1, NEVER, NEVER)
+        return (floor, 0, ends + floor, NEVER)  # the floor around its estimate
+    return (-ends, 1, NEVER, NEVER)  # overrunning: as long again as it has overrun
