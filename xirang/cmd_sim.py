@@ -212,7 +212,8 @@ def _run_one(job: dict, report):
         config["report_periodic_checkpoints"] = job["periodic"]
         config["tick_s"] = job["tick_s"]
     name = job["policy"]
-    return simulate(
+    cpu_began = time.process_time()
+    result = simulate(
         workload,
         job["cluster"],
         name,
@@ -220,6 +221,10 @@ def _run_one(job: dict, report):
         job["seed"],
         progress=lambda done, total, t: report(name, done, total, t),
     )
+    # CPU seconds beside the wall clock (as `xirang sweep`): on a shared machine the wall
+    # clock says little.
+    result.extra["cpu_s"] = round(time.process_time() - cpu_began, 1)
+    return result
 
 
 class ProgressBar:
