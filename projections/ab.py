@@ -10,7 +10,8 @@ rule falls back to the first variant by name, and the report says so).
 Jobs of one unit share a variant and are not independent, so the bootstrap resamples
 **units**, not jobs (a cluster bootstrap): each resample draws the variant's units with
 replacement and takes every job of each drawn unit. For each metric the report gives the
-variant's value with its interval and, against the control, the difference with its
+variant's value with its interval (widened where it must be to hold the value: Jain near 1)
+and, against the control, the difference with its
 interval and a two-sided bootstrap p-value; a difference is *significant* when its
 interval excludes 0. Metrics:
 
@@ -157,6 +158,17 @@ def _interval(values: list[float]) -> list[float | None]:
     return [float(np.quantile(xs, alpha)), float(np.quantile(xs, 1 - alpha))]
 
 
+def _covering(ci: list[float | None], value: float | None) -> list[float | None]:
+    """The interval widened to hold the value itself. A statistic near a bound (Jain's index
+    near 1 when the teams are served alike) has resamples on one side of it only: resampling
+    can only make the teams look less alike, so the plain percentile interval would lie
+    wholly below the value it is meant to qualify."""
+    lo, hi = ci
+    if value is None or lo is None or hi is None:
+        return ci
+    return [min(lo, value), max(hi, value)]
+
+
 def _p_value(diffs: list[float]) -> float | None:
     xs = np.asarray([d for d in diffs if d is not None and np.isfinite(d)], dtype=float)
     if xs.size == 0:
@@ -207,7 +219,7 @@ def report(
         entry: dict = {"jobs": units[variant].jobs_count(), "units": len(units[variant])}
         for metric in metrics:
             value = _stat(units[variant], metric, None)
-            cell = {"value": value, "ci": _interval(boot[variant][metric])}
+            cell = {"value": value, "ci": _covering(_interval(boot[variant][metric]), value)}
             if variant != control:
                 base = _stat(units[control], metric, None)
                 diffs = [
