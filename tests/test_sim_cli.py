@@ -109,3 +109,15 @@ def test_bench_sim_reports_events_per_second_for_each_policy():
     assert sorted(result["policies"]) == ["k8s", "none", "slurm", "xirang"]
     for entry in result["policies"].values():
         assert entry["events"] > 0 and entry["events_per_s"] > 0
+
+
+def test_bench_philly_times_the_four_policies_side_by_side_against_the_goal():
+    proc = _run("bench", "philly", "--quick", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["jobs"] == 60 and result["goal_wall_s"] == 300
+    assert result["within_goal"] == (result["wall_s"] <= 300)
+    assert sorted(result["policies"]) == ["k8s", "none", "slurm", "xirang"]
+    for entry in result["policies"].values():
+        assert entry["steps"] > 0 and entry["cpu_s"] is not None
+    assert len(result["load_average_before"]) == 3

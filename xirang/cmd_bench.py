@@ -13,6 +13,7 @@ BENCHES = {
     "sim": "replay.bench:run",
     "bus": "agents.bench:run",
     "replay": "projections.bench:run",
+    "philly": "xirang.bench_philly:run",
 }
 
 
