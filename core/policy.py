@@ -191,7 +191,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # 4-7 (`preempts_from_level`), and its preemptions still count toward the team's
     # allowance. Two (level 3, which may preempt only levels 6-7) kept one team's burst of
     # level-1 jobs waiting 30-45 minutes for its quota on full Philly (level 0-1 p99 1.7x
-    # k8s-style); one gives 1.2-1.3x, with the same allowance.
+    # k8s-style); one gave 1.2-1.3x with the same allowance (0.97x with issue 19's changes).
     downgrade_levels: int = 1
     downgrade_applies_below_level: int = 3  # jobs submitted at levels < this are downgraded
     # An operator's opt-in (0: off, the model's rule): a downgraded job gets its requested
