@@ -1,5 +1,5 @@
 """Forecasts from the running jobs: a job's expected runtime and remaining time (learned
-per team and kind, Lindy beyond the estimate), when each node's GPUs will be released,
+per team and kind, Lindy beyond the estimate; core/release.py, re-exported here), when each node's GPUs will be released,
 the earliest time a gang would fit without preempting, a queued job's natural wait (its
 fit, after the GPUs that jobs served before it take), and how long a victim takes to
 reach a safe point. Memoised in the index for the current time (see `Index`).
@@ -14,32 +14,12 @@ import itertools
 from .node_fit import earliest_single_fit
 from .placement import gpus_on
 from .policy import Policy
-from .state import RUNNING, Job, State, job_progress_ms, node_free_count, queue_key
-
-# A job at (or just before, or just past) its estimate is expected to run 1/10 of it more.
-LINDY_FLOOR_FRACTION = 10
-
-
-def expected_runtime_ms(state: State, job: Job) -> int:
-    """History of the same team and kind once it has enough samples, else the submitter's."""
-    est = state.canonical.estimates.get(f"{job.team}/{job.kind}")
-    if est is not None and est.samples >= state.canonical.policy.estimate_samples_min:
-        return int(est.mean_ms)
-    return job.est_runtime_ms
-
-
-def remaining_ms(state: State, job: Job) -> int:
-    """Expected runtime minus progress. A job already past its estimate has shown it runs
-    long: runtimes are heavy-tailed, so it is expected to run about as long again as it has
-    overrun (the Lindy effect), and at least a tenth of the estimate, never zero. The same
-    floor holds just before the estimate: the forecast does not drop towards zero as a job
-    nears its estimate only to jump back up once past it. (Without it, among hundreds of
-    running jobs some are always seconds from their estimates, and a blocked urgent job
-    expected releases within seconds that came minutes later, declining every preemption
-    meanwhile: issue 19.)"""
-    total = expected_runtime_ms(state, job)
-    done = job_progress_ms(job, state.canonical.t)
-    return max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
+from .release import LINDY_FLOOR_FRACTION as LINDY_FLOOR_FRACTION  # re-exported (X as X)
+from .release import expected_runtime_ms as expected_runtime_ms
+from .release import release_spec as release_spec
+from .release import remaining_at as remaining_at
+from .release import remaining_ms as remaining_ms
+from .state import Job, State, node_free_count, queue_key
 
 
 def safe_point_ms(state: State, p: Policy) -> int:
@@ -159,32 +139,6 @@ def remaining_or_runtime(state: State, job_id: str) -> int:
     if spec is None or state.canonical.estimates.get(spec[4]) is not spec[5]:
         spec = state.index.remaining_memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
     return remaining_at(spec, state.canonical.t)
-
-
-def release_spec(state: State, job: Job) -> tuple:
-    """`remaining_or_runtime` as a function of the time, (fixed, total, done, since, key,
-    estimate): `fixed` when the value does not move (>= 0), else a running job's expected
-    total and its progress `done` at `since`, from which it progresses at the clock's pace;
-    and the learned estimate it used (valid while `estimates[key]` is that same one)."""
-    key = f"{job.team}/{job.kind}"
-    estimate = state.canonical.estimates.get(key)
-    total = expected_runtime_ms(state, job)
-    if job.state != RUNNING:
-        return (total, 0, 0, 0, key, estimate)
-    if job.run_started_t == 0 or job.frozen_t:
-        return (remaining_ms(state, job), 0, 0, 0, key, estimate)
-    return (-1, total, job.progress_ms, job.run_started_t, key, estimate)
-
-
-def remaining_at(spec: tuple, t: int) -> int:
-    """The value of a `release_spec` at time `t` (as `remaining_ms` computes it).
-    `core.node_fit._release_piece` mirrors it piece by piece: change both (the test
-    tests/test_core_forecast_over_time.py compares them)."""
-    fixed, total, done, since = spec[:4]
-    if fixed >= 0:
-        return fixed
-    done += max(0, t - since)
-    return max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
 
 
 def node_releases(state: State, node) -> list[tuple[int, int]]:

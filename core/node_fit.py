@@ -10,6 +10,7 @@ tests/test_core_forecast_over_time.py checks it against working it out again.
 from __future__ import annotations
 
 from .placement import gpus_on
+from .release import LINDY_FLOOR_FRACTION, release_spec
 from .state import State, node_free_count
 
 
@@ -77,8 +78,7 @@ class NodeFit:
         specs = _holder_specs(state, node)
         self.estimates_gen = state.index.estimates_gen
         self.estimates_used = [(spec[4], spec[5]) for spec, _ in specs]
-        from .forecast import LINDY_FLOOR_FRACTION as fraction  # forecast builds on this module
-
+        fraction = LINDY_FLOOR_FRACTION
         pieces = [(*_release_piece(spec, t0, fraction), gpus) for spec, gpus in specs]
         # The order just after t0: by the value at t0, ties by slope (who is smaller next).
         pieces.sort(key=lambda p: (p[0] + p[1] * t0, p[1]))
@@ -132,8 +132,6 @@ NEVER = 1 << 62
 def _holder_specs(state: State, node) -> list[tuple[tuple, int]]:
     """(release spec, GPUs on the node) of each job holding GPUs on it (as
     `core.forecast.node_releases`)."""
-    from .forecast import release_spec  # forecast builds on this module: imported here
-
     ix = state.index
     holders = ix.node_holders.get(node.name)
     if holders is None:
