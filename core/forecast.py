@@ -12,13 +12,13 @@ import heapq
 import itertools
 
 from .node_fit import earliest_single_fit
-from .placement import gpus_on
 from .policy import Policy
 from .release import LINDY_FLOOR_FRACTION as LINDY_FLOOR_FRACTION  # re-exported (X as X)
 from .release import expected_runtime_ms as expected_runtime_ms
 from .release import release_spec as release_spec
 from .release import remaining_at as remaining_at
 from .release import remaining_ms as remaining_ms
+from .release import holder_specs
 from .state import Job, State, node_free_count, queue_key
 
 
@@ -152,19 +152,8 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
         node_releases_at(state)
     releases = ix.node_releases.get(node.name)
     if releases is None:
-        holders = ix.node_holders.get(node.name)
-        if holders is None:
-            jobs = state.canonical.jobs
-            holders = ix.node_holders[node.name] = [
-                (j, len(gpus_on(jobs[j], node.name))) for j in ix.jobs_by_node.get(node.name, {})
-            ]
-        memo = ix.remaining_memo
-        estimates = state.canonical.estimates
         releases = []
-        for job_id, gpus in holders:
-            spec = memo.get(job_id)
-            if spec is None or estimates.get(spec[4]) is not spec[5]:
-                spec = memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
+        for spec, gpus in holder_specs(state, node):
             fixed, total, done, since = spec[:4]
             if fixed < 0:  # as remaining_at
                 done += max(0, t - since)

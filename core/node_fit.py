@@ -9,8 +9,7 @@ tests/test_core_forecast_over_time.py checks it against working it out again.
 
 from __future__ import annotations
 
-from .placement import gpus_on
-from .release import LINDY_FLOOR_FRACTION, release_spec
+from .release import LINDY_FLOOR_FRACTION, holder_specs
 from .state import State, node_free_count
 
 
@@ -75,7 +74,7 @@ class NodeFit:
         self.t0 = t0
         self.free = node_free_count(node)
         self.lines: dict[int, tuple] = {}
-        specs = _holder_specs(state, node)
+        specs = holder_specs(state, node)
         self.estimates_gen = state.index.estimates_gen
         self.estimates_used = [(spec[4], spec[5]) for spec, _ in specs]
         fraction = LINDY_FLOOR_FRACTION
@@ -127,27 +126,6 @@ class NodeFit:
 
 
 NEVER = 1 << 62
-
-
-def _holder_specs(state: State, node) -> list[tuple[tuple, int]]:
-    """(release spec, GPUs on the node) of each job holding GPUs on it (as
-    `core.forecast.node_releases`)."""
-    ix = state.index
-    holders = ix.node_holders.get(node.name)
-    if holders is None:
-        jobs = state.canonical.jobs
-        holders = ix.node_holders[node.name] = [
-            (j, len(gpus_on(jobs[j], node.name))) for j in ix.jobs_by_node.get(node.name, {})
-        ]
-    memo = ix.remaining_memo
-    estimates = state.canonical.estimates
-    specs = []
-    for job_id, gpus in holders:
-        spec = memo.get(job_id)
-        if spec is None or estimates.get(spec[4]) is not spec[5]:
-            spec = memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
-        specs.append((spec, gpus))
-    return specs
 
 
 def _release_piece(spec: tuple, t0: int, floor_fraction: int) -> tuple[int, int, int, int]:

@@ -6,6 +6,7 @@ kept apart so that neither imports the other's module in a circle.
 
 from __future__ import annotations
 
+from .placement import gpus_on
 from .state import RUNNING, Job, State, job_progress_ms
 
 # A job at (or just before, or just past) its estimate is expected to run 1/10 of it more.
@@ -58,3 +59,25 @@ def remaining_at(spec: tuple, t: int) -> int:
         return fixed
     done += max(0, t - since)
     return max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
+
+
+def holder_specs(state: State, node) -> list[tuple[tuple, int]]:
+    """(release spec, GPUs on the node) of each job holding GPUs on it, the specs memoised
+    in the index (as `core.forecast.remaining_or_runtime` keeps them): what both
+    `core.forecast.node_releases` and `core.node_fit` read a node's releases from."""
+    ix = state.index
+    holders = ix.node_holders.get(node.name)
+    if holders is None:
+        jobs = state.canonical.jobs
+        holders = ix.node_holders[node.name] = [
+            (j, len(gpus_on(jobs[j], node.name))) for j in ix.jobs_by_node.get(node.name, {})
+        ]
+    memo = ix.remaining_memo
+    estimates = state.canonical.estimates
+    specs = []
+    for job_id, gpus in holders:
+        spec = memo.get(job_id)
+        if spec is None or estimates.get(spec[4]) is not spec[5]:
+            spec = memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
+        specs.append((spec, gpus))
+    return specs
