@@ -77,15 +77,7 @@ def preempt_blocked(ctx: Ctx, blocked: Iterable[str], attempts_max: int | None =
             if outcome.reason == "no_eligible_victims":
                 futile[(job.level, tuple(job.gpu_models))] = None
             if outcome.reason != job.last_decline:
-                ctx.emit(
-                    T.PreemptionDeclined(
-                        t=ctx.inp.t,
-                        job=job_id,
-                        reason=outcome.reason,
-                        benefit=outcome.benefit,
-                        cost=outcome.cost,
-                    )
-                )
+                _record_decline(ctx, job_id, outcome)
             continue
         start_saga(ctx, job, outcome)
 
@@ -133,14 +125,14 @@ def reclaim_blocked(ctx: Ctx, candidates: Iterable[str]) -> None:
         outcome = plan_preemption(state, job, reclaim=True)
         if isinstance(outcome, Decline):
             if not may_preempt(state, job) and outcome.reason != job.last_decline:
-                ctx.emit(
-                    T.PreemptionDeclined(
-                        t=ctx.inp.t,
-                        job=job_id,
-                        reason=outcome.reason,
-                        benefit=outcome.benefit,
-                        cost=outcome.cost,
-                    )
-                )
+                _record_decline(ctx, job_id, outcome)
             continue
         start_saga(ctx, job, outcome)
+
+
+def _record_decline(ctx: Ctx, job_id: str, outcome: Decline) -> None:
+    ctx.emit(
+        T.PreemptionDeclined(
+            t=ctx.inp.t, job=job_id, reason=outcome.reason, benefit=outcome.benefit, cost=outcome.cost
+        )
+    )
