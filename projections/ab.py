@@ -9,9 +9,12 @@ rule falls back to the first variant by name, and the report says so).
 
 Jobs of one unit share a variant and are not independent, so the bootstrap resamples
 **units**, not jobs (a cluster bootstrap): each resample draws the variant's units with
-replacement and takes every job of each drawn unit. For each metric the report gives the
-variant's value with its interval (widened where it must be to hold the value: Jain near 1)
-and, against the control, the difference with its
+replacement and takes every job of each drawn unit. Jain's index is a statistic of the
+teams, so its resamples draw **teams** (each with its mean slowdown) and its interval is a
+BCa interval (bias-corrected and accelerated, `jain_interval`): resampling units would only
+add noise to the team means, and noise always makes teams look less alike, so every such
+resample of an index near 1 fell below the index itself. For each metric the report gives
+the variant's value with its interval and, against the control, the difference with its
 interval and a two-sided bootstrap p-value; a difference is *significant* when its
 interval excludes 0. Metrics:
 
@@ -27,6 +30,8 @@ interval excludes 0. Metrics:
 
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 
 from core.policy import AB_CONTROL, Policy, assignment_unit
@@ -34,6 +39,8 @@ from core.policy import AB_CONTROL, Policy, assignment_unit
 BOOTSTRAP_SAMPLES = 2000
 CONFIDENCE = 0.95
 URGENT_LEVEL_MAX = 2
+NORMAL = NormalDist()
+TEAMS_FEW = 20  # below it a team bootstrap's interval covers well under its confidence
 
 # per-job metric -> (SQL expression, description)
 JOB_METRICS = {
@@ -118,36 +125,40 @@ class Units:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
-    def jain(self, picks: np.ndarray) -> np.ndarray:
-        """Jain's index over teams of their mean slowdown, for each row of unit picks."""
-        sums, counts = self.team_sums[picks].sum(axis=-2), self.team_counts[picks].sum(axis=-2)
-        present = counts > 0
-        means = np.where(present, sums / np.maximum(counts, 1), 0.0)
-        k = present.sum(axis=-1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            value = means.sum(axis=-1) ** 2 / (k * (means**2).sum(axis=-1))
-        return np.where((k > 0) & (means.sum(axis=-1) > 0), value, np.nan)
+    def team_means(self) -> np.ndarray:
+        """Each team's mean slowdown over all of the units' jobs (teams without one left out)."""
+        sums, counts = self.team_sums.sum(axis=0), self.team_counts.sum(axis=0)
+        return sums[counts > 0] / counts[counts > 0]
 
     def jobs_count(self) -> int:
         """How many jobs the units hold."""
         return self.jobs
 
 
+def jain(means: np.ndarray) -> np.ndarray:
+    """Jain's index of the values along the last axis: (sum x)^2 / (k sum x^2); 1 when all are
+    alike, 1/k when one holds everything (NaN where all are 0)."""
+    k = means.shape[-1]
+    total, squares = means.sum(axis=-1), (means**2).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((k > 0) & (squares > 0), total**2 / (max(k, 1) * squares), np.nan)
+
+
 def _stats(units: Units, name: str, picks: np.ndarray) -> np.ndarray:
-    if name == "fairness_jain":
-        return units.jain(picks)
     return units.metric(picks, list(JOB_METRICS).index(name))
 
 
-def _stat(units: Units, name: str, pick=None) -> float | None:
+def _stat(units: Units, name: str) -> float | None:
     """The metric over all of the variant's units."""
-    value = float(_stats(units, name, np.arange(len(units))[None, :])[0]) if len(units) else float("nan")
+    if name == "fairness_jain":
+        value = float(jain(units.team_means()))
+    else:
+        value = float(_stats(units, name, np.arange(len(units))[None, :])[0]) if len(units) else float("nan")
     return None if np.isnan(value) else value
 
 
-def _draws(units: Units, rng: np.random.Generator, samples: int) -> np.ndarray:
-    n = len(units)
-    return rng.integers(0, n, size=(samples, n)) if n else np.zeros((0, 0), dtype=int)
+def _draws(n: int, rng: np.random.Generator, samples: int) -> np.ndarray:
+    return rng.integers(0, n, size=(samples, n)) if n else np.zeros((samples, 0), dtype=int)
 
 
 def _interval(values: list[float]) -> list[float | None]:
@@ -158,15 +169,45 @@ def _interval(values: list[float]) -> list[float | None]:
     return [float(np.quantile(xs, alpha)), float(np.quantile(xs, 1 - alpha))]
 
 
-def _covering(ci: list[float | None], value: float | None) -> list[float | None]:
-    """The interval widened to hold the value itself. A statistic near a bound (Jain's index
-    near 1 when the teams are served alike) has resamples on one side of it only: resampling
-    can only make the teams look less alike, so the plain percentile interval would lie
-    wholly below the value it is meant to qualify."""
-    lo, hi = ci
-    if value is None or lo is None or hi is None:
-        return ci
-    return [min(lo, value), max(hi, value)]
+def jain_resamples(means: np.ndarray, rng: np.random.Generator, samples: int) -> np.ndarray:
+    """Jain's index of `samples` resamples of the teams (drawn with replacement; a team drawn
+    twice counts twice)."""
+    return jain(means[_draws(len(means), rng, samples)])
+
+
+def jain_interval(means: np.ndarray, resamples: np.ndarray) -> list[float | None]:
+    """The BCa interval of Jain's index over teams with these mean slowdowns, from its team
+    resamples: the percentile interval moved by the resamples' bias (z0: the share of them
+    below the index) and skew (a: from the jackknife, each team left out in turn), so that it
+    need not be widened by hand to hold the index when the index sits near its bound 1."""
+    value = float(jain(means)) if len(means) else float("nan")
+    xs = resamples[np.isfinite(resamples)]
+    if np.isnan(value) or not xs.size:
+        return [None, None]
+    tie = np.isclose(xs, value, rtol=1e-12, atol=1e-15)
+    below = ((xs < value) & ~tie).sum() + 0.5 * tie.sum()
+    half = 0.5 / xs.size  # keeps z0 finite when every resample falls on one side
+    z0 = NORMAL.inv_cdf(min(max(below / xs.size, half), 1 - half))
+    a = _acceleration(means)
+    alpha = (1 - CONFIDENCE) / 2
+    ends = []
+    for z in (NORMAL.inv_cdf(alpha), NORMAL.inv_cdf(1 - alpha)):
+        shifted = z0 + z
+        ends.append(NORMAL.cdf(z0 + shifted / (1 - a * shifted)))
+    lo, hi = np.quantile(xs, ends)
+    return [float(lo), float(hi)]
+
+
+def _acceleration(means: np.ndarray) -> float:
+    """BCa's acceleration: the skew of the jackknife values of Jain's index (each team left
+    out in turn); 0 with fewer than three teams."""
+    k = len(means)
+    if k < 3:
+        return 0.0
+    left_out = jain(np.array([np.delete(means, i) for i in range(k)]))
+    spread = left_out.mean() - left_out
+    denominator = 6.0 * float((spread**2).sum()) ** 1.5
+    return float((spread**3).sum()) / denominator if denominator > 0 else 0.0
 
 
 def _p_value(diffs: list[float]) -> float | None:
@@ -209,19 +250,22 @@ def report(
         )
     rng = np.random.default_rng(seed)
     units = {v: Units([r for r in rows if r[0] == v], policy.ab_split_by) for v in names}
-    draws = {v: _draws(units[v], rng, BOOTSTRAP_SAMPLES) for v in names}
+    draws = {v: _draws(len(units[v]), rng, BOOTSTRAP_SAMPLES) for v in names}
     metrics = [*JOB_METRICS, "fairness_jain"]
-    boot = {
-        v: {m: [None if np.isnan(x) else float(x) for x in _stats(units[v], m, draws[v])] for m in metrics}
-        for v in names
-    }
+    boot = {v: {m: _listed(_stats(units[v], m, draws[v])) for m in JOB_METRICS} for v in names}
+    for v in names:
+        boot[v]["fairness_jain"] = _listed(jain_resamples(units[v].team_means(), rng, BOOTSTRAP_SAMPLES))
     for variant in [control] + [v for v in names if v != control]:
-        entry: dict = {"jobs": units[variant].jobs_count(), "units": len(units[variant])}
+        entry: dict = {
+            "jobs": units[variant].jobs_count(),
+            "units": len(units[variant]),
+            "teams": len(units[variant].team_means()),
+        }
         for metric in metrics:
-            value = _stat(units[variant], metric, None)
-            cell = {"value": value, "ci": _covering(_interval(boot[variant][metric]), value)}
+            value = _stat(units[variant], metric)
+            cell = {"value": value, "ci": _value_interval(units[variant], metric, boot[variant][metric])}
             if variant != control:
-                base = _stat(units[control], metric, None)
+                base = _stat(units[control], metric)
                 diffs = [
                     None if a is None or b is None else b - a
                     for a, b in zip(boot[control][metric], boot[variant][metric])
@@ -237,9 +281,20 @@ def report(
     return out
 
 
+def _listed(values: np.ndarray) -> list[float | None]:
+    return [None if np.isnan(x) else float(x) for x in values]
+
+
+def _value_interval(units: Units, metric: str, resamples: list[float | None]) -> list[float | None]:
+    if metric == "fairness_jain":
+        xs = np.array([np.nan if x is None else x for x in resamples], dtype=float)
+        return jain_interval(units.team_means(), xs)
+    return _interval(resamples)
+
+
 def _speedup(boot: dict, control: str, variant: str, units: dict) -> dict:
-    base = _stat(units[control], "urgent_wait_s", None)
-    mine = _stat(units[variant], "urgent_wait_s", None)
+    base = _stat(units[control], "urgent_wait_s")
+    mine = _stat(units[variant], "urgent_wait_s")
     value = base / mine if base is not None and mine else None
     ratios = [
         a / b if a is not None and b else None
@@ -272,7 +327,7 @@ def render(rep: dict) -> str:
     lines = [
         f"A/B report: control = {rep['control']}; split by {rep['split_by']};"
         f" {int(rep['confidence'] * 100)}% cluster-bootstrap intervals ({rep['bootstrap_samples']}"
-        f" resamples of the assignment units, seed {rep['seed']})"
+        f" resamples of the assignment units, of the teams for fairness_jain (BCa), seed {rep['seed']})"
     ]
     if "control_note" in rep:
         lines.append(f"note: {rep['control_note']}")
@@ -292,6 +347,12 @@ def render(rep: dict) -> str:
         "* differs from the control: the interval of the difference (of the ratio, for"
         " urgent_speedup: excludes 1) excludes 0 at this confidence"
     )
+    few = sorted(v for v, e in rep["variants"].items() if e.get("teams", TEAMS_FEW) < TEAMS_FEW)
+    if few:
+        lines.append(
+            f"fairness_jain of {', '.join(few)}: fewer than {TEAMS_FEW} teams, too few for its"
+            " interval to be trusted (it holds the true index less often than it says)"
+        )
     for variant, entry in rep["variants"].items():
         significant = [m for m in [*JOB_METRICS, "fairness_jain"] if entry[m].get("significant")]
         if variant != rep["control"] and significant:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import duckdb
+import numpy as np
 import pytest
 
 from core import types as T
@@ -70,7 +71,7 @@ def test_ab_report_gives_seeded_bootstrap_intervals_per_variant(tmp_path):
         ).fetchone()
         assert entry["jobs"] == jobs
         assert entry["wait_s"]["value"] == pytest.approx(wait)
-        # every interval holds its value, Jain's index near 1 too (projections.ab._covering)
+        # every interval holds its value, Jain's index near 1 too (a BCa interval over teams)
         for metric in ("wait_s", "jct_s", "lost_gpu_h", "preempted", "fairness_jain"):
             lo, hi = entry[metric]["ci"]
             assert lo <= entry[metric]["value"] <= hi
@@ -89,6 +90,30 @@ def test_ab_report_gives_seeded_bootstrap_intervals_per_variant(tmp_path):
     assert not b["preempted"]["significant"]  # b's jobs are victims as often as the control's
     table = xirang("ab", "report", "--db", db)
     assert "control = control" in table.stdout and "urgent_speedup" in table.stdout
+
+
+@pytest.mark.parametrize("shape", [30.0, 300.0])
+def test_jains_interval_holds_the_index_and_covers_the_true_one_on_a_known_population(shape):
+    # Teams' mean slowdowns drawn from a gamma population: its Jain's index is
+    # E[x]^2 / E[x^2] = shape / (shape + 1) (0.968 and 0.997: near 1, where resampling jobs put
+    # every resample below the index). 40 teams per sample, 200 samples.
+    true_jain = shape / (shape + 1)
+    rng = np.random.default_rng(7)
+    held = covered = 0
+    for _ in range(200):
+        means = rng.gamma(shape, 1.0, size=40)
+        lo, hi = ab.jain_interval(means, ab.jain_resamples(means, rng, ab.BOOTSTRAP_SAMPLES))
+        held += lo <= float(ab.jain(means)) <= hi
+        covered += lo <= true_jain <= hi
+    assert held == 200  # the interval holds the index it qualifies, without widening
+    assert 0.85 <= covered / 200 <= 0.99  # nominal 0.95; 0.925 and 0.905 here
+
+
+def test_jains_interval_is_one_point_when_every_team_is_served_alike():
+    means = np.full(6, 2.5)
+    resamples = ab.jain_resamples(means, np.random.default_rng(0), 500)
+    assert ab.jain_interval(means, resamples) == [1.0, 1.0]
+    assert ab.jain_interval(means[:1], resamples[:0]) == [None, None]
 
 
 def test_ab_report_says_when_there_is_no_experiment(tmp_path):
