@@ -2,6 +2,11 @@
 each event to the state at once (`evolve`) and chains it into the hash chain, with a
 `StateDigest` every `digest_every_events`. `reject` records a bad input's reason.
 
+A simulation that keeps no log steps with `sealed=False`: every event is still applied and
+numbered (a run's fencing token is its record's `n`), but nothing is hashed: records carry
+no chain (`prev`/`hash` empty) and each `StateDigest` no digest. Decisions never read the
+chain, so they are the same; such records are not a log (nothing can audit them).
+
 Replay's twin is `core.replay.apply_record`: what is sealed here is what it checks.
 """
 
@@ -18,13 +23,14 @@ from .state import DIGEST_SCHEMA, State, live_digest
 class Ctx:
     """Collects the records of one step; every emit applies the event at once."""
 
-    __slots__ = ("state", "inp", "records", "accepted")
+    __slots__ = ("state", "inp", "records", "accepted", "sealed")
 
-    def __init__(self, state: State, inp: T.Input) -> None:
+    def __init__(self, state: State, inp: T.Input, sealed: bool = True) -> None:
         self.state = state
         self.inp = inp
         self.records: list[T.Record] = []
         self.accepted = False
+        self.sealed = sealed
 
     def emit(self, ev: T.Event) -> None:
         """Seal an event (after the input's `InputAccepted`, once): applied to the state at
@@ -37,16 +43,21 @@ class Ctx:
     def _seal(self, ev: T.Event) -> None:
         c = self.state.canonical
         evolve(self.state, ev)
-        data = T.encode(ev)
-        prev = c.chain
         n = c.events_n + 1
-        digest = hashlib.sha256(prev.encode() + data).hexdigest()
         c.events_n = n
-        c.chain = digest
-        c.last_input_seq = max(c.last_input_seq, self.inp.seq)
-        self.records.append(T.Record(n=n, prev=prev, hash=digest, input_seq=self.inp.seq, event=ev))
+        if self.sealed:
+            prev = c.chain
+            digest = hashlib.sha256(prev.encode() + T.encode(ev)).hexdigest()
+            c.chain = digest
+        else:
+            prev = digest = ""
+        seq = self.inp.seq
+        if seq > c.last_input_seq:
+            c.last_input_seq = seq
+        self.records.append(T.Record(n=n, prev=prev, hash=digest, input_seq=seq, event=ev))
         if n % c.policy.digest_every_events == 0 and not isinstance(ev, T.StateDigest):
-            self._seal(T.StateDigest(t=c.t, digest=live_digest(self.state), events=n, schema=DIGEST_SCHEMA))
+            state_digest = live_digest(self.state) if self.sealed else ""
+            self._seal(T.StateDigest(t=c.t, digest=state_digest, events=n, schema=DIGEST_SCHEMA))
 
 
 def reject(ctx: Ctx, reason: str, detail: str = "") -> None:

@@ -47,15 +47,17 @@ def new_state(policy=None) -> State:
     return state
 
 
-def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
+def step(state: State, inp: T.Input, sealed: bool = True) -> tuple[State, list[T.Record]]:
     """Decide on one input: the state, changed in place, and the sealed records of the
-    events it led to (an `InputRejected` alone for a bad input; none for a quiet tick)."""
+    events it led to (an `InputRejected` alone for a bad input; none for a quiet tick).
+    `sealed=False` (a simulation that keeps no log) decides the same but hashes nothing:
+    the records carry no hash chain (core/log_seal.py)."""
     # Bounds first: an input outside them may not even survive normalizing (core/bounds.py).
     out_of_bounds = None if isinstance(inp, T.Malformed) else input_problem(inp)
     if out_of_bounds:
-        return state, reject_input(state, inp, *out_of_bounds)
+        return state, reject_input(state, inp, *out_of_bounds, sealed=sealed)
     inp = T.normalized(inp)
-    ctx = Ctx(state, inp)
+    ctx = Ctx(state, inp, sealed)
     reason = common_problem(state, inp) or identity_problem(state, inp)
     if reason:
         reject(ctx, reason[0], reason[1])
@@ -79,11 +81,11 @@ def step(state: State, inp: T.Input) -> tuple[State, list[T.Record]]:
     return state, ctx.records
 
 
-def reject_input(state: State, inp: T.Input, reason: str, detail: str) -> list[T.Record]:
+def reject_input(state: State, inp: T.Input, reason: str, detail: str, sealed: bool = True) -> list[T.Record]:
     """Record `inp` as rejected and nothing else: for an input out of bounds, and for a
     caller that could not step one (an exception inside `step`, with the state restored
     to what it was before the input)."""
-    ctx = Ctx(state, inp)
+    ctx = Ctx(state, inp, sealed)
     reject(ctx, reason, detail)
     return ctx.records
 

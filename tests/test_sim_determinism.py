@@ -5,6 +5,7 @@ import os
 import random
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -81,3 +82,24 @@ def test_xirang_run_does_not_depend_on_the_hash_seed(trace):
 
 def test_another_seed_gives_another_workload_and_run(trace):
     assert _digest(_run(trace, "k8s", 1)) != _digest(_run(trace, "k8s", 2))
+
+
+def test_a_run_that_keeps_no_log_decides_as_one_that_keeps_it(trace):
+    """Without a kept log the simulator hashes nothing (core.step sealed=False): the same
+    decisions; a kept log still chains and folds, its StateDigests matching."""
+    from core.replay import rebuild
+    from replay.peers.xirang import XirangPolicy
+    from replay.sim import Simulator
+
+    unkept = _run(trace, "xirang", 5)
+    workload, cluster = load_canonical(trace, seed=5), Cluster.uniform(32)
+    policy = XirangPolicy({"keep_records": True}, cluster, 5)
+    sim = Simulator(workload, cluster, policy)
+    sim.run()
+    kept = SimpleNamespace(jobs=[sim.jobs[spec.id].out for spec in workload.jobs])
+    assert _digest(kept) == _digest(unkept)
+    assert policy.summary()["events"] == unkept.extra["events"]
+    assert unkept.extra["events"]["StateDigest"] > 0
+    assert all(record.hash for record in policy.records)
+    folded = rebuild(policy.records)  # checks the chain and every StateDigest on the way
+    assert folded.canonical.chain == policy.state.canonical.chain == policy.records[-1].hash

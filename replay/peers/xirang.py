@@ -78,6 +78,9 @@ class XirangPolicy:
         # A kept log must say which policy it ran under, so that it folds back to the same
         # state: it starts from the defaults and records the differences as a set_policy.
         kept = self.log is not None or self.records is not None
+        # Without a kept log nothing is hashed (core.step sealed=False): the same decisions,
+        # records without a hash chain.
+        self.sealed = kept
         self.initial_params = _differences(policy) if kept else {}
         self.state = new_state(Policy() if self.initial_params else policy)
         self.cluster = cluster
@@ -161,7 +164,7 @@ class XirangPolicy:
 
     def _step(self, inp: T.Input) -> None:
         self.steps += 1
-        _, records = step(self.state, inp)
+        _, records = step(self.state, inp, self.sealed)
         sim = self.sim
         counts = self.counts
         if self.log is not None:
