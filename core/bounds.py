@@ -72,6 +72,8 @@ _INT_RANGES = {
     "attempt": (0, COUNTER_MAX),
 }
 
+_INT_RANGE_DEFAULT = (-COUNTER_MAX, COUNTER_MAX)
+
 _JSON_STRUCTURE = re.compile(rb'["\\\[\]{}]')
 
 
@@ -132,6 +134,16 @@ def input_problem(inp: Any) -> tuple[str, str] | None:
     """The first field of a decoded input outside its bounds, as (reason, detail)."""
     for name in inp.__struct_fields__:
         value = getattr(inp, name)
+        # Most fields are short ASCII names and plain integers well inside their range:
+        # passed here without the full check (the same answer, every input pays for it).
+        kind = type(value)
+        if kind is str:
+            if len(value) <= NAME_CHARS_MAX and value.isascii():
+                continue
+        elif kind is int:
+            low, high = _INT_RANGES.get(name, _INT_RANGE_DEFAULT)
+            if low <= value <= high and (value <= JOB_GPUS_MAX or name != "gpus"):
+                continue
         problem = _field_problem(name, value)
         if problem:
             return problem
@@ -163,7 +175,7 @@ def _text_problem(name: str, value: str, chars_max: int) -> tuple[str, str] | No
 
 
 def _int_problem(name: str, value: int) -> tuple[str, str] | None:
-    low, high = _INT_RANGES.get(name, (-COUNTER_MAX, COUNTER_MAX))
+    low, high = _INT_RANGES.get(name, _INT_RANGE_DEFAULT)
     if name == "gpus" and value > JOB_GPUS_MAX:
         return (
             "gpus_too_many",
