@@ -19,6 +19,7 @@ one place.
 from __future__ import annotations
 
 import hashlib
+import typing
 from typing import Any, Union
 
 import msgspec
@@ -799,7 +800,25 @@ def normalized(inp: Input) -> Input:
     break the hash chain on audit."""
     if isinstance(inp, Malformed):
         return inp
+    plain = _PLAIN_INPUT_FIELDS.get(type(inp))
+    if plain is not None and all(type(getattr(inp, name)) is kind for name, kind in plain):
+        return inp  # reads back as it is: spare the round trip (most inputs are facts)
     return _input_decoder.decode(_encoder.encode(inp))
+
+
+def _plain_fields(cls: type) -> tuple[tuple[str, type], ...] | None:
+    """(name, type) of each field of an input type whose fields are all plain ints, strings
+    and booleans (no floats, lists or constraints), else None: an input of such a type whose
+    every value is of exactly its field's type reads back from JSON equal to itself."""
+    fields = msgspec.structs.fields(cls)
+    if all(field.type in (int, str, bool) for field in fields):
+        return tuple((field.name, field.type) for field in fields)
+    return None
+
+
+_PLAIN_INPUT_FIELDS = {
+    cls: plain for cls in typing.get_args(Input) if (plain := _plain_fields(cls)) is not None
+}
 
 
 def input_job(inp: Input) -> str:
