@@ -11,6 +11,7 @@ file, so that an auditor reads in one place everything that can change a state.
 from __future__ import annotations
 
 import hashlib
+import typing
 
 from . import types as T
 from .forecast import release_spec
@@ -68,8 +69,23 @@ def touched_jobs(ev: T.Event) -> list[str]:
     """The jobs an event's handler may change: the one it names, or a saga's preemptor and
     victims. Handlers must not change any other job (a test compares the kept digest with
     one computed from scratch)."""
+    fields = _JOB_FIELDS.get(type(ev))
+    if fields is None:  # not an event type of the union: read every field that may name jobs
+        fields = ("job", "preemptor", "victims")
+    if not fields:
+        return []
+    if fields == ("job",):  # most events name one job
+        job = getattr(ev, "job", "")
+        return [job] if job else []
     names = [getattr(ev, "job", ""), getattr(ev, "preemptor", "")] + list(getattr(ev, "victims", []))
     return [name for name in names if name]
+
+
+# Event type -> which of the fields that name jobs it has ("job", "preemptor", "victims").
+_JOB_FIELDS = {
+    cls: tuple(name for name in ("job", "preemptor", "victims") if name in cls.__struct_fields__)
+    for cls in typing.get_args(T.Event)
+}
 
 
 # ---------------------------------------------------------------- nodes

@@ -117,13 +117,15 @@ def next_due_t(state: State) -> int | None:
     """The earliest time at which a tick would change something on its own (an aging step,
     a saga deadline, a downgraded job's level coming back), so a simulator can jump there
     instead of ticking every second."""
-    c = state.canonical
-    due: list[int] = [saga.deadline_t + 1 for saga in c.sagas.values()]
-    restore_t = downgrades_end_t(state)
-    if restore_t is not None:
-        due.append(restore_t)
+    sagas = state.canonical.sagas
+    due: list[int] = [min(saga.deadline_t for saga in sagas.values()) + 1] if sagas else []
+    if state.index.downgraded_queued:
+        restore_t = downgrades_end_t(state)
+        if restore_t is not None:
+            due.append(restore_t)
+    aging_by_level = state.index.aging
     for level in range(1, LEVELS):
-        aging = state.index.aging[level]
+        aging = aging_by_level[level]
         if aging:
             due.append(aging[0][0] + aging_threshold_ms(state, level))
     return min(due) if due else None

@@ -196,12 +196,12 @@ class XirangPolicy:
     def _plan_wake(self, t: int) -> None:
         """Saga deadlines exactly; aging and re-evaluation at most once per tick period.
         (In simulated time: the core's times less `epoch_ms`.)"""
-        c = self.state.canonical
         epoch = self.epoch_ms
         t -= epoch
         due = next_due_t(self.state)
         due = None if due is None else due - epoch
-        deadline = min((saga.deadline_t + 1 - epoch for saga in c.sagas.values()), default=None)
+        sagas = self.state.canonical.sagas
+        deadline = min(saga.deadline_t for saga in sagas.values()) + 1 - epoch if sagas else None
         if any(self.state.index.aging):
             periodic = self.last_tick_t + self.tick_ms
             due = periodic if due is None else min(due, periodic)
