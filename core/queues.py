@@ -136,17 +136,25 @@ def _by_own_level(state: State, level: int, teams, names: list[str]) -> Iterator
     not change how it is weighed against its own level's other jobs (a team's aged level-4
     jobs are served by fair share inside level 4 wherever they queue). A team's queue is
     sorted by its jobs' own level first (`queue_key`), so each group is one slice of it."""
+    # Chained in C: a pass reads thousands of jobs through here. Each group's order starts
+    # only when the group before it is used up, as it reads the index at that moment.
+    return itertools.chain.from_iterable(_own_level_groups(state, level, teams, names))
+
+
+def _own_level_groups(state: State, level: int, teams, names: list[str]) -> Iterator[Iterator[str]]:
     policies = state.canonical.policy.queue_policy
     for own in range(LEVELS):
         group: dict[str, list] = {}
         for name in names:
             queue = teams[name]
+            if not queue or queue[0][0] > own or queue[-1][0] < own:
+                continue  # no job of this own level (the queue is sorted by it)
             lo = bisect.bisect_left(queue, (own,))
             hi = bisect.bisect_left(queue, (own + 1,), lo)
             if lo < hi:
                 group[name] = queue[lo:hi]
         if group:
-            yield from _order(state, level, policies[own], group, list(group))
+            yield _order(state, level, policies[own], group, list(group))
 
 
 def _order(state: State, level: int, policy: str, teams, names: list[str]) -> Iterator[str]:
@@ -171,20 +179,24 @@ def _fair_share_order(state: State, level: int, teams, names: list[str]) -> Iter
     offered: dict[tuple[str, int], int] = {}
 
     def entry(name: str, cursor: int) -> tuple:
-        own_level, submit_t = teams[name][cursor][:2]
+        queued = teams[name][cursor]
+        own_level = queued[0]
         used = held[own_level].get(name, 0) + offered.get((name, own_level), 0)
-        return (own_level, used / quotas[name], submit_t, name, cursor)
+        return (own_level, used / quotas[name], queued[1], name, cursor)
 
     heap = [entry(name, 0) for name in names]
     heapq.heapify(heap)
+    jobs = c.jobs
+    heappop, heappush = heapq.heappop, heapq.heappush
     while heap:
-        own_level, _, _, name, cursor = heapq.heappop(heap)
+        own_level, _, _, name, cursor = heappop(heap)
         queue = teams[name]
         job_id = queue[cursor][-1]
         yield job_id
-        offered[(name, own_level)] = offered.get((name, own_level), 0) + c.jobs[job_id].gpus
+        key = (name, own_level)
+        offered[key] = offered.get(key, 0) + jobs[job_id].gpus
         if cursor + 1 < len(queue):
-            heapq.heappush(heap, entry(name, cursor + 1))
+            heappush(heap, entry(name, cursor + 1))
 
 
 def _round_robin_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
