@@ -8,6 +8,7 @@ before the holder starts. `request_start` asks hosts to start (or resume) a job.
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import Iterable, Iterator
 
 from . import types as T
@@ -67,20 +68,22 @@ def place_queued(ctx: Ctx) -> None:
     reserved = _serve_the_starving(ctx)
     ix.reserved_nodes = reserved
     placing = _PlacementPass(ctx, reserved)
+    jobs = ctx.state.canonical.jobs
     for job_id, reserves in _placement_order(ctx.state):
         if placing.attempts_left <= 0:
             return  # more may fit: the next step goes on (the flag stays set)
         if placing.nothing_more_fits():
             ix.placement_dirty = False
             return
-        job = ctx.state.canonical.jobs[job_id]
+        job = jobs[job_id]
         if job.state != QUEUED:
             continue
-        placement = placing.try_place(job)
+        # (A job larger than the free GPUs is not tried: most of a deep queue, every pass.)
+        placement = placing.try_place(job) if job.gpus <= placing.free_open else None
         if placement is not None:
             request_start(ctx, job, placement)
             placing.took(placement)
-        elif reserves:
+        elif reserves and placing.heads_left > 0:
             placing.maybe_reserve(job)
     ix.placement_dirty = False
 
@@ -129,12 +132,15 @@ def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
     jobs = state.canonical.jobs
     yield from _below_guarantee(state)
     covered_from = p.fair_share_from_level if p.fair_share_guarantee else LEVELS
-    for level in range(min(covered_from, LEVELS)):
+    if covered_from >= LEVELS:
+        # Every job's own level is below LEVELS (inputs are checked): no filter to apply.
+        for level in range(LEVELS):
+            yield from zip(serving_order(state, level), itertools.repeat(True))
+        return
+    for level in range(covered_from):
         for job_id in serving_order(state, level):
             if jobs[job_id].level < covered_from:
                 yield job_id, True
-    if covered_from >= LEVELS:
-        return
     for job_id in _within_share(state, covered_from):
         yield job_id, False
     for level in range(LEVELS):
@@ -241,13 +247,14 @@ class _PlacementPass:
             models = acceptable_models(job.gpu_models, ix)
             known = self.models_of[key] = (models, node_size_max(models, ix))
         models, size_max = known
+        if free_gpus(models, ix) < job.gpus:
+            return None
         starts = self._starts_for(job)
         # Jobs that see other holds (an urgent level: core/holds.py) are blocked apart.
         shape = (key, job.gpus > size_max, job.level if starts is not self.starts_by_node else -1)
         ends_t = self.t + expected_runtime_ms(state, job)
-        if free_gpus(models, ix) < job.gpus or any(
-            g <= job.gpus and e <= ends_t for g, e in self.blocked.get(shape, ())
-        ):
+        blocked = self.blocked.get(shape)
+        if blocked and any(g <= job.gpus and e <= ends_t for g, e in blocked):
             return None
         self.attempts_left -= 1
         placement = place(job.gpus, models, state.canonical.nodes, ix, starts, ends_t)
