@@ -21,6 +21,8 @@ import math
 import re
 from typing import Any
 
+import msgspec
+
 # ---------------------------------------------------------------- limits
 
 # A whole input on the wire. Records copy at most the input (plus a few hundred bytes of
@@ -132,8 +134,11 @@ def json_depth(raw: bytes, stop_above: int) -> int:
 
 def input_problem(inp: Any) -> tuple[str, str] | None:
     """The first field of a decoded input outside its bounds, as (reason, detail)."""
-    for name in inp.__struct_fields__:
-        value = getattr(inp, name)
+    cls = type(inp)
+    fields = _FAST_BOUNDS.get(cls)
+    if fields is None:
+        fields = _FAST_BOUNDS[cls] = _fast_bounds(inp.__struct_fields__)
+    for (name, low, high), value in zip(fields, msgspec.structs.astuple(inp)):
         # Most fields are short ASCII names and plain integers well inside their range:
         # passed here without the full check (the same answer, every input pays for it).
         kind = type(value)
@@ -141,13 +146,24 @@ def input_problem(inp: Any) -> tuple[str, str] | None:
             if len(value) <= NAME_CHARS_MAX and value.isascii():
                 continue
         elif kind is int:
-            low, high = _INT_RANGES.get(name, _INT_RANGE_DEFAULT)
-            if low <= value <= high and (value <= JOB_GPUS_MAX or name != "gpus"):
+            if low <= value <= high:
                 continue
         problem = _field_problem(name, value)
         if problem:
             return problem
     return None
+
+
+# Input type -> (field name, low, high) per field: the integers `_int_problem` passes.
+_FAST_BOUNDS: dict[type, tuple[tuple[str, int, int], ...]] = {}
+
+
+def _fast_bounds(names: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
+    bounds = []
+    for name in names:
+        low, high = _INT_RANGES.get(name, _INT_RANGE_DEFAULT)
+        bounds.append((name, low, min(high, JOB_GPUS_MAX) if name == "gpus" else high))
+    return tuple(bounds)
 
 
 def _field_problem(name: str, value: Any) -> tuple[str, str] | None:
