@@ -800,24 +800,23 @@ def normalized(inp: Input) -> Input:
     break the hash chain on audit."""
     if isinstance(inp, Malformed):
         return inp
-    plain = _PLAIN_INPUT_FIELDS.get(type(inp))
-    if plain is not None and all(type(getattr(inp, name)) is kind for name, kind in plain):
+    kinds = _PLAIN_INPUT_KINDS.get(type(inp))
+    if kinds is not None and tuple(map(type, msgspec.structs.astuple(inp))) == kinds:
         return inp  # reads back as it is: spare the round trip (most inputs are facts)
     return _input_decoder.decode(_encoder.encode(inp))
 
 
-def _plain_fields(cls: type) -> tuple[tuple[str, type], ...] | None:
-    """(name, type) of each field of an input type whose fields are all plain ints, strings
-    and booleans (no floats, lists or constraints), else None: an input of such a type whose
-    every value is of exactly its field's type reads back from JSON equal to itself."""
-    fields = msgspec.structs.fields(cls)
-    if all(field.type in (int, str, bool) for field in fields):
-        return tuple((field.name, field.type) for field in fields)
-    return None
+def _plain_kinds(cls: type) -> tuple[type, ...] | None:
+    """The type of each field (in order) of an input type whose fields are all plain ints,
+    strings and booleans (no floats, lists or constraints), else None: an input of such a
+    type whose every value is of exactly its field's type reads back from JSON equal to
+    itself."""
+    kinds = tuple(field.type for field in msgspec.structs.fields(cls))
+    return kinds if all(kind in (int, str, bool) for kind in kinds) else None
 
 
-_PLAIN_INPUT_FIELDS = {
-    cls: plain for cls in typing.get_args(Input) if (plain := _plain_fields(cls)) is not None
+_PLAIN_INPUT_KINDS = {
+    cls: kinds for cls in typing.get_args(Input) if (kinds := _plain_kinds(cls)) is not None
 }
 
 
