@@ -16,15 +16,25 @@ from data_helpers import xirang
 pytestmark = pytest.mark.timeout(120)
 
 
-def _committed_sagas(url: str, db: str) -> list[tuple]:
+def _projected(url: str, db: str, sql: str) -> list[tuple]:
     assert xirang("project", "--nats", url, "--db", db).returncode == 0
     con = duckdb.connect(db, read_only=True)
     try:
-        return con.execute(
-            "SELECT saga, preemptor, benefit, cost FROM sagas WHERE outcome = 'committed'"
-        ).fetchall()
+        return con.execute(sql).fetchall()
     finally:
         con.close()
+
+
+def _committed_sagas(url: str, db: str) -> list[tuple]:
+    return _projected(url, db, "SELECT saga, preemptor, benefit, cost FROM sagas WHERE outcome = 'committed'")
+
+
+def _wait_until_running(url: str, db: str, jobs: list[str], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    sql = f"SELECT job FROM jobs WHERE state = 'running' AND job IN ({', '.join(repr(j) for j in jobs)})"
+    while len(_projected(url, db, sql)) < len(jobs):
+        assert time.monotonic() < deadline, f"{jobs} did not all start within {timeout_s} s"
+        time.sleep(0.5)
 
 
 def test_projection_and_audit_read_what_the_live_scheduler_wrote(tmp_path):
@@ -49,7 +59,8 @@ def test_projection_and_audit_read_what_the_live_scheduler_wrote(tmp_path):
                 url,
             )
             assert done.stdout.startswith("accepted"), done.stdout + done.stderr
-        time.sleep(1.0)  # let them start, so that the urgent job has to preempt
+        db = str(tmp_path / "p.duckdb")
+        _wait_until_running(url, db, ["low-1", "low-2"])  # so that the urgent job has to preempt
         done = xirang(
             "submit",
             "urgent",
@@ -67,7 +78,6 @@ def test_projection_and_audit_read_what_the_live_scheduler_wrote(tmp_path):
             url,
         )
         assert done.stdout.startswith("accepted"), done.stdout + done.stderr
-        db = str(tmp_path / "p.duckdb")
         deadline = time.monotonic() + 60
         while not _committed_sagas(url, db) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -6,15 +6,29 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
 
 from agents.host import pid_alive
-from agents.local_cluster import Cluster, matching, sleep_command
+from agents.local_cluster import Cluster, matching
 from core import types as T
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def first_run_outlives_its_host_command(trace) -> list[str]:
+    """Appends its pid to `trace`; the first run sleeps long enough to outlive however long a
+    loaded machine takes to declare its stopped host down (the resumed host must stop it),
+    a later run ends in seconds."""
+    code = (
+        "import os, time\n"
+        f"first = not os.path.exists({str(trace)!r})\n"
+        f"open({str(trace)!r}, 'a').write(str(os.getpid()) + '\\n')\n"
+        "time.sleep(100 if first else 2)\n"
+    )
+    return [sys.executable, "-c", code]
 
 
 def test_a_host_back_after_being_declared_down_stops_its_old_run_and_only_the_new_run_counts(tmp_path):
@@ -32,7 +46,7 @@ def test_a_host_back_after_being_declared_down_stops_its_old_run_and_only_the_ne
                 gpus=8,
                 gpu_models=["H100"],
                 est_runtime_s=30,
-                command=sleep_command(12, trace),
+                command=first_run_outlives_its_host_command(trace),
             )
         )
         records = c.wait_for(T.JobRunning, job="j")

@@ -1,9 +1,10 @@
 """One instance per place: a second `xirang up` in a folder in use, a second agent for
 one node, and a second embedded NATS on one store refuse to start, naming the holder, and
-change nothing."""
+change nothing; an embedded NATS whose picked port was taken meanwhile picks another."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from agents.local_cluster import REPO, Cluster
 from live_helpers import xirang_up
 from core import types as T
 from transport.locks import AlreadyRunning
-from transport.natsd import EmbeddedNats
+from transport.natsd import EmbeddedNats, PortTaken
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,6 +69,20 @@ def test_a_second_nats_server_on_one_store_refuses(tmp_path):
             EmbeddedNats(tmp_path / "nats").start()
     with EmbeddedNats(tmp_path / "nats"):  # free again once the first stopped
         pass
+
+
+def test_a_nats_server_whose_picked_port_was_taken_meanwhile_moves_to_another(tmp_path):
+    # Tests run in parallel: a free port may be taken between picking it and binding it.
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        nats = EmbeddedNats(tmp_path / "picked")
+        nats.port = taken  # as if another process took the port it picked
+        with nats:
+            assert nats.port != taken and nats.proc.poll() is None
+        with pytest.raises(PortTaken, match=f"port {taken} is taken"):  # a port asked for stays
+            EmbeddedNats(tmp_path / "asked", port=taken).start()
 
 
 def test_a_second_agent_for_one_node_from_another_folder_refuses_when_the_first_answers(tmp_path):

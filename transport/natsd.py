@@ -20,6 +20,11 @@ from .locks import InstanceLock
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
+PORT_ATTEMPTS = 3
+
+
+class PortTaken(RuntimeError):
+    """nats-server could not listen: another process holds its port."""
 
 
 def nats_server_binary() -> str:
@@ -58,6 +63,7 @@ class EmbeddedNats:
 
     def __init__(self, data_dir: str | os.PathLike, port: int = 0) -> None:
         self.data_dir = Path(data_dir)
+        self._port_chosen = not port  # a port we picked may be taken before the server binds it
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
         self._lock: InstanceLock | None = None
@@ -74,6 +80,18 @@ class EmbeddedNats:
         # One server per store: a second one would share (and corrupt) the JetStream files.
         # The server inherits the lock, so it holds the store even if we die first.
         self._lock = InstanceLock(self.data_dir / "store.lock", f"a nats-server on {self.data_dir}").acquire()
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._launch()
+                return self
+            except PortTaken:
+                if not self._port_chosen or attempt == PORT_ATTEMPTS - 1:
+                    self._release()
+                    raise
+                self.port = free_port()
+        return self
+
+    def _launch(self) -> None:
         conf = self.data_dir / "nats.conf"
         conf.write_text(_config_text(self.port, (self.data_dir / "jetstream").resolve()))
         log = open(self.data_dir / "nats-server.log", "ab")
@@ -87,20 +105,30 @@ class EmbeddedNats:
         )
         log.close()
         self._wait_ready()
-        return self
+
+    def _own_log(self) -> str:
+        """What this server process wrote to the log (earlier servers on the store append too)."""
+        log = self.data_dir / "nats-server.log"
+        mine = f"[{self.proc.pid}] "
+        return "\n".join(ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith(mine))
 
     def _wait_ready(self) -> None:
+        # Ready when OUR server says so: a connection alone could reach another process that
+        # took the port first (ports are picked before the server binds them).
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"nats-server exited with {self.proc.returncode}; see {self.data_dir / 'nats-server.log'}"
-                )
+                log = self.data_dir / "nats-server.log"
+                if "address already in use" in self._own_log():
+                    raise PortTaken(f"port {self.port} is taken; see {log}")
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see {log}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
+                if "Server is ready" in self._own_log():
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                        return
             except OSError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"nats-server did not listen on port {self.port} within {START_TIMEOUT_S} s")
 
