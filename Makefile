@@ -24,9 +24,10 @@ system-deps:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 || \
 	    echo "could not install chromium: the dashboard test will say what to do"; }
 
-# The tests run in parallel (pytest-xdist: PYTEST_WORKERS processes, each taking one test file at
-# a time, so a file's module fixtures are built once); most of them wait on real nats-servers and
-# processes, so even two cores gain. `make test PYTEST_WORKERS=1` runs them serially, in one process.
+# The tests run in parallel: pytest-xdist, PYTEST_WORKERS processes, each taking one test file at
+# a time (so a file's module fixtures are built once; tests/conftest.py hands out the slow kinds
+# first). Most tests wait on real nats-servers and processes, so even two cores gain.
+# `make test PYTEST_WORKERS=1` runs them serially, in one process.
 PYTEST_WORKERS ?= 4
 PYTEST_PARALLEL := $(if $(filter 0 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 

@@ -1,6 +1,6 @@
 """`xirang bench sim --json`: simulated events per second for each policy, in one run.
 
-Every policy runs the same Philly prefix (5,000 jobs; `--quick`: 300) on 512 GPUs with
+Every policy runs the same Philly prefix (5,000 jobs; `--quick`: 60) on 512 GPUs with
 seed 0, one after another in this process, so the numbers compare side by side.
 `events_per_s` counts simulator events (arrivals, host timers, facts, wake-ups);
 `steps_per_s` counts scheduling decisions (for xirang, `core.step` calls).
@@ -15,7 +15,7 @@ from .sim import Cluster, simulate
 from .workload import load_trace
 
 JOBS_FULL = 5_000
-JOBS_QUICK = 300
+JOBS_QUICK = 60
 GPUS = 512
 
 
