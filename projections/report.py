@@ -102,7 +102,8 @@ def gather(con, from_t: int, to_t: int) -> dict:
     }
 
 
-def _png(fig) -> str:
+def png_uri(fig) -> str:
+    """The figure as a data: URI of a PNG, to inline in HTML (the figure is closed)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
@@ -122,25 +123,25 @@ def charts(d: dict) -> dict[str, str]:
         xlabel="hours into window",
         ylabel="benefit - cost",
     )
-    out["net_benefit"] = _png(fig)
+    out["net_benefit"] = png_uri(fig)
     fig, ax = plt.subplots(figsize=(7, 3))
     teams = list(d["team_gpu_h"])
     ax.bar(teams, [d["team_gpu_h"][t] for t in teams], color="#1565c0")
     ax.set(title="GPU-hours served per team (finished jobs)", ylabel="GPU-hours")
-    out["fairness"] = _png(fig)
+    out["fairness"] = png_uri(fig)
     fig, ax = plt.subplots(figsize=(7, 3))
     data = [d["slowdown_others"] or [np.nan], d["slowdown_victims"] or [np.nan]]
     ax.boxplot(data, showfliers=False)
     ax.set_xticks([1, 2], ["not preempted", "preempted"])
     ax.set(title="Slowdown (JCT / training time)", ylabel="slowdown")
-    out["slowdown"] = _png(fig)
+    out["slowdown"] = png_uri(fig)
     fig, ax = plt.subplots(figsize=(7, 3))
     levels = [w[0] for w in d["waits"]]
     ax.bar([level - 0.2 for level in levels], [w[1] / 60000 for w in d["waits"]], width=0.4, label="mean")
     ax.bar([level + 0.2 for level in levels], [w[2] / 60000 for w in d["waits"]], width=0.4, label="p95")
     ax.set(title="Queue wait per level", xlabel="level", ylabel="minutes")
     ax.legend()
-    out["waits"] = _png(fig)
+    out["waits"] = png_uri(fig)
     return out
 
 

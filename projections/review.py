@@ -24,9 +24,7 @@ log; `deploy/systemd/xirang-review.timer` runs it at the start of each quarter).
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 
 import duckdb
 import matplotlib
@@ -42,6 +40,7 @@ from replay import whatif  # noqa: E402
 from . import tuner  # noqa: E402
 from core.explain import human_duration  # noqa: E402
 from .projector import Projector  # noqa: E402
+from .report import png_uri  # noqa: E402
 from .windows import Span  # noqa: E402
 
 URGENT_LEVEL_MAX = tuner.URGENT_LEVEL_MAX
@@ -227,13 +226,6 @@ def _applied(con, span: Span) -> list[dict]:
 # ------------------------------------------------------------------ charts and HTML
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
 def charts(d: dict) -> dict[str, str]:
     """The review's charts as base64 PNGs, by name."""
     out = {}
@@ -250,7 +242,7 @@ def charts(d: dict) -> dict[str, str]:
     ax.set_xticks(x, labels)
     ax.set(title="Preemption against no preemption (GPU-hours)", ylabel="GPU-hours")
     ax.legend()
-    out["net_benefit"] = _png(fig)
+    out["net_benefit"] = png_uri(fig)
     fig, ax = plt.subplots(figsize=(7.5, 3))
     levels = [r["level"] for r in d["levels"]]
     ax.bar(
@@ -267,7 +259,7 @@ def charts(d: dict) -> dict[str, str]:
     )
     ax.set(title="Mean queue wait per level", xlabel="level", ylabel="hours")
     ax.legend()
-    out["levels"] = _png(fig)
+    out["levels"] = png_uri(fig)
     teams = d["fairness"]["teams"]
     fig, ax = plt.subplots(figsize=(7.5, 3))
     x = np.arange(len(teams))
@@ -276,7 +268,7 @@ def charts(d: dict) -> dict[str, str]:
     ax.set_xticks(x, [t["team"] for t in teams])
     ax.set(title="Preemptions per team", ylabel="count")
     ax.legend()
-    out["fairness"] = _png(fig)
+    out["fairness"] = png_uri(fig)
     sat: dict[str, list] = {}
     for row in d["satisfaction"]["by_team_level"]:
         sat.setdefault(row["team"], []).extend([row["score_mean"]] * row["answers"])
@@ -285,7 +277,7 @@ def charts(d: dict) -> dict[str, str]:
     ax.bar(names, [float(np.mean(sat[n])) for n in names], color="#6a1b9a")
     ax.set_ylim(0, 5)
     ax.set(title="Satisfaction per team (mean score, 1..5)", ylabel="score")
-    out["satisfaction"] = _png(fig)
+    out["satisfaction"] = png_uri(fig)
     return out
 
 

@@ -159,47 +159,22 @@ def policy_card(result: SimResult) -> dict:
 def _fair_share_of_time(jobs, total_gpus: int) -> dict[str, float]:
     """Per team: GPU-ms held / GPU-ms its max-min fair share entitled it to (see the module
     docstring); teams that never asked for GPUs are left out."""
-    changes: list[tuple[int, str, int, int]] = []  # (t, team, demand change, held change)
-    for j in jobs:
-        changes.append((j.submit_ms, j.team, j.gpus, 0))
-        if j.finish_ms >= 0:
-            changes.append((j.finish_ms, j.team, -j.gpus, 0))
-        for start, end in j.held_spans:
-            changes.append((start, j.team, 0, j.gpus))
-            changes.append((end, j.team, 0, -j.gpus))
-    changes.sort(key=lambda c: c[0])
-    demand: dict[str, int] = {}
-    held: dict[str, int] = {}
-    entitled: dict[str, float] = {}
-    got: dict[str, float] = {}
-    shares: dict[str, float] = {}
-    last_t = changes[0][0] if changes else 0
-    demand_changed = False
-    for t, team, d_demand, d_held in changes:
-        if t > last_t:
-            if demand_changed:
-                shares = _max_min(demand, total_gpus)
-                demand_changed = False
-            span = t - last_t
-            for name, share in shares.items():
-                entitled[name] = entitled.get(name, 0.0) + share * span
-                got[name] = got.get(name, 0.0) + held.get(name, 0) * span
-            last_t = t
-        if d_demand:
-            demand[team] = demand.get(team, 0) + d_demand
-            demand_changed = True
-        held[team] = held.get(team, 0) + d_held
-    return {name: got[name] / entitled[name] for name in sorted(entitled) if entitled[name] > 0}
+    return _share_of_time(jobs, total_gpus)
 
 
 def _level_share_of_time(jobs, level: int) -> dict[str, float]:
     """Per team, inside one level: GPU-ms its jobs of that level held over the GPU-ms its
     max-min fair share of what the level held entitled it to (team fair share works inside
     a level: who gets the level's next GPUs). Quotas weigh all teams alike here."""
-    changes: list[tuple[int, str, int, int]] = []
+    return _share_of_time([j for j in jobs if j.level == level], None)
+
+
+def _share_of_time(jobs, capacity: int | None) -> dict[str, float]:
+    """Per team: GPU-ms held / GPU-ms its max-min fair share of `capacity` entitled it to,
+    the shares re-drawn whenever demand changes; capacity None: whatever the jobs held at
+    the time (so the shares are re-drawn on every change)."""
+    changes: list[tuple[int, str, int, int]] = []  # (t, team, demand change, held change)
     for j in jobs:
-        if j.level != level:
-            continue
         changes.append((j.submit_ms, j.team, j.gpus, 0))
         if j.finish_ms >= 0:
             changes.append((j.finish_ms, j.team, -j.gpus, 0))
@@ -217,7 +192,7 @@ def _level_share_of_time(jobs, level: int) -> dict[str, float]:
     for t, team, d_demand, d_held in changes:
         if t > last_t:
             if changed:
-                shares = _max_min(demand, sum(held.values()))
+                shares = _max_min(demand, sum(held.values()) if capacity is None else capacity)
                 changed = False
             span = t - last_t
             for name, share in shares.items():
@@ -226,7 +201,7 @@ def _level_share_of_time(jobs, level: int) -> dict[str, float]:
             last_t = t
         demand[team] = demand.get(team, 0) + d_demand
         held[team] = held.get(team, 0) + d_held
-        changed = True
+        changed = changed or bool(d_demand) or capacity is None
     return {name: got[name] / entitled[name] for name in sorted(entitled) if entitled[name] > 0}
 
 

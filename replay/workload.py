@@ -261,18 +261,9 @@ def _canonical_row(row: dict[str, str]) -> dict:
 
 
 def _complete(name: str, raw: list[dict], seed: int, path: str) -> Workload:
-    streams = {
-        col: random.Random(f"{seed}/{col}")
-        for col in (
-            "team",
-            "user",
-            "level",
-            "ckpt_interval_s",
-            "ckpt_cost_s",
-            "restore_cost_s",
-            "est_runtime_s",
-        )
-    }
+    # One seeded stream per optional column (gpu_model has no drawn default), so that a
+    # column's defaults do not change when another column is given.
+    streams = {col: random.Random(f"{seed}/{col}") for col in CANONICAL_OPTIONAL if col != "gpu_model"}
     defaulted: set[str] = set()
     jobs = []
     for item in raw:
