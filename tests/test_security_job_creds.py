@@ -19,6 +19,7 @@ from tests.data_helpers import xirang
 from tests.secure_nats import SecureNats, run_cli, running_cluster
 from transport import bus
 from transport import checkpoints as ckptstore
+from transport.natsd import EmbeddedNats
 from trust import natsjwt
 from trust.connect import connect_options
 from trust.natsauth import JobMinter, read_creds
@@ -258,3 +259,18 @@ def test_notices_node_claims_new_hosts_and_revocations_follow_the_shipped_permis
         time.sleep(0.2)
     assert not asyncio.run(connects(secure.creds("host-h2"))) and not asyncio.run(connects(on_h2))
     assert asyncio.run(connects(secure.creds("client-vision-li"))) and asyncio.run(connects(on_h1))
+
+
+def test_a_connection_without_credentials_does_not_send_as_an_earlier_ones_identity(tmp_path, monkeypatch):
+    # As an earlier connection of this process with an operator's credentials left it.
+    monkeypatch.setitem(bus._IDENTITY, "from_creds", "op:admin")
+    monkeypatch.delenv("XIRANG_CREDS", raising=False)
+    monkeypatch.delenv(bus.IDENTITY_ENV, raising=False)
+
+    async def connect_and_close(url: str) -> None:
+        nc, _ = await bus.connect(url)
+        await nc.close()
+
+    with EmbeddedNats(tmp_path / "nats") as server:
+        asyncio.run(connect_and_close(server.url))
+    assert bus.default_sender() == ""

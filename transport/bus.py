@@ -98,8 +98,11 @@ async def connect(
             refused.append(err)
 
     options, identity = connect_options(url, creds)
+    # The latest connection's: one made without credentials must not send as an earlier one's.
     if identity:
         _IDENTITY["from_creds"] = identity
+    else:
+        _IDENTITY.pop("from_creds", None)
     try:
         nc = await nats.connect(
             name=name,
