@@ -157,7 +157,8 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
             fixed, total, done, since = spec[:4]
             if fixed < 0:  # as remaining_at
                 done += max(0, t - since)
-                fixed = max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
+                floor = max(total // LINDY_FLOOR_FRACTION, 1)
+                fixed = max(total - done, floor + max(0, done - total))
             releases.append((fixed, gpus))
         releases.sort()
         ix.node_releases[node.name] = releases

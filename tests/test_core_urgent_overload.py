@@ -149,3 +149,45 @@ def test_under_load_a_less_urgent_preemption_pays_the_queues_whole_pressure_for_
     would throw away weighs the queue's whole pressure, far past level 4's weight."""
     assert _less_urgent_preemption(0) == ([["victim"]], "")
     assert _less_urgent_preemption(100) == ([], "benefit_below_cost")
+
+
+def test_a_job_past_its_estimate_is_forecast_the_floor_plus_its_overrun():
+    """A job 5 minutes past its hour-long estimate has shown it runs long: it is forecast
+    the floor (a tenth of the estimate) plus the 5 minutes it has overrun, not the floor
+    alone, which it would then have been forecast for the whole 6 minutes past its
+    estimate (a release that never came closer)."""
+    from core.forecast import remaining_ms
+
+    from core.state import job_progress_ms
+
+    run = _job_at_its_estimate(-300)
+    overrun = job_progress_ms(run.job("ending"), run.state.canonical.t) - 3_600_000
+    assert overrun >= 200_000  # minutes past its estimate, far past the floor's 6
+    assert remaining_ms(run.state, run.job("ending")) == 360_000 + overrun
+
+
+def _urgent_one_gpu_job_behind_short_jobs_past_their_estimates(overrun_s: int) -> list:
+    """a1's 8 GPUs run one-GPU level-6 jobs of a 800 s estimate, `overrun_s` past it, each
+    checkpointed 10 s ago; a backlog of level-3 gangs queues for the B node, which is down
+    (the queue's pressure is past level 0's weight); a one-GPU level-0 job arrives. Its
+    preemption plans."""
+    run = Run()
+    run.at(0, node("a1"), node("b1", "B"))
+    run.at(1, T.NodeDown(node="b1"))
+    run.at(1000, *[submit(f"short{i}", 6, 1, team=f"s{i}", user=f"s{i}", est_runtime_s=800) for i in range(8)])
+    start_all(run, 2000)
+    t = 2000 + (800 + overrun_s) * 1000
+    run.at(t - 10_000, *[T.CheckpointSaved(job=f"short{i}", step=1, digest=f"sha256:{i}", bytes=1) for i in range(8)])
+    run.at(t - 5000, *[submit(f"q{i}", 3, 8, team="q", user=f"q{i}", models=["B"]) for i in range(100)])
+    events = run.at(t, submit("urgent", 0, 1, team="u", user="u", est_runtime_s=1800))
+    return [p.victims for p in of(events, T.PreemptionPlanned)]
+
+
+def test_an_urgent_job_does_not_wait_on_releases_forecast_at_the_floor_long_after_their_estimates():
+    """Every running job is 70 s past its 800 s estimate, so the soonest release is
+    forecast 80 s (the floor) plus 70 s: the urgent job preempts one of them. Forecast at
+    the floor alone, the 50 s it would save past the victim's safe point did not cover the
+    work wasted at the queue's pressure, and it kept waiting for a release forecast 80 s
+    away all along (one-GPU urgent jobs on Philly 128 waited 90-230 s)."""
+    plans = _urgent_one_gpu_job_behind_short_jobs_past_their_estimates(70)
+    assert len(plans) == 1 and len(plans[0]) == 1
