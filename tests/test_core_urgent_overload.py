@@ -174,10 +174,15 @@ def _urgent_one_gpu_job_behind_short_jobs_past_their_estimates(overrun_s: int) -
     run = Run()
     run.at(0, node("a1"), node("b1", "B"))
     run.at(1, T.NodeDown(node="b1"))
-    run.at(1000, *[submit(f"short{i}", 6, 1, team=f"s{i}", user=f"s{i}", est_runtime_s=800) for i in range(8)])
+    run.at(
+        1000, *[submit(f"short{i}", 6, 1, team=f"s{i}", user=f"s{i}", est_runtime_s=800) for i in range(8)]
+    )
     start_all(run, 2000)
     t = 2000 + (800 + overrun_s) * 1000
-    run.at(t - 10_000, *[T.CheckpointSaved(job=f"short{i}", step=1, digest=f"sha256:{i}", bytes=1) for i in range(8)])
+    run.at(
+        t - 10_000,
+        *[T.CheckpointSaved(job=f"short{i}", step=1, digest=f"sha256:{i}", bytes=1) for i in range(8)],
+    )
     run.at(t - 5000, *[submit(f"q{i}", 3, 8, team="q", user=f"q{i}", models=["B"]) for i in range(100)])
     events = run.at(t, submit("urgent", 0, 1, team="u", user="u", est_runtime_s=1800))
     return [p.victims for p in of(events, T.PreemptionPlanned)]
