@@ -157,8 +157,7 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
             fixed, total, done, since = spec[:4]
             if fixed < 0:  # as remaining_at
                 done += max(0, t - since)
-                floor = max(total // LINDY_FLOOR_FRACTION, 1)
-                fixed = max(total - done, floor + max(0, done - total))
+                fixed = max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
             releases.append((fixed, gpus))
         releases.sort()
         ix.node_releases[node.name] = releases

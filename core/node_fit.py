@@ -139,10 +139,10 @@ def _release_piece(spec: tuple, t0: int, floor_fraction: int) -> tuple[int, int,
         return (fixed, 0, NEVER, NEVER)
     floor = max(total // floor_fraction, 1)
     if t0 < since:  # not progressing yet; then it may fall
-        return (max(total - done, floor + max(0, done - total)), 0, since, since)
+        return (max(total - done, done - total, floor), 0, since, since)
     ends = since + total - done  # when the job reaches its expected runtime
     if t0 < ends - floor:
         return (ends, -1, ends - floor, NEVER)  # falling, until the floor
-    if t0 < ends:
-        return (floor, 0, ends, NEVER)  # the floor, up to its estimate
-    return (floor - ends, 1, NEVER, NEVER)  # overrunning: the floor and as long again as it has overrun
+    if t0 < ends + floor:
+        return (floor, 0, ends + floor, NEVER)  # the floor around its estimate
+    return (-ends, 1, NEVER, NEVER)  # overrunning: as long again as it has overrun

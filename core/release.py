@@ -22,26 +22,17 @@ def expected_runtime_ms(state: State, job: Job) -> int:
 
 
 def remaining_ms(state: State, job: Job) -> int:
-    """Expected runtime minus progress, but never below a tenth of the estimate (the floor,
-    never zero): the forecast does not drop towards zero as a job nears its estimate.
-    A job already past its estimate has shown it runs long: runtimes are heavy-tailed, so
-    it is expected to run the floor plus as long again as it has overrun (the Lindy
-    effect). (Without the floor, among hundreds of running jobs some are always seconds
-    from their estimates, and a blocked urgent job expected releases within seconds that
-    came minutes later, declining every preemption meanwhile: issue 19. Without the
-    overrun on top of it, a job up to a tenth past its estimate stayed forecast to end
-    in a tenth for that whole time, a release that never came closer: a one-GPU urgent
-    job on Philly 128 waited 226 s for a release forecast at 80 s all along.)"""
+    """Expected runtime minus progress. A job already past its estimate has shown it runs
+    long: runtimes are heavy-tailed, so it is expected to run about as long again as it has
+    overrun (the Lindy effect), and at least a tenth of the estimate, never zero. The same
+    floor holds just before the estimate: the forecast does not drop towards zero as a job
+    nears its estimate only to jump back up once past it. (Without it, among hundreds of
+    running jobs some are always seconds from their estimates, and a blocked urgent job
+    expected releases within seconds that came minutes later, declining every preemption
+    meanwhile: issue 19.)"""
     total = expected_runtime_ms(state, job)
-    return lindy_remaining_ms(total, job_progress_ms(job, state.canonical.t))
-
-
-def lindy_remaining_ms(total: int, done: int) -> int:
-    """A running job's remaining time from its expected total and its progress (see
-    `remaining_ms`): the time to its estimate, at least the floor, and past it the floor
-    plus the overrun."""
-    floor = max(total // LINDY_FLOOR_FRACTION, 1)
-    return max(total - done, floor + max(0, done - total))
+    done = job_progress_ms(job, state.canonical.t)
+    return max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
 
 
 def release_spec(state: State, job: Job) -> tuple:
@@ -67,7 +58,7 @@ def remaining_at(spec: tuple, t: int) -> int:
     if fixed >= 0:
         return fixed
     done += max(0, t - since)
-    return lindy_remaining_ms(total, done)
+    return max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
 
 
 def holder_specs(state: State, node) -> list[tuple[tuple, int]]:
