@@ -91,15 +91,20 @@ def eligible_victims(
     else:
         first_level, eligible_now = max(p.preempts_from_level[job.level], job.level + 1), victim_eligible
     last_level = min(LEVELS, job.level + depth_limits(p, job)[1] + 1)  # levels down, at most
-    return [
-        c.jobs[victim_id]
-        for level in range(first_level, last_level)
-        for victim_id in sorted(ix.holding_by_level[level])
-        if (not own_only or c.jobs[victim_id].user == job.user)
-        and eligible_now(state, job, c.jobs[victim_id])
-        and (not reclaim or guard.allows({}, c.jobs[victim_id]))
-        and any(
-            c.nodes[slot.node].gpu_model in model_ok and slot.node not in held
-            for slot in c.jobs[victim_id].placement
-        )
-    ]
+    jobs = c.jobs
+    nodes = c.nodes
+    eligible = []
+    for level in range(first_level, last_level):
+        for victim_id in sorted(ix.holding_by_level[level]):
+            victim = jobs[victim_id]
+            if (
+                (not own_only or victim.user == job.user)
+                and eligible_now(state, job, victim)
+                and (not reclaim or guard.allows({}, victim))
+                and any(
+                    nodes[slot.node].gpu_model in model_ok and slot.node not in held
+                    for slot in victim.placement
+                )
+            ):
+                eligible.append(victim)
+    return eligible

@@ -102,12 +102,17 @@ def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], fl
     key = ("pooled", tuple(node.name for node in nodes))
     pooled = memo.get(key)
     if pooled is None:
-        releases = sorted(release for node in nodes for release in node_releases(state, node))
+        releases: list[tuple[int, int]] = []
+        free = 0
+        for node in nodes:
+            releases += node_releases(state, node)
+            free += node.holder.count("")  # node_free_count
+        releases.sort()
         times = [at for at, _ in releases]
-        freed = list(itertools.accumulate(g for _, g in releases))
+        freed = list(itertools.accumulate([g for _, g in releases]))
         median = len(times) // 2
         pace = (freed[median] / max(times[median], 1)) if times else None
-        pooled = memo[key] = (sum(node_free_count(node) for node in nodes), times, freed, pace)
+        pooled = memo[key] = (free, times, freed, pace)
     return pooled
 
 
@@ -152,6 +157,11 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
         node_releases_at(state)
     releases = ix.node_releases.get(node.name)
     if releases is None:
+        fit = ix.node_fits.get(node.name)  # a kept forecast reads them off its lines
+        releases = None if fit is None else fit.releases_at(state, t)
+        if releases is not None:
+            ix.node_releases[node.name] = releases
+            return releases
         releases = []
         for spec, gpus in holder_specs(state, node):
             fixed, total, done, since = spec[:4]
@@ -242,6 +252,10 @@ class RequeueFit:
         self.node_size_max = max((node.gpus for node in nodes), default=0)
         self._by_name = {node.name: node for node in nodes}
         self._names = tuple(node.name for node in nodes)
+        # Per victim size, the nodes ranked by when it fits there (see `_soonest_elsewhere`):
+        # the nodes do not change while one plan is priced.
+        self._ranked: dict[int, list[tuple[int, str]]] = {}
+        self._by_model: list[tuple[str, int, list[tuple[int, int]]]] | None = None
 
     def wait_ms(self, victim: Job, at_least_ms: int = 0) -> int | None:
         """The victim's earliest fit after the preemption, but no sooner than `at_least_ms`
@@ -267,6 +281,15 @@ class RequeueFit:
     def _soonest_elsewhere(self, gpus: int, own: dict[str, int]) -> int | None:
         # Per victim size: (earliest fit, node) over the nodes as they are, soonest first;
         # memoised (`fits_memo`): the same for every plan over these nodes.
+        ranked = self._ranked.get(gpus)
+        if ranked is None:
+            ranked = self._ranked[gpus] = self._ranked_nodes(gpus)
+        for wait, name in ranked:
+            if name not in own:
+                return wait
+        return None
+
+    def _ranked_nodes(self, gpus: int) -> list[tuple[int, str]]:
         memo = fits_memo(self.state)
         key = ("ranked", gpus, self._names)
         ranked = memo.get(key)
@@ -278,10 +301,7 @@ class RequeueFit:
                 and (wait := _first_fit_time(node_free_count(node), node_releases(self.state, node), gpus))
                 is not None
             )
-        for wait, name in ranked:
-            if name not in own:
-                return wait
-        return None
+        return ranked
 
     def _after_preemption(self, node, victim: Job, own_gpus: int) -> tuple[int, list[tuple[int, int]]]:
         """The node's free GPUs and releases once the preemptor has taken the victim's GPUs
@@ -321,6 +341,12 @@ class RequeueFit:
         return best
 
     def _pooled_by_model(self) -> list[tuple[str, int, list[tuple[int, int]]]]:
+        if self._by_model is not None:
+            return self._by_model
+        self._by_model = self._pooled_by_model_memo()
+        return self._by_model
+
+    def _pooled_by_model_memo(self) -> list[tuple[str, int, list[tuple[int, int]]]]:
         memo = fits_memo(self.state)
         key = ("by_model", self._names)
         pooled = memo.get(key)

@@ -68,7 +68,7 @@ class NodeFit:
     (0, 0, ...): fits now). Kept in the index until the node's jobs, their forecasts or
     its free GPUs change (`Index.node_fits`)."""
 
-    __slots__ = ("t0", "free", "order", "lines", "estimates_gen", "estimates_used")
+    __slots__ = ("t0", "free", "order", "lines", "estimates_gen", "estimates_used", "pieces_end")
 
     def __init__(self, state: State, node, t0: int) -> None:
         self.t0 = t0
@@ -82,6 +82,8 @@ class NodeFit:
         # The order just after t0: by the value at t0, ties by slope (who is smaller next).
         pieces.sort(key=lambda p: (p[0] + p[1] * t0, p[1]))
         self.order = pieces
+        # Until when every job's release is still on its piece (`releases_at`).
+        self.pieces_end = min((p[2] for p in pieces), default=NEVER)
 
     def current(self, state: State) -> bool:
         """Whether the learned runtimes its jobs' forecasts used are still the ones in force
@@ -94,6 +96,16 @@ class NodeFit:
             return False
         self.estimates_gen = ix.estimates_gen
         return True
+
+    def releases_at(self, state: State, t: int) -> list[tuple[int, int]] | None:
+        """(ms until release, GPUs) of the node's jobs at time `t`, soonest first, as
+        `core.forecast.node_releases` works them out; None when its pieces no longer tell
+        (before `t0`, past a piece's end, or a learned runtime changed them)."""
+        if not self.t0 <= t < self.pieces_end or not self.current(state):
+            return None
+        releases = [(c + s * t, gpus) for c, s, _, _, gpus in self.order]
+        releases.sort()
+        return releases
 
     def line(self, need: int) -> tuple:
         """(intercept, slope, end) of when `need` GPUs fit (see the class)."""

@@ -368,9 +368,9 @@ def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bo
     if not _could_ever_fit(state, job, models):
         return False
     nodes = [
-        c.nodes[name]
-        for name in sorted(c.nodes)
-        if c.nodes[name].up and c.nodes[name].gpu_model in models and name not in reserved
+        node
+        for name, node in sorted(c.nodes.items())
+        if node.up and node.gpu_model in models and name not in reserved
     ]
     fit = None
     if job.level < c.policy.urgent_levels and job.gpus <= node_size_max(models, state.index):

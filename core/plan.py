@@ -156,9 +156,7 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     c = state.canonical
     ix = state.index
     models = acceptable_models(job.gpu_models, ix)
-    nodes = [
-        c.nodes[name] for name in sorted(c.nodes) if c.nodes[name].up and c.nodes[name].gpu_model in models
-    ]
+    nodes = [node for _, node in sorted(c.nodes.items()) if node.up and node.gpu_model in models]
     if not nodes:
         return Decline(reason="no_node_of_model")
     runtime = expected_runtime_ms(state, job)
