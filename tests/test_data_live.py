@@ -37,47 +37,36 @@ def _wait_until_running(url: str, db: str, jobs: list[str], timeout_s: float = 6
         time.sleep(0.5)
 
 
+def _submit(url: str, job: str, *, team: str, level: int, gpus: int) -> None:
+    """A job of A100 GPUs that sleeps a minute, and check it is accepted."""
+    done = xirang(
+        "submit",
+        job,
+        "--team",
+        team,
+        "--level",
+        str(level),
+        "--gpus",
+        str(gpus),
+        "--gpu-model",
+        "A100",
+        "--command",
+        "sleep 60",
+        "--nats",
+        url,
+    )
+    assert done.stdout.startswith("accepted"), done.stdout + done.stderr
+
+
 def test_projection_and_audit_read_what_the_live_scheduler_wrote(tmp_path):
     data = str(tmp_path / "xr")
     with xirang_up(data, hosts=1, simulate="8xA100") as info:
         url = info["nats"]
         for job in ("low-1", "low-2"):
-            done = xirang(
-                "submit",
-                job,
-                "--team",
-                "batch",
-                "--level",
-                "6",
-                "--gpus",
-                "4",
-                "--gpu-model",
-                "A100",
-                "--command",
-                "sleep 60",
-                "--nats",
-                url,
-            )
-            assert done.stdout.startswith("accepted"), done.stdout + done.stderr
+            _submit(url, job, team="batch", level=6, gpus=4)
         db = str(tmp_path / "p.duckdb")
         _wait_until_running(url, db, ["low-1", "low-2"])  # so that the urgent job has to preempt
-        done = xirang(
-            "submit",
-            "urgent",
-            "--team",
-            "safety",
-            "--level",
-            "1",
-            "--gpus",
-            "8",
-            "--gpu-model",
-            "A100",
-            "--command",
-            "sleep 60",
-            "--nats",
-            url,
-        )
-        assert done.stdout.startswith("accepted"), done.stdout + done.stderr
+        _submit(url, "urgent", team="safety", level=1, gpus=8)
         deadline = time.monotonic() + 60
         while not _committed_sagas(url, db) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -93,6 +93,24 @@ def _objective(replay, value: float) -> float:
     return replay.score(with_params(replay.policy, {"net_benefit_min": value})).objective_gpu_h
 
 
+def tune_args(evals: str) -> list[str]:
+    """`xirang tune`'s options for the planted log: its last 200 h, net_benefit_min alone."""
+    return [
+        "--window-ms",
+        str(200 * HOUR),
+        "--group",
+        "decision_model",
+        "--param",
+        "net_benefit_min",
+        "--evals",
+        evals,
+        "--urgent-weight",
+        "8",
+        "--urgent-tick-s",
+        "60",
+    ]
+
+
 @pytest.fixture(scope="module")
 def planted_best() -> tuple[float, float, float]:
     """The plateau of best values, found by an exhaustive scan of the replay (1,000-wide
@@ -154,26 +172,7 @@ def test_tune_on_a_simulated_log_proposes_set_policy_inputs_that_carry_their_evi
     log = _planted_log(tmp_path)
     assert xirang("audit", "--log", log).returncode == 0  # the simulator's log verifies
     out = tmp_path / "proposals.jsonl"
-    result = xirang(
-        "tune",
-        "--log",
-        log,
-        "--window-ms",
-        str(200 * HOUR),
-        "--group",
-        "decision_model",
-        "--param",
-        "net_benefit_min",
-        "--evals",
-        "16",
-        "--urgent-weight",
-        "8",
-        "--urgent-tick-s",
-        "60",
-        "--out",
-        str(out),
-        "--json",
-    )
+    result = xirang("tune", "--log", log, *tune_args("16"), "--out", str(out), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["window"]["from_t"] == EPOCH_MS and "last 200 h" in report["window"]["chosen"]
@@ -241,26 +240,7 @@ def test_tune_apply_publishes_to_xr_in_and_needs_a_server(tmp_path):
     server = start_nats(tmp_path)
     try:
         publish(server.url, [T.decode_record(line) for line in open(log, "rb").read().splitlines()])
-        result = xirang(
-            "tune",
-            "--nats",
-            server.url,
-            "--window-ms",
-            str(200 * HOUR),
-            "--group",
-            "decision_model",
-            "--param",
-            "net_benefit_min",
-            "--evals",
-            "1",
-            "--urgent-weight",
-            "8",
-            "--urgent-tick-s",
-            "60",
-            "--apply",
-            "--json",
-            timeout=120,
-        )
+        result = xirang("tune", "--nats", server.url, *tune_args("1"), "--apply", "--json", timeout=120)
         assert result.returncode == 0, result.stderr
         out = json.loads(result.stdout)
 
@@ -315,22 +295,7 @@ def test_the_objective_charges_a_drop_in_team_fairness_against_no_preemption():
 def test_a_proposal_sent_twice_before_it_is_applied_is_deduplicated_on_xr_in(tmp_path):
     log = _planted_log(tmp_path)
     server = start_nats(tmp_path)
-    args = [
-        "--window-ms",
-        str(200 * HOUR),
-        "--group",
-        "decision_model",
-        "--param",
-        "net_benefit_min",
-        "--evals",
-        "1",
-        "--urgent-weight",
-        "8",
-        "--urgent-tick-s",
-        "60",
-        "--apply",
-        "--json",
-    ]
+    args = [*tune_args("1"), "--apply", "--json"]
     try:
         publish(server.url, [T.decode_record(line) for line in open(log, "rb").read().splitlines()])
         first = json.loads(xirang("tune", "--nats", server.url, *args, timeout=120).stdout)
