@@ -212,6 +212,7 @@ class _PlacementPass:
         self.reserved = reserved
         self.starts_by_node = _starts_by_node(reserved)
         self.heads_left = self.state.canonical.policy.head_reservations_max
+        self.urgent_levels = self.state.canonical.policy.urgent_levels
         self.attempts_left = self.backfill_left = self.state.canonical.policy.scan_jobs_max
         # Per job's model list: the models it accepts and their largest node.
         self.models_of: dict[tuple[str, ...], tuple[list[str], int]] = {}
@@ -249,7 +250,11 @@ class _PlacementPass:
         models, size_max = known
         if free_gpus(models, ix) < job.gpus:
             return None
-        starts = self._starts_for(job)
+        # (Most jobs are of a level no hold spares: `_starts_for` would give them all holds.)
+        if job.level >= self.urgent_levels or not self.reserved:
+            starts = self.starts_by_node
+        else:
+            starts = self._starts_for(job)
         # Jobs that see other holds (an urgent level: core/holds.py) are blocked apart.
         shape = (key, job.gpus > size_max, job.level if starts is not self.starts_by_node else -1)
         ends_t = self.t + expected_runtime_ms(state, job)

@@ -143,16 +143,24 @@ def _by_own_level(state: State, level: int, teams, names: list[str]) -> Iterator
 
 def _own_level_groups(state: State, level: int, teams, names: list[str]) -> Iterator[Iterator[str]]:
     policies = state.canonical.policy.queue_policy
-    for own in range(LEVELS):
-        group: dict[str, list] = {}
-        for name in names:
-            queue = teams[name]
-            if not queue or queue[0][0] > own or queue[-1][0] < own:
-                continue  # no job of this own level (the queue is sorted by it)
-            lo = bisect.bisect_left(queue, (own,))
+    # Own level -> team -> its jobs of that own level (teams in name order). A team's
+    # queue is this pass's own copy, sorted by own level: mostly of one level, used whole.
+    groups: dict[int, dict[str, list]] = {}
+    for name in names:
+        queue = teams[name]
+        if not queue:
+            continue
+        if queue[0][0] == queue[-1][0]:
+            groups.setdefault(queue[0][0], {})[name] = queue
+            continue
+        lo = 0
+        while lo < len(queue):
+            own = queue[lo][0]
             hi = bisect.bisect_left(queue, (own + 1,), lo)
-            if lo < hi:
-                group[name] = queue[lo:hi]
+            groups.setdefault(own, {})[name] = queue[lo:hi]
+            lo = hi
+    for own in range(LEVELS):
+        group = groups.get(own)
         if group:
             yield _order(state, level, policies[own], group, list(group))
 
