@@ -231,9 +231,8 @@ class _PlacementPass:
 
     def try_place(self, job: Job) -> list[T.Slot] | None:
         """A placement on the job's own models or, when the policy lists compatible models
-        and it pays, on one of those (core/substitutes.py)."""
-        if job.gpus > self.free_open:
-            return None
+        and it pays, on one of those (core/substitutes.py). For a job no larger than the free
+        GPUs (`place_queued` checks that first)."""
         placement = self._place_own(job)
         if placement is None and self.state.canonical.policy.gpu_substitutes:
             placement = substitute_placement(self.state, job, self.starts_by_node)
@@ -283,8 +282,9 @@ class _PlacementPass:
         self.free_unheld -= sum(len(slot.gpus) for slot in placement if slot.node not in self.reserved)
 
     def maybe_reserve(self, job: Job) -> None:
-        """The first jobs of the serving order that do not fit get reservations."""
-        if self.heads_left > 0 and _reserve(self.state, job, self.reserved):
+        """The first jobs of the serving order that do not fit get reservations, while
+        `heads_left` (`place_queued` checks it first)."""
+        if _reserve(self.state, job, self.reserved):
             self.heads_left -= 1
             self.starts_by_node = _starts_by_node(self.reserved)
             self.free_unheld = self.free_open - _free_on(self.state.canonical, self.reserved)
