@@ -18,7 +18,7 @@ from .eligibility import may_preempt
 from .identity import identity_problem
 from .inputs import HANDLERS, common_problem
 from .log_seal import Ctx, reject
-from .placement_pass import place_queued
+from .placement_pass import place_queued, settle_drain
 from .preemption_pass import (
     preempt_blocked,
     preemption_candidates,
@@ -52,6 +52,8 @@ def step(state: State, inp: T.Input, sealed: bool = True) -> tuple[State, list[T
     events it led to (an `InputRejected` alone for a bad input; none for a quiet tick).
     `sealed=False` (a simulation that keeps no log) decides the same but hashes nothing:
     the records carry no hash chain (core/log_seal.py)."""
+    # The drain hold the step before left pending reads the state that step left.
+    settle_drain(state, inp)
     # Bounds first: an input outside them may not even survive normalizing (core/bounds.py).
     out_of_bounds = None if isinstance(inp, T.Malformed) else input_problem(inp)
     if out_of_bounds:
@@ -96,7 +98,7 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
     expire_sagas(ctx)
     restore_levels(ctx)
     age_queued(ctx)
-    place_queued(ctx)
+    place_queued(ctx, last=not preempt_for)
     if preempt_for == "head":
         preempt_blocked(
             ctx, urgent_candidates(ctx.state, ctx.inp.t), ctx.state.canonical.policy.urgent_candidates_max

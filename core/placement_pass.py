@@ -18,8 +18,9 @@ from .substitutes import substitute_placement
 from .forecast import earliest_fit, expected_runtime_ms
 from .holds import binding_holds
 from .log_seal import Ctx
+from .policy import FAIR_SHARE
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
-from .queues import TEAM_OLDEST_LOOKED_AT, serving_order
+from .queues import TEAM_OLDEST_LOOKED_AT, aging_threshold_ms, serving_order
 from .shares import team_quota, teams_below_share, within_share
 from .state import QUEUED, Job, State, last_checkpoint, node_free_count
 from .types import LEVELS
@@ -55,18 +56,25 @@ def request_start(ctx: Ctx, job: Job, placement: list[T.Slot]) -> None:
         )
 
 
-def place_queued(ctx: Ctx) -> None:
+def place_queued(ctx: Ctx, last: bool = False) -> None:
     """Start every queued job that fits, level by level in each level's serving order; the
     oldest starving job and the first jobs that do not fit get reservations (EASY backfill:
-    later jobs may use reserved nodes only if expected to end before the holder starts)."""
+    later jobs may use reserved nodes only if expected to end before the holder starts).
+    `last`: nothing else in this step decides after the pass (no preemption planning), so
+    the urgent head's drain hold of a full pool may wait for the next step
+    (`settle_drain`)."""
     ix = ctx.state.index
     if not ix.placement_dirty:
         return
     if not any(ix.free_by_model.values()):
-        _drain_for_the_urgent_head(ctx.state)
+        # A hold still pending is superseded here (`settle_drain`): made afresh, now or later.
+        ix.drain_pending_t = ctx.state.canonical.t if last else -1
+        if not last:
+            _drain_for_the_urgent_head(ctx.state)
         return
     reserved = _serve_the_starving(ctx)
     ix.reserved_nodes = reserved
+    ix.drain_pending_t = -1  # (none can be: `settle_drain` ran at the step's start)
     placing = _PlacementPass(ctx, reserved)
     jobs = ctx.state.canonical.jobs
     for job_id, reserves in _placement_order(ctx.state):
@@ -86,6 +94,73 @@ def place_queued(ctx: Ctx) -> None:
         elif reserves and placing.heads_left > 0:
             placing.maybe_reserve(job)
     ix.placement_dirty = False
+
+
+# Inputs whose events change nothing a full pool's drain reads but a job's own checkpoint
+# fields and progress (no queue, holder, level or policy changes; a tick has no events of
+# its own): after one, while nothing falls due, its pass makes the same head's hold afresh
+# over the same other holds before anything reads them.
+DRAIN_SUPERSEDED_BY = (T.CheckpointStarted, T.CheckpointSaved, T.Tick)
+
+
+def settle_drain(state: State, inp: T.Input) -> None:
+    """At a step's start: work out the drain hold the step before left pending
+    (`place_queued(..., last=True)`), from the state that step left, at its time, unless this
+    step supersedes it. While the pool stays full, most steps are hosts' checkpoint reports
+    that only reach the drain: the hold of the head is made at every pass, and each pass's
+    hold replaces the one before (the other holds are kept, filtered by who still queues),
+    so only the last one before something else reads or changes them is needed. A
+    checkpoint report or a tick supersedes the pending hold when, at its time, no saga deadline,
+    aging step or downgrade's end falls due (its pass then reaches the drain with the same
+    head, the same queued jobs and the same free GPUs) and the urgent levels' serving order
+    does not read the clock (no fair-share level: quotas' time-limited bonuses); rejected,
+    it changes nothing the hold reads, and the hold stays pending."""
+    ix = state.index
+    if ix.drain_pending_t < 0:
+        return
+    if type(inp) in DRAIN_SUPERSEDED_BY and _quiet_at(state, inp.t):
+        return
+    _settle(state)
+
+
+def reserved_nodes(state: State) -> dict[str, tuple[int, str]]:
+    """The holds of the last pass (node -> (expected start, job)), the pending drain hold
+    worked out: what a reader outside `step` must use instead of `Index.reserved_nodes`."""
+    if state.index.drain_pending_t >= 0:
+        _settle(state)
+    return state.index.reserved_nodes
+
+
+def _settle(state: State) -> None:
+    c = state.canonical
+    ix = state.index
+    now = c.t
+    c.t = ix.drain_pending_t
+    ix.drain_pending_t = -1
+    try:
+        _drain_for_the_urgent_head(state)
+    finally:
+        c.t = now
+
+
+def _quiet_at(state: State, t: int) -> bool:
+    """Whether a pass at `t` over this state would roll back no saga, restore no downgraded
+    job's level and age no job (what `schedule` does before placing), and the urgent
+    levels' serving order does not depend on the clock."""
+    c = state.canonical
+    ix = state.index
+    if ix.downgraded_queued:
+        return False
+    urgent = min(c.policy.urgent_levels, LEVELS)
+    if FAIR_SHARE in c.policy.queue_policy[:urgent]:
+        return False
+    if any(saga.deadline_t < t for saga in c.sagas.values()):
+        return False
+    for level in range(1, LEVELS):
+        aging = ix.aging[level]
+        if aging and aging[0][0] + aging_threshold_ms(state, level) <= t:
+            return False
+    return True
 
 
 def _drain_for_the_urgent_head(state: State) -> None:

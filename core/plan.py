@@ -22,6 +22,7 @@ from .eligibility import eligible_victims, user_preempting_exhausted
 from .fairness import Guard, depth_limits
 from .forecast import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
 from .placement import acceptable_models, place
+from .placement_pass import reserved_nodes
 from .holds import binding_holds, victim_cap
 from .policy import Policy, with_params
 from .pricing import VictimCost, price_victims, pricing_for
@@ -166,7 +167,7 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     # the queue since.)
     held = {
         name: start_t
-        for name, (start_t, holder) in binding_holds(state, job, ix.reserved_nodes).items()
+        for name, (start_t, holder) in binding_holds(state, job, reserved_nodes(state)).items()
         if holder != job.id and c.t + runtime > start_t and _still_queued(c, holder)
     }
     if place(job.gpus, models, c.nodes, ix, held, c.t + runtime) is not None:

@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Iterator
 from . import types as T
 from .evolve import evolve
 from .machine import new_state, reject_input, step
+from .placement_pass import reserved_nodes
 from .digest import digest_problem
 from .state import State, load_snapshot, snapshot_bytes
 
@@ -45,6 +46,8 @@ def apply_record(state: State, record: T.Record) -> None:
         problem = digest_problem(state, record.event)  # as the digest's schema says
         if problem:
             raise DigestMismatch(record.n, problem)
+    if state.index.drain_pending_t >= 0:  # a state stepped before: its holds as they were
+        reserved_nodes(state)
     evolve(state, record.event)
     c.events_n = record.n
     c.chain = record.hash

@@ -234,6 +234,11 @@ class Index:
         # Nodes the last pass held for blocked jobs -> (when the job is expected to start
         # there, the job's id).
         self.reserved_nodes: dict[str, tuple[int, str]] = {}
+        # The time of a step whose urgent head's drain hold (core/placement_pass.py) is not
+        # worked out yet (-1: none): made at the next step's start from the state as that
+        # step left it, unless that step makes it afresh first (read it through
+        # `core.placement_pass.reserved_nodes`).
+        self.drain_pending_t = -1
         self.jobs_sum = 0  # of `job_hashes`; jobs in `hashes_stale` are not in it yet
         # Which schema-1 release's digests this log's last one matched (core/digest.py):
         # tried first at the next one.

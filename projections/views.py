@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from core import types as T
 from core.explain import explain_queue, human_duration
+from core.placement_pass import reserved_nodes
 from core.state import HOLDING, QUEUED, job_progress_ms, last_checkpoint
 
 __all__ = ["job_rows", "queue_levels", "node_rows", "share_rows", "history_rows", "keep", "human_duration"]
@@ -119,7 +120,7 @@ def node_rows(state) -> list[dict]:
                 "used": used,
                 "free": node.gpus - used if node.up else 0,
                 "jobs": jobs,
-                "state": _node_state(node, used, state.index.reserved_nodes),
+                "state": _node_state(node, used, reserved_nodes(state)),
             }
         )
     return rows

@@ -5,6 +5,7 @@ emergency; preemption depth defined, limited and recorded; a downgrade that real
 the level. The cross-pool team guarantee with reclaim is an opt-in."""
 
 from core import types as T
+from core.placement_pass import reserved_nodes
 
 from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, submit, tick
 
@@ -585,7 +586,7 @@ def test_an_urgent_whole_node_gang_gets_a_node_drained_and_preempts_as_soon_as_a
     events = run.at(10 * MIN + 1000, submit("gang", 1, 8, team="sre", user="g", est_runtime_s=3600))
     assert not of(events, T.PreemptionPlanned)  # no node can be freed by preemption now
     run.at(HOUR + 1000, T.Finished(job="u2", ok=True))
-    holder = {name: job for name, (_, job) in run.state.index.reserved_nodes.items()}
+    holder = {name: job for name, (_, job) in reserved_nodes(run.state).items()}
     assert holder.get("n2") == "gang"  # drained: the waiting one-GPU jobs do not take n2
     assert [e.job for e in run.events(T.JobStartRequested) if e.job.startswith("s")] == []
     t = HOUR + 6000

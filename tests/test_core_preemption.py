@@ -2,6 +2,7 @@
 
 from core import new_state
 from core import types as T
+from core.placement_pass import reserved_nodes
 from core.evolve import evolve
 from projections.views import share_rows
 from core.policy import deprecation_notes
@@ -350,7 +351,7 @@ def test_gpus_held_for_a_blocked_gang_do_not_count_as_free_for_an_urgent_job():
     )
     start_all(run, 2)
     run.at(10, submit("gang", 0, 8, team="g", user="g", est_runtime_s=3600))
-    assert run.state.index.reserved_nodes["a2"][1] == "gang"
+    assert reserved_nodes(run.state)["a2"][1] == "gang"
     events = run.at(20, submit("urgent", 1, 2, team="u", user="u", est_runtime_s=3600))
     plan = of(events, T.PreemptionPlanned)
     assert [(p.preemptor, p.victims) for p in plan] == [("urgent", ["long"])]

@@ -1,6 +1,7 @@
 """Scenario tests of queue order, aging and the wait bound."""
 
 from core import types as T
+from core.placement_pass import reserved_nodes
 from core.queues import aging_threshold_ms
 
 from scenario import HOUR, MIN, Run, node, of, start_all, submit, tick
@@ -179,7 +180,7 @@ def test_the_first_blocked_gang_gets_a_node_held_for_it_against_less_urgent_jobs
     one that ends before may."""
     run = _gang_behind_small_jobs()
     assert run.job_state("filler") == "queued"
-    assert run.state.index.reserved_nodes["a2"][1] == "gang"
+    assert reserved_nodes(run.state)["a2"][1] == "gang"
     backfill = run.at(30, submit("tiny", 5, 2, team="f", est_runtime_s=60))
     assert started_order(backfill) == ["tiny"]
     start_all(run, 31)
@@ -219,7 +220,7 @@ def test_a_small_teams_starving_job_does_not_wait_out_a_big_teams_backlog():
         )
         run.at(10 * MIN, submit("small", 6, 8, team="small", user="s", est_runtime_s=3600))
         run.at(3 * HOUR, tick(3 * HOUR))
-        return sorted(holder for _, holder in run.state.index.reserved_nodes.values())
+        return sorted(holder for _, holder in reserved_nodes(run.state).values())
 
     assert reserved_for(1) == ["backlog-0", "small"]
     assert reserved_for(0) == ["backlog-0"]

@@ -5,6 +5,7 @@ to the nodes it frees; the natural wait of an urgent job that has already outwai
 forecast is not forecast shorter than the forecasts it has outwaited."""
 
 from core import types as T
+from core.placement_pass import reserved_nodes
 from core.holds import victim_cap
 from core.policy import Policy
 
@@ -29,7 +30,7 @@ def _starving_gang_holds_both_nodes(free_on_n2: int, **params) -> Run:
         *(T.CheckpointSaved(job=j, step=1, digest=f"sha256:{j}", bytes=1) for j in ["low-1", "low-2"]),
     )
     run.at(2 * HOUR, tick(2 * HOUR))
-    holders = {name: job for name, (_, job) in run.state.index.reserved_nodes.items()}
+    holders = {name: job for name, (_, job) in reserved_nodes(run.state).items()}
     assert holders == {"n1": "starving", "n2": "starving"}
     return run
 
