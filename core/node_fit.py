@@ -9,7 +9,7 @@ tests/test_core_forecast_over_time.py checks it against working it out again.
 
 from __future__ import annotations
 
-from .release import LINDY_FLOOR_FRACTION, holder_specs
+from .release import LINDY_FLOOR_FRACTION, holder_specs, release_spec
 from .state import State, node_free_count
 
 
@@ -45,7 +45,7 @@ def node_fit_ms(state: State, node, need: int) -> int | None:
     t = state.canonical.t
     fits = state.index.node_fits
     fit = fits.get(node.name)
-    if fit is None or fit.t0 > t or not fit.current(state):
+    if fit is None or fit.t0 > t or not fit.refreshed(state, t):
         fit = fits[node.name] = NodeFit(state, node, t)
     line = fit.lines.get(need)
     if line is None:
@@ -68,32 +68,69 @@ class NodeFit:
     (0, 0, ...): fits now). Kept in the index until the node's jobs, their forecasts or
     its free GPUs change (`Index.node_fits`)."""
 
-    __slots__ = ("t0", "free", "order", "lines", "estimates_gen", "estimates_used", "pieces_end")
+    __slots__ = (
+        "t0",
+        "free",
+        "jobs",
+        "pieces",
+        "order",
+        "lines",
+        "estimates_gen",
+        "estimates_used",
+        "pieces_end",
+    )
 
     def __init__(self, state: State, node, t0: int) -> None:
         self.t0 = t0
         self.free = node_free_count(node)
         self.lines: dict[int, tuple] = {}
         specs = holder_specs(state, node)
+        self.jobs = [job_id for job_id, _ in state.index.node_holders[node.name]]
         self.estimates_gen = state.index.estimates_gen
         self.estimates_used = [(spec[4], spec[5]) for spec, _ in specs]
         fraction = LINDY_FLOOR_FRACTION
-        pieces = [(*_release_piece(spec, t0, fraction), gpus) for spec, gpus in specs]
-        # The order just after t0: by the value at t0, ties by slope (who is smaller next).
-        pieces.sort(key=lambda p: (p[0] + p[1] * t0, p[1]))
-        self.order = pieces
-        # Until when every job's release is still on its piece (`releases_at`).
-        self.pieces_end = min((p[2] for p in pieces), default=NEVER)
+        # One piece per holding job, in the node's holder order (`refreshed` replaces some).
+        self.pieces = [(*_release_piece(spec, t0, fraction), gpus) for spec, gpus in specs]
+        self._sort()
 
-    def current(self, state: State) -> bool:
-        """Whether the learned runtimes its jobs' forecasts used are still the ones in force
-        (checked again only after one changed)."""
+    def _sort(self) -> None:
+        t0 = self.t0
+        # The order just after t0: by the value at t0, ties by slope (who is smaller next).
+        self.order = sorted(self.pieces, key=lambda p: (p[0] + p[1] * t0, p[1]))
+        # Until when every job's release is still on its piece (`releases_at`).
+        self.pieces_end = min((p[2] for p in self.pieces), default=NEVER)
+
+    def refreshed(self, state: State, t: int) -> bool:
+        """Whether its lines (made again if need be) tell the node's fits at `t`: after a
+        learned runtime changed, only the pieces of the jobs whose forecasts used it are
+        made again, from `t0` as before (a running job's forecast is a function of the time
+        from its progress and start, which have not changed: an event that changes them
+        drops the whole forecast), exactly those a forecast made from scratch at `t0` would
+        have. False when one of its pieces has ended by `t` (a fresh one is needed)."""
         ix = state.index
         if self.estimates_gen == ix.estimates_gen:
             return True
         estimates = state.canonical.estimates
-        if any(estimates.get(key) is not used for key, used in self.estimates_used):
-            return False
+        used = self.estimates_used
+        moved = [i for i, (key, estimate) in enumerate(used) if estimates.get(key) is not estimate]
+        if moved:
+            memo = ix.remaining_memo
+            jobs = state.canonical.jobs
+            pieces = list(self.pieces)
+            used = list(used)
+            for i in moved:
+                job_id = self.jobs[i]
+                spec = memo.get(job_id)
+                if spec is None or estimates.get(spec[4]) is not spec[5]:
+                    spec = memo[job_id] = release_spec(state, jobs[job_id])
+                used[i] = (spec[4], spec[5])
+                pieces[i] = (*_release_piece(spec, self.t0, LINDY_FLOOR_FRACTION), pieces[i][4])
+            if t >= min(p[2] for p in pieces):
+                return False
+            self.pieces = pieces
+            self.estimates_used = used
+            self.lines = {}
+            self._sort()
         self.estimates_gen = ix.estimates_gen
         return True
 
@@ -101,7 +138,7 @@ class NodeFit:
         """(ms until release, GPUs) of the node's jobs at time `t`, soonest first, as
         `core.forecast.node_releases` works them out; None when its pieces no longer tell
         (before `t0`, past a piece's end, or a learned runtime changed them)."""
-        if not self.t0 <= t < self.pieces_end or not self.current(state):
+        if not self.t0 <= t < self.pieces_end or not self.refreshed(state, t):
             return None
         releases = [(c + s * t, gpus) for c, s, _, _, gpus in self.order]
         releases.sort()
