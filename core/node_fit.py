@@ -26,7 +26,11 @@ def earliest_single_fit(state: State, nodes, need: int) -> tuple[int, list[str]]
         name = node.name
         # node_fit_ms, inlined: this loop runs over the whole pool for every reservation.
         fit = fits.get(name)
-        line = None if fit is None or fit.t0 > t or fit.estimates_gen != est_gen else fit.lines.get(need)
+        line = (
+            None
+            if fit is None or fit.t0 > t or fit.estimates_gen != est_gen or fit.moved
+            else fit.lines.get(need)
+        )
         if line is None or t >= line[2]:
             wait = node_fit_ms(state, node, need)
         else:
@@ -72,11 +76,12 @@ class NodeFit:
         "t0",
         "free",
         "jobs",
+        "specs",
         "pieces",
         "order",
         "lines",
         "estimates_gen",
-        "estimates_used",
+        "moved",
         "pieces_end",
     )
 
@@ -85,11 +90,13 @@ class NodeFit:
         self.free = node_free_count(node)
         self.lines: dict[int, tuple] = {}
         specs = holder_specs(state, node)
+        # The holding jobs, in the node's holder order, and the release specs used for them.
         self.jobs = [job_id for job_id, _ in state.index.node_holders[node.name]]
+        self.specs = [spec for spec, _ in specs]
         self.estimates_gen = state.index.estimates_gen
-        self.estimates_used = [(spec[4], spec[5]) for spec, _ in specs]
+        self.moved = False  # set when an event changed one of its jobs' forecasts
         fraction = LINDY_FLOOR_FRACTION
-        # One piece per holding job, in the node's holder order (`refreshed` replaces some).
+        # One piece per holding job, in the same order (`refreshed` replaces some).
         self.pieces = [(*_release_piece(spec, t0, fraction), gpus) for spec, gpus in specs]
         self._sort()
 
@@ -101,37 +108,45 @@ class NodeFit:
         self.pieces_end = min((p[2] for p in self.pieces), default=NEVER)
 
     def refreshed(self, state: State, t: int) -> bool:
-        """Whether its lines (made again if need be) tell the node's fits at `t`: after a
-        learned runtime changed, only the pieces of the jobs whose forecasts used it are
-        made again, from `t0` as before (a running job's forecast is a function of the time
-        from its progress and start, which have not changed: an event that changes them
-        drops the whole forecast), exactly those a forecast made from scratch at `t0` would
-        have. False when one of its pieces has ended by `t` (a fresh one is needed)."""
+        """Whether its lines (made again if need be) tell the node's fits at `t`. After a
+        learned runtime changed or an event changed one of its jobs' forecasts (`moved`),
+        only the pieces of the jobs whose release specs changed are made again, from `t0`
+        as before: each piece is a function of the job's spec and `t0` alone, so they are
+        exactly the pieces a forecast made from scratch at `t0` would have, and the lines
+        made from them say themselves until when they hold (a line whose k-th job another
+        one crossed before `t` ends before `t`). False when a piece has ended by `t` (a
+        fresh forecast is needed)."""
         ix = state.index
-        if self.estimates_gen == ix.estimates_gen:
+        if self.estimates_gen == ix.estimates_gen and not self.moved:
             return True
         estimates = state.canonical.estimates
-        used = self.estimates_used
-        moved = [i for i, (key, estimate) in enumerate(used) if estimates.get(key) is not estimate]
-        if moved:
-            memo = ix.remaining_memo
-            jobs = state.canonical.jobs
-            pieces = list(self.pieces)
-            used = list(used)
-            for i in moved:
-                job_id = self.jobs[i]
-                spec = memo.get(job_id)
-                if spec is None or estimates.get(spec[4]) is not spec[5]:
-                    spec = memo[job_id] = release_spec(state, jobs[job_id])
-                used[i] = (spec[4], spec[5])
+        memo = ix.remaining_memo
+        jobs = state.canonical.jobs
+        specs = self.specs
+        pieces = None
+        for i, job_id in enumerate(self.jobs):
+            spec = memo.get(job_id)
+            if spec is None or estimates.get(spec[4]) is not spec[5]:
+                spec = memo[job_id] = release_spec(state, jobs[job_id])
+            used = specs[i]
+            if spec is used:
+                continue
+            if pieces is None:
+                pieces = list(self.pieces)
+                specs = list(specs)
+            specs[i] = spec
+            if spec[:4] != used[:4]:
                 pieces[i] = (*_release_piece(spec, self.t0, LINDY_FLOOR_FRACTION), pieces[i][4])
-            if t >= min(p[2] for p in pieces):
-                return False
-            self.pieces = pieces
-            self.estimates_used = used
-            self.lines = {}
-            self._sort()
+        if pieces is not None:
+            if pieces != self.pieces:
+                if t >= min(p[2] for p in pieces):
+                    return False
+                self.pieces = pieces
+                self.lines = {}
+                self._sort()
+            self.specs = specs
         self.estimates_gen = ix.estimates_gen
+        self.moved = False
         return True
 
     def releases_at(self, state: State, t: int) -> list[tuple[int, int]] | None:

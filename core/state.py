@@ -526,7 +526,15 @@ def touch_job(state: "State", job_id: str, release_spec: Callable | None = None)
     if old is not None and release_spec is not None:
         new = ix.remaining_memo[job_id] = release_spec(state, job)
         unchanged = new[:4] == old[:4]
-    forget_releases(ix, job.placement, keep_fits=unchanged)
+    forget_releases(ix, job.placement, keep_fits=True)
+    if not unchanged:
+        # Its nodes' kept forecasts make its piece again (`NodeFit.refreshed`): its
+        # holders and their GPUs are the same (a change of those drops them, `set_holder`).
+        fits = ix.node_fits
+        for slot in job.placement:
+            fit = fits.get(slot.node)
+            if fit is not None:
+                fit.moved = True
 
 
 def jobs_hash_total(state: "State") -> int:

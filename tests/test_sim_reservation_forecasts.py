@@ -1,7 +1,7 @@
 """Reservations and release curves read nodes' forecasts kept across time
 (core/node_fit.py): on a busy simulated pool, where one team's finishes keep moving its
-running jobs' forecasts, every earliest single-node fit and every node's releases equal
-those worked out from scratch."""
+running jobs' forecasts and checkpoints' pauses move single jobs', every earliest
+single-node fit and every node's releases equal those worked out from scratch."""
 
 import random
 
@@ -48,7 +48,7 @@ def _busy_workload(count: int):
 
 def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkeypatch):
     kept = N.earliest_single_fit
-    seen = {"calls": 0, "with_moved_forecasts": 0, "releases": 0}
+    seen = {"calls": 0, "with_moved_forecasts": 0, "with_moved_jobs": 0, "releases": 0}
 
     def checked(state, nodes, need):
         est_gen = state.index.estimates_gen
@@ -57,6 +57,8 @@ def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkey
             for node in nodes
         ):
             seen["with_moved_forecasts"] += 1
+        if any((fit := state.index.node_fits.get(node.name)) is not None and fit.moved for node in nodes):
+            seen["with_moved_jobs"] += 1  # a checkpoint's pause moved a job's forecast
         got = kept(state, nodes, need)
         assert got == _from_scratch(state, nodes, need)
         seen["calls"] += 1
@@ -75,4 +77,5 @@ def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkey
     simulate(_busy_workload(160), Cluster.uniform(32, 8), "xirang", {"tick_s": 60.0}, seed=0)
     assert seen["calls"] > 100
     assert seen["with_moved_forecasts"] > 20
+    assert seen["with_moved_jobs"] > 20
     assert seen["releases"] > 100
