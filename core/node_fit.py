@@ -94,7 +94,7 @@ class NodeFit:
         self.jobs = [job_id for job_id, _ in state.index.node_holders[node.name]]
         self.specs = [spec for spec, _ in specs]
         self.estimates_gen = state.index.estimates_gen
-        self.moved = False  # set when an event changed one of its jobs' forecasts
+        self.moved: list[str] = []  # jobs an event changed the forecast of since
         fraction = LINDY_FLOOR_FRACTION
         # One piece per holding job, in the same order (`refreshed` replaces some).
         self.pieces = [(*_release_piece(spec, t0, fraction), gpus) for spec, gpus in specs]
@@ -117,36 +117,51 @@ class NodeFit:
         one crossed before `t` ends before `t`). False when a piece has ended by `t` (a
         fresh forecast is needed)."""
         ix = state.index
-        if self.estimates_gen == ix.estimates_gen and not self.moved:
-            return True
+        moved = self.moved
+        if self.estimates_gen == ix.estimates_gen:
+            if not moved:
+                return True
+            jobs_moved = [i for i, job_id in enumerate(self.jobs) if job_id in moved]
+        else:
+            estimates = state.canonical.estimates
+            jobs_moved = [
+                i
+                for i, spec in enumerate(self.specs)
+                if estimates.get(spec[4]) is not spec[5] or (moved and self.jobs[i] in moved)
+            ]
+        if jobs_moved and not self._remade(state, t, jobs_moved):
+            return False
+        self.estimates_gen = ix.estimates_gen
+        self.moved = []
+        return True
+
+    def _remade(self, state: State, t: int, jobs_moved: list[int]) -> bool:
+        """Make the pieces of these jobs (by place) again from their release specs now;
+        False when a piece has ended by `t`."""
+        ix = state.index
         estimates = state.canonical.estimates
         memo = ix.remaining_memo
         jobs = state.canonical.jobs
-        specs = self.specs
-        pieces = None
-        for i, job_id in enumerate(self.jobs):
+        specs = list(self.specs)
+        pieces = list(self.pieces)
+        changed = False
+        for i in jobs_moved:
+            job_id = self.jobs[i]
             spec = memo.get(job_id)
             if spec is None or estimates.get(spec[4]) is not spec[5]:
                 spec = memo[job_id] = release_spec(state, jobs[job_id])
             used = specs[i]
-            if spec is used:
-                continue
-            if pieces is None:
-                pieces = list(self.pieces)
-                specs = list(specs)
             specs[i] = spec
             if spec[:4] != used[:4]:
                 pieces[i] = (*_release_piece(spec, self.t0, LINDY_FLOOR_FRACTION), pieces[i][4])
-        if pieces is not None:
-            if pieces != self.pieces:
-                if t >= min(p[2] for p in pieces):
-                    return False
-                self.pieces = pieces
-                self.lines = {}
-                self._sort()
-            self.specs = specs
-        self.estimates_gen = ix.estimates_gen
-        self.moved = False
+                changed = True
+        if changed:
+            if t >= min(p[2] for p in pieces):
+                return False
+            self.pieces = pieces
+            self.lines = {}
+            self._sort()
+        self.specs = specs
         return True
 
     def releases_at(self, state: State, t: int) -> list[tuple[int, int]] | None:

@@ -534,7 +534,7 @@ def touch_job(state: "State", job_id: str, release_spec: Callable | None = None)
         for slot in job.placement:
             fit = fits.get(slot.node)
             if fit is not None:
-                fit.moved = True
+                fit.moved.append(job_id)
 
 
 def jobs_hash_total(state: "State") -> int:
