@@ -513,9 +513,10 @@ def live_digest(state: "State") -> str:
 def touch_job(state: "State", job_id: str, release_spec: Callable | None = None) -> None:
     """Keep the index in step after an event changed (or removed) a job: its hash is taken
     again when a digest needs it; its release forecast is forgotten. With `release_spec`
-    (`core.forecast.release_spec`), a forecast that was memoised is taken again at once,
-    and when it did not change (a checkpoint began, a notice was withdrawn...) the
-    forecasts of its nodes kept across time stay (`Index.node_fits`)."""
+    (`core.forecast.release_spec`), a forecast that was memoised is taken again at once.
+    The forecasts of its nodes kept across time (`Index.node_fits`) stay: when the job's
+    forecast did not change (a checkpoint began, a notice was withdrawn...) as they are,
+    else with the job marked moved, so that they make its piece again when next read."""
     ix = state.index
     old = ix.remaining_memo.pop(job_id, None)
     ix.hashes_stale[job_id] = None
@@ -587,7 +588,8 @@ def window_count(times: list[int], t: int, window_ms: int) -> int:
 
 def forget_releases(ix: Index, placement, keep_fits: bool = False) -> None:
     """Drop the memoised holders and release lists of the nodes a placement covers (and
-    their forecasts kept across time, unless `keep_fits`: no job's forecast changed)."""
+    their forecasts kept across time, unless `keep_fits`: the nodes' holders and their GPUs
+    are the same, and a job whose forecast changed is marked moved on them instead)."""
     for slot in placement:
         ix.node_releases.pop(slot.node, None)
         ix.node_holders.pop(slot.node, None)
