@@ -7,7 +7,9 @@ a takeover costs only the last few records. The lease only decides who tries: sa
 comes from fencing, every append is an atomic batch with Nats-Expected-Last-Sequence, so
 a stale writer's batch is refused whole.
 
-As leader it folds the newest snapshot plus the log tail into state, then reads XR_IN in
+As leader it folds the newest snapshot plus the log tail into state, records that it
+starts from a folded state (`scheduler_start`: the placement passes' memory between steps
+starts afresh, and so does a re-decision of the log at that record), then reads XR_IN in
 order from the input after the last applied one (the state remembers it, so an input that
 was applied before a crash is never applied twice). Each input gets `t` (wall clock, never
 earlier than the state's time) and `seq` (its XR_IN sequence), goes through `core.step`,
@@ -291,6 +293,10 @@ class Scheduler:
         )
         self.leading.set()
         try:
+            # The state was folded from the log: say so first, so that re-deciding the log
+            # forgets the passes' memory here too (core.types.SchedulerStart).
+            start = T.SchedulerStart(t=max(now_ms(), self.state.canonical.t), instance=self.instance)
+            await self._flush(await self._apply(start, []))
             await self._ensure_policy()
             await self._loop(queue)
         finally:

@@ -36,6 +36,7 @@ from .state import (
     Window,
     Estimate,
     forget_node,
+    forget_pass_memory,
     forget_release_lists,
     forget_releases,
     forget_remaining,
@@ -558,7 +559,18 @@ def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
         s.index = rebuild_index(s.canonical)  # which jobs may still age changed
 
 
+def _scheduler_started(s: State, ev: T.SchedulerStarted) -> None:
+    forget_pass_memory(s.index)
+
+
+def _input_rejected(s: State, ev: T.InputRejected) -> None:
+    if ev.reason == T.INTERNAL_ERROR:  # the state was folded back from the log
+        forget_pass_memory(s.index)
+
+
 _HANDLERS = {
+    T.InputRejected: _input_rejected,
+    T.SchedulerStarted: _scheduler_started,
     T.NodeJoined: _node_joined,
     T.NodeLost: _node_lost,
     T.JobSubmitted: _job_submitted,

@@ -385,6 +385,10 @@ def _on_tick(ctx: Ctx, inp: T.Tick) -> None:
     return None
 
 
+def _on_scheduler_start(ctx: Ctx, inp: T.SchedulerStart) -> None:
+    ctx.emit(T.SchedulerStarted(t=inp.t, instance=inp.instance))
+
+
 def _on_set_policy(ctx: Ctx, inp: T.SetPolicy) -> None:
     try:
         new = with_params(ctx.state.canonical.policy, inp.params)
@@ -434,4 +438,5 @@ HANDLERS = {
     T.ReleaseHold: _on_release_hold,
     T.Requeue: _on_requeue,
     T.SetLevel: _on_set_level,
+    T.SchedulerStart: _on_scheduler_start,
 }

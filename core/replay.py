@@ -64,7 +64,7 @@ def rebuild(records: Iterable[T.Record], state: State | None = None, to_n: int |
     return state
 
 
-INTERNAL_ERROR = "internal_error"
+INTERNAL_ERROR = T.INTERNAL_ERROR
 
 
 def step_guarded(

@@ -599,6 +599,27 @@ def forget_releases(ix: Index, placement, keep_fits: bool = False) -> None:
         ix.releases_gen += 1
 
 
+def forget_pass_memory(ix: Index) -> None:
+    """Back to what a state folded from the log has of what placement passes keep between
+    steps without an event (no node held, a pass due): a scheduler that starts leading
+    from a folded state records it (`SchedulerStarted`), and so does the restore after an
+    internal error, so the log's re-decision forgets at the same points."""
+    ix.reserved_nodes = {}
+    ix.placement_dirty = True
+    ix.drain_pending_t = -1
+
+
+def copy_state(state: State) -> State:
+    """An independent copy that decides as `state` would (a dry run): the canonical state
+    through its snapshot encoding, the placement passes' memory copied along."""
+    copy = load_snapshot(snapshot_bytes(state.canonical))
+    ix = state.index
+    copy.index.reserved_nodes = dict(ix.reserved_nodes)
+    copy.index.placement_dirty = ix.placement_dirty
+    copy.index.drain_pending_t = ix.drain_pending_t
+    return copy
+
+
 def forget_node(ix: Index, node_name: str) -> None:
     """Drop what is memoised about a node's releases (its jobs or GPUs changed)."""
     ix.node_releases.pop(node_name, None)

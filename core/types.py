@@ -204,6 +204,17 @@ class Feedback(_Input, tag="feedback"):
     comment: str = ""
 
 
+class SchedulerStart(_Input, tag="scheduler_start"):
+    """Input from the scheduler itself, the first it steps as leader. Its state was folded
+    from the log (a start, a takeover, a re-read after a refused batch), and folding rebuilds
+    everything but what placement passes keep from one step to the next without an event:
+    the nodes held for blocked jobs, and whether a pass has anything new to try. Recording
+    the start lets whoever re-decides the log (`xirang audit --redecide`) forget them at the
+    same point, so a log with any number of leader changes still re-decides exactly."""
+
+    instance: str = ""
+
+
 class Malformed(_Input, tag="malformed"):
     """Not sent by anyone: a line that failed to decode, carried into the machine so that
     its rejection is recorded like any other."""
@@ -234,6 +245,7 @@ Input = Union[
     ReleaseHold,
     Requeue,
     SetLevel,
+    SchedulerStart,
 ]
 
 
@@ -256,6 +268,11 @@ class InputAccepted(_Event, tag="InputAccepted"):
     """The accepted input itself, first in its batch, so the log carries what was decided on."""
 
     input: Input
+
+
+# The reason recorded when `step` raised on an input: the state the scheduler goes on from
+# was folded back from the log (core/replay.py `step_guarded`).
+INTERNAL_ERROR = "internal_error"
 
 
 class InputRejected(_Event, tag="InputRejected"):
@@ -594,6 +611,14 @@ class JobStopRequested(_Event, tag="JobStopRequested"):
     reason: str
 
 
+class SchedulerStarted(_Event, tag="SchedulerStarted"):
+    """A scheduler instance started leading from a state folded from the log: the placement
+    passes' memory between steps (node holds; whether a pass has anything new to try)
+    starts afresh from here (`scheduler_start`)."""
+
+    instance: str
+
+
 class StateDigest(_Event, tag="StateDigest"):
     """The state's digest after record `events`; `schema` says how it was computed (see
     core/digest.py): 1 for every digest written before schemas existed (no key)."""
@@ -640,6 +665,7 @@ Event = Union[
     JobHoldReleased,
     JobLevelSet,
     JobStopRequested,
+    SchedulerStarted,
 ]
 
 

@@ -10,12 +10,12 @@ import msgspec
 from core import step
 from core import types as T
 from core.explain import explain, human_duration
-from core.state import last_checkpoint, load_snapshot, snapshot_bytes
+from core.state import copy_state, last_checkpoint
 
 
 def dry_run(state, inp: T.Submit, now_ms: int) -> dict:
     """The outcome of submitting `inp` now, on a copy of `state` (which is left as it was)."""
-    copy = load_snapshot(snapshot_bytes(state.canonical))
+    copy = copy_state(state)
     t = max(now_ms, copy.canonical.t)
     inp = msgspec.structs.replace(inp, t=t, seq=0)
     victims_before = {j: _victim_row(copy, j) for j in sorted(copy.canonical.jobs)}

@@ -15,6 +15,7 @@ from agents.host import pid_alive
 from agents.local_cluster import Cluster, matching, sleep_command, train_command
 from core import rebuild
 from core import types as T
+from projections.redecide import Redecide
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -121,6 +122,13 @@ def test_scheduler_killed_mid_saga_loses_nothing_and_the_saga_ends(tmp_path):
         assert len(accepted) == len(set(accepted))  # no input applied twice
         writers = {h.get(bus.WRITER_HEADER) for _, _, h in c.raw_log()}
         assert writers == {"s1", "s2"}
+        # Each leader recorded its start, so the log re-decides exactly across the takeover.
+        assert [e.instance for e in (r.event for r in records) if isinstance(e, T.SchedulerStarted)] == ["s1", "s2"]
+        redecide = Redecide()
+        for record in records:
+            redecide.feed(record.n, T.encode(record))
+        redecide.finish()
+        assert redecide.summary()["same"], redecide.words()
 
 
 def test_second_scheduler_beside_the_first_never_appends(tmp_path):
