@@ -123,7 +123,8 @@ def test_scheduler_killed_mid_saga_loses_nothing_and_the_saga_ends(tmp_path):
         writers = {h.get(bus.WRITER_HEADER) for _, _, h in c.raw_log()}
         assert writers == {"s1", "s2"}
         # Each leader recorded its start, so the log re-decides exactly across the takeover.
-        assert [e.instance for e in (r.event for r in records) if isinstance(e, T.SchedulerStarted)] == ["s1", "s2"]
+        starts = [r.event.instance for r in records if isinstance(r.event, T.SchedulerStarted)]
+        assert starts == ["s1", "s2"]
         redecide = Redecide()
         for record in records:
             redecide.feed(record.n, T.encode(record))
