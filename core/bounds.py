@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -259,7 +260,7 @@ def _param_problem(path: str, value: Any) -> tuple[str, str] | None:
     if isinstance(value, str):
         return _text_problem("params", value, NAME_CHARS_MAX)
     if isinstance(value, list):
-        items = enumerate(value)
+        items: Iterable[tuple[Any, Any]] = enumerate(value)
     elif isinstance(value, dict):
         items = value.items()
     else:

@@ -92,7 +92,7 @@ def _native(release: _Release) -> frozenset[str]:
         cls.__name__
         for cls in types
         if release.fields.get(cls.__name__) == frozenset(cls.__struct_fields__)
-        and all(f.required for f in msgspec.inspect.type_info(cls).fields)
+        and all(f.required for f in msgspec.inspect.type_info(cls).fields)  # type: ignore[attr-defined]
     )
 
 

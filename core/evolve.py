@@ -148,7 +148,7 @@ def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
         eff_level=ev.level,
         gpus=ev.gpus,
         gpu_models=list(ev.gpu_models),
-        **submitted_costs_ms(ev),
+        **submitted_costs_ms(ev),  # type: ignore[arg-type]  # the four *_ms ints
         preemptible=ev.preemptible,
         safe_point_interval_ms=int(ev.safe_point_interval_s * 1000),
         command=list(ev.command),
@@ -568,7 +568,7 @@ def _input_rejected(s: State, ev: T.InputRejected) -> None:
         forget_pass_memory(s.index)
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, typing.Callable[[State, typing.Any], None]] = {
     T.InputRejected: _input_rejected,
     T.SchedulerStarted: _scheduler_started,
     T.NodeJoined: _node_joined,

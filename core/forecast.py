@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+from collections.abc import Iterable
 
 from .node_fit import earliest_single_fit
 from .policy import Policy
@@ -224,7 +225,7 @@ def _earliest_fit_across(
     return wait, sorted(chosen)
 
 
-def _first_fit_time(free: int, releases: list[tuple[int, int]], need: int) -> int | None:
+def _first_fit_time(free: int, releases: Iterable[tuple[int, int]], need: int) -> int | None:
     if free >= need:
         return 0
     for at_ms, gpus in releases:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from typing import Any
 
 from . import types as T
 from .fairness import team_downgrade_ends_t
@@ -419,7 +421,7 @@ def _on_feedback(ctx: Ctx, inp: T.Feedback) -> None:
     ctx.emit(T.FeedbackRecorded(t=inp.t, job=inp.job, user=inp.user, score=inp.score, comment=inp.comment))
 
 
-HANDLERS = {
+HANDLERS: dict[type, Callable[[Ctx, Any], None]] = {
     T.NodeUp: _on_node_up,
     T.NodeDown: _on_node_down,
     T.Submit: _on_submit,

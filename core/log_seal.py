@@ -72,7 +72,7 @@ def reject(ctx: Ctx, reason: str, detail: str = "") -> None:
             t=max(t, ctx.state.canonical.t),
             reason=reason,
             detail=detail[:TEXT_CHARS_MAX],
-            input_type=type(inp).__struct_config__.tag,
+            input_type=T.type_name(inp),
             job=job,
         )
     )

@@ -91,6 +91,7 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy, pric
         key = wasted + pricing.waiting_weight * ready
         if best is None or key < best[0]:
             best = (key, wasted, lost, save, restore, ready, checkpoint_needed)
+    assert best is not None  # options always has the let-go-now option
     _, wasted, lost, save, restore, ready, checkpoint_needed = best
     shared = min(victim.gpus, pricing.preemptor_gpus)
     # The GPUs the preemptor does not take (a gang victim's rest) go at once to the queued

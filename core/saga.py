@@ -212,6 +212,6 @@ def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
     count = window_count(win.preempting, t, p.fairness_window_ms) if win else 0
     limit = team_limit(ctx.state, preemptor.team, p.team_preempting_max)
     if count >= limit:
-        until = quota_recovers_t(win.preempting, limit, p.fairness_window_ms)
+        until = quota_recovers_t(win.preempting, limit, p.fairness_window_ms)  # type: ignore[union-attr]
         if until > c.team_downgraded_until.get(preemptor.team, 0):
             ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=until, preempting_in_window=count))

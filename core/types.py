@@ -726,7 +726,7 @@ def decode_record(data: bytes | str) -> Record:
         key=stored.key,
         sig=stored.sig,
     )
-    record._stored_event = (record.event, raw)
+    record._stored_event = (record.event, raw)  # type: ignore[attr-defined]  # Record has dict=True
     return record
 
 
@@ -742,7 +742,7 @@ def keep_stored_event(source: Record, copy: Record) -> Record:
     read with, if it has the same event."""
     raw = stored_event(source)
     if raw is not None and copy.event is source.event:
-        copy._stored_event = (copy.event, raw)
+        copy._stored_event = (copy.event, raw)  # type: ignore[attr-defined]
     return copy
 
 
