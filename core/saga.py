@@ -212,6 +212,7 @@ def _fairness_after_plan(ctx: Ctx, preemptor: Job, victims: list[str]) -> None:
     count = window_count(win.preempting, t, p.fairness_window_ms) if win else 0
     limit = team_limit(ctx.state, preemptor.team, p.team_preempting_max)
     if count >= limit:
-        until = quota_recovers_t(win.preempting, limit, p.fairness_window_ms)  # type: ignore[union-attr]
+        # (A limit of 0 counts even a team with no window yet.)
+        until = quota_recovers_t(win.preempting if win else [], limit, p.fairness_window_ms)
         if until > c.team_downgraded_until.get(preemptor.team, 0):
             ctx.emit(T.TeamDowngraded(t=t, team=preemptor.team, until_t=until, preempting_in_window=count))
