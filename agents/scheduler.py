@@ -35,7 +35,6 @@ from nats.js.errors import KeyNotFoundError, KeyValueError, BadRequestError
 from core import parse_input, step, with_params
 from core.machine import reject_input
 from core.identity import origin_of_subject
-from core.replay import INTERNAL_ERROR
 from core import types as T
 
 from trust.signing import SignatureError
@@ -441,14 +440,14 @@ class Scheduler:
         await self._flush(pending)
         self.state, self.ev_seq = await bus.load_state(self.js, keyring=self.keyring)
         try:
-            records = reject_input(self.state, inp, INTERNAL_ERROR, words)
+            records = reject_input(self.state, inp, T.INTERNAL_ERROR, words)
         except Exception:  # noqa: BLE001 - the input cannot even be named: record it bare
             records = reject_input(
-                self.state, T.Malformed(raw="", error="", t=inp.t, seq=inp.seq), INTERNAL_ERROR, words
+                self.state, T.Malformed(raw="", error="", t=inp.t, seq=inp.seq), T.INTERNAL_ERROR, words
             )
         self.internal_errors += 1
         alert = {
-            "kind": INTERNAL_ERROR,
+            "kind": T.INTERNAL_ERROR,
             "instance": self.instance,
             "input_type": T.type_name(inp),
             "input_seq": inp.seq,
@@ -456,7 +455,7 @@ class Scheduler:
             "t": inp.t,
         }
         try:
-            await self.nc.publish(f"{bus.ALERT_PREFIX}.{INTERNAL_ERROR}", json.dumps(alert).encode())
+            await self.nc.publish(f"{bus.ALERT_PREFIX}.{T.INTERNAL_ERROR}", json.dumps(alert).encode())
         except Exception:  # noqa: BLE001 - the log records it anyway
             pass
         return records, []

@@ -64,9 +64,6 @@ def rebuild(records: Iterable[T.Record], state: State | None = None, to_n: int |
     return state
 
 
-INTERNAL_ERROR = T.INTERNAL_ERROR
-
-
 def step_guarded(
     state: State, inp: T.Input, restore: Callable[[], State]
 ) -> tuple[State, list[T.Record], str]:
@@ -80,7 +77,7 @@ def step_guarded(
     except Exception as err:  # noqa: BLE001 - one input must never halt the scheduler
         words = f"{type(err).__name__}: {err}"
         state = restore()
-        return state, reject_input(state, inp, INTERNAL_ERROR, words), words
+        return state, reject_input(state, inp, T.INTERNAL_ERROR, words), words
 
 
 def run_inputs(inputs: Iterable[T.Input], state: State | None = None) -> Iterator[T.Record]:

@@ -15,7 +15,7 @@ from agents.scheduler import stamped_input
 from core import bounds, inputs, new_state, rebuild, state_digest, step
 from core import types as T
 from core.policy import Policy
-from core.replay import INTERNAL_ERROR, step_guarded
+from core.replay import step_guarded
 
 from scenario import check_invariants
 
@@ -140,7 +140,7 @@ def test_an_input_that_makes_step_raise_is_rejected_and_the_state_is_as_before(m
         lambda: rebuild(records_so_far),
     )
     assert "ZeroDivisionError" in words
-    assert rejection(records)[0] == INTERNAL_ERROR and "division by zero" in records[0].event.detail
+    assert rejection(records)[0] == T.INTERNAL_ERROR and "division by zero" in records[0].event.detail
     log += records
     assert state.canonical.jobs["ok1"].state != "" and state.canonical.last_input_seq == 3
     assert state_digest(rebuild(log).canonical) == state_digest(state.canonical)
