@@ -599,24 +599,28 @@ def forget_releases(ix: Index, placement, keep_fits: bool = False) -> None:
         ix.releases_gen += 1
 
 
+# What placement passes keep between steps that no event records (see `Index`): a state
+# folded from the log has a fresh index's values of them.
+PASS_MEMORY = ("reserved_nodes", "placement_dirty", "drain_pending_t")
+
+
 def forget_pass_memory(ix: Index) -> None:
     """Back to what a state folded from the log has of what placement passes keep between
     steps without an event (no node held, a pass due): a scheduler that starts leading
     from a folded state records it (`SchedulerStarted`), and so does the restore after an
     internal error, so the log's re-decision forgets at the same points."""
-    ix.reserved_nodes = {}
-    ix.placement_dirty = True
-    ix.drain_pending_t = -1
+    fresh = Index()
+    for name in PASS_MEMORY:
+        setattr(ix, name, getattr(fresh, name))
 
 
 def copy_state(state: State) -> State:
     """An independent copy that decides as `state` would (a dry run): the canonical state
     through its snapshot encoding, the placement passes' memory copied along."""
     copy = load_snapshot(snapshot_bytes(state.canonical))
-    ix = state.index
-    copy.index.reserved_nodes = dict(ix.reserved_nodes)
-    copy.index.placement_dirty = ix.placement_dirty
-    copy.index.drain_pending_t = ix.drain_pending_t
+    for name in PASS_MEMORY:
+        value = getattr(state.index, name)
+        setattr(copy.index, name, dict(value) if isinstance(value, dict) else value)
     return copy
 
 
