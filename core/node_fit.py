@@ -20,21 +20,42 @@ def earliest_single_fit(state: State, nodes, need: int) -> tuple[int, list[str]]
     est_gen = state.index.estimates_gen
     best_wait = -1
     best_name = ""
+    # Nodes whose kept line a learned runtime's change left stale: (a bound below their
+    # fit, name, node), made again only if that bound could still win (`NodeFit.drift_ms`).
+    stale = []
     for node in nodes:
         if node.gpus < need:
             continue
         name = node.name
         # node_fit_ms, inlined: this loop runs over the whole pool for every reservation.
         fit = fits.get(name)
-        line = (
-            None
-            if fit is None or fit.t0 > t or fit.estimates_gen != est_gen or fit.moved
-            else fit.lines.get(need)
-        )
+        line = None if fit is None or fit.t0 > t or fit.moved else fit.lines.get(need)
         if line is None or t >= line[2]:
             wait = node_fit_ms(state, node, need)
-        else:
+        elif fit.estimates_gen == est_gen:
             wait = line[0] + line[1] * t if line[1] is not None else None
+        elif line[1] is None:
+            continue  # never fits: the holders' GPUs, not their forecasts, say so
+        else:
+            drift = fit.drift_ms(state)
+            if drift is None:
+                wait = node_fit_ms(state, node, need)
+            elif drift == 0:  # no job's forecast changed: its pieces are those of now
+                fit.estimates_gen = est_gen
+                wait = line[0] + line[1] * t
+            else:
+                stale.append((line[0] + line[1] * t - drift, name, node))
+                continue
+        if wait is not None and (
+            best_wait < 0 or wait < best_wait or (wait == best_wait and name < best_name)
+        ):
+            best_wait, best_name = wait, name
+    # The soonest is the least (wait, name) whatever the order the nodes are weighed in.
+    stale.sort()
+    for bound, name, node in stale:
+        if best_wait >= 0 and (bound > best_wait or (bound == best_wait and name > best_name)):
+            break  # neither this node nor any after it can be the soonest
+        wait = node_fit_ms(state, node, need)
         if wait is not None and (
             best_wait < 0 or wait < best_wait or (wait == best_wait and name < best_name)
         ):
@@ -134,6 +155,30 @@ class NodeFit:
         self.estimates_gen = ix.estimates_gen
         self.moved = []
         return True
+
+    def drift_ms(self, state: State) -> int | None:
+        """How far, at most, the node's fits moved since its pieces were made, when only
+        learned runtimes changed since (no job `moved`): each job's time to release moves
+        by no more than its expected runtime did (`remaining_at` changes by at most as much
+        as its `total`), so each fit, a sum of releases' order, by no more than the largest
+        of those. None when that is not known: a job moved, or a team and kind's learned
+        runtime started (or stopped) being the one used."""
+        if self.moved:
+            return None
+        estimates = state.canonical.estimates
+        samples_min = state.canonical.policy.estimate_samples_min
+        drift = 0
+        for spec in self.specs:
+            used = spec[5]
+            now = estimates.get(spec[4])
+            if now is used:
+                continue
+            used_learned = used is not None and used.samples >= samples_min
+            if used_learned != (now is not None and now.samples >= samples_min):
+                return None
+            if used_learned:  # (else both are the submitter's estimate: no change)
+                drift = max(drift, abs(int(now.mean_ms) - int(used.mean_ms)))
+        return drift
 
     def _remade(self, state: State, t: int, jobs_moved: list[int]) -> bool:
         """Make the pieces of these jobs (by place) again from their release specs now;
