@@ -29,8 +29,7 @@ def earliest_single_fit(state: State, nodes, need: int) -> tuple[int, list[str]]
         name = node.name
         # node_fit_ms, inlined: this loop runs over the whole pool for every reservation.
         fit = fits.get(name)
-        line = None if fit is None or fit.t0 > t or fit.moved else fit.lines.get(need)
-        if line is None or t >= line[2]:
+        if fit is None or fit.t0 > t or fit.moved or (line := fit.lines.get(need)) is None or t >= line[2]:
             wait = node_fit_ms(state, node, need)
         elif fit.estimates_gen == est_gen:
             wait = line[0] + line[1] * t if line[1] is not None else None
@@ -104,6 +103,7 @@ class NodeFit:
         "estimates_gen",
         "moved",
         "pieces_end",
+        "drift_at",
     )
 
     def __init__(self, state: State, node, t0: int) -> None:
@@ -116,6 +116,7 @@ class NodeFit:
         self.specs = [spec for spec, _ in specs]
         self.estimates_gen = state.index.estimates_gen
         self.moved: list[str] = []  # jobs an event changed the forecast of since
+        self.drift_at: tuple[int, int | None] = (-1, None)  # (estimates_gen, `drift_ms`)
         fraction = LINDY_FLOOR_FRACTION
         # One piece per holding job, in the same order (`refreshed` replaces some).
         self.pieces = [(*_release_piece(spec, t0, fraction), gpus) for spec, gpus in specs]
@@ -165,6 +166,12 @@ class NodeFit:
         runtime started (or stopped) being the one used."""
         if self.moved:
             return None
+        gen = state.index.estimates_gen
+        if self.drift_at[0] != gen:  # (kept until the next change of a learned runtime)
+            self.drift_at = (gen, self._drift(state))
+        return self.drift_at[1]
+
+    def _drift(self, state: State) -> int | None:
         estimates = state.canonical.estimates
         samples_min = state.canonical.policy.estimate_samples_min
         drift = 0
@@ -176,7 +183,8 @@ class NodeFit:
             used_learned = used is not None and used.samples >= samples_min
             if used_learned != (now is not None and now.samples >= samples_min):
                 return None
-            if used_learned:  # (else both are the submitter's estimate: no change)
+            if used_learned and now is not None and used is not None:
+                # (else both are the submitter's estimate: no change)
                 drift = max(drift, abs(int(now.mean_ms) - int(used.mean_ms)))
         return drift
 
