@@ -89,6 +89,8 @@ class SlurmPolicy(PeerPolicy):
         self.last_bf_t = -(10**18)
         self.arrivals = 0
         self._bf_idle_key: tuple = ()
+        self._ends: list[tuple[int, int]] = []  # (`_ends_by_limit`)
+        self._ends_version = -1
 
     # ------------------------------------------------------------ priority
 
@@ -157,7 +159,8 @@ class SlurmPolicy(PeerPolicy):
         return None
 
     def _backfill(self, t: int, head_i: int) -> bool:
-        head = self.jobs[self.queue[head_i][3]]
+        queue, jobs, pool = self.queue, self.jobs, self.pool
+        head = jobs[queue[head_i][3]]
         shadow_t, extra = self._shadow(head, t)
         i = head_i + 1
         tested = 0
@@ -165,29 +168,35 @@ class SlurmPolicy(PeerPolicy):
         # will not fit later in it (per set of acceptable models).
         smallest_unplaceable: dict[tuple, int] = {}
         started = False
-        while i < len(self.queue) and tested < self.bf_max:
-            avail = self.pool.free_total - self.pool.reserved_total
+        avail = pool.free_total - pool.reserved_total  # (changes only when a job starts)
+        while i < len(queue) and tested < self.bf_max:
             if avail <= 0:
                 return started
-            job = self.jobs[self.queue[i][3]]
+            job = jobs[queue[i][3]]
+            spec = job.spec
             tested += 1
-            models = tuple(job.spec.gpu_models)
-            if job.gpus > avail or job.gpus >= smallest_unplaceable.get(models, 1 << 30):
+            gpus = spec.gpus
+            if gpus > avail:
                 i += 1
                 continue
-            ends_in_time = t + job.spec.est_runtime_ms <= shadow_t
-            if not ends_in_time and job.gpus > extra:
+            models = tuple(spec.gpu_models)
+            if gpus >= smallest_unplaceable.get(models, 1 << 30):
                 i += 1
                 continue
-            placement = self.pool.place(job.gpus, job.spec.gpu_models)
+            ends_in_time = t + spec.est_runtime_ms <= shadow_t
+            if not ends_in_time and gpus > extra:
+                i += 1
+                continue
+            placement = pool.place(gpus, spec.gpu_models)
             if placement is None:
-                smallest_unplaceable[models] = min(job.gpus, smallest_unplaceable.get(models, 1 << 30))
+                smallest_unplaceable[models] = min(gpus, smallest_unplaceable.get(models, 1 << 30))
                 i += 1
                 continue
             if not ends_in_time:
-                extra -= job.gpus
+                extra -= gpus
             self._dequeue_at(i)
             self.start(job, placement)
+            avail = pool.free_total - pool.reserved_total
             started = True
         return started
 
@@ -195,16 +204,29 @@ class SlurmPolicy(PeerPolicy):
         """When the head job could start as running jobs reach their time limits, and how
         many GPUs it leaves spare then."""
         free = self.pool.free_total - self.pool.reserved_total
-        ends = []
-        for job in self.bound_jobs.values():
-            ends.append((max(t, job.start_t + job.spec.est_runtime_ms), job.gpus))
-        ends.sort()
-        for end_t, gpus in ends:
+        # Running jobs' (time limit, GPUs), soonest first, kept while no job takes or
+        # leaves GPUs; those already past their limit count as ending now, the smallest
+        # first (as sorting them with their ends made `t` would order them).
+        ends = self._ends_by_limit()
+        past = bisect.bisect_right(ends, (t, 1 << 62))
+        for gpus in sorted(gpus for _, gpus in ends[:past]):
+            if free >= head.gpus:
+                return t, max(0, free - head.gpus)
+            free += gpus
+        for end_t, gpus in ends[past:] if free < head.gpus else ():
             if free >= head.gpus:
                 break
             free += gpus
             t = end_t
         return t, max(0, free - head.gpus)
+
+    def _ends_by_limit(self) -> list[tuple[int, int]]:
+        if self._ends_version != self.version:
+            self._ends_version = self.version
+            self._ends = sorted(
+                (job.start_t + job.spec.est_runtime_ms, job.spec.gpus) for job in self.bound_jobs.values()
+            )
+        return self._ends
 
     def _nominated_key(self, job: PeerJob) -> tuple:
         # A nominated job has left the queue and with it its key, so in practice this
