@@ -60,3 +60,67 @@ def test_a_kept_node_forecast_matches_one_worked_out_again_at_every_later_time(s
         fit.lines[need] = line
         kept = None if line[1] is None else line[0] + line[1] * t
         assert kept == _fit_worked_out_at(t, free, specs, need)
+
+
+# A running or frozen job's release forecast under two learned runtimes of its team and kind.
+def _job(state_name: str, est_runtime_ms: int, progress_ms: int, run_started_t: int, frozen_t: int):
+    from core.state import Job
+
+    return Job(
+        id="j",
+        team="a",
+        user="u",
+        kind="",
+        level=4,
+        requested_level=4,
+        eff_level=4,
+        gpus=1,
+        gpu_models=[],
+        est_runtime_ms=est_runtime_ms,
+        ckpt_interval_ms=0,
+        ckpt_cost_ms=0,
+        restore_cost_ms=0,
+        preemptible=True,
+        state=state_name,
+        progress_ms=progress_ms,
+        run_started_t=run_started_t,
+        frozen_t=frozen_t,
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    state_name=st.sampled_from(["running", "queued"]),
+    est_runtime_ms=st.integers(1, 20_000),
+    progress_ms=st.integers(0, 20_000),
+    run_started_t=st.integers(0, 5000),
+    frozen=st.booleans(),
+    means=st.tuples(st.integers(1, 20_000), st.integers(1, 20_000)),
+    samples=st.tuples(st.integers(0, 6), st.integers(0, 6)),
+    t=st.integers(0, 40_000),
+)
+def test_a_forecast_moves_no_more_than_the_learned_runtime_it_uses(
+    state_name, est_runtime_ms, progress_ms, run_started_t, frozen, means, samples, t
+):
+    """The premise of `core.node_fit.NodeFit.drift_ms`, which skips remaking a node's
+    forecast after a learned runtime changed when a bound says it cannot be the soonest: a
+    job's time to release moves by no more than its learned runtime did while that runtime
+    is the one used, and does not move while the submitter's estimate is. (A rule that
+    breaks this must make `drift_ms` say None for such jobs.)"""
+    from core.release import release_spec, remaining_at
+    from core.state import Estimate, State
+
+    frozen_t = run_started_t + 1 if frozen else 0
+    job = _job(state_name, est_runtime_ms, progress_ms, run_started_t, frozen_t)
+    values = []
+    for mean, count in zip(means, samples):
+        state = State()
+        state.canonical.t = t
+        state.canonical.estimates["a/"] = Estimate(samples=count, mean_ms=float(mean))
+        values.append(remaining_at(release_spec(state, job), t))
+    min_samples = State().canonical.policy.estimate_samples_min
+    learned = [count >= min_samples for count in samples]
+    if learned == [True, True]:
+        assert abs(values[0] - values[1]) <= abs(means[0] - means[1])
+    elif learned == [False, False]:
+        assert values[0] == values[1]
