@@ -286,10 +286,6 @@ def _ratio_of(a, b):
     return round(a / b, 4) if b > 0 else (1.0 if a == 0 else math.inf)
 
 
-# Jain's index differences this small are noise of the integration, not unfairness.
-FAIRNESS_TOLERANCE = 0.005
-
-
 def acceptance(cards: dict) -> dict:
     """xirang's targets against the peers' cards: urgent wait against k8s and none, lost
     GPU-hours, longest waits, mean wait per level, fairness."""
@@ -358,7 +354,7 @@ def acceptance(cards: dict) -> dict:
             "value": fair_gap[0],
             "target": ">= 0 (each of levels 3-5 at least none's Jain)",
             "level": fair_gap[1],
-            "ok": fair_gap[0] is not None and fair_gap[0] >= -FAIRNESS_TOLERANCE,
+            "ok": fair_gap[0] is not None and fair_gap[0] >= 0,  # as issue 14 asks: no tolerance
         },
     }
     # Reported beside the checks, not one of them: see the module doc.
