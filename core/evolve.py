@@ -95,6 +95,7 @@ _JOB_FIELDS = {
 def _node_joined(s: State, ev: T.NodeJoined) -> None:
     node = Node(name=ev.node, gpu_model=ev.gpu_model, gpus=ev.gpus, holder=[""] * ev.gpus)
     s.canonical.nodes[ev.node] = node
+    s.index.nodes_sorted = None
     forget_node(s.index, ev.node)
     _index_node_capacity(s.index, node)
 

@@ -105,8 +105,11 @@ def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], fl
     if pooled is None:
         releases: list[tuple[int, int]] = []
         free = 0
+        # node_releases(state, node), its memo read inline (`fits_memo` moved it to now).
+        kept = state.index.node_releases
         for node in nodes:
-            releases += node_releases(state, node)
+            node_list = kept.get(node.name)
+            releases += node_list if node_list is not None else node_releases(state, node)
             free += node.holder.count("")  # node_free_count
         releases.sort()
         times = [at for at, _ in releases]

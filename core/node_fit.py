@@ -36,7 +36,9 @@ def earliest_single_fit(state: State, nodes, need: int) -> tuple[int, list[str]]
         elif line[1] is None:
             continue  # never fits: the holders' GPUs, not their forecasts, say so
         else:
-            drift = fit.drift_ms(state)
+            # fit.drift_ms(state), its memo read inline (no job moved: see the first test).
+            drift_at = fit.drift_at
+            drift = drift_at[1] if drift_at[0] == est_gen else fit.drift_ms(state)
             if drift is None:
                 wait = node_fit_ms(state, node, need)
             elif drift == 0:  # no job's forecast changed: its pieces are those of now

@@ -22,7 +22,7 @@ from .policy import FAIR_SHARE
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .queues import TEAM_OLDEST_LOOKED_AT, aging_threshold_ms, serving_order
 from .shares import team_quota, teams_below_share, within_share
-from .state import QUEUED, Job, State, last_checkpoint, node_free_count
+from .state import QUEUED, Job, State, last_checkpoint, node_free_count, nodes_by_name
 from .types import LEVELS
 
 # A one-GPU job that accepts any model and does not fit even ignoring reservations:
@@ -449,7 +449,7 @@ def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bo
         return False
     nodes = [
         node
-        for name, node in sorted(c.nodes.items())
+        for name, node in nodes_by_name(state)
         if node.up and node.gpu_model in models and name not in reserved
     ]
     fit = None

@@ -26,7 +26,7 @@ from .placement_pass import reserved_nodes
 from .holds import binding_holds, victim_cap
 from .policy import Policy, with_params
 from .pricing import VictimCost, price_victims, pricing_for
-from .state import QUEUED, Job, Node, State
+from .state import QUEUED, Job, Node, State, nodes_by_name
 from .types import Slot
 from .substitutes import substitute_penalty, substitutes
 from .victims import cannot_free_enough, choose_victims
@@ -157,7 +157,7 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     c = state.canonical
     ix = state.index
     models = acceptable_models(job.gpu_models, ix)
-    nodes = [node for _, node in sorted(c.nodes.items()) if node.up and node.gpu_model in models]
+    nodes = [node for _, node in nodes_by_name(state) if node.up and node.gpu_model in models]
     if not nodes:
         return Decline(reason="no_node_of_model")
     runtime = expected_runtime_ms(state, job)

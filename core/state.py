@@ -269,6 +269,9 @@ class Index:
         # stays the same (the jobs weighed in one pass mostly look at the same nodes).
         self.releases_gen = 0
         self.fits_memo: dict[tuple, Any] = {}
+        # The nodes (up or not) in name order, as (name, node): what every reservation and
+        # preemption plan walks (`nodes_by_name`); dropped when a node joins.
+        self.nodes_sorted: list[tuple[str, Node]] | None = None
         # Per level, (policy, level wait, queue depth, aging threshold) last worked out
         # (`core.queues.aging_threshold_ms`).
         self.aging_memo: list[tuple | None] = [None] * LEVELS
@@ -622,6 +625,15 @@ def copy_state(state: State) -> State:
         value = getattr(state.index, name)
         setattr(copy.index, name, dict(value) if isinstance(value, dict) else value)
     return copy
+
+
+def nodes_by_name(state: "State") -> list[tuple[str, Node]]:
+    """`sorted(state.canonical.nodes.items())`, kept in the index until a node joins (a
+    node that goes down stays in it, marked not up: callers filter on `node.up`)."""
+    ix = state.index
+    if ix.nodes_sorted is None:
+        ix.nodes_sorted = sorted(state.canonical.nodes.items())
+    return ix.nodes_sorted
 
 
 def forget_node(ix: Index, node_name: str) -> None:
