@@ -248,12 +248,14 @@ def _teams(jobs, total_gpus: int) -> dict:
     }
 
 
-def scorecard(results: list[SimResult]) -> dict:
+def scorecard(results: list[SimResult], cards: dict[str, dict] | None = None) -> dict:
     """Every result's card side by side (same workload), with xirang's acceptance checks when
-    the peers are there."""
+    the peers are there. `cards`: policy -> its `policy_card`, already worked out (e.g. by
+    the process that ran it, while the others still ran); the rest are worked out here."""
     if not results:
         raise ValueError("no results to score")
-    cards = {r.policy: policy_card(r) for r in results}
+    ready = cards or {}
+    cards = {r.policy: ready[r.policy] if r.policy in ready else policy_card(r) for r in results}
     first = results[0]
     card = {
         "workload": first.workload,

@@ -44,8 +44,8 @@ def run(args) -> dict:
         xirang_tick_s=60.0,
         procs=PROCS,
     )
-    results = run_policies(_plan(sim_args), PROCS, quiet=True)
-    card = scorecard(results)
+    results, cards = run_policies(_plan(sim_args), PROCS, quiet=True, score=True)
+    card = scorecard(results, cards)
     wall_s = time.perf_counter() - began
     return {
         "bench": "philly",
