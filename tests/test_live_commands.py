@@ -292,4 +292,11 @@ def test_watch_redraws_and_logs_follow_ends_with_the_job(idle, capsys):
         assert all(len(frame["levels"]) == 8 for frame in frames)
     finally:
         os.kill(watch.pid, signal.SIGINT)
-        assert watch.wait(10) == 130 and "Traceback" not in watch.stderr.read()
+        # communicate, not wait: it reads the pipes, so a full one cannot hold the exit up.
+        try:
+            _, err = watch.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            watch.kill()
+            watch.communicate()
+            raise
+        assert watch.returncode == 130 and "Traceback" not in err, err

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -314,12 +315,27 @@ def _repeat(args, draw) -> int:
         return draw()
     if args.watch <= 0:
         raise UserError("--watch takes a positive number of seconds")
-    while True:
-        if not args.json and sys.stdout.isatty():
-            print("\033[2J\033[H", end="")
-        draw()
-        sys.stdout.flush()
-        time.sleep(args.watch)
+    interrupted: list[int] = []
+
+    def on_interrupt(signum, frame):
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    # Ctrl-C raised at once and remembered. A draw runs an asyncio loop, whose own handler
+    # turns Ctrl-C into a cancellation that Python 3.11 can swallow (a wait_for whose inner
+    # future completes at that moment): the watch then redrew forever (seen in CI).
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        while not interrupted:
+            if not args.json and sys.stdout.isatty():
+                print("\033[2J\033[H", end="")
+            draw()
+            sys.stdout.flush()
+            if not interrupted:
+                time.sleep(args.watch)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    raise KeyboardInterrupt
 
 
 def _filtered(args, rows):
