@@ -44,7 +44,7 @@ def run(args) -> dict:
         xirang_tick_s=60.0,
         procs=PROCS,
     )
-    results, cards = run_policies(_plan(sim_args), PROCS, quiet=True, score=True)
+    results, cards = run_policies(_plan(sim_args), PROCS, quiet=True)
     card = scorecard(results, cards)
     wall_s = time.perf_counter() - began
     return {

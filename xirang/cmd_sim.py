@@ -92,7 +92,7 @@ def cmd_sim(args) -> int:
     jobs = _plan(args)
     shown = [p.strip() for p in args.policies.split(",") if p.strip()]
     began = time.perf_counter()
-    results, cards = run_policies(jobs, args.procs, quiet=args.quiet, score=True)
+    results, cards = run_policies(jobs, args.procs, quiet=args.quiet)
     results.sort(key=lambda r: shown.index(r.policy))  # as the user listed them
     card = scorecard(results, cards)
     card["wall_s"] = round(time.perf_counter() - began, 1)
@@ -167,20 +167,20 @@ def _plan(args) -> list[dict]:
     ]
 
 
-def run_policies(jobs: list[dict], procs: int, quiet: bool = False, score: bool = False):
-    """Run each planned policy, in parallel processes when procs > 1; results in input order.
-    `score`: also each run's `replay.scorecard.policy_card`, worked out in the process that
-    ran it as soon as it ends (a whole-Philly card takes ~10 s: the quick policies' cards
-    are then made while xirang still runs, off the wall clock): (results, policy -> card)."""
+def run_policies(jobs: list[dict], procs: int, quiet: bool = False):
+    """Run each planned policy, in parallel processes when procs > 1: (results in input order,
+    policy -> its `replay.scorecard.policy_card`). Each card is worked out in the process that
+    ran the policy as soon as it ends (a whole-Philly card takes ~10 s: the quick policies'
+    cards are then made while xirang still runs, off the wall clock)."""
     order = {job["policy"]: i for i, job in enumerate(jobs)}
     bar = ProgressBar([job["policy"] for job in jobs], quiet)
     if procs == 1 or len(jobs) == 1:
-        runs = [_run_one(job, bar.update, score) for job in jobs]
+        runs = [_run_one(job, bar.update) for job in jobs]
     else:
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         manager_queue = ctx.Manager().Queue()
         with ctx.Pool(min(procs, len(jobs))) as pool:
-            pending = [pool.apply_async(_run_in_worker, (job, manager_queue, score)) for job in jobs]
+            pending = [pool.apply_async(_run_in_worker, (job, manager_queue)) for job in jobs]
             while not all(p.ready() for p in pending):
                 _drain(manager_queue, bar)
                 time.sleep(0.2)
@@ -188,10 +188,7 @@ def run_policies(jobs: list[dict], procs: int, quiet: bool = False, score: bool 
             runs = [p.get() for p in pending]
     bar.close()
     runs.sort(key=lambda run: order[run[0].policy])
-    results = [result for result, _ in runs]
-    if not score:
-        return results
-    return results, {result.policy: card for result, card in runs}
+    return [result for result, _ in runs], {result.policy: card for result, card in runs}
 
 
 def _drain(queue, bar) -> None:
@@ -202,12 +199,12 @@ def _drain(queue, bar) -> None:
             return
 
 
-def _run_in_worker(job: dict, queue, score: bool = False):
-    return _run_one(job, lambda *a: queue.put(a), score)
+def _run_in_worker(job: dict, queue):
+    return _run_one(job, lambda *a: queue.put(a))
 
 
-def _run_one(job: dict, report, score: bool = False):
-    """(the policy's result, its scorecard card when `score`, else None)."""
+def _run_one(job: dict, report):
+    """(the policy's result, its scorecard card)."""
     from core import load_policy_toml
     from replay.scorecard import policy_card
     from replay.sim import simulate
@@ -233,7 +230,7 @@ def _run_one(job: dict, report, score: bool = False):
     # CPU seconds beside the wall clock (as `xirang sweep`): on a shared machine the wall
     # clock says little.
     result.extra["cpu_s"] = round(time.process_time() - cpu_began, 1)
-    return result, policy_card(result) if score else None
+    return result, policy_card(result)
 
 
 class ProgressBar:
