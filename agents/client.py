@@ -14,11 +14,14 @@ from core import types as T
 
 from transport import bus
 
+from .interrupts import run_until_stopped
+
 OUTCOME_TIMEOUT_S = 15.0
 
 
 def run(url: str, work) -> Any:
-    """Connect to `url`, run `await work(nc, js)`, close; connection failures propagate."""
+    """Connect to `url`, run `await work(nc, js)`, close; connection failures propagate.
+    Ctrl-C or SIGTERM ends it at once (agents/interrupts.py)."""
 
     async def go():
         nc, js = await bus.connect(url, reconnects=2)
@@ -27,7 +30,7 @@ def run(url: str, work) -> Any:
         finally:
             await nc.close()
 
-    return asyncio.run(go())
+    return run_until_stopped(go())
 
 
 def _keyring():
@@ -81,7 +84,7 @@ def state_and_records(url: str) -> tuple[Any, list[T.Record]]:
 def send_and_wait(url: str, inp: T.Input, timeout_s: float = OUTCOME_TIMEOUT_S) -> dict:
     """Send one input and wait for the scheduler's verdict on it in the log: a dict with
     `outcome` accepted, rejected (with `reason` and `detail`), duplicate or pending."""
-    return asyncio.run(_send_and_wait(url, inp, timeout_s))
+    return run_until_stopped(_send_and_wait(url, inp, timeout_s))
 
 
 def client_sender(inp: T.Input) -> str:

@@ -31,6 +31,7 @@ from transport import bus
 from .cluster import start_cluster, stop_children
 from .examples import EXAMPLES_DIR
 from .host import stop_job_processes
+from .interrupts import run_until_stopped
 from transport.natsd import EmbeddedNats
 
 DEMO_TIMEOUT_S = 150.0
@@ -487,7 +488,7 @@ def run_demo(out_dir: str | None = None, as_json: bool = False) -> int:
         )
         timeline.children = children
         try:
-            outcome = asyncio.run(_drive(server.url, timeline, started + DEMO_TIMEOUT_S))
+            outcome = run_until_stopped(_drive(server.url, timeline, started + DEMO_TIMEOUT_S))
         except RuntimeError as err:
             outcome = {"error": str(err)}
     finally:

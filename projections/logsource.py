@@ -10,8 +10,10 @@ and a publisher of ready-made records for tests and benchmarks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import AsyncIterator, Iterator
 
+from nats.errors import ConnectionClosedError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api
 
@@ -61,7 +63,10 @@ async def read_batches(
             if caught_up:
                 return
     finally:
-        await sub.unsubscribe()
+        # A reader stopped by Ctrl-C may have closed its connection before this generator is
+        # closed: the server has then dropped the subscription already.
+        with contextlib.suppress(ConnectionClosedError):
+            await sub.unsubscribe()
 
 
 def jsonl_batches(path: str, start_seq: int = 1, batch_max: int = 5000) -> Iterator[list[tuple[int, bytes]]]:

@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"xirang: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where a command stops on it
+        return getattr(err, "exit_code", 130)
     except BrokenPipeError:  # `xirang history | head`: the reader has all it wanted
         return 0
     except Exception as err:  # noqa: BLE001 - every command ends in one line, never a traceback

@@ -37,7 +37,10 @@ def cmd_chaos(args) -> int:
             print(line, flush=True)
 
     say(f"xirang chaos: seed {args.seed}, {args.duration:g} s of faults, cluster in {root}")
-    report = Chaos(root, args.seed, args.duration, log=say).run()
+    from agents.interrupts import stop_signals_raise
+
+    with stop_signals_raise():  # SIGTERM too unwinds, so the run stops the cluster it started
+        report = Chaos(root, args.seed, args.duration, log=say).run()
     if args.json:
         print(json.dumps({**report.as_dict(), "data_dir": root}, indent=1))
     else:

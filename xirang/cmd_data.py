@@ -17,6 +17,7 @@ Times (`--to-time`, `--from`, `--to`) are log milliseconds or ISO 8601 datetimes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import datetime as dt
 import json
@@ -159,7 +160,9 @@ def cmd_project(args) -> int:
     resolve_source(args)
     if args.log:
         return _project_file(args)
-    return asyncio.run(_project_nats(args))
+    from agents.interrupts import run_until_stopped
+
+    return run_until_stopped(_project_nats(args))
 
 
 def _project_file(args) -> int:
@@ -556,6 +559,7 @@ def cmd_dashboard(args) -> int:
     from projections import dashboard
     from projections.analyst_sql import AnalystSql, token_from
     from projections.logsource import jsonl_batches
+    from agents.interrupts import run_until_stopped, stop_signals_raise
 
     resolve_source(args)
     stream = f"file:{os.path.abspath(args.log)}" if args.log else "XR_EV"
@@ -579,16 +583,17 @@ def cmd_dashboard(args) -> int:
     host, port = server.server_address[:2]
     print(f"dashboard on http://{host}:{port}/ (metrics at /metrics)", flush=True)
     try:
-        signed = _signed_only(args)
-        if args.log:
-            for batch in jsonl_batches(args.log, proj.last_seq + 1):
-                proj.apply(signed(batch))
-            signed.finish()
-            proj.refresh_pending()
-            print(f"projected {args.log} up to record {proj.last_n}; serving until Ctrl-C", flush=True)
-            threading.Event().wait()
-        else:
-            asyncio.run(_follow(args.nats, proj, live, signed))
+        with stop_signals_raise():  # Ctrl-C or a supervisor's SIGTERM: an orderly stop, at once
+            signed = _signed_only(args)
+            if args.log:
+                for batch in jsonl_batches(args.log, proj.last_seq + 1):
+                    proj.apply(signed(batch))
+                signed.finish()
+                proj.refresh_pending()
+                print(f"projected {args.log} up to record {proj.last_n}; serving until Ctrl-C", flush=True)
+                threading.Event().wait()
+            else:
+                run_until_stopped(_follow(args.nats, proj, live, signed))
     except KeyboardInterrupt:
         pass
     finally:
@@ -604,11 +609,13 @@ async def _follow(url: str, proj, live: dict | None = None, signed=None) -> None
 
     nc, js = await connect_or_explain(url)
     watcher = asyncio.create_task(_watch_input_backlog(js, proj, live)) if live is not None else None
+    batches = read_batches(js, proj.last_seq + 1, batch_max=FOLLOW_BATCH_MAX, follow=True)
     try:
-        async for batch in read_batches(js, proj.last_seq + 1, batch_max=FOLLOW_BATCH_MAX, follow=True):
-            await asyncio.to_thread(proj.apply, signed(batch) if signed is not None else batch)
-            if len(batch) < FOLLOW_BATCH_MAX:  # the log went quiet: caught up, so reasons are due
-                await asyncio.to_thread(proj.refresh_pending, True)
+        async with contextlib.aclosing(batches):  # closed here, while the connection is open
+            async for batch in batches:
+                await asyncio.to_thread(proj.apply, signed(batch) if signed is not None else batch)
+                if len(batch) < FOLLOW_BATCH_MAX:  # the log went quiet: caught up, so reasons are due
+                    await asyncio.to_thread(proj.refresh_pending, True)
     finally:
         if watcher:
             watcher.cancel()

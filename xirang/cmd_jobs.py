@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
@@ -315,27 +314,19 @@ def _repeat(args, draw) -> int:
         return draw()
     if args.watch <= 0:
         raise UserError("--watch takes a positive number of seconds")
-    interrupted: list[int] = []
+    from agents.interrupts import stop_signals_raise
 
-    def on_interrupt(signum, frame):
-        interrupted.append(signum)
-        raise KeyboardInterrupt
-
-    # Ctrl-C raised at once and remembered. A draw runs an asyncio loop, whose own handler
-    # turns Ctrl-C into a cancellation that Python 3.11 can swallow (a wait_for whose inner
-    # future completes at that moment): the watch then redrew forever (seen in CI).
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        while not interrupted:
+    # Ctrl-C raised at once and remembered: a draw runs an asyncio loop, which could swallow
+    # it (agents/interrupts.py); the watch stops after that draw, not redraws forever.
+    with stop_signals_raise() as stop:
+        while not stop:
             if not args.json and sys.stdout.isatty():
                 print("\033[2J\033[H", end="")
             draw()
             sys.stdout.flush()
-            if not interrupted:
+            if not stop:
                 time.sleep(args.watch)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    raise KeyboardInterrupt
+    return 0  # not reached: the block raises Interrupted once a signal came
 
 
 def _filtered(args, rows):
@@ -486,18 +477,22 @@ def cmd_logs(args) -> int:
     if not paths:
         raise UserError(f"{args.job} has not started yet: `xirang jobs --team ...` says why it waits")
     shown: dict[Path, int] = {}
-    while True:
-        for path in paths:
-            shown[path] = _print_from(path, shown.get(path, 0), header=len(paths) > 1)
-        if not args.follow:
-            return 0
-        time.sleep(0.5)
-        latest = [r for _, r in records(url, start_seq=1)]
-        paths = job_output_paths(latest, args.job, Path(args.data_dir) / "hosts") or paths
-        if _job_ended(latest, args.job):
+    for path in paths:
+        shown[path] = _print_from(path, 0, header=len(paths) > 1)
+    if not args.follow:
+        return 0
+    from agents.interrupts import stop_signals_raise
+
+    with stop_signals_raise() as stop:  # each read of the log runs an asyncio loop
+        while not stop:
+            time.sleep(0.5)
+            latest = [r for _, r in records(url, start_seq=1)]
+            paths = job_output_paths(latest, args.job, Path(args.data_dir) / "hosts") or paths
             for path in paths:
                 shown[path] = _print_from(path, shown.get(path, 0), header=len(paths) > 1)
-            return 0
+            if _job_ended(latest, args.job):
+                return 0
+    return 0  # not reached: the block raises Interrupted once a signal came
 
 
 def _print_from(path: Path, offset: int, header: bool) -> int:

@@ -404,5 +404,7 @@ def _hold(lock):
 def cmd_demo(args) -> int:
     """`xirang demo`: the end-to-end demonstration."""
     from agents.demo import run_demo
+    from agents.interrupts import stop_signals_raise
 
-    return run_demo(out_dir=args.out, as_json=args.json)
+    with stop_signals_raise():  # SIGTERM too unwinds, so the demo stops what it started
+        return run_demo(out_dir=args.out, as_json=args.json)

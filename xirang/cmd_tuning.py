@@ -85,9 +85,9 @@ def cmd_notices(args) -> int:
     if (args.follow or args.publish) and not args.nats:
         raise UserError("--follow and --publish need the live log: give --nats URL (or run `xirang up`)")
     if args.publish:
-        import asyncio
+        from agents.interrupts import run_until_stopped
 
-        return asyncio.run(_publish(args.nats, args.follow, args.json))
+        return run_until_stopped(_publish(args.nats, args.follow, args.json))
     marks = ReadMarks()
     user = None if args.everyone else args.user
     after = 0 if (args.all or args.everyone) else marks.get(args.user)
@@ -113,9 +113,9 @@ def cmd_notices(args) -> int:
             for pos, data in batch:
                 show(pos, T.decode_record(data))
     else:
-        import asyncio
+        from agents.interrupts import run_until_stopped
 
-        asyncio.run(_read_nats(args.nats, args.follow, show))
+        run_until_stopped(_read_nats(args.nats, args.follow, show))
     if not shown and not args.json:
         who = "anyone" if user is None else user
         print(f"no {'' if args.all or args.everyone else 'unread '}notices for {who}")
