@@ -12,7 +12,7 @@ from xirang.errors import UserError
 
 def register(sub) -> None:
     """Add the `key`, `nats add-user` and `tls init` command(s) to the CLI's subparsers."""
-    key = sub.add_parser("key", help="the scheduler's Ed25519 log-signing key: create, rotate, show")
+    key = sub.add_parser("key", help="the scheduler's Ed25519 log-signing key: create, rotate, show, adopt")
     key_sub = key.add_subparsers(dest="key_command", metavar="ACTION")
     key_sub.required = True
     for name, what in (
@@ -46,7 +46,7 @@ def register(sub) -> None:
     adopt.set_defaults(func=cmd_key_adopt)
 
     nats_p = sub.add_parser(
-        "nats", help="NATS operator, account and users (decentralised JWT auth): init, add-user"
+        "nats", help="NATS operator, account and users (decentralised JWT auth): init, add-user, revoke"
     )
     nats_sub = nats_p.add_subparsers(dest="nats_command", metavar="ACTION")
     nats_sub.required = True
