@@ -1,5 +1,6 @@
 """The preemption pass: which blocked jobs get a preemption plan this step (by priority:
-the queued jobs of the levels that may preempt, strongest right first; by reclaim: per team
+the queued jobs of the levels that may preempt, strongest right first, inside a level in
+its own queue policy's order (fair share by team at levels 3-5); by reclaim: per team
 below its fair share, its oldest job that fits within it), planning each
 (`core.plan.plan_preemption`) and starting a saga for each plan, or recording why not.
 """
@@ -12,7 +13,7 @@ from . import types as T
 from .eligibility import may_preempt
 from .log_seal import Ctx
 from .plan import Decline, plan_preemption
-from .queues import TEAM_OLDEST_LOOKED_AT
+from .queues import TEAM_OLDEST_LOOKED_AT, preempting_order
 from .saga import start_saga
 from .shares import SHARE_EPSILON, teams_below_share, within_share
 from .state import QUEUED, State
@@ -21,15 +22,17 @@ from .types import LEVELS
 
 def preemption_candidates(state: State, t: int) -> Iterator[str]:
     """The queued jobs of the less urgent levels with the strongest right to preempt: by base
-    level (aging and boosts change the serving order, never the right to preempt), then
-    submit time; not those waiting out a retry backoff. At most `scan_jobs_max` looked at.
-    (The urgent levels' jobs are `urgent_candidates`, all tried on every pass.)"""
+    level (aging and boosts change the serving order, never the right to preempt), then in
+    the level's own queue policy (`preempting_order`: first come first served, or fair
+    share by team quota inside levels 3-5); not those waiting out a retry backoff. At most
+    `scan_jobs_max` looked at. (The urgent levels' jobs are `urgent_candidates`, all tried
+    on every pass.)"""
     p = state.canonical.policy
     scanned = 0
     for level in range(p.urgent_levels, LEVELS):
         if p.preempts_from_level[level] >= LEVELS:
             continue
-        for _, job_id in state.index.waiting_by_level[level]:
+        for job_id in preempting_order(state, level):
             scanned += 1
             if scanned > p.scan_jobs_max:
                 return

@@ -129,6 +129,22 @@ def serving_order(state: State, level: int) -> Iterator[str]:
     return _by_own_level(state, level, teams, names)
 
 
+def preempting_order(state: State, level: int) -> Iterator[str]:
+    """The queued jobs of one base level, wherever aging or a boost queues them, in the order
+    of the level's own queue policy: who of the level takes GPUs by preemption first. Fair
+    share decides who gets a level's next GPUs whether a release or a preemption frees them
+    (levels 3-5: the team furthest below its quota inside the level first), so a team's
+    backlog of old jobs does not take every GPU the level preempts while another team of
+    the level, further below its quota, waits."""
+    live = state.index.waiting_by_level_team[level]
+    if not live:
+        return iter(())
+    depth = state.canonical.policy.scan_jobs_max
+    names = sorted(live)
+    teams = {name: live[name][:depth] for name in names}
+    return _order(state, level, state.canonical.policy.queue_policy[level], teams, names)
+
+
 def _by_own_level(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
     """The jobs that belong to the level first, in its policy's order; then each group of
     jobs aged (or boosted) into it from a less urgent level, in the order of the policy of

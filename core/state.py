@@ -202,10 +202,14 @@ class Index:
         self.queued_gpus: list[int] = [0] * LEVELS  # GPUs asked for by queued jobs, per eff level
         # level -> sorted [(level_since_t, job id)] of jobs that may still age, for aging
         self.aging: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
-        # base level -> sorted [(submit_t, job id)] of queued jobs: who may preempt first
+        # base level -> sorted [(submit_t, job id)] of queued jobs: the oldest first (the
+        # urgent levels' preemption candidates, the starving jobs' reservations)
         self.waiting_by_level: list[list[tuple[int, str]]] = [[] for _ in range(LEVELS)]
         # team -> sorted [(submit_t, job id)] of its queued jobs: each team's oldest
         self.waiting_by_team: dict[str, list[tuple[int, str]]] = {}
+        # base level -> team -> sorted [(base level, submit_t, job id)] of its queued jobs,
+        # wherever aging queues them: who may preempt first, in the level's own queue policy
+        self.waiting_by_level_team: list[dict[str, list[tuple[int, int, str]]]] = [{} for _ in range(LEVELS)]
         self.free_by_model: dict[str, int] = {}
         self.capacity_by_model: dict[str, int] = {}
         self.node_size_max_by_model: dict[str, int] = {}
@@ -362,6 +366,7 @@ def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
         bisect.insort(ix.aging[job.eff_level], (job.level_since_t, job.id))
     bisect.insort(ix.waiting_by_level[job.level], (job.submit_t, job.id))
     bisect.insort(ix.waiting_by_team.setdefault(job.team, []), (job.submit_t, job.id))
+    bisect.insort(ix.waiting_by_level_team[job.level].setdefault(job.team, []), queue_key(job))
 
 
 def queue_key(job: Job) -> tuple[int, int, str]:
@@ -393,6 +398,10 @@ def queue_remove(ix: Index, job: Job) -> None:
     _remove_sorted(team_waiting, (job.submit_t, job.id))
     if not team_waiting:
         ix.waiting_by_team.pop(job.team, None)
+    level_team = ix.waiting_by_level_team[job.level].get(job.team, [])
+    _remove_sorted(level_team, queue_key(job))
+    if not level_team:
+        ix.waiting_by_level_team[job.level].pop(job.team, None)
 
 
 def _remove_sorted(items: list, key: Any) -> None:

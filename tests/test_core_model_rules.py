@@ -127,6 +127,28 @@ def test_levels_6_and_7_take_turns_over_teams_whatever_their_quota():
     assert sum(j.startswith("b-") for j in started_jobs) == 4
 
 
+def test_a_fair_share_level_preempts_for_the_team_furthest_below_its_quota_first():
+    """Team a holds a node at level 4 and queues an older 8-GPU job; team b, holding nothing
+    at level 4, queues one later. Both are declined while the level-7 victim has 39 h of
+    unsaved work. Once it saves, the one attempt a pass goes to b's job: the GPUs the level
+    takes by preemption are its next GPUs too, and fair share says who gets them, not the
+    submit order."""
+    run = Run(preemption_candidates_max=1)
+    run.at(0, node("n1"), node("n2"))
+    run.at(
+        1000,
+        submit("a-run", 4, 8, team="a", user="a", est_runtime_s=45 * 3600, preemptible=False),
+        submit("batch", 7, 8, team="c", user="c", est_runtime_s=50 * 3600, ckpt_interval_s=0),
+    )
+    start_all(run, 2000)
+    declined = run.at(39 * HOUR, submit("a-old", 4, 8, team="a", user="a2", est_runtime_s=3600))
+    declined += run.at(39 * HOUR + MIN, submit("b-new", 4, 8, team="b", user="b", est_runtime_s=3600))
+    assert [e.reason for e in of(declined, T.PreemptionDeclined)] == ["benefit_below_cost"] * 2
+    fresh_checkpoint(run, 40 * HOUR, "batch")
+    run.at(40 * HOUR + 2 * MIN, tick(40 * HOUR + 2 * MIN))
+    assert [p.preemptor for p in run.events(T.PreemptionPlanned)] == ["b-new"]
+
+
 def test_fair_share_inside_levels_3_to_5_counts_only_what_teams_hold_at_that_level():
     """Team a holds 4 GPUs at level 6, team b 2 at level 4. Two GPUs free up: at level 4, a
     holds nothing and b holds 2, so a's level-4 job goes first (across the pool a holds more)."""

@@ -25,6 +25,7 @@ def index_view(ix) -> tuple:
     return (
         ix.queues,
         ix.aging,
+        ix.waiting_by_level_team,
         {k: v for k, v in ix.free_by_model.items() if v},
         {
             m: {f: sorted(b) for f, b in bs.items() if b}
