@@ -25,6 +25,8 @@ import os
 import sys
 import threading
 
+from agents.interrupts import run_until_stopped, stop_signals_raise
+
 DEFAULT_DB = os.path.join(".xirang", "projection.duckdb")
 # The dashboard projects into its own copy: DuckDB lets one process write a file and no
 # other open it meanwhile, so sharing the analysts' file would lock them out while it runs.
@@ -160,8 +162,6 @@ def cmd_project(args) -> int:
     resolve_source(args)
     if args.log:
         return _project_file(args)
-    from agents.interrupts import run_until_stopped
-
     return run_until_stopped(_project_nats(args))
 
 
@@ -444,7 +444,7 @@ def feed_log(args, reader) -> None:
             if not all(reader.feed(pos, data) for pos, data in batch):
                 break
     else:
-        asyncio.run(_audit_nats(args.nats, reader))
+        run_until_stopped(_audit_nats(args.nats, reader))
 
 
 def _redecide(args, audit):
@@ -559,7 +559,6 @@ def cmd_dashboard(args) -> int:
     from projections import dashboard
     from projections.analyst_sql import AnalystSql, token_from
     from projections.logsource import jsonl_batches
-    from agents.interrupts import run_until_stopped, stop_signals_raise
 
     resolve_source(args)
     stream = f"file:{os.path.abspath(args.log)}" if args.log else "XR_EV"
@@ -768,13 +767,16 @@ def cmd_tune(args) -> int:
     if args.every is not None and (args.every <= 0 or not args.apply):
         raise _user_error("--every S needs --apply and S > 0")
     objective = tuner.Objective(args.urgent_weight, args.lost_weight, args.fairness_weight)
-    while True:
+    if args.every is None:
         _tune_once(args, objective)
-        if args.every is None:
-            return 0
-        import time
+        return 0
+    import time
 
-        time.sleep(args.every)
+    with stop_signals_raise() as stop:  # Ctrl-C or SIGTERM ends the loop at once
+        while not stop:
+            _tune_once(args, objective)
+            time.sleep(args.every)
+    return 0  # not reached: the block raises Interrupted once a signal came
 
 
 def _tuner_input(proposal, records, last_t: int):
@@ -828,7 +830,7 @@ def _tune_once(args, objective) -> None:
         with open(args.out, "ab") as fh:
             for inp in inputs:
                 fh.write(T.encode(inp) + b"\n")
-    sent = asyncio.run(_send_inputs(args.nats, inputs)) if args.apply and inputs else []
+    sent = run_until_stopped(_send_inputs(args.nats, inputs)) if args.apply and inputs else []
     out = {
         "window": span.as_dict(),
         "objective": objective.describe(),
@@ -923,7 +925,7 @@ def load_records(args) -> list:
         finally:
             await nc.close()
 
-    return asyncio.run(go())
+    return run_until_stopped(go())
 
 
 # ---------------------------------------------------------------- periodic review
