@@ -42,6 +42,7 @@ from trust.signing import SignatureError
 from transport import bus
 
 log = logging.getLogger("xirang.scheduler")
+ODD_HEARTBEATS_NAMED_MAX = 64  # subjects whose heartbeats name another node, logged once each
 
 LEASE_KEY = "scheduler"
 # How long a streaming burst of inputs may wait to share one group commit.
@@ -65,6 +66,22 @@ class EffectsTooLarge(RuntimeError):
 
 class LostLeadership(Exception):
     """Our lease was taken or a batch was fenced: stop, re-read the log, try again."""
+
+
+def heartbeat_node(subject: str, data: bytes) -> str | None:
+    """The node a heartbeat on `xr.hb.<token>` speaks for: the node its body names when that
+    name's token is the subject's (NATS lets a host publish only on its own node's subject, so
+    the subject is what vouches for it), the subject's token for a body naming none, and None
+    (not counted) for a body naming another node: one host must not keep another alive."""
+    token = subject.split(".", 2)[-1]
+    try:
+        body = json.loads(data)
+    except ValueError:
+        body = None
+    named = body.get("node") if isinstance(body, dict) else None
+    if not isinstance(named, str):
+        return token
+    return named if bus.node_token(named) == token else None
 
 
 def now_ms() -> int:
@@ -117,6 +134,7 @@ class Scheduler:
         self.nc = self.js = self.kv = None
         self._lease_rev = 0
         self._heard: dict[str, float] = {}
+        self._odd_heartbeats: set[str] = set()  # subjects whose heartbeats named another node
         self._reconnected = False
         self._down_sent: dict[str, float] = {}
 
@@ -474,11 +492,18 @@ class Scheduler:
     # ------------------------------------------------------------ host liveness
 
     async def _on_heartbeat(self, msg) -> None:
-        node = msg.subject.split(".", 2)[-1]
-        try:
-            node = json.loads(msg.data).get("node", node)
-        except ValueError:
-            pass
+        node = heartbeat_node(msg.subject, msg.data)
+        if node is None:
+            # Said once per subject (it beats every second), for a bounded number of subjects.
+            if (
+                msg.subject not in self._odd_heartbeats
+                and len(self._odd_heartbeats) < ODD_HEARTBEATS_NAMED_MAX
+            ):
+                self._odd_heartbeats.add(msg.subject)
+                log.warning(
+                    "%s: ignoring heartbeats on %s: they name another node", self.instance, msg.subject
+                )
+            return
         self._heard[node] = time.monotonic()
 
     async def _watch_hosts(self) -> None:
