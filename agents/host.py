@@ -356,16 +356,7 @@ class HostAgent:
 
     async def _retry(self, what: str, action):
         """Run `action` until it succeeds, with capped backoff: the bus may be away."""
-        delay = 0.2
-        while True:
-            try:
-                return await action()
-            except Exception as err:  # noqa: BLE001 - wait for the bus
-                if self.stop_event.is_set():
-                    raise
-                log.warning("host %s: %s failed (%r); retrying in %.1f s", self.node, what, err, delay)
-                await asyncio.sleep(delay)
-                delay = min(bus.CONNECT_BACKOFF_MAX_S, delay * 2)
+        return await bus.retry_with_backoff(action, f"host {self.node}: {what}", self.stop_event)
 
     async def _send_outbox(self) -> None:
         """Deliver the outbox's facts as they come; while the bus is away, retry with

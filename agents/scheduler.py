@@ -194,18 +194,9 @@ class Scheduler:
         await bus.ensure_streams(self.js)
         self.kv = await self.js.key_value(bus.LEASE_BUCKET)
 
-    async def _retry(self, what: str, action) -> None:
+    async def _retry(self, what: str, action):
         """Run `action` until it succeeds (or we are stopped), with capped backoff."""
-        delay = 0.2
-        while True:
-            try:
-                return await action()
-            except Exception as err:  # noqa: BLE001 - the bus is away: wait for it
-                if self.stop_event.is_set():
-                    raise
-                log.warning("%s: %s failed (%r); retrying in %.1f s", self.instance, what, err, delay)
-                await self._sleep(delay)
-                delay = min(bus.CONNECT_BACKOFF_MAX_S, delay * 2)
+        return await bus.retry_with_backoff(action, f"{self.instance}: {what}", self.stop_event)
 
     async def _on_disconnected(self) -> None:
         log.warning("%s: disconnected from NATS; waiting for it", self.instance)

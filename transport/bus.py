@@ -19,6 +19,7 @@ Everything is created idempotently by whoever connects first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -130,15 +131,36 @@ async def connect_forever(url: str, name: str = "xirang", stop=None, **kwargs) -
     """`connect` for the scheduler, agents and jobs: never gives up. The first connection
     is retried with exponential backoff (capped); once connected, the client reconnects
     forever. `stop` (an asyncio.Event) ends the wait with ConnectionError."""
-    delay = 0.1
+    try:
+        return await retry_with_backoff(
+            lambda: connect(url, name=name, reconnects=-1, **kwargs),
+            f"{name}: reaching NATS at {url}",
+            stop,
+            first_delay_s=0.1,
+        )
+    except Exception as err:
+        if stop is not None and stop.is_set():
+            raise ConnectionError(f"stopped while waiting for NATS at {url}") from err
+        raise
+
+
+async def retry_with_backoff(action, what: str, stop=None, first_delay_s: float = 0.2):
+    """`await action()` until it succeeds, waiting between tries with exponential backoff
+    capped at CONNECT_BACKOFF_MAX_S: the bus may be away. Once `stop` (an asyncio.Event) is
+    set, the wait ends at once and the next failure is raised."""
+    delay = first_delay_s
     while True:
         try:
-            return await connect(url, name=name, reconnects=-1, **kwargs)
-        except Exception as err:  # noqa: BLE001 - no server yet: wait for it
+            return await action()
+        except Exception as err:  # noqa: BLE001 - the bus is away: wait for it
             if stop is not None and stop.is_set():
-                raise ConnectionError(f"stopped while waiting for NATS at {url}") from err
-            log.warning("%s: NATS at %s not reachable (%r); retrying in %.1f s", name, url, err, delay)
-            await asyncio.sleep(delay)
+                raise
+            log.warning("%s failed (%r); retrying in %.1f s", what, err, delay)
+            if stop is None:
+                await asyncio.sleep(delay)
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
             delay = min(CONNECT_BACKOFF_MAX_S, delay * 2)
 
 
