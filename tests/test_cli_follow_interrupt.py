@@ -1,6 +1,6 @@
 """One Ctrl-C (or a supervisor's SIGTERM) ends every command that follows the log, at once:
-`dashboard`, `project --follow`, `notices --follow`, `logs --follow`. Real processes, a real
-nats-server, real signals. Python 3.11's asyncio.run turns Ctrl-C into a cancellation that
+`dashboard`, `project --follow`, `notices --follow`, `logs --follow`, `tune --every`. Real
+processes, a real nats-server, real signals. Python 3.11's asyncio.run turns Ctrl-C into a cancellation that
 can be lost (nats-py's next_msg is a wait_for whose inner future may complete as the cancel
 comes); the first test loses every cancellation on purpose and the command must still end."""
 
@@ -163,6 +163,12 @@ def test_follow_commands_end_at_once_on_one_signal(log, tmp_path):
         ),
         (["notices", "--nats", url, "--follow", "--everyone"], "", signal.SIGINT, 130),
         (["logs", job, "--follow", "--nats", url, "--data-dir", str(tmp_path)], "step 1", signal.SIGINT, 130),
+        (
+            ["tune", "--nats", url, "--evals", "1", "--param", "net_benefit_min", "--apply", "--every", "60"],
+            "tune:",
+            signal.SIGTERM,
+            143,
+        ),
     ]
     procs = [start(*argv) for argv, *_ in cases]
     try:
