@@ -1,8 +1,9 @@
 """One Ctrl-C (or a supervisor's SIGTERM) ends every command that follows the log, at once:
 `dashboard`, `project --follow`, `notices --follow`, `logs --follow`, `tune --every`. Real
-processes, a real nats-server, real signals. Python 3.11's asyncio.run turns Ctrl-C into a cancellation that
-can be lost (nats-py's next_msg is a wait_for whose inner future may complete as the cancel
-comes); the first test loses every cancellation on purpose and the command must still end."""
+processes, a real nats-server, real signals. Python 3.11's asyncio.run turns Ctrl-C into a
+cancellation that can be lost (nats-py's next_msg is a wait_for whose inner future may
+complete as the cancel comes): one test loses the first cancellation on purpose, one every
+cancellation, and the command must still end."""
 
 from __future__ import annotations
 
