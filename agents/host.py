@@ -108,6 +108,21 @@ class Run(msgspec.Struct, kw_only=True):
     job_uid: int = 0  # the run's own uid (and gid) from --job-uid-range; 0: none drawn
 
 
+class StateFileError(Exception):
+    """A file of the agent's state folder cannot be read; the message names it and what to do."""
+
+
+def _read_state_file(path: Path, kind, forgets: str):
+    """The file decoded as `kind`, or StateFileError naming it (a disk fault, an edit by
+    hand) and what moving it aside would make the agent forget."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=kind)
+    except (OSError, msgspec.DecodeError) as err:
+        raise StateFileError(
+            f"cannot read {path} ({err}): restore it, or move it aside to go on without it ({forgets})"
+        ) from err
+
+
 class Acted(msgspec.Struct, kw_only=True):
     """How far in the log the agent has acted (kept on disk, so a restart does not act twice)."""
 
@@ -174,9 +189,15 @@ class HostAgent:
         self._lock_down_state()
         acted = self.dir / "acted.json"
         if acted.exists():
-            self.acted = msgspec.json.decode(acted.read_bytes(), type=Acted)
+            self.acted = _read_state_file(
+                acted,
+                Acted,
+                "how far it acted on the log; decisions it acknowledged on the bus are not sent again",
+            )
         for path in sorted(self.runs_dir.glob("*.json")):
-            run = msgspec.json.decode(path.read_bytes(), type=Run)
+            run = _read_state_file(
+                path, Run, "that run: its processes, if any still run, are then neither watched nor stopped"
+            )
             self._recover_uid(run)
             self.runs[run.job] = run
         self.outbox.watch_marked(self.runs_dir)  # runs' own outboxes, facts still waiting

@@ -291,7 +291,7 @@ def job_minter(ttl_s: float):
 def cmd_agent(args) -> int:
     """`xirang agent`: run a GPU host agent until stopped."""
     from agents.gpus import NoGpus, discover, parse_simulate
-    from agents.host import run_host
+    from agents.host import StateFileError, run_host
     from agents.jobuser import JobUserError, resolve_job_users
 
     try:
@@ -325,7 +325,7 @@ def cmd_agent(args) -> int:
                 job_user=job_user,
             )
         )
-    except (AlreadyRunning, JobUserError) as err:
+    except (AlreadyRunning, JobUserError, StateFileError) as err:
         raise _user_error(str(err)) from err
     finally:
         if server:
