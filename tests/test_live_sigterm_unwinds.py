@@ -1,0 +1,81 @@
+"""SIGTERM to a command that started a cluster of its own (`xirang chaos`, like `xirang
+demo`) unwinds it: the command stops the nats-server, schedulers, agents and jobs it
+started before it exits (143). SIGTERM's default ended it at once, leaving them running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agents.local_cluster import REPO
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def processes_under(folder) -> list[int]:
+    """Pids of the processes (other than this one) whose command line names `folder`."""
+    needle = str(folder).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if needle in fh.read():
+                    found.append(int(entry))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def wait_until(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+def test_sigterm_to_chaos_stops_the_cluster_it_started(tmp_path):
+    root = tmp_path / "cluster"
+    chaos = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "xirang.cli",
+            "chaos",
+            "--seed",
+            "3",
+            "--duration",
+            "60",
+            "--data-dir",
+            str(root),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        # nats-server, two schedulers and two agents (each names the cluster's folder)
+        assert wait_until(lambda: len(processes_under(root)) >= 5, 60), processes_under(root)
+        os.kill(chaos.pid, signal.SIGTERM)
+        _, err = chaos.communicate(timeout=60)
+        assert chaos.returncode == 143, err
+        wait_until(lambda: not processes_under(root), 10)
+        assert processes_under(root) == []
+    finally:
+        if chaos.poll() is None:
+            chaos.kill()
+            chaos.wait(10)
+        for pid in processes_under(root):  # what the command left behind, if it failed to
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
