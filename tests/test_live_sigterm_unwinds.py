@@ -1,6 +1,7 @@
-"""SIGTERM to a command that started a cluster of its own (`xirang chaos`, like `xirang
-demo`) unwinds it: the command stops the nats-server, schedulers, agents and jobs it
-started before it exits (143). SIGTERM's default ended it at once, leaving them running."""
+"""SIGTERM to a command that started processes of its own unwinds it: `xirang chaos` (like
+`xirang demo`) stops the nats-server, schedulers, agents and jobs it started, `xirang sim`
+its worker processes, before it exits (143). SIGTERM's default ended it at once and left
+them running (a simulation worker for minutes)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,35 @@ def test_sigterm_to_chaos_stops_the_cluster_it_started(tmp_path):
             chaos.kill()
             chaos.wait(10)
         for pid in processes_under(root):  # what the command left behind, if it failed to
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_sigterm_to_a_simulation_stops_its_worker_processes(tmp_path):
+    out = tmp_path / "scorecard"
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "xirang.cli", "sim", "--trace", "philly", "--limit", "20000"]
+        + ["--gpus", "128", "--policies", "none,xirang", "--procs", "2", "--quiet", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        # the command, its queue's manager and two workers (forked: the same command line)
+        assert wait_until(lambda: len(processes_under(out)) >= 4, 60), processes_under(out)
+        os.kill(sim.pid, signal.SIGTERM)
+        _, err = sim.communicate(timeout=60)
+        assert sim.returncode == 143, err
+        wait_until(lambda: not processes_under(out), 10)
+        assert processes_under(out) == []
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait(10)
+        for pid in processes_under(out):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

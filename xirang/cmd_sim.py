@@ -13,6 +13,7 @@ import queue as queue_mod
 import sys
 import time
 
+from agents.interrupts import stop_signals_raise
 from replay.peers import POLICIES
 from replay.workload import DEFAULTS_HELP
 
@@ -178,8 +179,12 @@ def run_policies(jobs: list[dict], procs: int, quiet: bool = False):
         runs = [_run_one(job, bar.update) for job in jobs]
     else:
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        manager_queue = ctx.Manager().Queue()
-        with ctx.Pool(min(procs, len(jobs))) as pool:
+        manager = ctx.Manager()
+        manager_queue = manager.Queue()
+        # The workers and the manager are started before the handlers below, so they keep
+        # the default ones. A SIGTERM (or Ctrl-C) then unwinds this process: the pool's
+        # workers are terminated and the manager shut down, not left simulating for minutes.
+        with manager, ctx.Pool(min(procs, len(jobs))) as pool, stop_signals_raise():
             pending = [pool.apply_async(_run_in_worker, (job, manager_queue)) for job in jobs]
             while not all(p.ready() for p in pending):
                 _drain(manager_queue, bar)
