@@ -471,7 +471,8 @@ def cmd_logs(args) -> int:
     from agents.logs import job_output_paths
 
     url = client_url(args)
-    paths = job_output_paths([r for _, r in records(url)], args.job, Path(args.data_dir) / "hosts")
+    items = records(url)
+    paths = job_output_paths([r for _, r in items], args.job, Path(args.data_dir) / "hosts")
     if paths is None:
         raise UserError(f"no job {args.job} in the log: see `xirang history` for the jobs it has seen")
     if not paths:
@@ -483,14 +484,19 @@ def cmd_logs(args) -> int:
         return 0
     from agents.interrupts import stop_signals_raise
 
+    # Only the job's records are kept, and each poll reads only what the log gained since.
+    seen_seq = items[-1][0] if items else 0
+    mine = [r for _, r in items if getattr(r.event, "job", "") == args.job]
     with stop_signals_raise() as stop:  # each read of the log runs an asyncio loop
         while not stop:
             time.sleep(0.5)
-            latest = [r for _, r in records(url, start_seq=1)]
-            paths = job_output_paths(latest, args.job, Path(args.data_dir) / "hosts") or paths
+            new = records(url, start_seq=seen_seq + 1)
+            seen_seq = new[-1][0] if new else seen_seq
+            mine += [r for _, r in new if getattr(r.event, "job", "") == args.job]
+            paths = job_output_paths(mine, args.job, Path(args.data_dir) / "hosts") or paths
             for path in paths:
                 shown[path] = _print_from(path, shown.get(path, 0), header=len(paths) > 1)
-            if _job_ended(latest, args.job):
+            if _job_ended(mine, args.job):
                 return 0
     return 0  # not reached: the block raises Interrupted once a signal came
 
