@@ -47,6 +47,7 @@ from trust.signing import KeyRing, verify_one
 from . import ckptfile
 from transport import bus
 from transport.locks import AlreadyRunning, InstanceLock
+from .durable import write_durably
 from .gpus import Inventory
 from .jobuser import JobUser, JobUserError, UidPool, numeric_user, own_user_name, probe, warn_shared
 from .outbox import JOB_MARKER, Outbox
@@ -248,10 +249,10 @@ class HostAgent:
         os.chmod(self.outbox.folder, 0o700)
 
     def _save_acted(self) -> None:
-        _write_atomic(self.dir / "acted.json", msgspec.json.encode(self.acted))
+        write_durably(self.dir / "acted.json", msgspec.json.encode(self.acted))
 
     def _save_run(self, run: Run) -> None:
-        _write_atomic(self.runs_dir / f"{_safe(run.job)}.json", msgspec.json.encode(run))
+        write_durably(self.runs_dir / f"{_safe(run.job)}.json", msgspec.json.encode(run))
 
     def _drop_run(self, run: Run) -> None:
         self.runs.pop(run.job, None)
@@ -641,7 +642,7 @@ class HostAgent:
         return None if user is None else (user.uid, user.gid)
 
     def _write_notice(self, run: Run, notice: dict) -> None:
-        _write_atomic(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
+        write_durably(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
         self._hand_over(run, Path(run.dir) / NOTICE_FILE)
 
     def _spawn(self, run: Run, marker: str, gpus: list[int], ev) -> int:
@@ -846,12 +847,6 @@ class HostAgent:
 
 def _safe(job: str) -> str:
     return bus.node_token(job)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _read_rc(path: Path) -> int | None:

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from agents.durable import write_durably
+
 STARTED_FILE = "started.json"
 
 
@@ -49,10 +51,7 @@ def main(argv: list[str]) -> int:
 
 
 def _write_json(path: str, value: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(value, fh)
-    os.replace(tmp, path)
+    write_durably(path, json.dumps(value).encode())
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from core.identity import JOB_FACTS
 
 from transport import bus
 
+from .durable import write_durably
+
 log = logging.getLogger("xirang.outbox")
 
 SUFFIX = ".fact"
@@ -78,12 +80,7 @@ class Outbox:
             raise ValueError("a fact in the outbox needs an id, for deduplication on redelivery")
         name = f"{time.time_ns():020d}-{os.getpid():07d}-{next(_counter):06d}{SUFFIX}"
         path = self.folder / name
-        tmp = self.folder / (name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(T.encode(inp))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_durably(path, T.encode(inp))
         return path
 
     def pending(self) -> list[Path]:
