@@ -43,6 +43,9 @@ from transport import bus
 
 log = logging.getLogger("xirang.scheduler")
 ODD_HEARTBEATS_NAMED_MAX = 64  # subjects whose heartbeats name another node, logged once each
+# Heartbeats remembered for nodes the state does not know yet (a host beats before its
+# node_up is folded); beyond this, those of further unknown nodes are dropped (an open bus).
+UNKNOWN_NODES_HEARD_MAX = 1024
 
 LEASE_KEY = "scheduler"
 # How long a streaming burst of inputs may wait to share one group commit.
@@ -109,6 +112,7 @@ class Scheduler:
         linger_ms: float | None = None,
         signer=None,
         keyring=None,
+        unknown_nodes_heard_max: int = UNKNOWN_NODES_HEARD_MAX,
     ) -> None:
         self.url = url
         # The log is signed with `signer` (trust.signing.Signer); records and snapshots
@@ -133,7 +137,11 @@ class Scheduler:
         self.internal_errors = 0
         self.nc = self.js = self.kv = None
         self._lease_rev = 0
-        self._heard: dict[str, float] = {}
+        self._heard: dict[str, float] = {}  # last heartbeat of each node the state knows
+        # ... and of nodes it does not know (yet), at most `unknown_nodes_heard_max` of them.
+        self._heard_unknown: dict[str, float] = {}
+        self.unknown_nodes_heard_max = unknown_nodes_heard_max
+        self._warned_unknown_full = False
         self._odd_heartbeats: set[str] = set()  # subjects whose heartbeats named another node
         self._reconnected = False
         self._down_sent: dict[str, float] = {}
@@ -205,6 +213,7 @@ class Scheduler:
         log.warning("%s: reconnected to NATS", self.instance)
         self._reconnected = True
         self._heard.clear()  # hosts could not be heard either: each gets a full timeout
+        self._heard_unknown.clear()
 
     # ------------------------------------------------------------ lease
 
@@ -495,11 +504,35 @@ class Scheduler:
                     "%s: ignoring heartbeats on %s: they name another node", self.instance, msg.subject
                 )
             return
-        self._heard[node] = time.monotonic()
+        now = time.monotonic()
+        if self.state is not None and node in self.state.canonical.nodes:
+            self._heard[node] = now
+        elif node in self._heard_unknown or len(self._heard_unknown) < self.unknown_nodes_heard_max:
+            self._heard_unknown[node] = now
+        elif not self._warned_unknown_full:
+            self._warned_unknown_full = True
+            log.warning(
+                "%s: heartbeats from more than %d nodes the state does not know: dropping those"
+                " of further ones (who publishes on %s.>? an open bus)",
+                self.instance,
+                self.unknown_nodes_heard_max,
+                bus.HB_PREFIX,
+            )
+
+    def _settle_unknown_heard(self, now: float, timeout_s: float) -> None:
+        """Nodes the state now knows take their last heartbeat with them; unknown nodes
+        silent past the timeout are forgotten (making room for others)."""
+        for name, heard in sorted(self._heard_unknown.items()):
+            if name in self.state.canonical.nodes:
+                self._heard[name] = max(heard, self._heard.get(name, heard))
+                del self._heard_unknown[name]
+            elif now - heard > timeout_s:
+                del self._heard_unknown[name]
 
     async def _watch_hosts(self) -> None:
         now = time.monotonic()
         timeout_s = self.node_timeout_ms / 1000
+        self._settle_unknown_heard(now, timeout_s)
         for name, node in sorted(self.state.canonical.nodes.items()):
             if not node.up:
                 continue
