@@ -26,6 +26,7 @@ from nats.js import api
 from core import types as T
 
 from transport import bus
+from .interrupts import run_until_stopped
 from .local_cluster import FAST_POLICY, Cluster, matching, sleep_command, train_command
 
 RAW_STREAM = "XR_BENCH_RAW"
@@ -220,7 +221,7 @@ def run(args) -> dict:
         root = Path(tmp)
         with Cluster(root / "bus", tick_ms=1000) as c:
             c.scheduler("bench")
-            throughput = asyncio.run(_throughput(c.url, count, rounds))
+            throughput = run_until_stopped(_throughput(c.url, count, rounds))
         latency = _preemption_latency(root / "preempt", 1 if quick else 3)
     return {
         "bench": "bus",

@@ -6,7 +6,6 @@ Test-only helpers are in tests/live_helpers.py."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from core import types as T
 
 from transport import bus
 from .host import stop_job_processes
+from .interrupts import run_until_stopped
 from transport.natsd import EmbeddedNats
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ class Cluster:
             finally:
                 await nc.close()
 
-        return asyncio.run(go())
+        return run_until_stopped(go())
 
     def send(self, *inputs: T.Input) -> list[tuple[str, int, bool]]:
         """Publish inputs on XR_IN: (subject, stream seq, duplicate) for each."""
