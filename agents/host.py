@@ -41,13 +41,13 @@ from nats.js.errors import NotFoundError
 
 from core import types as T
 
+from trust.durable import write_durably
 from trust.natsauth import CREDS_ENV, JobMinter
 from trust.signing import KeyRing, verify_one
 
 from . import ckptfile
 from transport import bus
 from transport.locks import AlreadyRunning, InstanceLock
-from .durable import write_durably
 from .gpus import Inventory
 from .jobuser import JobUser, JobUserError, UidPool, numeric_user, own_user_name, probe, warn_shared
 from .outbox import JOB_MARKER, Outbox

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from agents.durable import write_durably
+from trust.durable import write_durably
 
 STARTED_FILE = "started.json"
 

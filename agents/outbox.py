@@ -24,7 +24,7 @@ from core.identity import JOB_FACTS
 
 from transport import bus
 
-from .durable import write_durably
+from trust.durable import write_durably
 
 log = logging.getLogger("xirang.outbox")
 

@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 from core import types as T
 
 from core.explain import human_duration
+from trust.durable import write_durably
 
 from .audit import fmt_t
 
@@ -204,10 +205,7 @@ class ReadMarks:
             return
         marks[user] = seq
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(marks, fh, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_durably(self.path, json.dumps(marks, sort_keys=True).encode())
 
 
 def unread_jobs(

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agents.durable import TMP_SUFFIX, write_durably
+from trust.durable import TMP_SUFFIX, write_durably
 from agents.gpus import parse_simulate
 from agents.host import HostAgent, Run
 from agents.local_cluster import REPO

@@ -41,6 +41,7 @@ from pathlib import Path
 from core.identity import subject_token
 
 from . import natsjwt
+from .durable import write_durably
 
 ROSTER_FILE = "roster.json"
 ACCOUNTS_FILE = "accounts.conf"
@@ -263,7 +264,7 @@ class Authority:
         jwt_path = self.dir / OPERATOR_JWT_FILE
         if not jwt_path.exists():
             claims = natsjwt.operator_claims(OPERATOR, natsjwt.public_key(operator), self.public("system"))
-            jwt_path.write_text(natsjwt.encode(claims, operator) + "\n")
+            write_durably(jwt_path, (natsjwt.encode(claims, operator) + "\n").encode())
         return self.write_accounts()
 
     def account_jwt(self, roster: list[dict]) -> str:
@@ -310,7 +311,7 @@ class Authority:
             ]
         )
         path = self.dir / ACCOUNTS_FILE
-        path.write_text(text)
+        write_durably(path, text.encode())
         return path
 
     def add_user(self, role: str, names: list[str]) -> tuple[dict, Path]:
@@ -349,7 +350,7 @@ class Authority:
             self.dir / CREDS_DIR / f"{name}{CREDS_SUFFIX}", natsjwt.creds_text(token, user_seed, extra)
         )
         roster.append(entry)
-        (self.dir / ROSTER_FILE).write_text(json.dumps(roster, indent=1) + "\n")
+        write_durably(self.dir / ROSTER_FILE, (json.dumps(roster, indent=1) + "\n").encode())
         if role == "host":
             self.write_accounts()
         return entry, creds_path
@@ -365,7 +366,7 @@ class Authority:
             raise RosterError(f"no user {name} to revoke (users: {known})")
         # The same second as its JWT's iat still counts as revoked (the server compares <=).
         live[0]["revoked_at"] = int(time.time() if now_s is None else now_s)
-        (self.dir / ROSTER_FILE).write_text(json.dumps(roster, indent=1) + "\n")
+        write_durably(self.dir / ROSTER_FILE, (json.dumps(roster, indent=1) + "\n").encode())
         self.write_accounts()
         return live[0]
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import nkeys
 
+from .durable import PRIVATE_MODE, write_durably
+
 HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 PREFIXES = {
     "operator": nkeys.PREFIX_BYTE_OPERATOR,
@@ -198,14 +200,7 @@ def read_blocks(text: str) -> dict[str, str]:
 
 
 def write_private(path: Path, text: str, owner: tuple[int, int] | None = None) -> Path:
-    """Write a secret file atomically, readable by its owner only (mode 0600); `owner`
-    (uid, gid) hands it to another user before it takes its place."""
+    """Write a secret file atomically and durably, readable by its owner only (mode 0600 from
+    its first moment); `owner` (uid, gid) hands it to another user before it takes its place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        if owner is not None:
-            os.fchown(fh.fileno(), *owner)
-        fh.write(text)
-    os.replace(tmp, path)
-    return path
+    return write_durably(path, text.encode(), mode=PRIVATE_MODE, owner=owner)

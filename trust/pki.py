@@ -21,8 +21,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .durable import PRIVATE_MODE, write_durably
+
 CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
+PUBLIC_MODE = 0o644  # certificates: anyone may read them
 VALID_DAYS_CA = 3650
 VALID_DAYS_SERVER = 825
 
@@ -32,9 +35,7 @@ class PkiError(ValueError):
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
+    write_durably(path, data, mode=PRIVATE_MODE if private else PUBLIC_MODE)
 
 
 def _key_pem(key) -> bytes:

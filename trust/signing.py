@@ -47,6 +47,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from core import ChainError
 from core import types as T
 
+from .durable import PRIVATE_MODE, sync_folder, write_durably
+
 KEY_DIR = "keys"
 PRIVATE_FILE = "scheduler.key"
 PUBLIC_FILE = "scheduler.pub"
@@ -347,11 +349,7 @@ def _write_private(path: Path, private: Ed25519PrivateKey) -> None:
     pem = private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(pem)
-    os.replace(tmp, path)
+    write_durably(path, pem, mode=PRIVATE_MODE)
 
 
 def create_key(directory: str | os.PathLike, rotate: bool = False) -> tuple[Path, Path, str]:
@@ -368,6 +366,9 @@ def create_key(directory: str | os.PathLike, rotate: bool = False) -> tuple[Path
     private = Ed25519PrivateKey.generate()
     with open(public_path, "a") as fh:  # the public key first: a reader must never lack it
         fh.write(_public_line(private.public_key()))
+        fh.flush()
+        os.fsync(fh.fileno())  # ... not even after a power cut that kept the new private key
+    sync_folder(directory)
     _write_private(private_path, private)
     return private_path, public_path, key_id(private.public_key())
 

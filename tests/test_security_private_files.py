@@ -1,0 +1,127 @@
+"""Keys and credentials (the scheduler's signing key, NKEY seeds, creds files, TLS keys) are
+owner-only (0600) from the first moment any file holding them exists, the temporary file
+included, even under an umask of 0; a replace leaves the new content whole and no temporary
+file, and a replace the file system refuses leaves the old content and no temporary file."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from projections.notices import ReadMarks
+from trust import natsjwt, pki, signing
+from trust.durable import TMP_SUFFIX
+from trust.natsauth import Authority
+
+SECRET_MARKS = ("scheduler.key", ".nk", ".creds", "-key.pem")
+
+
+def leftovers(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob(f"*{TMP_SUFFIX}"))
+
+
+def mode_of(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def created_modes(monkeypatch):
+    """Every file created through os.open while the test runs, with its mode at creation
+    (before a byte is written), under an umask of 0: nothing narrows what the code asks for."""
+    created: list[tuple[str, int]] = []
+    real_open = os.open
+
+    def spying_open(path, flags, mode=0o777, *args, **kwargs):
+        fd = real_open(path, flags, mode, *args, **kwargs)
+        if flags & os.O_CREAT:
+            created.append((os.fspath(path), stat.S_IMODE(os.fstat(fd).st_mode)))
+        return fd
+
+    monkeypatch.setattr(os, "open", spying_open)
+    old_umask = os.umask(0)
+    try:
+        yield created
+    finally:
+        os.umask(old_umask)
+
+
+def secrets_among(created):
+    return [(path, mode) for path, mode in created if any(m in os.path.basename(path) for m in SECRET_MARKS)]
+
+
+def test_every_key_and_credential_file_is_owner_only_from_its_first_moment(tmp_path, created_modes):
+    # given an umask of 0, when each kind of secret is made and then replaced
+    signing.create_key(tmp_path / "sign")
+    signing.create_key(tmp_path / "sign", rotate=True)
+    authority = Authority(tmp_path / "nats")
+    authority.init()
+    _, creds = authority.add_user("host", ["n1"])
+    natsjwt.write_private(tmp_path / "job.creds", "old\n")
+    natsjwt.write_private(tmp_path / "job.creds", "new\n")
+    pki.init(tmp_path / "tls", {"s1": ["127.0.0.1"]})
+    pki.issue(tmp_path / "tls", "s1", ["127.0.0.1"])  # re-issued: replaces the key
+    # then every file that ever held a secret, temporary ones included, was created 0600
+    seen = secrets_among(created_modes)
+    assert {os.path.basename(p).lstrip(".").split(".")[0] for p, _ in seen} >= {
+        "scheduler",
+        "operator",
+        "account",
+        "job",
+        "ca-key",
+        "s1-key",
+    }
+    assert any(p.endswith(TMP_SUFFIX) for p, _ in seen)
+    assert [(p, oct(m)) for p, m in seen if m != 0o600] == []
+    # and the files in place are 0600 with their newest content, no temporary file left
+    finals = [
+        tmp_path / "sign" / signing.PRIVATE_FILE,
+        creds,
+        tmp_path / "job.creds",
+        tmp_path / "tls" / pki.CA_KEY,
+        tmp_path / "tls" / "s1-key.pem",
+        *(tmp_path / "nats").rglob("*.nk"),
+    ]
+    assert {str(f): oct(mode_of(f)) for f in finals} == {str(f): "0o600" for f in finals}
+    assert (tmp_path / "job.creds").read_text() == "new\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_rotated_signing_key_is_in_the_keyring_and_signs_with_the_new_id(tmp_path):
+    _, _, first = signing.create_key(tmp_path)
+    _, public, second = signing.create_key(tmp_path, rotate=True)
+    ring = public.read_text()
+    assert first != second and first in ring and second in ring
+    assert signing.ensure_key(tmp_path).key_id == second
+    assert leftovers(tmp_path) == []
+
+
+def test_an_old_world_readable_key_file_is_replaced_by_an_owner_only_one(tmp_path):
+    # given a creds file an older version left readable by all
+    path = tmp_path / "host.creds"
+    path.write_text("old\n")
+    os.chmod(path, 0o644)
+    # when it is written again, then it is a new file, owner-only
+    natsjwt.write_private(path, "new\n")
+    assert mode_of(path) == 0o600 and path.read_text() == "new\n"
+
+
+def test_a_secret_replace_the_file_system_refuses_keeps_the_old_content_and_no_temporary_file(tmp_path):
+    taken = tmp_path / "host.creds"
+    taken.mkdir()
+    (taken / "keep").write_text("x")  # a non-empty folder cannot be renamed over
+    with pytest.raises(OSError):
+        natsjwt.write_private(taken, "secret\n")
+    assert (taken / "keep").read_text() == "x"
+    assert leftovers(tmp_path) == []
+
+
+def test_read_marks_are_replaced_whole_and_leave_no_temporary_file(tmp_path):
+    marks = ReadMarks(str(tmp_path / ".xirang" / "notices-read.json"))
+    marks.set("ana", 5)
+    marks.set("bo", 7)
+    marks.set("ana", 3)  # never moves back
+    assert json.loads((tmp_path / ".xirang" / "notices-read.json").read_text()) == {"ana": 5, "bo": 7}
+    assert marks.get("ana") == 5 and leftovers(tmp_path) == []
