@@ -273,6 +273,8 @@ class RequeueFit:
         # then its own nodes as the preemption leaves them: O(own nodes) per victim.
         best = self._soonest_elsewhere(victim.gpus, own)
         for name in sorted(own):
+            if best is not None and best <= at_least_ms:
+                return at_least_ms  # no node can make it sooner than what is known
             node = self._by_name.get(name)
             if node is None or node.gpus < victim.gpus:
                 continue

@@ -21,15 +21,15 @@ import msgspec
 from .eligibility import eligible_victims, user_preempting_exhausted
 from .fairness import Guard, depth_limits
 from .forecast import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
-from .placement import acceptable_models, place
+from .placement import acceptable_models, node_size_max, place
 from .placement_pass import reserved_nodes
 from .holds import binding_holds, victim_cap
 from .policy import Policy, with_params
-from .pricing import VictimCost, price_victims, pricing_for
+from .pricing import LazyPrices, VictimCost, price_victims, pricing_for
 from .state import QUEUED, Job, Node, State, nodes_by_name
 from .types import Slot
 from .substitutes import substitute_penalty, substitutes
-from .victims import cannot_free_enough, choose_victims
+from .victims import NegativeCost, cannot_free_enough, choose_on_one_node_lazily, choose_victims
 
 
 class Plan(msgspec.Struct, kw_only=True):
@@ -101,15 +101,35 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
     natural_wait = natural_wait_ms(state, job, scope.nodes, curve)
     pricing = pricing_for(state, job, p, scope.runtime_ms, natural_wait)
-    fit = None if reclaim else RequeueFit(state, scope.nodes, job.gpus, scope.runtime_ms)
-    costs = price_victims(state, job, eligible, p, pricing, curve, fit)
-    choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
+    if reclaim:
+        costs = price_victims(state, job, eligible, p, pricing, curve, None)
+        choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
+    else:
+        fit = RequeueFit(state, scope.nodes, job.gpus, scope.runtime_ms)
+        choice, penalty, costs = _choose_priced(state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard)
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")
     victims, placement = choice
     if not victims:  # it fits on GPUs held for a starving job: it waits like everyone else
         return Decline(reason="held_back_by_reservation")
     return judge(state, job, p, guard, costs, victims, placement, natural_wait, reclaim, penalty)
+
+
+def _choose_priced(state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard):
+    """(choice, substitute's extra cost, the victims' costs): for a job that fits one node
+    on its own models, victims priced exactly only where their set could win
+    (`choose_on_one_node_lazily`); else every eligible victim priced."""
+    prices = LazyPrices(state, job, eligible, p, pricing, curve, fit)
+    if not stand_ins and job.gpus <= node_size_max(scope.models, state.index):
+        try:
+            cap = victim_cap(state, p, job, scope.models)
+            choice = choose_on_one_node_lazily(state, job, scope.nodes, prices, pricing, guard, cap)
+            return choice, 0.0, prices.exact_costs()
+        except NegativeCost:
+            pass
+    costs = {victim.id: prices.exact(victim.id) for victim in eligible}
+    choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
+    return choice, penalty, costs
 
 
 def _choose_with_substitutes(

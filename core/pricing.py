@@ -218,21 +218,88 @@ def price_victims(
     with the preemption, so it needs no release for them; none when no job is queued ahead
     of it) and where it can really run again
     (`fit`: per node, or per gang). A reclaim (`fit` None) charges no displacement."""
-    queue_waits: dict[int, int] = {}  # per requeue level
-    costs: dict[str, VictimCost] = {}
-    for victim in eligible:
-        if fit is None:
-            wait = 0
-        else:
-            level = requeue_level(state, victim)
-            if level not in queue_waits:
-                # The preemption frees the victim's own GPUs: what it asks for itself is
-                # back in the pool at once, so the releases must cover only the jobs queued
-                # ahead of it and the GPUs the preemptor takes. With no job ahead, where it
-                # fits again after the preemptor's take is `fit`'s to say.
-                ahead = queued_ahead(state, job, level)
-                queue_waits[level] = curve.wait_for(ahead + job.gpus) if ahead else 0
-            fits_at = fit.wait_ms(victim, at_least_ms=queue_waits[level])
-            wait = queue_waits[level] if fits_at is None else fits_at
-        costs[victim.id] = victim_cost(state, victim, wait, p, pricing)
-    return costs
+    if fit is None:
+        return {victim.id: victim_cost(state, victim, 0, p, pricing) for victim in eligible}
+    prices = LazyPrices(state, job, eligible, p, pricing, curve, fit)
+    return {victim.id: prices.exact(victim.id) for victim in eligible}
+
+
+class LazyPrices:
+    """The victims' costs of one plan (`price_victims`), each worked out only when asked
+    for, and a cheap bound below each first: a victim's requeue wait is never less than the
+    queue's view of it (`queue_wait`), the part that needs no search over the nodes, and
+    its cost grows with its requeue wait, all else the same (`lower`: its cost at that wait,
+    with the exact release time). So a victim set whose bound already loses to a set priced
+    exactly needs no exact prices (core/victims.py)."""
+
+    def __init__(
+        self,
+        state: State,
+        job: Job,
+        eligible: list[Job],
+        p: Policy,
+        pricing: Pricing,
+        curve: ReleaseCurve,
+        fit: RequeueFit,
+    ) -> None:
+        self.state = state
+        self.job = job
+        self.p = p
+        self.pricing = pricing
+        self.curve = curve
+        self.fit = fit
+        self.victims = {victim.id: victim for victim in eligible}
+        self._queue_waits: dict[int, int] = {}  # per requeue level
+        self._levels: dict[str, int] = {}
+        self._lower: dict[str, VictimCost] = {}
+        self._exact: dict[str, VictimCost] = {}
+
+    def queue_wait(self, victim_id: str) -> int:
+        """The queue's view of the victim's requeue wait: the release curve of the
+        preemptor's nodes, after the GPUs queued at its requeue level or more urgent and
+        the GPUs the preemptor takes."""
+        level = self._levels.get(victim_id)
+        if level is None:
+            level = self._levels[victim_id] = requeue_level(self.state, self.victims[victim_id])
+        waits = self._queue_waits
+        if level not in waits:
+            # The preemption frees the victim's own GPUs: what it asks for itself is back
+            # in the pool at once, so the releases must cover only the jobs queued ahead of
+            # it and the GPUs the preemptor takes. With no job ahead, where it fits again
+            # after the preemptor's take is `fit`'s to say.
+            ahead = queued_ahead(self.state, self.job, level)
+            waits[level] = self.curve.wait_for(ahead + self.job.gpus) if ahead else 0
+        return waits[level]
+
+    def lower(self, victim_id: str) -> VictimCost:
+        """The victim priced at its queue wait: its cost no more than the exact one, its
+        release time (`ready_ms`) the exact one."""
+        cost = self._lower.get(victim_id)
+        if cost is None:
+            cost = self._exact.get(victim_id)
+            if cost is None:
+                victim = self.victims[victim_id]
+                cost = victim_cost(self.state, victim, self.queue_wait(victim_id), self.p, self.pricing)
+            self._lower[victim_id] = cost
+        return cost
+
+    def exact(self, victim_id: str) -> VictimCost:
+        """The victim's cost, its requeue wait the later of the queue's view and where it
+        can really run again (`RequeueFit`)."""
+        cost = self._exact.get(victim_id)
+        if cost is None:
+            victim = self.victims[victim_id]
+            queue_wait = self.queue_wait(victim_id)
+            fits_at = self.fit.wait_ms(victim, at_least_ms=queue_wait)
+            wait = queue_wait if fits_at is None else fits_at
+            lower = self._lower.get(victim_id)
+            if lower is not None and wait == queue_wait:
+                cost = lower  # (the same inputs)
+            else:
+                cost = victim_cost(self.state, victim, wait, self.p, self.pricing)
+            self._exact[victim_id] = cost
+        return cost
+
+    def exact_costs(self) -> dict[str, VictimCost]:
+        """The victims priced exactly so far."""
+        return self._exact

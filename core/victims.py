@@ -75,24 +75,87 @@ def _cheapest_single_node(
         if need <= 0 or node.gpus < job.gpus:
             continue
         on_node = [v for v in state.index.jobs_by_node.get(node.name, {}) if v in costs]
-        tried: set[tuple[str, ...]] = set()
-        for bound in _ready_bounds(costs, on_node, READY_BOUNDS_MAX):
-            units = sorted(
-                (costs[v].cost, v, len(gpus_on(state.canonical.jobs[v], node.name)))
-                for v in on_node
-                if costs[v].ready_ms <= bound
-            )
-            chosen = _greedy_minimal(state, units, need, guard)
-            if chosen is None or len(chosen) > cap or tuple(sorted(chosen)) in tried:
-                continue
-            tried.add(tuple(sorted(chosen)))
-            key = (set_price(costs, chosen, pricing), len(chosen), node.name)
-            if best is None or key < best[0]:
-                freed = sorted(
-                    free + [g for v in chosen for g in gpus_on(state.canonical.jobs[v], node.name)]
-                )
-                best = (key, sorted(chosen), [Slot(node=node.name, gpus=freed[: job.gpus])])
+        best = _best_on_node(state, job, node, free, need, on_node, costs, pricing, guard, cap, best)
     return None if best is None else (best[1], best[2])
+
+
+def _best_on_node(
+    state: State,
+    job: Job,
+    node,
+    free: list[int],
+    need: int,
+    on_node: list[str],
+    costs,
+    pricing: Pricing,
+    guard: Guard,
+    cap: int,
+    best,
+):
+    """`best` ((key, victims, placement) or None), or a set on this node that beats it."""
+    tried: set[tuple[str, ...]] = set()
+    for bound in _ready_bounds(costs, on_node, READY_BOUNDS_MAX):
+        units = sorted(
+            (costs[v].cost, v, len(gpus_on(state.canonical.jobs[v], node.name)))
+            for v in on_node
+            if costs[v].ready_ms <= bound
+        )
+        chosen = _greedy_minimal(state, units, need, guard)
+        if chosen is None or len(chosen) > cap or tuple(sorted(chosen)) in tried:
+            continue
+        tried.add(tuple(sorted(chosen)))
+        key = (set_price(costs, chosen, pricing), len(chosen), node.name)
+        if best is None or key < best[0]:
+            freed = sorted(free + [g for v in chosen for g in gpus_on(state.canonical.jobs[v], node.name)])
+            best = (key, sorted(chosen), [Slot(node=node.name, gpus=freed[: job.gpus])])
+    return best
+
+
+def choose_on_one_node_lazily(
+    state: State, job: Job, nodes, prices, pricing: Pricing, guard: Guard, cap: int
+) -> tuple[list[str], list[Slot]] | None:
+    """`choose_victims` for a job that fits one node, over `prices` (core.pricing.LazyPrices
+    of the eligible victims) instead of every victim's exact cost: the same set. A node's
+    sets all cost at least its victims' cheapest bound (`LazyPrices.lower`) plus the
+    preemptor's weighted wait for its quickest release (a set's costs, none negative, sum
+    to at least its cheapest; its slowest release is no quicker than the quickest), so the
+    nodes are tried by that bound, cheapest first, and those whose bound exceeds the best
+    set's price are never priced exactly: no set of theirs could win, not even a tie. None
+    with the victims priced exactly is the caller's to ask (a negative cost: no bound)."""
+    c = state.canonical
+    victims = prices.victims
+    victim_nodes = dict.fromkeys(slot.node for v in victims for slot in c.jobs[v].placement)
+    jobs_by_node = state.index.jobs_by_node
+    waiting_weight = pricing.waiting_weight
+    candidates = []
+    for node in nodes:
+        if node.name not in victim_nodes:
+            continue
+        free = free_indices(node)
+        need = job.gpus - len(free)
+        if need <= 0 or node.gpus < job.gpus:
+            continue
+        on_node = [v for v in jobs_by_node.get(node.name, {}) if v in victims]
+        if not on_node:
+            continue
+        lowers = [prices.lower(v) for v in on_node]
+        cheapest = min(lower.cost for lower in lowers)
+        if cheapest < 0 or waiting_weight < 0:
+            raise NegativeCost
+        bound = cheapest + waiting_weight * min(lower.ready_ms for lower in lowers)
+        candidates.append((bound, node.name, node, free, need, on_node))
+    candidates.sort(key=lambda candidate: candidate[:2])
+    best = None
+    for bound, _, node, free, need, on_node in candidates:
+        if best is not None and bound > best[0][0]:
+            break  # neither this node nor any after it can beat the best set
+        costs = {v: prices.exact(v) for v in on_node}
+        best = _best_on_node(state, job, node, free, need, on_node, costs, pricing, guard, cap, best)
+    return None if best is None else (best[1], best[2])
+
+
+class NegativeCost(Exception):
+    """A victim priced below zero (a policy with negative weights): no bound holds."""
 
 
 def _cheapest_across_nodes_of_one_model(
