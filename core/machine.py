@@ -98,7 +98,7 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
     expire_sagas(ctx)
     restore_levels(ctx)
     age_queued(ctx)
-    place_queued(ctx, last=not preempt_for)
+    place_queued(ctx, last=not preempt_for or not _plans_after_pass(ctx.state, preempt_for, ctx.inp.t))
     if preempt_for == "head":
         preempt_blocked(
             ctx, urgent_candidates(ctx.state, ctx.inp.t), ctx.state.canonical.policy.urgent_candidates_max
@@ -113,6 +113,21 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
             preempt_blocked(ctx, [preempt_for])
         if job.state == QUEUED:
             reclaim_blocked(ctx, reclaim_candidates(ctx.state, ctx.inp.t, job.team))
+
+
+def _plans_after_pass(state: State, preempt_for: str, t: int) -> bool:
+    """Whether `schedule` may plan a preemption after the pass (for the blocked jobs at the
+    head, or for the submitted job, if it stays queued). When it cannot, nothing decides
+    after the pass, so the urgent head's drain hold of a full pool may wait for the next
+    step (`place_queued(..., last=True)`): most jobs submitted to a full pool are of levels
+    that preempt nothing, and no pass places one (no GPU is free)."""
+    if preempt_for == "head":
+        return True
+    job = state.canonical.jobs.get(preempt_for)
+    if job is None or job.state != QUEUED or job.preempt_retry_t > t:
+        return False
+    p = state.canonical.policy
+    return may_preempt(state, job) or (p.fair_share_guarantee and p.fair_share_from_level < LEVELS)
 
 
 def next_due_t(state: State) -> int | None:
