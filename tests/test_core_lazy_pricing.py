@@ -48,7 +48,7 @@ def test_lazily_priced_plans_equal_plans_with_every_victim_priced(seed, monkeypa
         world.feed(world.next_input())
         if i % 3 == 0:
             _plans_compared(world, monkeypatch, counts)
-    assert counts  # some job was planned for
+    # (Some worlds queue no job that may preempt: the next test makes sure plans are compared.)
 
 
 def test_lazy_pricing_picks_plans_on_a_random_world_where_some_are_made(monkeypatch):
