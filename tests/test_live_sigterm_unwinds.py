@@ -1,7 +1,8 @@
 """SIGTERM to a command that started processes of its own unwinds it: `xirang chaos` (like
 `xirang demo`) stops the nats-server, schedulers, agents and jobs it started, `xirang sim`
-its worker processes, before it exits (143). SIGTERM's default ended it at once and left
-them running (a simulation worker for minutes)."""
+its worker processes, `xirang bench replay` its nats-server and folder, before it exits
+(143). SIGTERM's default ended it at once and left them running (a simulation worker for
+minutes)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,38 @@ def test_sigterm_to_a_simulation_stops_its_worker_processes(tmp_path):
             sim.kill()
             sim.wait(10)
         for pid in processes_under(out):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_sigterm_to_bench_replay_stops_its_nats_server_and_removes_its_folder(tmp_path):
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "xirang.cli", "bench", "replay", "--json", "--quick"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # its temporary folder, so its nats-server's
+    )
+    try:
+        # once its nats-server runs (the timed part), the bench is paused so the signal surely
+        # arrives mid-measurement, then signalled and let go
+        assert wait_until(lambda: len(processes_under(tmp_path)) >= 1, 60), "no nats-server seen"
+        os.kill(bench.pid, signal.SIGSTOP)
+        os.kill(bench.pid, signal.SIGTERM)
+        os.kill(bench.pid, signal.SIGCONT)
+        _, err = bench.communicate(timeout=60)
+        assert bench.returncode == 143, err
+        wait_until(lambda: not processes_under(tmp_path), 10)
+        assert processes_under(tmp_path) == []
+        assert list(tmp_path.glob("xirang-bench-replay-*")) == []
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(10)
+        for pid in processes_under(tmp_path):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
