@@ -106,7 +106,9 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
         choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
     else:
         fit = RequeueFit(state, scope.nodes, job.gpus, scope.runtime_ms)
-        choice, penalty, costs = _choose_priced(state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard)
+        choice, penalty, costs = _choose_priced(
+            state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard
+        )
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")
     victims, placement = choice
