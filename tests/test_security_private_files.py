@@ -8,15 +8,18 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 
 import pytest
 
 from projections.notices import ReadMarks
 from trust import natsjwt, pki, signing
-from trust.durable import TMP_SUFFIX
+from trust.durable import TMP_SUFFIX, write_durably
+from xirang.cli import UserError
+from xirang.cmd_live import checkpoint_secret
 from trust.natsauth import Authority
 
-SECRET_MARKS = ("scheduler.key", ".nk", ".creds", "-key.pem")
+SECRET_MARKS = ("scheduler.key", ".nk", ".creds", "-key.pem", "checkpoint.secret")
 
 
 def leftovers(folder):
@@ -125,3 +128,39 @@ def test_read_marks_are_replaced_whole_and_leave_no_temporary_file(tmp_path):
     marks.set("ana", 3)  # never moves back
     assert json.loads((tmp_path / ".xirang" / "notices-read.json").read_text()) == {"ana": 5, "bo": 7}
     assert marks.get("ana") == 5 and leftovers(tmp_path) == []
+
+
+def test_the_checkpoint_secret_is_made_once_owner_only_and_never_replaced(tmp_path, created_modes):
+    first = checkpoint_secret(None, str(tmp_path))
+    assert checkpoint_secret(None, str(tmp_path)) == first and len(first) == 32
+    path = tmp_path / "keys" / "checkpoint.secret"
+    with pytest.raises(FileExistsError):  # made only where there is none
+        write_durably(path, b"00\n", 0o600, exclusive=True)
+    assert bytes.fromhex(path.read_text()) == first and mode_of(path) == 0o600
+    seen = secrets_among(created_modes)
+    assert seen and [(p, oct(m)) for p, m in seen if m != 0o600] == []
+    assert leftovers(tmp_path) == []
+
+
+def test_agents_making_the_checkpoint_secret_at_once_all_get_the_same_one(tmp_path):
+    start, got = threading.Barrier(8), []
+
+    def make():
+        start.wait()
+        got.append(checkpoint_secret(None, str(tmp_path)))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(got) == 8 and len(set(got)) == 1
+    assert bytes.fromhex((tmp_path / "keys" / "checkpoint.secret").read_text()) == got[0]
+    assert leftovers(tmp_path) == []
+
+
+def test_an_empty_checkpoint_secret_is_refused_with_what_to_do(tmp_path):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "checkpoint.secret").write_text("")
+    with pytest.raises(UserError, match="is empty: remove it"):
+        checkpoint_secret(None, str(tmp_path))

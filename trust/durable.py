@@ -33,10 +33,13 @@ def write_durably(
     data: bytes,
     mode: int = DEFAULT_MODE,
     owner: tuple[int, int] | None = None,
+    exclusive: bool = False,
 ) -> Path:
     """Replace `path`'s content with `data`, durably (see the module's docstring). The file is
     created with `mode` (less the umask) from its first moment; `owner` (uid, gid) hands it to
-    another user before it takes its place. Returns the path."""
+    another user before it takes its place. `exclusive`: create it only if there is none
+    (FileExistsError otherwise, the existing file untouched: a secret made once, by whichever
+    of two processes comes first, and never read half-written by the other). Returns the path."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -49,7 +52,11 @@ def write_durably(
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)  # atomic, and never over an existing name (rename would replace it)
+            tmp.unlink()
+        else:
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

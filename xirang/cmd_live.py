@@ -252,21 +252,23 @@ def scheduler_keys(args):
 def checkpoint_secret(path: str | None, data_dir: str) -> bytes:
     """The hosts' checkpoint secret: the named file, else DATA_DIR/keys/checkpoint.secret
     (made on first use, mode 0600)."""
+    from trust.durable import PRIVATE_MODE, write_durably
+
     secret_path = Path(path) if path else Path(data_dir) / "keys" / "checkpoint.secret"
     if not secret_path.exists():
         if path:
             raise _user_error(f"no checkpoint secret at {path}")
         secret_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(os.urandom(32).hex() + "\n")
+        try:  # whole or absent, even after a power cut; 0600 from its first moment
+            write_durably(secret_path, (os.urandom(32).hex() + "\n").encode(), PRIVATE_MODE, exclusive=True)
         except FileExistsError:
             pass  # another agent made it meanwhile
     text = secret_path.read_text().strip()
-    if not text:  # being written by another agent this very moment
-        time.sleep(0.2)
-        text = secret_path.read_text().strip()
+    if not text:  # an older version's half-made file (it was written in place, unsynced)
+        raise _user_error(
+            f"the checkpoint secret {secret_path} is empty: remove it, a new one is made "
+            "(checkpoints signed with the empty one will no longer verify)"
+        )
     return bytes.fromhex(text)
 
 
