@@ -164,3 +164,20 @@ def test_an_empty_checkpoint_secret_is_refused_with_what_to_do(tmp_path):
     (tmp_path / "keys" / "checkpoint.secret").write_text("")
     with pytest.raises(UserError, match="is empty: remove it"):
         checkpoint_secret(None, str(tmp_path))
+
+
+def test_schedulers_making_the_first_signing_key_at_once_all_load_the_same_one(tmp_path):
+    start, got = threading.Barrier(8), []
+
+    def make():
+        start.wait()
+        got.append(signing.ensure_key(tmp_path).key_id)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(got) == 8 and len(set(got)) == 1
+    assert got[0] in (tmp_path / signing.PUBLIC_FILE).read_text()
+    assert leftovers(tmp_path) == []

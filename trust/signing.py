@@ -345,11 +345,11 @@ def _public_line(public: Ed25519PublicKey) -> str:
     return f"ed25519 {_b64(raw)} {key_id(public)}  # created {created}\n"
 
 
-def _write_private(path: Path, private: Ed25519PrivateKey) -> None:
+def _write_private(path: Path, private: Ed25519PrivateKey, exclusive: bool) -> None:
     pem = private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    write_durably(path, pem, mode=PRIVATE_MODE)
+    write_durably(path, pem, mode=PRIVATE_MODE, exclusive=exclusive)
 
 
 def create_key(directory: str | os.PathLike, rotate: bool = False) -> tuple[Path, Path, str]:
@@ -369,7 +369,10 @@ def create_key(directory: str | os.PathLike, rotate: bool = False) -> tuple[Path
         fh.flush()
         os.fsync(fh.fileno())  # ... not even after a power cut that kept the new private key
     sync_folder(directory)
-    _write_private(private_path, private)
+    try:  # a first key never replaces one another process made meanwhile (ensure_key's race)
+        _write_private(private_path, private, exclusive=not rotate)
+    except FileExistsError as err:
+        raise KeyFileError(f"{private_path} exists already: `xirang key rotate` replaces it") from err
     return private_path, public_path, key_id(private.public_key())
 
 
