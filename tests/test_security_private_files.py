@@ -181,3 +181,19 @@ def test_schedulers_making_the_first_signing_key_at_once_all_load_the_same_one(t
     assert len(got) == 8 and len(set(got)) == 1
     assert got[0] in (tmp_path / signing.PUBLIC_FILE).read_text()
     assert leftovers(tmp_path) == []
+
+
+def test_processes_making_an_nkey_seed_at_once_all_read_the_same_one(tmp_path):
+    start, got = threading.Barrier(8), []
+
+    def make():
+        start.wait()
+        got.append(Authority(tmp_path).seed("operator", "operator"))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(got) == 8 and len(set(got)) == 1
+    assert leftovers(tmp_path) == []

@@ -32,6 +32,7 @@ Nobody else may create, update, purge or delete a stream or publish on `xr.ev.>`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -234,7 +235,8 @@ class Authority:
         if not path.exists():
             self.keys.mkdir(parents=True, exist_ok=True)
             os.chmod(self.keys, 0o700)
-            natsjwt.write_private(path, natsjwt.new_seed(kind) + "\n")
+            with contextlib.suppress(FileExistsError):  # another process made it meanwhile: theirs
+                natsjwt.write_private(path, natsjwt.new_seed(kind) + "\n", exclusive=True)
         return path.read_text().strip()
 
     def public(self, name: str, kind: str = "account") -> str:

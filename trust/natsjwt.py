@@ -199,8 +199,11 @@ def read_blocks(text: str) -> dict[str, str]:
     return blocks
 
 
-def write_private(path: Path, text: str, owner: tuple[int, int] | None = None) -> Path:
+def write_private(
+    path: Path, text: str, owner: tuple[int, int] | None = None, exclusive: bool = False
+) -> Path:
     """Write a secret file atomically and durably, readable by its owner only (mode 0600 from
-    its first moment); `owner` (uid, gid) hands it to another user before it takes its place."""
+    its first moment); `owner` (uid, gid) hands it to another user before it takes its place;
+    `exclusive`: only where there is none (FileExistsError otherwise)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_durably(path, text.encode(), mode=PRIVATE_MODE, owner=owner)
+    return write_durably(path, text.encode(), mode=PRIVATE_MODE, owner=owner, exclusive=exclusive)
