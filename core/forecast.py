@@ -36,22 +36,47 @@ def natural_wait_ms(state: State, job: Job, nodes, curve: "ReleaseCurve | None" 
     """When would the job fit without preempting, as running jobs finish as estimated: on
     its own (the earliest gang fit), and after the GPUs that jobs served before it ask for
     (queued at more urgent levels, or earlier at its own) have been taken from the pool of
-    its models."""
+    its models. Below the urgent levels only jobs ahead no larger than it count: a larger
+    gang ahead cannot start on the releases that would start this job before it has
+    gathered more, and the placement pass starts this job on them meanwhile (backfill).
+    (Counting them forecast less urgent jobs behind queued gangs to wait weeks, and such
+    forecasts priced preemptions of never-checkpointing jobs days into their runs: issue
+    19.) At the urgent levels every job ahead counts: the urgent head gang gets its nodes
+    drained for it (a drain hold, core/placement_pass.py), so a larger urgent gang ahead
+    does take the releases; and an urgent job's wait past its target is priced explicitly
+    (core/pricing.py `overdue_premium`)."""
     fit = earliest_fit(state, job, nodes)
     if fit is None:
         return 10 * expected_runtime_ms(state, job)
-    ahead = sum(state.index.queued_gpus[: job.eff_level]) + _same_level_ahead(state, job)
+    if job.level < state.canonical.policy.urgent_levels:
+        ahead = sum(state.index.queued_gpus[: job.eff_level]) + _same_level_ahead(state, job, LARGEST)
+    else:
+        ahead = _more_urgent_ahead(state, job) + _same_level_ahead(state, job, job.gpus)
     if ahead == 0:
         return fit[0]
     curve = curve or ReleaseCurve(state, nodes, expected_runtime_ms(state, job))
     return max(fit[0], curve.wait_for(ahead + job.gpus))
 
 
-def _same_level_ahead(state: State, job: Job) -> int:
-    """GPUs asked for by the jobs queued at the job's level before it in queue order (their
-    own level, then submit time), whatever their team: in a burst of urgent jobs, the last
-    one waits for the releases the first ones take. Counted up to the pool's size, beyond
-    which no running job's end tells the wait anyway."""
+LARGEST = 1 << 30  # no gang is larger: every job ahead counts
+
+
+def _more_urgent_ahead(state: State, job: Job) -> int:
+    """GPUs asked for by the jobs queued at more urgent levels, no larger than the job."""
+    size = job.gpus
+    total = 0
+    for by_size in state.index.queued_gpus_by_level_size[: job.eff_level]:
+        for gpus, asked in by_size.items():
+            if gpus <= size:
+                total += asked
+    return total
+
+
+def _same_level_ahead(state: State, job: Job, size: int) -> int:
+    """GPUs asked for by the jobs of `size` GPUs or fewer queued at the job's level before
+    it in queue order (their own level, then submit time), whatever their team: in a burst
+    of urgent jobs, the last one waits for the releases the first ones take. Counted up to
+    the pool's size, beyond which no running job's end tells the wait anyway."""
     c = state.canonical
     key = queue_key(job)
     cap = state.index.total_gpus
@@ -59,9 +84,11 @@ def _same_level_ahead(state: State, job: Job) -> int:
     for team in sorted(state.index.queues[job.eff_level]):
         team_queue = state.index.queues[job.eff_level][team]
         for _, _, other in team_queue[: bisect.bisect_left(team_queue, key)]:
-            total += c.jobs[other].gpus
-            if total >= cap:
-                return total
+            gpus = c.jobs[other].gpus
+            if gpus <= size:
+                total += gpus
+                if total >= cap:
+                    return total
     return total
 
 

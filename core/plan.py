@@ -25,7 +25,7 @@ from .placement import acceptable_models, node_size_max, place
 from .placement_pass import reserved_nodes
 from .holds import binding_holds, victim_cap
 from .policy import Policy, with_params
-from .pricing import LazyPrices, VictimCost, price_victims, pricing_for
+from .pricing import LazyPrices, VictimCost, overdue_premium, price_victims, pricing_for
 from .state import QUEUED, Job, Node, State, nodes_by_name
 from .types import Slot
 from .substitutes import substitute_penalty, substitutes
@@ -216,11 +216,13 @@ def judge(
 ) -> Plan | Decline:
     """Preempt only when the preemptor's weighted wait saved exceeds the set's cost by more
     than `net_benefit_min`; the wait saved is its natural wait less the time the slowest
-    victim takes to let go."""
+    victim takes to let go, and for an urgent job past (or forecast past) its wait target
+    the overdue premium on top (`core.pricing.overdue_premium`)."""
     cost = sum(costs[v].cost for v in victims) + substitute_cost
     ready = max(costs[v].ready_ms for v in victims)
     level_weight = p.level_weight[job.level]
     benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
+    benefit += overdue_premium(p, job, state.canonical.t, natural_wait, ready, [costs[v] for v in victims])
     if benefit - cost <= p.net_benefit_min:
         return Decline(reason="benefit_below_cost", benefit=round(benefit, 3), cost=round(cost, 3))
     reason = (

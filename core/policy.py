@@ -137,6 +137,15 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # An urgent job is not bound by a node hold (reservation) for a job its level may
     # preempt: it may start on, or preempt on, nodes held for such a job (core/holds.py).
     urgent_override_holds: bool = True
+    # The urgent levels' wait target, an SLO: an urgent job should start within this much
+    # of queueing. Past it, each further second of its wait weighs `urgent_overdue_factor`
+    # times its level's weight (core/pricing.py `wait_priced_s`); what that adds to a
+    # preemption's benefit pays for the victims' disruption (requeue wait, save, restore,
+    # overhead), never for their unsaved work (`overdue_premium`). So a victim with a fresh
+    # checkpoint is preempted for an urgent job that would pass its target, at any load.
+    # Factor 1: no target.
+    urgent_wait_target_s: float = 30.0
+    urgent_overdue_factor: float = 8.0
     # How long a preemptor of each level waits for a victim to let go, at most (0: as long
     # as the save takes): a victim that cannot reach its safe point and save a checkpoint in
     # time lets go from its last checkpoint, and the progress since counts as lost in the
@@ -283,6 +292,13 @@ def validate(policy: Policy) -> Policy:
         )
     if not 0 <= policy.urgent_levels <= LEVELS:
         raise PolicyError(f"urgent_levels must be 0..{LEVELS}")
+    if not policy.urgent_wait_target_s >= 0:
+        raise PolicyError(f"urgent_wait_target_s must be >= 0 seconds, got {policy.urgent_wait_target_s}")
+    if not policy.urgent_overdue_factor >= 1:
+        raise PolicyError(
+            f"urgent_overdue_factor must be >= 1 (1: a second past the target weighs as any other),"
+            f" got {policy.urgent_overdue_factor}"
+        )
     for model in sorted(policy.gpu_substitutes):
         for other, slowdown in sorted(policy.gpu_substitutes[model].items()):
             if not slowdown >= 0:

@@ -4,7 +4,8 @@ and the work the preemption wastes (lost progress, checkpoint save, restore) wei
 its level, but never below `wasted_work_weight_min` nor below the queue's pressure (the
 other queued GPUs' summed level weights per GPU of the pool: wasted capacity delays them
 all). Each victim lets go the cheaper way, the preemptor's weighted wait included: from
-its last checkpoint at its next safe point, or after a save.
+its last checkpoint at its next safe point, or after a save. An urgent preemptor's wait
+past its target is priced explicitly (`wait_priced_s`, `overdue_premium`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class VictimCost(msgspec.Struct, kw_only=True):
     ready_ms: int  # notice -> released
     checkpoint_needed: bool
     cost: float
+    lost_cost: float = 0.0  # the part of `cost` that is progress thrown away
 
 
 def can_checkpoint(job: Job) -> bool:
@@ -93,6 +95,7 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy, pric
             best = (key, wasted, lost, save, restore, ready, checkpoint_needed)
     assert best is not None  # options always has the let-go-now option
     _, wasted, lost, save, restore, ready, checkpoint_needed = best
+    lost_cost = wasted_weight * lost / 1000.0
     shared = min(victim.gpus, pricing.preemptor_gpus)
     # The GPUs the preemptor does not take (a gang victim's rest) go at once to the queued
     # jobs small enough for them, as far as those ask: the victim's wait there is their
@@ -113,6 +116,7 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy, pric
         ready_ms=ready,
         checkpoint_needed=checkpoint_needed,
         cost=cost,
+        lost_cost=lost_cost,
     )
 
 
@@ -186,6 +190,47 @@ def requeue_level(state: State, victim: Job) -> int:
     """The queue level a victim returns to: its base level raised by the recovery boost."""
     boost = recovery_boost(state.canonical.policy, victim.preempt_count + 1, victim.waited_total_ms)
     return max(0, victim.level - boost)
+
+
+def wait_priced_s(p: Policy, level: int, wait_ms: int) -> float:
+    """A job's wait since it queued, in seconds weighted against its level's weight: at
+    the urgent levels (below `urgent_levels`) each second past `urgent_wait_target_s`
+    counts `urgent_overdue_factor` times (an urgent job's wait is judged by its tail, the
+    target is its SLO); at the other levels every second counts once."""
+    wait_s = max(0, wait_ms) / 1000.0
+    if level >= p.urgent_levels:
+        return wait_s
+    return wait_s + (p.urgent_overdue_factor - 1.0) * max(0.0, wait_s - p.urgent_wait_target_s)
+
+
+def wait_saved_s(p: Policy, job: Job, t: int, natural_wait_ms: int, ready_ms: int) -> float:
+    """What a preemption that starts `job` in `ready_ms` instead of its natural wait saves,
+    in priced seconds (see `wait_priced_s`): its wait so far plus either. A job that has
+    waited past its level's target saves the dearer seconds; so does one whose forecast
+    carries it past the target."""
+    if natural_wait_ms <= ready_ms:
+        return 0.0
+    waited = max(0, t - job.queued_since_t)
+    return wait_priced_s(p, job.level, waited + natural_wait_ms) - wait_priced_s(
+        p, job.level, waited + ready_ms
+    )
+
+
+def overdue_premium(
+    p: Policy, job: Job, t: int, natural_wait_ms: int, ready_ms: int, costs: list[VictimCost]
+) -> float:
+    """What an urgent job's wait past its target adds to a preemption's benefit, in weighted
+    GPU-seconds: the priced seconds saved (`wait_saved_s`) beyond the plain ones, at its
+    level's weight and GPUs; but never more than the victims' disruption, their cost less
+    the progress they throw away. The premium buys a victim's requeue wait, save, restore
+    and overhead, not destroyed work: the pool must redo that whatever the urgency, so
+    unsaved work is weighed against the plain wait saved, as at every level."""
+    if job.level >= p.urgent_levels or natural_wait_ms <= ready_ms:
+        return 0.0
+    plain_s = (natural_wait_ms - ready_ms) / 1000.0
+    extra_s = wait_saved_s(p, job, t, natural_wait_ms, ready_ms) - plain_s
+    disruption = sum(c.cost - c.lost_cost for c in costs)
+    return min(p.level_weight[job.level] * job.gpus * extra_s, max(0.0, disruption))
 
 
 def pricing_for(state: State, job: Job, p: Policy, runtime_ms: int, natural_wait: int) -> Pricing:

@@ -225,6 +225,9 @@ class Index:
         self.queued_gpus_base: list[int] = [0] * LEVELS
         # gang size -> GPUs asked for by queued jobs of that size (who could use n GPUs)
         self.queued_gpus_by_size: dict[int, int] = {}
+        # eff level -> gang size -> GPUs asked for by queued jobs of that size at that level
+        # (who would take the releases a job of that size or larger could start on)
+        self.queued_gpus_by_level_size: list[dict[int, int]] = [{} for _ in range(LEVELS)]
         # Queued jobs that entered below their requested level (a team downgrade)
         self.downgraded_queued: dict[str, None] = {}
         # level -> {job id: None} of jobs holding GPUs, to find preemption victims by level
@@ -358,6 +361,8 @@ def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     ix.queued_gpus[job.eff_level] += job.gpus
     ix.queued_gpus_base[job.level] += job.gpus
     ix.queued_gpus_by_size[job.gpus] = ix.queued_gpus_by_size.get(job.gpus, 0) + job.gpus
+    by_size = ix.queued_gpus_by_level_size[job.eff_level]
+    by_size[job.gpus] = by_size.get(job.gpus, 0) + job.gpus
     if job.level > job.requested_level:
         ix.downgraded_queued[job.id] = None
     ix.team_queued_gpus[job.team] = ix.team_queued_gpus.get(job.team, 0) + job.gpus
@@ -384,6 +389,10 @@ def queue_remove(ix: Index, job: Job) -> None:
     ix.queued_gpus_by_size[job.gpus] -= job.gpus
     if not ix.queued_gpus_by_size[job.gpus]:
         del ix.queued_gpus_by_size[job.gpus]
+    by_size = ix.queued_gpus_by_level_size[job.eff_level]
+    by_size[job.gpus] -= job.gpus
+    if not by_size[job.gpus]:
+        del by_size[job.gpus]
     ix.downgraded_queued.pop(job.id, None)
     ix.team_queued_gpus[job.team] -= job.gpus
     if ix.team_queued_gpus[job.team] == 0:

@@ -360,11 +360,17 @@ def test_gpus_held_for_a_blocked_gang_do_not_count_as_free_for_an_urgent_job():
 
 def test_a_victim_that_would_requeue_behind_a_deep_queue_costs_more():
     """The requeued victim's wait is estimated from the GPUs queued ahead of it: with a deep
-    queue at more urgent levels the same preemption is declined."""
+    queue at more urgent levels the same preemption is declined. (Without the urgent wait
+    target: its overdue premium pays for a victim's requeue wait, and the urgent job here
+    would wait hours; tests/test_core_urgent_wait_target.py.)"""
 
     def attempt(queued_ahead: int) -> list:
         # The queue ahead may not preempt, by priority nor by reclaiming team q's share.
-        run = Run(preempts_from_level=[2, 3, 8, 8, 8, 8, 8, 8], fair_share_guarantee=False)
+        run = Run(
+            preempts_from_level=[2, 3, 8, 8, 8, 8, 8, 8],
+            fair_share_guarantee=False,
+            urgent_overdue_factor=1.0,
+        )
         run.at(0, node("a1"), node("a2"))
         run.at(
             1,

@@ -150,3 +150,57 @@ def test_under_load_a_less_urgent_preemption_pays_the_queues_whole_pressure_for_
     would throw away weighs the queue's whole pressure, far past level 4's weight."""
     assert _less_urgent_preemption(0) == ([["victim"]], "")
     assert _less_urgent_preemption(100) == ([], "benefit_below_cost")
+
+
+def _one_gpu_job_behind(ahead_gpus: int, level: int = 2):
+    """a1 and a2 (8 GPUs each) are full of level-6 jobs that never checkpoint, 20 h into
+    100-h runs, but for a level-1 one-GPU job on a2 that ends in about 200 s. A level-0 job
+    of `ahead_gpus` GPUs queues for the B nodes, which are down; then a one-GPU job of
+    `level` arrives: its natural wait, its plans and its last decline."""
+    from core.forecast import natural_wait_ms
+
+    run = Run()
+    run.at(0, node("a1"), node("a2"), node("b1", "B"), node("b2", "B"))
+    run.at(1, T.NodeDown(node="b1"), T.NodeDown(node="b2"))
+    long_run = dict(est_runtime_s=100 * 3600, ckpt_interval_s=0)
+    run.at(
+        1000,
+        submit("a1-one", 6, 1, team="v", user="v1", **long_run),
+        submit("a1-rest", 6, 7, team="v", user="v2", **long_run),
+        submit("a2-rest", 6, 7, team="w", user="w1", **long_run),
+    )
+    start_all(run, 2000)
+    t = 20 * HOUR
+    run.at(t - 800_000, submit("ending", 1, 1, team="e", user="e", est_runtime_s=1000))
+    start_all(run, t - 800_000)
+    run.at(t - 60_000, submit("ahead", 0, ahead_gpus, team="g", user="g", models=["B"]))
+    assert run.job_state("ahead") == "queued"
+    events = run.at(t, submit("urgent", level, 1, team="u", user="u", est_runtime_s=600))
+    nodes = [run.state.canonical.nodes[n] for n in ("a1", "a2")]
+    wait = natural_wait_ms(run.state, run.job("urgent"), nodes)
+    return wait, [p.victims for p in of(events, T.PreemptionPlanned)], run.job("urgent").last_decline
+
+
+def test_a_larger_gang_queued_ahead_does_not_make_a_one_gpu_less_urgent_job_wait_for_its_gpus():
+    """A 16-GPU gang queued at a more urgent level cannot start on the one GPU that frees in
+    200 s, so a level-2 one-GPU job does (backfill): its natural wait is that release, not
+    the days until 17 GPUs have been freed; so it does not throw away 20 h of a job's work
+    to save them."""
+    wait, plans, decline = _one_gpu_job_behind(16)
+    assert wait == 200_000
+    assert (plans, decline) == ([], "benefit_below_cost")
+
+
+def test_a_job_of_its_size_queued_ahead_still_takes_the_release_first():
+    """A one-GPU job queued ahead at a more urgent level takes the first release, so the
+    level-2 job's natural wait is the next one (hours away): worth preempting for."""
+    wait, plans, _ = _one_gpu_job_behind(1)
+    assert wait > 10 * HOUR
+    assert plans == [["a1-one"]]
+
+
+def test_at_the_urgent_levels_every_gang_queued_ahead_counts():
+    """The urgent head gang gets its nodes drained for it, so it does take the releases: a
+    level-1 job behind it is forecast to wait for them too."""
+    wait, _, _ = _one_gpu_job_behind(16, level=1)
+    assert wait > 10 * HOUR
