@@ -35,12 +35,12 @@ def processes_under(folder) -> list[int]:
     return found
 
 
-def wait_until(predicate, timeout_s: float) -> bool:
+def wait_until(predicate, timeout_s: float, poll_s: float = 0.2) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(0.2)
+        time.sleep(poll_s)
     return predicate()
 
 
@@ -83,7 +83,11 @@ def test_sigterm_to_chaos_stops_the_cluster_it_started(tmp_path):
                 pass
 
 
-def test_sigterm_to_a_simulation_stops_its_worker_processes(tmp_path):
+@pytest.mark.parametrize("processes_started", [2, 4], ids=["while-starting", "while-running"])
+def test_sigterm_to_a_simulation_stops_its_worker_processes(tmp_path, processes_started):
+    """Sent while the manager and the workers start (only the manager forked yet) or once
+    all run: before, a SIGTERM in the start-up window met the default action, and the
+    orphaned children kept simulating (and held the pipes open)."""
     out = tmp_path / "scorecard"
     sim = subprocess.Popen(
         [sys.executable, "-m", "xirang.cli", "sim", "--trace", "philly", "--limit", "20000"]
@@ -95,7 +99,8 @@ def test_sigterm_to_a_simulation_stops_its_worker_processes(tmp_path):
     )
     try:
         # the command, its queue's manager and two workers (forked: the same command line)
-        assert wait_until(lambda: len(processes_under(out)) >= 4, 60), processes_under(out)
+        started = wait_until(lambda: len(processes_under(out)) >= processes_started, 60, poll_s=0.005)
+        assert started, processes_under(out)
         os.kill(sim.pid, signal.SIGTERM)
         _, err = sim.communicate(timeout=60)
         assert sim.returncode == 143, err

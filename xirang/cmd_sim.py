@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import multiprocessing.managers
 import queue as queue_mod
+import signal
 import sys
 import time
 
-from agents.interrupts import stop_signals_raise
+from agents.interrupts import STOP_SIGNALS, stop_signals_raise
 from replay.peers import POLICIES
 from replay.workload import DEFAULTS_HELP
 
@@ -179,12 +181,21 @@ def run_policies(jobs: list[dict], procs: int, quiet: bool = False):
         runs = [_run_one(job, bar.update) for job in jobs]
     else:
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        manager = ctx.Manager()
-        manager_queue = manager.Queue()
-        # The workers and the manager are started before the handlers below, so they keep
-        # the default ones. A SIGTERM (or Ctrl-C) then unwinds this process: the pool's
-        # workers are terminated and the manager shut down, not left simulating for minutes.
-        with manager, ctx.Pool(min(procs, len(jobs))) as pool, stop_signals_raise():
+        # A SIGTERM (or Ctrl-C) unwinds this process: the pool's workers are terminated and
+        # the manager shut down, not left simulating for minutes. One that comes while they
+        # start is held until the handlers are in place (the children unblock it and keep
+        # the default action), so no moment of the start-up leaves them orphaned.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            manager = mp.managers.SyncManager(ctx=ctx)
+            manager.start(_default_stop_signals)
+            pool = ctx.Pool(min(procs, len(jobs)), _default_stop_signals)
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            raise
+        with manager, pool, stop_signals_raise():
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a stop held meanwhile raises here
+            manager_queue = manager.Queue()
             pending = [pool.apply_async(_run_in_worker, (job, manager_queue)) for job in jobs]
             while not all(p.ready() for p in pending):
                 _drain(manager_queue, bar)
@@ -194,6 +205,14 @@ def run_policies(jobs: list[dict], procs: int, quiet: bool = False):
     bar.close()
     runs.sort(key=lambda run: order[run[0].policy])
     return [result for result, _ in runs], {result.policy: card for result, card in runs}
+
+
+def _default_stop_signals() -> None:
+    """In the manager or a worker, first thing: SIGINT and SIGTERM unblocked, with their
+    default action, whatever the parent held or installed when it forked."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def _drain(queue, bar) -> None:
