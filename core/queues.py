@@ -121,11 +121,7 @@ def serving_order(state: State, level: int) -> Iterator[str]:
     live = state.index.queues[level]
     if not live:
         return iter(())
-    # Placing a job removes it from these lists while we iterate: serve from copies of each
-    # team's head, which is all a pass can reach within its scan budget.
-    depth = state.canonical.policy.scan_jobs_max
-    names = sorted(live)
-    teams = {name: live[name][:depth] for name in names}
+    teams, names = _team_heads(state, live)
     return _by_own_level(state, level, teams, names)
 
 
@@ -139,10 +135,17 @@ def preempting_order(state: State, level: int) -> Iterator[str]:
     live = state.index.waiting_by_level_team[level]
     if not live:
         return iter(())
+    teams, names = _team_heads(state, live)
+    return _order(state, level, state.canonical.policy.queue_policy[level], teams, names)
+
+
+def _team_heads(state: State, live) -> tuple[dict[str, list[str]], list[str]]:
+    """Copies of each team's queue head, as deep as a pass's scan budget reaches, and the team
+    names in order. Placing a job removes it from the live lists while a pass iterates, so the
+    orders serve from these copies."""
     depth = state.canonical.policy.scan_jobs_max
     names = sorted(live)
-    teams = {name: live[name][:depth] for name in names}
-    return _order(state, level, state.canonical.policy.queue_policy[level], teams, names)
+    return {name: live[name][:depth] for name in names}, names
 
 
 def _by_own_level(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
