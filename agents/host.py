@@ -41,7 +41,7 @@ from nats.js.errors import NotFoundError
 
 from core import types as T
 
-from trust.durable import write_durably
+from trust.durable import remove_stale_temps, write_durably
 from trust.natsauth import CREDS_ENV, JobMinter
 from trust.signing import KeyRing, verify_one
 
@@ -188,6 +188,9 @@ class HostAgent:
     def _load(self) -> None:
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self._lock_down_state()
+        for folder in (self.dir, self.runs_dir, self.outbox.folder):
+            for path in remove_stale_temps(folder):  # an agent killed mid-write left them
+                log.info("host %s: removed %s, a write a killed agent left unfinished", self.node, path.name)
         acted = self.dir / "acted.json"
         if acted.exists():
             self.acted = _read_state_file(

@@ -49,7 +49,7 @@ class Outbox:
         checked to be `job`'s own facts."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / JOB_MARKER).write_text(job)
+        write_durably(folder / JOB_MARKER, job.encode())  # read after a restart: whole or absent
         self.job_folders[folder] = job
         return folder
 

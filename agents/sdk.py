@@ -50,6 +50,7 @@ from core import types as T
 
 from transport import bus
 from transport import checkpoints as ckptstore
+from trust.durable import write_durably
 from trust.natsauth import CREDS_ENV, job_token
 from . import ckptfile
 from .outbox import Outbox
@@ -106,7 +107,7 @@ class Job:
         if self._creds_path:
             asyncio.run_coroutine_threadsafe(self._keep_credentials_fresh(), self._loop)
         signal.signal(signal.SIGUSR1, self._on_notice)
-        (self.dir / "sdk").write_text(str(os.getpid()))  # tells the agent to notify, not kill
+        write_durably(self.dir / "sdk", str(os.getpid()).encode())  # tells the agent to notify, not kill
         self._notice = (self.dir / "notice.json").exists()  # notified while we were loading
 
     # ------------------------------------------------------------ plumbing
@@ -367,7 +368,7 @@ class Job:
             # from this checkpoint, so there is no preemption to report.
             if not self._checkpoint_by_deadline(step, state, notice):
                 print(f"xirang sdk: stopping at step {step} without a new checkpoint", flush=True)
-            (self.dir / "released").write_text(str(step))
+            write_durably(self.dir / "released", str(step).encode())
             print(f"xirang sdk: host stopping; checkpointed at step {step}, exiting", flush=True)
             self.close()
             sys.exit(0)
@@ -380,7 +381,7 @@ class Job:
             self._notice = False
             return
         self._report(T.Released(job=self.job), f"{saga}-released")
-        (self.dir / "released").write_text(str(step))
+        write_durably(self.dir / "released", str(step).encode())
         print(f"xirang sdk: preempted at step {step} ({saga}); released", flush=True)
         self.close()
         sys.exit(0)

@@ -5,6 +5,7 @@ whole when the write fails half-way, and no temporary file left behind either wa
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -80,3 +81,23 @@ def test_the_job_wrapper_records_the_exit_status_and_leaves_no_temporary_file(tm
     subprocess.run(command, cwd=REPO, timeout=60, check=True)
     assert json.loads(exit_file.read_text())["rc"] == 3
     assert leftovers(tmp_path) == []
+
+
+def test_a_restarted_host_removes_the_temporary_files_of_killed_writes_and_keeps_live_ones(tmp_path):
+    # given temporary files as write_durably names them: one of a process that is gone (killed
+    # mid-write), one of a process that still runs (this test)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    agent = HostAgent("nats://127.0.0.1:9", node="h1", inventory=parse_simulate("1xH100"), state_dir=tmp_path)
+    agent.runs_dir.mkdir(parents=True)
+    dead = agent.dir / f".acted.json.{gone.pid}-0123abcd{TMP_SUFFIX}"
+    dead_run = agent.runs_dir / f".train.json.{gone.pid}-89abcdef{TMP_SUFFIX}"
+    live = agent.dir / f".acted.json.{os.getpid()}-0badf00d{TMP_SUFFIX}"
+    other = agent.dir / f"notes{TMP_SUFFIX}"  # not a name write_durably gives: someone else's
+    for path in (dead, dead_run, live, other):
+        path.write_text("half")
+    # when the host agent starts on its folder
+    agent._load()
+    # then the dead writers' files are gone, the rest kept
+    assert not dead.exists() and not dead_run.exists()
+    assert live.exists() and other.exists()

@@ -197,3 +197,50 @@ def test_processes_making_an_nkey_seed_at_once_all_read_the_same_one(tmp_path):
         thread.join(30)
     assert len(got) == 8 and len(set(got)) == 1
     assert leftovers(tmp_path) == []
+
+
+@pytest.fixture
+def created_folders(monkeypatch):
+    """Every folder made through os.mkdir while the test runs, with its mode at creation, under
+    an umask of 0."""
+    made: list[tuple[str, int]] = []
+    real_mkdir = os.mkdir
+
+    def spying_mkdir(path, mode=0o777, *args, **kwargs):
+        real_mkdir(path, mode, *args, **kwargs)
+        made.append((os.fspath(path), mode_of(path)))
+
+    monkeypatch.setattr(os, "mkdir", spying_mkdir)
+    old_umask = os.umask(0)
+    try:
+        yield made
+    finally:
+        os.umask(old_umask)
+
+
+def test_the_keys_and_creds_folders_are_owner_only_from_their_first_moment(tmp_path, created_folders):
+    authority = Authority(tmp_path / "nats")
+    authority.init()
+    authority.add_user("host", ["n1"])
+    modes = {os.path.basename(path): oct(mode) for path, mode in created_folders}
+    assert modes["keys"] == "0o700" and modes["creds"] == "0o700"
+    assert oct(mode_of(tmp_path / "nats" / "keys")) == "0o700"
+
+
+def test_a_creds_folder_an_older_version_left_open_is_narrowed_to_its_owner(tmp_path):
+    authority = Authority(tmp_path / "nats")
+    authority.init()
+    (tmp_path / "nats" / "creds").mkdir(mode=0o755)
+    os.chmod(tmp_path / "nats" / "creds", 0o755)
+    authority.add_user("op", ["alice"])
+    assert oct(mode_of(tmp_path / "nats" / "creds")) == "0o700"
+
+
+def test_a_symlink_planted_where_the_keys_folder_goes_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "nats").mkdir()
+    (tmp_path / "nats" / "keys").symlink_to(elsewhere)
+    with pytest.raises(NotADirectoryError, match="move it away"):
+        Authority(tmp_path / "nats").init()
+    assert list(elsewhere.iterdir()) == []

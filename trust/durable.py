@@ -20,11 +20,15 @@ layer above (agents, projections) share this one copy.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 
 TMP_SUFFIX = ".tmp"
 PRIVATE_MODE = 0o600  # readable and writable by its owner only: keys, seeds, credentials
+PRIVATE_FOLDER_MODE = 0o700  # a folder only its owner may list or enter: keys/, creds/
+# The temporary name `write_durably` gives a write: ".NAME.<pid>-<8 hex>.tmp".
+_TEMP_NAME = re.compile(r"^\..+\.(?P<pid>[0-9]+)-[0-9a-f]{8}" + re.escape(TMP_SUFFIX) + "$")
 DEFAULT_MODE = 0o666  # as `open` creates files: what the umask leaves of it
 
 
@@ -77,3 +81,49 @@ def sync_folder(folder: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_private_folder(folder: str | os.PathLike) -> Path:
+    """Make `folder` (and its missing parents, with the default mode) a folder only its owner
+    may list or enter. A new one is created with that mode (never briefly wider); an existing
+    one is narrowed to it. A symlink or a file in its place is refused (NotADirectoryError):
+    someone else may have planted it. Returns the path."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(folder, PRIVATE_FOLDER_MODE)
+    except FileExistsError:
+        if folder.is_symlink() or not folder.is_dir():
+            raise NotADirectoryError(
+                f"{folder} is not a folder (a symlink or a file): move it away"
+            ) from None
+    os.chmod(folder, PRIVATE_FOLDER_MODE, follow_symlinks=False)  # what an old version left wider
+    return folder
+
+
+def remove_stale_temps(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files that writers killed mid-write (SIGKILL, power cut) left in
+    `folder`: those named as `write_durably` names them whose process is gone. A live
+    writer's temporary file is kept (its pid still runs). Returns the paths removed."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for path in sorted(folder.iterdir()):
+        match = _TEMP_NAME.match(path.name)
+        if match and not _process_runs(int(match["pid"])) and path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _process_runs(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: it runs
+    return True

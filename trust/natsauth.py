@@ -42,7 +42,7 @@ from pathlib import Path
 from core.identity import subject_token
 
 from . import natsjwt
-from .durable import write_durably
+from .durable import make_private_folder, write_durably
 
 ROSTER_FILE = "roster.json"
 ACCOUNTS_FILE = "accounts.conf"
@@ -233,8 +233,7 @@ class Authority:
         """The named key's seed, made on first use."""
         path = self.keys / f"{name}.nk"
         if not path.exists():
-            self.keys.mkdir(parents=True, exist_ok=True)
-            os.chmod(self.keys, 0o700)
+            make_private_folder(self.keys)
             with contextlib.suppress(FileExistsError):  # another process made it meanwhile: theirs
                 natsjwt.write_private(path, natsjwt.new_seed(kind) + "\n", exclusive=True)
         return path.read_text().strip()
@@ -349,7 +348,8 @@ class Authority:
         claims = natsjwt.user_claims(name, entry["nkey"], self.public("account"), user_tags(role, names))
         token = natsjwt.encode(claims, self.seed(f"role-{role}"))
         creds_path = natsjwt.write_private(
-            self.dir / CREDS_DIR / f"{name}{CREDS_SUFFIX}", natsjwt.creds_text(token, user_seed, extra)
+            make_private_folder(self.dir / CREDS_DIR) / f"{name}{CREDS_SUFFIX}",
+            natsjwt.creds_text(token, user_seed, extra),
         )
         roster.append(entry)
         write_durably(self.dir / ROSTER_FILE, (json.dumps(roster, indent=1) + "\n").encode())
