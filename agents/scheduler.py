@@ -528,6 +528,8 @@ class Scheduler:
                 del self._heard_unknown[name]
             elif now - heard > timeout_s:
                 del self._heard_unknown[name]
+        if len(self._heard_unknown) < self.unknown_nodes_heard_max:
+            self._warned_unknown_full = False  # that flood is over: say the next one again
 
     async def _watch_hosts(self) -> None:
         now = time.monotonic()
