@@ -44,18 +44,65 @@ def natural_wait_ms(state: State, job: Job, nodes, curve: "ReleaseCurve | None" 
     19.) At the urgent levels every job ahead counts: the urgent head gang gets its nodes
     drained for it (a drain hold, core/placement_pass.py), so a larger urgent gang ahead
     does take the releases; and an urgent job's wait past its target is priced explicitly
-    (core/pricing.py `overdue_premium`)."""
+    (core/pricing.py `overdue_premium`). Below the urgent levels the releases are uncertain:
+    the job's own fit is the expected first of them (`expected_first_fit_ms`), and the
+    GPUs ahead drain at the pool's turnover (`ReleaseCurve`); at the urgent levels the
+    soonest point estimate and the median pace stand (the urgent jobs ahead take the
+    releases first; forecast sooner, urgent jobs declined and waited past their target)."""
     fit = earliest_fit(state, job, nodes)
     if fit is None:
         return 10 * expected_runtime_ms(state, job)
-    if job.level < state.canonical.policy.urgent_levels:
+    urgent = job.level < state.canonical.policy.urgent_levels
+    if urgent:
+        first = fit[0]
         ahead = sum(state.index.queued_gpus[: job.eff_level]) + _same_level_ahead(state, job, LARGEST)
     else:
+        first = expected_first_fit_ms(state, job.gpus, nodes, fit[0])
         ahead = _more_urgent_ahead(state, job) + _same_level_ahead(state, job, job.gpus)
     if ahead == 0:
-        return fit[0]
+        return first
     curve = curve or ReleaseCurve(state, nodes, expected_runtime_ms(state, job))
-    return max(fit[0], curve.wait_for(ahead + job.gpus))
+    return max(first, curve.wait_for(ahead + job.gpus, turnover=not urgent))
+
+
+def expected_first_fit_ms(state: State, gpus: int, nodes, soonest_ms: int) -> int:
+    """When a job of `gpus` GPUs that fits one node can expect its first fit: the expected
+    FIRST of many uncertain releases, not the soonest of their point estimates
+    (`soonest_ms`, the earliest fit). A running job's remaining time is known only by its
+    expectation `m` (`remaining_ms`); the law of a positive time with only its mean known
+    (the one that assumes nothing more, of greatest entropy) is the exponential, so the job
+    releases at rate 1/m, and the first of independent releases comes after 1 / (the sum of
+    their rates): always sooner than the soonest expectation, and much sooner among
+    hundreds of running jobs. (The soonest expectation of ~1,000 running jobs forecast
+    350-1,400 s where the first release came in ~12 s, and urgent jobs preempted instead of
+    waiting: issue 19.) A node fits the job when one of its holders that frees enough on
+    its own releases (rate 1/m each) or, if sooner, at its own point fit T (rate 1/T): so
+    never later than `soonest_ms`. A gang larger than a node needs several releases at
+    once: its point fit stands. Memoised (see `fits_memo`)."""
+    if soonest_ms <= 0 or gpus > max((node.gpus for node in nodes), default=0):
+        return soonest_ms
+    memo = fits_memo(state)
+    key = ("first", gpus, tuple(node.name for node in nodes))
+    first = memo.get(key)
+    if first is None:
+        rate = 0.0
+        kept = state.index.node_releases
+        for node in nodes:
+            if node.gpus < gpus:
+                continue
+            free = node.holder.count("")  # node_free_count
+            releases = kept.get(node.name)
+            if releases is None:
+                releases = node_releases(state, node)
+            alone = 0.0
+            for at_ms, freed in releases:
+                if free + freed >= gpus:
+                    alone += 1.0 / max(at_ms, 1)
+            at = _first_fit_time(free, releases, gpus)
+            if at is not None:
+                rate += max(alone, 1.0 / max(at, 1))
+        first = memo[key] = soonest_ms if rate <= 0.0 else min(soonest_ms, int(1.0 / rate))
+    return first
 
 
 LARGEST = 1 << 30  # no gang is larger: every job ahead counts
@@ -105,26 +152,42 @@ class ReleaseCurve:
     (a queue's view: whoever is first in line takes the next GPU that frees).
 
     The tail of the curve is its least certain part (a few long overrunning jobs), and past
-    it the queue drains at a pace no running job tells: so a wait is also bounded by the
-    pool's typical pace, the GPUs freed by the median release over its time."""
+    it the queue drains at a pace no running job tells: so a wait is also bounded by a pace.
+    At the urgent levels, the pool's typical pace: the GPUs freed by the median release over
+    its time. Below them (`turnover`), the pace the pool can be expected to free GPUs at
+    now: each running job releases its GPUs at rate 1/m, m its expected remaining time (the
+    exponential law, as in `expected_first_fit_ms`), so the pace is the sum of GPUs / m.
+    The median release counts each running job once; but the jobs running at any moment
+    are the long ones (length-biased), and the GPUs the short ones free are freed again
+    when the short jobs that take them end, so it understates how fast a full pool turns
+    over for the jobs queued below the urgent levels: their natural waits were forecast at
+    a median of 7 times their real waits on Philly's first 10,000 jobs on 256 GPUs (50
+    times on 128), and jobs forecast to wait hundreds of hours threw away hundreds of
+    GPU-hours of never-checkpointed work (issue 19). The urgent levels keep the median
+    pace: the GPUs that free are taken first by the urgent jobs queued ahead, which the
+    turnover of the whole pool does not tell (with the turnover their forecasts fell under
+    the wait target and their p99 rose 2-17x on the 256-GPU pools: docs/EXPERIMENTS.md)."""
 
     def __init__(self, state: State, nodes, beyond_ms: int) -> None:
-        self.free, self.times, self.freed, self.pace = _pooled_releases(state, nodes)
+        self.free, self.times, self.freed, self.pace, self.turnover = _pooled_releases(state, nodes)
         self.beyond_ms = (self.times[-1] if self.times else 0) + beyond_ms
 
-    def wait_for(self, gpus: int) -> int:
-        """When `gpus` GPUs of these nodes will have been free at once (0 if they are now)."""
+    def wait_for(self, gpus: int, turnover: bool = False) -> int:
+        """When `gpus` GPUs of these nodes will have been free at once (0 if they are now),
+        bounded by the median pace, or with `turnover` by the pool's turnover now."""
         need = gpus - self.free
         if need <= 0:
             return 0
         i = bisect.bisect_left(self.freed, need)
         on_curve = self.times[i] if i < len(self.times) else self.beyond_ms
-        return on_curve if self.pace is None else min(on_curve, int(need / self.pace))
+        pace = self.turnover if turnover else self.pace
+        return on_curve if pace is None else min(on_curve, int(need / pace))
 
 
-def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], float | None]:
+def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], float | None, float | None]:
     """The free GPUs of these nodes, their release times pooled, soonest first, the GPUs
-    freed by each, and the pace at the median release (GPUs per ms; None when nothing
+    freed by each, the pace at the median release and the turnover (GPUs per ms expected to
+    free now: the sum of GPUs / time to release; see `ReleaseCurve`; both None when nothing
     runs). Memoised (see `fits_memo`)."""
     memo = fits_memo(state)
     key = ("pooled", tuple(node.name for node in nodes))
@@ -143,7 +206,8 @@ def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], fl
         freed = list(itertools.accumulate([g for _, g in releases]))
         median = len(times) // 2
         pace = (freed[median] / max(times[median], 1)) if times else None
-        pooled = memo[key] = (free, times, freed, pace)
+        turnover = sum(g / max(at, 1) for at, g in releases) if releases else None
+        pooled = memo[key] = (free, times, freed, pace, turnover)
     return pooled
 
 

@@ -312,8 +312,11 @@ class LazyPrices:
             # in the pool at once, so the releases must cover only the jobs queued ahead of
             # it and the GPUs the preemptor takes. With no job ahead, where it fits again
             # after the preemptor's take is `fit`'s to say.
+            # Below the urgent levels a queued job's wait is bounded by the pool's
+            # turnover, as the preemptor's natural wait is (`ReleaseCurve`).
             ahead = queued_ahead(self.state, self.job, level)
-            waits[level] = self.curve.wait_for(ahead + self.job.gpus) if ahead else 0
+            turnover = level >= self.state.canonical.policy.urgent_levels
+            waits[level] = self.curve.wait_for(ahead + self.job.gpus, turnover) if ahead else 0
         return waits[level]
 
     def lower(self, victim_id: str) -> VictimCost:
