@@ -77,7 +77,7 @@ def place_queued(ctx: Ctx, last: bool = False) -> None:
     ix.drain_pending_t = -1  # (none can be: `settle_drain` ran at the step's start)
     placing = _PlacementPass(ctx, reserved)
     jobs = ctx.state.canonical.jobs
-    for job_id, reserves in _placement_order(ctx.state):
+    for job_id, reserves in _placement_order(ctx.state, placing.passes_over):
         if placing.attempts_left <= 0:
             return  # more may fit: the next step goes on (the flag stays set)
         if placing.nothing_more_fits():
@@ -194,7 +194,7 @@ def _drain_for_the_urgent_head(state: State) -> None:
     ix.reserved_nodes = reserved
 
 
-def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
+def _placement_order(state: State, passes_over=None) -> Iterator[tuple[str, bool]]:
     """(job, may get a head reservation), in the order a placement pass tries them: first
     the levels below their guaranteed shares, up to them; then, by default, every level in
     order 0 -> 7, each in its own serving order (the model: levels in order, each by its
@@ -202,7 +202,9 @@ def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
     levels' own jobs, then the jobs of teams below their fair shares that fit within them,
     then every level in its serving order; a job aged into the urgent levels from a level
     the guarantee covers is served in that last pass, at its effective level. Levels are
-    read lazily, so a job placed earlier in the pass is not offered again."""
+    read lazily, so a job placed earlier in the pass is not offered again. `passes_over(level)`
+    (`_PlacementPass.passes_over`): whether a level of the default order may be passed over
+    whole, as it stands when its turn comes."""
     p = state.canonical.policy
     jobs = state.canonical.jobs
     yield from _below_guarantee(state)
@@ -210,7 +212,8 @@ def _placement_order(state: State) -> Iterator[tuple[str, bool]]:
     if covered_from >= LEVELS:
         # Every job's own level is below LEVELS (inputs are checked): no filter to apply.
         for level in range(LEVELS):
-            yield from zip(serving_order(state, level), itertools.repeat(True))
+            if passes_over is None or not passes_over(level):
+                yield from zip(serving_order(state, level), itertools.repeat(True))
         return
     for level in range(covered_from):
         for job_id in serving_order(state, level):
@@ -298,11 +301,35 @@ class _PlacementPass:
     def nothing_more_fits(self) -> bool:
         if self.free_unheld <= 0:
             self.backfill_left -= 1
-        return (
-            self.free_open <= 0
-            or self.backfill_left < 0
-            or (1, ANY_END) in self.blocked.get(ANY_MODEL_ONE_NODE, ())
-        )
+        return self.backfill_left < 0 or self.nothing_more_fits_now()
+
+    def passes_over(self, level: int) -> bool:
+        """Whether the pass may skip the level's queued jobs unread: every one is larger than
+        the free GPUs and no head reservation is left to make, so each would only be counted
+        against the backfill budget (`nothing_more_fits`), which this does for them, in one
+        sum, when it cannot run out on the way (else they are read one by one, as always).
+        The same pass: a full pool's deep queues of gangs are not walked job by job."""
+        ix = self.state.index
+        sizes = ix.queued_gpus_by_level_size[level]
+        if (
+            not sizes
+            or self.heads_left > 0
+            or self.attempts_left <= 0
+            or min(sizes) <= self.free_open
+            or self.nothing_more_fits_now()
+        ):
+            return False
+        if self.free_unheld > 0:
+            return True
+        depth = self.state.canonical.policy.scan_jobs_max
+        offered = sum(min(len(queue), depth) for queue in ix.queues[level].values())
+        if self.backfill_left - offered < 0:
+            return False
+        self.backfill_left -= offered
+        return True
+
+    def nothing_more_fits_now(self) -> bool:
+        return self.free_open <= 0 or (1, ANY_END) in self.blocked.get(ANY_MODEL_ONE_NODE, ())
 
     def try_place(self, job: Job) -> list[T.Slot] | None:
         """A placement on the job's own models or, when the policy lists compatible models

@@ -29,7 +29,14 @@ from .pricing import LazyPrices, VictimCost, overdue_premium, price_victims, pri
 from .state import QUEUED, Job, Node, State, nodes_by_name
 from .types import Slot
 from .substitutes import substitute_penalty, substitutes
-from .victims import NegativeCost, cannot_free_enough, choose_on_one_node_lazily, choose_victims
+from .victims import (
+    NegativeCost,
+    cannot_free_enough,
+    choose_on_one_node_lazily,
+    choose_victims,
+    one_node_candidates,
+    surely_has_set,
+)
 
 
 class Plan(msgspec.Struct, kw_only=True):
@@ -68,11 +75,14 @@ class Scope(msgspec.Struct, kw_only=True):
     runtime_ms: int
 
 
-def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Decline:
+def plan_preemption(state: State, job: Job, reclaim: bool = False, known_decline: str = "") -> Plan | Decline:
     """Victims for a blocked job by priority or, with `reclaim`, by its team's fair share:
     then the victims are other teams' jobs above their shares, of any level from
     `fair_share_from_level` on, and they are charged the work wasted but no displacement (the
-    GPUs they give back were the reclaiming team's share, lent while it did not ask)."""
+    GPUs they give back were the reclaiming team's share, lent while it did not ask).
+    `known_decline`: a decline the caller would record nothing for (the job's last one);
+    when sure of a `benefit_below_cost` decline, the plan may return it without its
+    benefit and cost (`_surely_below_cost`)."""
     # A user past the allowance may still displace their own jobs: the limit counts only
     # preemptions of others' work.
     own_only = user_preempting_exhausted(state, job)
@@ -106,9 +116,12 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
         choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
     else:
         fit = RequeueFit(state, scope.nodes, job.gpus, scope.runtime_ms)
-        choice, penalty, costs = _choose_priced(
-            state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard
+        priced = _choose_priced(
+            state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard, natural_wait, known_decline
         )
+        if isinstance(priced, Decline):
+            return priced
+        choice, penalty, costs = priced
     if choice is None:
         return Decline(reason="no_victim_set_within_limits")
     victims, placement = choice
@@ -117,21 +130,53 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False) -> Plan | Dec
     return judge(state, job, p, guard, costs, victims, placement, natural_wait, reclaim, penalty)
 
 
-def _choose_priced(state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard):
+def _choose_priced(
+    state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard, natural_wait, known_decline
+):
     """(choice, substitute's extra cost, the victims' costs): for a job that fits one node
     on its own models, victims priced exactly only where their set could win
-    (`choose_on_one_node_lazily`); else every eligible victim priced."""
+    (`choose_on_one_node_lazily`), or none when the decline is sure and known
+    (`_surely_below_cost`: the Decline); else every eligible victim priced."""
     prices = LazyPrices(state, job, eligible, p, pricing, curve, fit)
     if not stand_ins and job.gpus <= node_size_max(scope.models, state.index):
         try:
             cap = victim_cap(state, p, job, scope.models)
-            choice = choose_on_one_node_lazily(state, job, scope.nodes, prices, pricing, guard, cap)
+            candidates = one_node_candidates(state, job, scope.nodes, prices, pricing)
+            if known_decline == BELOW_COST and _surely_below_cost(
+                state, job, p, pricing, natural_wait, candidates, guard, cap
+            ):
+                return Decline(reason=BELOW_COST)
+            choice = choose_on_one_node_lazily(
+                state, job, scope.nodes, prices, pricing, guard, cap, candidates
+            )
             return choice, 0.0, prices.exact_costs()
         except NegativeCost:
             pass
     costs = {victim.id: prices.exact(victim.id) for victim in eligible}
     choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
     return choice, penalty, costs
+
+
+BELOW_COST = "benefit_below_cost"
+
+
+def _surely_below_cost(state, job, p, pricing, natural_wait, candidates, guard, cap) -> bool:
+    """Whether the plan is sure to end `benefit_below_cost`, with no victim priced exactly:
+    a set is sure to be chosen (`surely_has_set` on some node), and every set's price is
+    above what its benefit could be. Below the urgent levels (no overdue premium) a set's
+    benefit less its cost is the preemptor's weighted natural wait less the set's
+    `set_price` (its costs and the weighted wait for its slowest), or, when the victims let
+    go after the natural wait, minus its costs: so no more than the weighted natural wait
+    less the cheapest node's bound (`one_node_candidates`), nor than zero. A margin keeps
+    the floating-point sums of `judge` on the same side."""
+    if job.level < p.urgent_levels or p.net_benefit_min < 0 or not candidates:
+        return False
+    ceiling = pricing.waiting_weight * natural_wait - candidates[0][0]
+    if ceiling + 1e-6 * max(1.0, abs(candidates[0][0])) > p.net_benefit_min:
+        return False
+    return any(
+        surely_has_set(state, node, need, on_node, guard, cap) for _, _, node, _, need, on_node in candidates
+    )
 
 
 def _choose_with_substitutes(

@@ -75,7 +75,7 @@ def preempt_blocked(ctx: Ctx, blocked: Iterable[str], attempts_max: int | None =
         if attempts_left <= 0:
             return
         attempts_left -= 1
-        outcome = plan_preemption(state, job)
+        outcome = plan_preemption(state, job, known_decline=job.last_decline)
         if isinstance(outcome, Decline):
             if outcome.reason == "no_eligible_victims":
                 futile[(job.level, tuple(job.gpu_models))] = None

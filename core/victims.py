@@ -112,7 +112,7 @@ def _best_on_node(
 
 
 def choose_on_one_node_lazily(
-    state: State, job: Job, nodes, prices, pricing: Pricing, guard: Guard, cap: int
+    state: State, job: Job, nodes, prices, pricing: Pricing, guard: Guard, cap: int, candidates=None
 ) -> tuple[list[str], list[Slot]] | None:
     """`choose_victims` for a job that fits one node, over `prices` (core.pricing.LazyPrices
     of the eligible victims) instead of every victim's exact cost: the same set. A node's
@@ -121,7 +121,23 @@ def choose_on_one_node_lazily(
     to at least its cheapest; its slowest release is no quicker than the quickest), so the
     nodes are tried by that bound, cheapest first, and those whose bound exceeds the best
     set's price are never priced exactly: no set of theirs could win, not even a tie. None
-    with the victims priced exactly is the caller's to ask (a negative cost: no bound)."""
+    with the victims priced exactly is the caller's to ask (a negative cost: no bound).
+    `candidates`: `one_node_candidates`' answer, when the caller has it already."""
+    if candidates is None:
+        candidates = one_node_candidates(state, job, nodes, prices, pricing)
+    best = None
+    for bound, _, node, free, need, on_node in candidates:
+        if best is not None and bound > best[0][0]:
+            break  # neither this node nor any after it can beat the best set
+        costs = {v: prices.exact(v) for v in on_node}
+        best = _best_on_node(state, job, node, free, need, on_node, costs, pricing, guard, cap, best)
+    return None if best is None else (best[1], best[2])
+
+
+def one_node_candidates(state: State, job: Job, nodes, prices, pricing: Pricing) -> list[tuple]:
+    """The nodes where victims could free the job a place, cheapest bound first: (the bound
+    below every set's `set_price` there, node name, node, its free GPUs, GPUs it lacks,
+    the eligible victims on it). Raises `NegativeCost` when a bound does not hold."""
     c = state.canonical
     victims = prices.victims
     victim_nodes = dict.fromkeys(slot.node for v in victims for slot in c.jobs[v].placement)
@@ -145,13 +161,32 @@ def choose_on_one_node_lazily(
         bound = cheapest + waiting_weight * min(lower.ready_ms for lower in lowers)
         candidates.append((bound, node.name, node, free, need, on_node))
     candidates.sort(key=lambda candidate: candidate[:2])
-    best = None
-    for bound, _, node, free, need, on_node in candidates:
-        if best is not None and bound > best[0][0]:
-            break  # neither this node nor any after it can beat the best set
-        costs = {v: prices.exact(v) for v in on_node}
-        best = _best_on_node(state, job, node, free, need, on_node, costs, pricing, guard, cap, best)
-    return None if best is None else (best[1], best[2])
+    return candidates
+
+
+def surely_has_set(state: State, node, need: int, on_node: list[str], guard: Guard, cap: int) -> bool:
+    """Whether `_best_on_node` is sure to find a set on the node, whatever the victims'
+    prices: the guard spares no team, and every victim there may join any set (taking all
+    of a level's victims on the node keeps its guaranteed share), so at the latest release
+    bound (always tried) greedy takes victims until the GPUs the job lacks are freed; the
+    set left after dropping those not needed has at most `need` victims (each frees one
+    GPU or more), within the cap when `need` is. (A sufficient condition only.)"""
+    if guard.guarantees_teams or need > cap:
+        return False
+    jobs = state.canonical.jobs
+    freed = 0
+    by_level: dict[int, int] = {}
+    for v in on_node:
+        victim = jobs[v]
+        freed += len(gpus_on(victim, node.name))
+        by_level[victim.level] = by_level.get(victim.level, 0) + victim.gpus
+    if freed < need:
+        return False
+    level_gpus = state.index.level_gpus
+    return all(
+        not guard.level_floor[level] or level_gpus[level] - taken >= guard.level_floor[level]
+        for level, taken in by_level.items()
+    )
 
 
 class NegativeCost(Exception):

@@ -16,7 +16,9 @@ from core.state import QUEUED
 from random_world import World
 
 
-def _every_victim_priced(state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard):
+def _every_victim_priced(
+    state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard, natural_wait, known_decline
+):
     costs = price_victims(state, job, eligible, p, pricing, curve, fit)
     choice, penalty = plan_module._choose_with_substitutes(
         state, job, p, scope, stand_ins, costs, pricing, guard
