@@ -34,8 +34,6 @@ from .victims import (
     cannot_free_enough,
     choose_on_one_node_lazily,
     choose_victims,
-    one_node_candidates,
-    surely_has_set,
 )
 
 
@@ -82,7 +80,7 @@ def plan_preemption(state: State, job: Job, reclaim: bool = False, known_decline
     GPUs they give back were the reclaiming team's share, lent while it did not ask).
     `known_decline`: a decline the caller would record nothing for (the job's last one);
     when sure of a `benefit_below_cost` decline, the plan may return it without its
-    benefit and cost (`_surely_below_cost`)."""
+    benefit and cost (`_priced_out_at`)."""
     # A user past the allowance may still displace their own jobs: the limit counts only
     # preemptions of others' work.
     own_only = user_preempting_exhausted(state, job)
@@ -135,20 +133,20 @@ def _choose_priced(
 ):
     """(choice, substitute's extra cost, the victims' costs): for a job that fits one node
     on its own models, victims priced exactly only where their set could win
-    (`choose_on_one_node_lazily`), or none when the decline is sure and known
-    (`_surely_below_cost`: the Decline); else every eligible victim priced."""
+    (`choose_on_one_node_lazily`), and only until the decline is sure when it is known
+    (`_priced_out_at`: then the Decline); else every eligible victim priced."""
     prices = LazyPrices(state, job, eligible, p, pricing, curve, fit)
     if not stand_ins and job.gpus <= node_size_max(scope.models, state.index):
         try:
             cap = victim_cap(state, p, job, scope.models)
-            candidates = one_node_candidates(state, job, scope.nodes, prices, pricing)
-            if known_decline == BELOW_COST and _surely_below_cost(
-                state, job, p, pricing, natural_wait, candidates, guard, cap
-            ):
-                return Decline(reason=BELOW_COST)
-            choice = choose_on_one_node_lazily(
-                state, job, scope.nodes, prices, pricing, guard, cap, candidates
+            priced_out_at = (
+                _priced_out_at(job, p, pricing, natural_wait) if known_decline == BELOW_COST else None
             )
+            choice = choose_on_one_node_lazily(
+                state, job, scope.nodes, prices, pricing, guard, cap, priced_out_at=priced_out_at
+            )
+            if isinstance(choice, str):  # victims.PRICED_OUT
+                return Decline(reason=BELOW_COST)
             return choice, 0.0, prices.exact_costs()
         except NegativeCost:
             pass
@@ -160,23 +158,18 @@ def _choose_priced(
 BELOW_COST = "benefit_below_cost"
 
 
-def _surely_below_cost(state, job, p, pricing, natural_wait, candidates, guard, cap) -> bool:
-    """Whether the plan is sure to end `benefit_below_cost`, with no victim priced exactly:
-    a set is sure to be chosen (`surely_has_set` on some node), and every set's price is
-    above what its benefit could be. Below the urgent levels (no overdue premium) a set's
-    benefit less its cost is the preemptor's weighted natural wait less the set's
-    `set_price` (its costs and the weighted wait for its slowest), or, when the victims let
-    go after the natural wait, minus its costs: so no more than the weighted natural wait
-    less the cheapest node's bound (`one_node_candidates`), nor than zero. A margin keeps
-    the floating-point sums of `judge` on the same side."""
-    if job.level < p.urgent_levels or p.net_benefit_min < 0 or not candidates:
-        return False
-    ceiling = pricing.waiting_weight * natural_wait - candidates[0][0]
-    if ceiling + 1e-6 * max(1.0, abs(candidates[0][0])) > p.net_benefit_min:
-        return False
-    return any(
-        surely_has_set(state, node, need, on_node, guard, cap) for _, _, node, _, need, on_node in candidates
-    )
+def _priced_out_at(job: Job, p: Policy, pricing, natural_wait: int) -> float | None:
+    """The `set_price` at or above which `judge` is sure to decline a set (`benefit_below_cost`),
+    or None where no such price is sure. Below the urgent levels (no overdue premium) a set's
+    benefit less its cost is the preemptor's weighted natural wait less the set's price (its
+    costs and the weighted wait for its slowest release), or, when the victims let go after
+    the natural wait, minus its costs (no more than zero); so with `net_benefit_min` >= 0 a
+    set priced at the weighted natural wait less `net_benefit_min` or more is declined. A
+    margin keeps the floating-point sums of `judge` on the same side."""
+    if job.level < p.urgent_levels or p.net_benefit_min < 0:
+        return None
+    ceiling = pricing.waiting_weight * natural_wait
+    return ceiling - p.net_benefit_min + 1e-6 * max(1.0, abs(ceiling), abs(p.net_benefit_min))
 
 
 def _choose_with_substitutes(

@@ -111,9 +111,20 @@ def _best_on_node(
     return best
 
 
+PRICED_OUT = "priced_out"  # `choose_on_one_node_lazily`: whatever set wins, it costs too much
+
+
 def choose_on_one_node_lazily(
-    state: State, job: Job, nodes, prices, pricing: Pricing, guard: Guard, cap: int, candidates=None
-) -> tuple[list[str], list[Slot]] | None:
+    state: State,
+    job: Job,
+    nodes,
+    prices,
+    pricing: Pricing,
+    guard: Guard,
+    cap: int,
+    candidates=None,
+    priced_out_at: float | None = None,
+) -> tuple[list[str], list[Slot]] | str | None:
     """`choose_victims` for a job that fits one node, over `prices` (core.pricing.LazyPrices
     of the eligible victims) instead of every victim's exact cost: the same set. A node's
     sets all cost at least its victims' cheapest bound (`LazyPrices.lower`) plus the
@@ -122,13 +133,23 @@ def choose_on_one_node_lazily(
     nodes are tried by that bound, cheapest first, and those whose bound exceeds the best
     set's price are never priced exactly: no set of theirs could win, not even a tie. None
     with the victims priced exactly is the caller's to ask (a negative cost: no bound).
-    `candidates`: `one_node_candidates`' answer, when the caller has it already."""
+    `candidates`: `one_node_candidates`' answer, when the caller has it already.
+    `priced_out_at`: a `set_price` at which the caller declines whatever set it is given;
+    `PRICED_OUT` as soon as the set that would be chosen is sure to cost that much (every
+    node left bounded at it or above, and the best set so far too, or, with none yet, a
+    set sure to be found on a node left: `surely_has_set`), without pricing the rest."""
     if candidates is None:
         candidates = one_node_candidates(state, job, nodes, prices, pricing)
     best = None
-    for bound, _, node, free, need, on_node in candidates:
+    for i, (bound, _, node, free, need, on_node) in enumerate(candidates):
         if best is not None and bound > best[0][0]:
             break  # neither this node nor any after it can beat the best set
+        if priced_out_at is not None and bound >= priced_out_at:
+            if best is not None:
+                if best[0][0] >= priced_out_at:
+                    return PRICED_OUT
+            elif any(surely_has_set(state, c[2], c[4], c[5], guard, cap) for c in candidates[i:]):
+                return PRICED_OUT
         costs = {v: prices.exact(v) for v in on_node}
         best = _best_on_node(state, job, node, free, need, on_node, costs, pricing, guard, cap, best)
     return None if best is None else (best[1], best[2])

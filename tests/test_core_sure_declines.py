@@ -2,9 +2,10 @@
 exactly as without them:
 
 - a preemption plan for a job below the urgent levels whose last decline was
-  `benefit_below_cost` returns that decline unpriced when no victim set's price could be
-  beaten by its weighted natural wait and a set is sure to be chosen
-  (`core.plan._surely_below_cost`): nothing is recorded for a decline the job had already;
+  `benefit_below_cost` stops pricing victims and returns that decline as soon as the set
+  that would be chosen is sure to cost more than its weighted natural wait can beat
+  (`core.plan._priced_out_at`, `core.victims.choose_on_one_node_lazily(...,
+  priced_out_at=)`): nothing is recorded for a decline the job had already;
 - a placement pass passes over a level whose every queued job is larger than the free GPUs
   once no head reservation is left to make (`_PlacementPass.passes_over`), counting them
   against the backfill budget as reading them one by one would.
@@ -22,6 +23,7 @@ import random
 import core.placement_pass as PP
 import core.plan as PL
 from core.plan import Decline
+from core.victims import PRICED_OUT
 from replay.sim import Cluster, simulate
 from sim_helpers import job, workload
 
@@ -60,14 +62,16 @@ def _busy_workload(count: int):
 
 def _run(monkeypatch, shortcuts: bool):
     counts = {"sure_declines": 0, "levels_passed_over": 0}
-    surely_below_cost = PL._surely_below_cost
+    priced_out_at = PL._priced_out_at
+    choose = PL.choose_on_one_node_lazily
     passes_over = PP._PlacementPass.passes_over
 
-    def sure(*args):
-        if not shortcuts:
-            return False
-        answer = surely_below_cost(*args)
-        counts["sure_declines"] += answer
+    def threshold(*args):
+        return priced_out_at(*args) if shortcuts else None
+
+    def choosing(*args, **kwargs):
+        answer = choose(*args, **kwargs)
+        counts["sure_declines"] += answer == PRICED_OUT
         return answer
 
     def passing(self, level):
@@ -77,7 +81,8 @@ def _run(monkeypatch, shortcuts: bool):
         counts["levels_passed_over"] += answer
         return answer
 
-    monkeypatch.setattr(PL, "_surely_below_cost", sure)
+    monkeypatch.setattr(PL, "_priced_out_at", threshold)
+    monkeypatch.setattr(PL, "choose_on_one_node_lazily", choosing)
     monkeypatch.setattr(PP._PlacementPass, "passes_over", passing)
     config = {"tick_s": 60.0, "report_periodic_checkpoints": True}
     result = simulate(_busy_workload(300), Cluster.uniform(64, 8), "xirang", config, seed=0)
