@@ -29,12 +29,7 @@ from .pricing import LazyPrices, VictimCost, overdue_premium, price_victims, pri
 from .state import QUEUED, Job, Node, State, nodes_by_name
 from .types import Slot
 from .substitutes import substitute_penalty, substitutes
-from .victims import (
-    NegativeCost,
-    cannot_free_enough,
-    choose_on_one_node_lazily,
-    choose_victims,
-)
+from .victims import NegativeCost, cannot_free_enough, choose_on_one_node_lazily, choose_victims
 
 
 class Plan(msgspec.Struct, kw_only=True):

@@ -122,7 +122,6 @@ def choose_on_one_node_lazily(
     pricing: Pricing,
     guard: Guard,
     cap: int,
-    candidates=None,
     priced_out_at: float | None = None,
 ) -> tuple[list[str], list[Slot]] | str | None:
     """`choose_victims` for a job that fits one node, over `prices` (core.pricing.LazyPrices
@@ -133,13 +132,11 @@ def choose_on_one_node_lazily(
     nodes are tried by that bound, cheapest first, and those whose bound exceeds the best
     set's price are never priced exactly: no set of theirs could win, not even a tie. None
     with the victims priced exactly is the caller's to ask (a negative cost: no bound).
-    `candidates`: `one_node_candidates`' answer, when the caller has it already.
     `priced_out_at`: a `set_price` at which the caller declines whatever set it is given;
     `PRICED_OUT` as soon as the set that would be chosen is sure to cost that much (every
     node left bounded at it or above, and the best set so far too, or, with none yet, a
     set sure to be found on a node left: `surely_has_set`), without pricing the rest."""
-    if candidates is None:
-        candidates = one_node_candidates(state, job, nodes, prices, pricing)
+    candidates = one_node_candidates(state, job, nodes, prices, pricing)
     best = None
     for i, (bound, _, node, free, need, on_node) in enumerate(candidates):
         if best is not None and bound > best[0][0]:
