@@ -20,7 +20,7 @@ from .holds import binding_holds
 from .log_seal import Ctx
 from .policy import FAIR_SHARE
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
-from .queues import TEAM_OLDEST_LOOKED_AT, aging_threshold_ms, serving_order
+from .queues import TEAM_OLDEST_LOOKED_AT, aging_threshold_ms, serving_count, serving_order
 from .shares import team_quota, teams_below_share, within_share
 from .state import QUEUED, Job, State, last_checkpoint, node_free_count, nodes_by_name
 from .types import LEVELS
@@ -321,8 +321,7 @@ class _PlacementPass:
             return False
         if self.free_unheld > 0:
             return True
-        depth = self.state.canonical.policy.scan_jobs_max
-        offered = sum(min(len(queue), depth) for queue in ix.queues[level].values())
+        offered = serving_count(self.state, level)
         if self.backfill_left - offered < 0:
             return False
         self.backfill_left -= offered

@@ -125,6 +125,13 @@ def serving_order(state: State, level: int) -> Iterator[str]:
     return _by_own_level(state, level, teams, names)
 
 
+def serving_count(state: State, level: int) -> int:
+    """How many jobs `serving_order(state, level)` yields as the index stands: each team's
+    queue head as deep as `_team_heads` copies it."""
+    depth = state.canonical.policy.scan_jobs_max
+    return sum(min(len(queue), depth) for queue in state.index.queues[level].values())
+
+
 def preempting_order(state: State, level: int) -> Iterator[str]:
     """The queued jobs of one base level, wherever aging or a boost queues them, in the order
     of the level's own queue policy: who of the level takes GPUs by preemption first. Fair

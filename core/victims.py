@@ -138,6 +138,8 @@ def choose_on_one_node_lazily(
     set sure to be found on a node left: `surely_has_set`), without pricing the rest."""
     candidates = one_node_candidates(state, job, nodes, prices, pricing)
     best = None
+    # Once no node left is sure to hold a set, none after it is (the nodes left only shrink).
+    sure_set_left = True
     for i, (bound, _, node, free, need, on_node) in enumerate(candidates):
         if best is not None and bound > best[0][0]:
             break  # neither this node nor any after it can beat the best set
@@ -145,8 +147,10 @@ def choose_on_one_node_lazily(
             if best is not None:
                 if best[0][0] >= priced_out_at:
                     return PRICED_OUT
-            elif any(surely_has_set(state, c[2], c[4], c[5], guard, cap) for c in candidates[i:]):
-                return PRICED_OUT
+            elif sure_set_left:
+                if any(surely_has_set(state, c[2], c[4], c[5], guard, cap) for c in candidates[i:]):
+                    return PRICED_OUT
+                sure_set_left = False
         costs = {v: prices.exact(v) for v in on_node}
         best = _best_on_node(state, job, node, free, need, on_node, costs, pricing, guard, cap, best)
     return None if best is None else (best[1], best[2])
