@@ -391,6 +391,16 @@ def _on_scheduler_start(ctx: Ctx, inp: T.SchedulerStart) -> None:
     ctx.emit(T.SchedulerStarted(t=inp.t, instance=inp.instance))
 
 
+def _on_disown_record(ctx: Ctx, inp: T.DisownRecord) -> None:
+    if inp.log_seq <= 0:
+        return reject(ctx, "log_seq_must_be_positive", f"got {inp.log_seq}: the XR_EV sequence to disown")
+    ctx.emit(
+        T.RecordDisowned(
+            t=inp.t, log_seq=inp.log_seq, digest=inp.digest, reason=inp.reason, problem=inp.problem
+        )
+    )
+
+
 def _on_set_policy(ctx: Ctx, inp: T.SetPolicy) -> None:
     try:
         new = with_params(ctx.state.canonical.policy, inp.params)
@@ -441,4 +451,5 @@ HANDLERS: dict[type, Callable[[Ctx, Any], None]] = {
     T.Requeue: _on_requeue,
     T.SetLevel: _on_set_level,
     T.SchedulerStart: _on_scheduler_start,
+    T.DisownRecord: _on_disown_record,
 }

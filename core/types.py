@@ -215,6 +215,20 @@ class SchedulerStart(_Input, tag="scheduler_start"):
     instance: str = ""
 
 
+class DisownRecord(_Input, tag="disown_record"):
+    """Input from the scheduler itself (or an operator): the message at `log_seq` on XR_EV
+    is not one of the scheduler's records (no trusted signature covers it, it does not
+    follow the hash chain, or it is not a record at all), so every reader passes over it.
+    XR_EV denies delete, so the message stays; this records, signed, that it was seen and
+    disowned. `digest` is the SHA-256 of the message's bytes (it names the message in an
+    exported copy, where positions are lines); `reason` a stable code, `problem` in words."""
+
+    log_seq: int
+    digest: str
+    reason: str
+    problem: str = ""
+
+
 class Malformed(_Input, tag="malformed"):
     """Not sent by anyone: a line that failed to decode, carried into the machine so that
     its rejection is recorded like any other."""
@@ -246,6 +260,7 @@ Input = Union[
     Requeue,
     SetLevel,
     SchedulerStart,
+    DisownRecord,
 ]
 
 
@@ -619,6 +634,17 @@ class SchedulerStarted(_Event, tag="SchedulerStarted"):
     instance: str
 
 
+class RecordDisowned(_Event, tag="RecordDisowned"):
+    """The scheduler disowns the message at XR_EV sequence `log_seq` (SHA-256 `digest` of
+    its bytes): not one of its records; readers pass over it (see `DisownRecord`). Changes
+    no state: the log and its audit keep the account."""
+
+    log_seq: int
+    digest: str
+    reason: str
+    problem: str = ""
+
+
 class StateDigest(_Event, tag="StateDigest"):
     """The state's digest after record `events`; `schema` says how it was computed (see
     core/digest.py): 1 for every digest written before schemas existed (no key)."""
@@ -666,6 +692,7 @@ Event = Union[
     JobLevelSet,
     JobStopRequested,
     SchedulerStarted,
+    RecordDisowned,
 ]
 
 
