@@ -14,6 +14,7 @@ from . import types as T
 from .fairness import team_downgrade_ends_t
 from .log_seal import Ctx, reject
 from .placement import placement_nodes
+from .preempt_contract import preempt_contract_problem, signal_name
 from .policy import PolicyError, assign_variant, check_experiment, with_params
 from .saga import commit_if_complete, release_victim, requeue, rollback
 from .state import (
@@ -35,9 +36,6 @@ from .types import LEVELS
 JOB_ID_LENGTH_MAX = 200
 ADDR_LENGTH_MAX = 255
 CKPT_PATH_LENGTH_MAX = 4096
-GRACE_S_MAX = 3600.0
-# The signals a job may ask for at a preemption notice (Slurm's --signal), by their names.
-PREEMPT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 KIND_SUFFIX = re.compile(r"[-_.]?\d+$")
@@ -150,23 +148,6 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
             grace_s=float(inp.grace_s or 0.0),
         )
     )
-
-
-def signal_name(name: str) -> str:
-    """A signal's canonical name ('usr1', 'USR1', 'SIGUSR1' -> 'SIGUSR1'; '' stays '')."""
-    name = name.strip().upper()
-    return name if not name or name.startswith("SIG") else "SIG" + name
-
-
-def preempt_contract_problem(inp: T.Submit) -> tuple[str, str] | None:
-    """Why a job's own preemption signal or grace time cannot be used; None when they can."""
-    if inp.preempt_signal and signal_name(inp.preempt_signal) not in PREEMPT_SIGNALS:
-        return "preempt_signal_unknown", (
-            f"got {inp.preempt_signal!r}; use one of {', '.join(s[3:] for s in PREEMPT_SIGNALS)}"
-        )
-    if inp.grace_s is not None and not (0 < inp.grace_s <= GRACE_S_MAX):  # also refuses nan
-        return "grace_s_out_of_range", f"got {inp.grace_s}; give 0 < grace_s <= {GRACE_S_MAX:.0f}"
-    return None
 
 
 def _or(value: float | None, default: float) -> float:
