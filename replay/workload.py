@@ -6,8 +6,8 @@ Canonical CSV: a header line, then one job a row with the columns
 ckpt_cost_s,restore_cost_s,est_runtime_s`. Columns may come in any order; an empty cell
 counts as missing.
 
-Philly (`../shared/traces/philly/philly.csv`, columns `timestamp,duration,num_gpus,
-gpu_time,cluster`): rows are sorted by timestamp (ties by file order), t=0 is the first
+Philly (`replay/traces/philly.csv.gz`, part of the project: see replay/traces/SOURCE.md for
+where it comes from and its licence; columns `timestamp,duration,num_gpus,gpu_time,cluster`): rows are sorted by timestamp (ties by file order), t=0 is the first
 submit, `cluster` (the Philly virtual cluster) is the team, jobs are named `ph-<row>`.
 
 Missing columns get these seeded defaults (one `random.Random(seed)` stream per column,
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import gzip
 import math
 import random
 from dataclasses import dataclass, field
@@ -174,7 +175,7 @@ def load_canonical(path: str, seed: int = 0, limit: int | None = None) -> Worklo
 def load_trace(
     spec: str, seed: int = 0, limit: int | None = None, philly_path: str | None = None
 ) -> Workload:
-    """`philly` (the shared trace), `bursts:<gpus>[:<load>]` (generated: urgent bursts over
+    """`philly` (the project's copy of the Philly trace), `bursts:<gpus>[:<load>]` (generated: urgent bursts over
     an overloaded background, see replay/generate.py) or the path of a canonical CSV."""
     if spec == "philly":
         return load_philly(philly_path or default_philly_path(), seed, limit)
@@ -191,22 +192,18 @@ def load_trace(
 
 
 def default_philly_path() -> str:
-    """Where the shared Philly trace is: the `shared` folder beside the repository or a folder
-    of checkouts."""
+    """The Philly trace that ships with the project (gzip-compressed CSV)."""
     import os
 
-    # The shared folder sits beside the repository, or beside a folder of checkouts.
-    here = os.path.dirname(os.path.abspath(__file__))
-    for parent in (os.path.join(here, *[".."] * up) for up in range(2, 5)):
-        candidate = os.path.join(parent, "shared", "traces", "philly", "philly.csv")
-        if os.path.exists(candidate):
-            return os.path.normpath(candidate)
-    raise TraceError("cannot find the Philly trace; pass its path with --philly-path")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces", "philly.csv.gz")
+    if not os.path.exists(path):
+        raise TraceError(f"the project's Philly trace is missing ({path}); restore it from git")
+    return path
 
 
 def _read_rows(path: str) -> list[tuple[int, dict[str, str]]]:
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with _open_text(path) as fh:
             reader = csv.DictReader(fh)
             if reader.fieldnames is None:
                 raise TraceError(f"{path}: empty file, expected a header line")
@@ -219,6 +216,15 @@ def _read_rows(path: str) -> list[tuple[int, dict[str, str]]]:
         raise TraceError(f"cannot read {path}: {err.strerror}") from err
     except UnicodeDecodeError as err:
         raise TraceError(f"{path}: not UTF-8 text ({err})") from err
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise TraceError(f"{path}: not a readable gzip file ({err})") from err
+
+
+def _open_text(path: str):
+    """A CSV file for reading; a name ending `.gz` is read through gzip."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", newline="", encoding="utf-8")
+    return open(path, newline="", encoding="utf-8")
 
 
 _KIND = {int: "a whole number", float: "a number", str: "text"}

@@ -8,7 +8,7 @@ import sys
 from core import decode_record, rebuild
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_SCENARIO = os.path.join(ROOT, "..", "shared", "scenarios", "example-preemption.jsonl")
+EXAMPLE_SCENARIO = os.path.join(ROOT, "examples", "scenarios", "example-preemption.jsonl")
 
 HAND_WRITTEN = """\
 {"type":"node_up","t":0,"node":"a","gpu_model":"A100","gpus":8}
@@ -57,12 +57,8 @@ def test_replay_run_prints_a_summary_and_writes_a_verifiable_log(tmp_path):
     assert state.canonical.chain == summary["chain_head"]
 
 
-def test_replay_run_reads_the_shared_example_scenario(tmp_path):
-    if not os.path.exists(SHARED_SCENARIO):
-        import pytest
-
-        pytest.skip("../shared is not beside this checkout")
-    out = xirang("replay", "run", SHARED_SCENARIO)
+def test_replay_run_reads_the_example_scenario(tmp_path):
+    out = xirang("replay", "run", EXAMPLE_SCENARIO)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["events_by_type"]["PreemptionCommitted"] == 1
