@@ -52,15 +52,25 @@ LEASE_KEY = "scheduler"
 LINGER_MS = 5.0
 
 
-def stamped_input(data: bytes, seq: int, now: int, state_t: int, subject: str = "") -> T.Input:
+def stamped_input(
+    data: bytes, seq: int, now: int, state_t: int, subject: str = "", senders_required: bool = False
+) -> T.Input:
     """An input as the scheduler steps it: decoded (never raising: bytes out of bounds or
     undecodable become `Malformed`), stamped with its XR_IN sequence, the time it is
     taken (never earlier than the state's) and its sender, read from the subject the
-    server authenticated (never from the body), with `operator` as that subject vouches."""
+    server authenticated (never from the body), with `operator` as that subject vouches.
+    On an authenticated bus (`senders_required`) a subject that names no sender stamps the
+    input `unknown:<subject>`, which the core refuses (core/identity.py)."""
     inp = bus.vouched(parse_input(data), subject)
-    return msgspec.structs.replace(
-        inp, t=max(now, state_t), seq=seq, origin=origin_of_subject(subject, bus.IN_PREFIX)
-    )
+    origin = origin_of_subject(subject, bus.IN_PREFIX, senders_required)
+    return msgspec.structs.replace(inp, t=max(now, state_t), seq=seq, origin=origin)
+
+
+def bus_authenticates(nc) -> bool:
+    """Whether the server we are connected to authenticates its users (its INFO says
+    `auth_required`): then every input's sender must be one the subject establishes."""
+    info = getattr(nc, "_server_info", None) or {}
+    return bool(info.get("auth_required"))
 
 
 class EffectsTooLarge(RuntimeError):
@@ -415,7 +425,10 @@ class Scheduler:
         if seq <= self.state.canonical.last_input_seq:
             return pending  # applied before a restart: skip, never apply twice
         return await self._apply(
-            stamped_input(msg.data, seq, now_ms(), self.state.canonical.t, msg.subject), pending
+            stamped_input(
+                msg.data, seq, now_ms(), self.state.canonical.t, msg.subject, bus_authenticates(self.nc)
+            ),
+            pending,
         )
 
     async def _apply(self, inp: T.Input, pending: list) -> list:

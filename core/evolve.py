@@ -93,7 +93,7 @@ _JOB_FIELDS = {
 
 
 def _node_joined(s: State, ev: T.NodeJoined) -> None:
-    node = Node(name=ev.node, gpu_model=ev.gpu_model, gpus=ev.gpus, holder=[""] * ev.gpus)
+    node = Node(name=ev.node, gpu_model=ev.gpu_model, gpus=ev.gpus, holder=[""] * ev.gpus, addr=ev.addr)
     s.canonical.nodes[ev.node] = node
     s.index.nodes_sorted = None
     forget_node(s.index, ev.node)
@@ -154,6 +154,8 @@ def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
         safe_point_interval_ms=int(ev.safe_point_interval_s * 1000),
         command=list(ev.command),
         variant=ev.variant,
+        preempt_signal=ev.preempt_signal,
+        grace_ms=int(ev.grace_s * 1000),
         submit_t=ev.t,
         queued_since_t=ev.t,
         level_since_t=ev.t,
@@ -343,6 +345,7 @@ def _checkpoint_recorded(s: State, ev: T.CheckpointRecorded) -> None:
                 bytes=ev.bytes,
                 progress_ms=ev.progress_ms,
                 t=ev.t,
+                path=ev.path,
             )
         ]
     )[-s.canonical.policy.checkpoints_kept :]

@@ -13,8 +13,14 @@ decides, purely, whether that sender may send this input:
 - `op:<user>` (operators) and `sched:<instance>` (the scheduler): anything.
 
 A claimed identity that does not match is `identity_mismatch`; an input type the role may
-not send is `not_permitted_for_role`. An input with no origin (an offline scenario file, a
-simulation, a log written before origins existed) is not checked, so old logs replay.
+not send is `not_permitted_for_role`. On a bus that authenticates its users, the scheduler
+stamps an input whose subject names no sender (`origin_of_subject` found none) as
+`unknown:<subject>`, and such an input is refused `unknown_sender`: a sender is established
+by the server, never guessed. A host's or job's fact about a job that has a run must name
+that run (`attempt`); without one it is refused `run_not_named`, so a fact cannot dodge
+the run fence by leaving it out. An input with no origin (an open embedded bus, an offline
+scenario file, a simulation, a log written before origins existed) is not checked, so old
+logs replay.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ JOB_FACTS = (
 )
 HOST_INPUTS = ("node_up", "node_down", *JOB_FACTS)
 ANY_INPUT_ROLES = ("op", "sched")
+# The role the scheduler stamps on an input from an authenticated bus whose subject names
+# no sender it can read (for example one token too many after the sender's name).
+UNKNOWN_SENDER_ROLE = "unknown"
 
 
 def identity_problem(state: State, inp: T.Input) -> tuple[str, str] | None:
@@ -44,6 +53,11 @@ def identity_problem(state: State, inp: T.Input) -> tuple[str, str] | None:
     kind = T.type_name(inp)
     if role in ANY_INPUT_ROLES:
         return None
+    if role == UNKNOWN_SENDER_ROLE:
+        return "unknown_sender", (
+            f"the subject {who!r} names no sender the bus authenticated; publish on"
+            f" xr.in.<role>.<name>.<input type> (what `xirang` does with your credentials)"
+        )
     allowed = {"client": CLIENT_INPUTS, "host": HOST_INPUTS, "job": JOB_FACTS}.get(role)
     if allowed is None:
         return "not_permitted_for_role", f"unknown sender role {role!r} ({inp.origin})"
@@ -86,13 +100,25 @@ def _host_problem(state: State, inp: T.Input, node: str) -> tuple[str, str] | No
     job = state.canonical.jobs.get(T.input_job(inp))
     if job is not None and job.placement and all(slot.node != node for slot in job.placement):
         return "identity_mismatch", f"job {job.id} does not run on host {node}"
-    return None
+    return _run_not_named(state, inp)
 
 
 def _job_problem(state: State, inp: T.Input, job: str) -> tuple[str, str] | None:
     if T.input_job(inp) != job:
         return "identity_mismatch", f"job {job} reported for job {T.input_job(inp)}; a job speaks for itself"
-    return None
+    return _run_not_named(state, inp)
+
+
+def _run_not_named(state: State, inp: T.Input) -> tuple[str, str] | None:
+    """A run fact from a host or job that leaves out its run (`attempt` 0) while the job has
+    one: refused, since an unnamed run would pass the stale-run fence of every run."""
+    job = state.canonical.jobs.get(T.input_job(inp))
+    if job is None or not job.run or getattr(inp, "attempt", None) != 0:
+        return None
+    return "run_not_named", (
+        f"{T.type_name(inp)} for {job.id} names no run; its current run is {job.run}"
+        f" (report facts with the run's attempt, as the host agent and the SDK do)"
+    )
 
 
 # ---------------------------------------------------------------- senders on the bus
@@ -130,13 +156,14 @@ def sender_tokens(origin: str) -> list[str]:
     return [role, *(subject_token(n) for n in names)]
 
 
-def origin_of_subject(subject: str, prefix: str = "xr.in") -> str:
-    """The sender an XR_IN subject names ('' for a subject without one)."""
+def origin_of_subject(subject: str, prefix: str = "xr.in", senders_required: bool = False) -> str:
+    """The sender an XR_IN subject names: `<role>:<names>` for a subject of exactly the shape
+    `<prefix>.<role>.<name tokens>.<type>`. For any other subject, '' on an open bus (nobody
+    is authenticated there, so nothing is checked), and `unknown:<subject>` when
+    `senders_required` (an authenticated bus), which the core refuses as `unknown_sender`."""
     tokens = subject[len(prefix) + 1 :].split(".") if subject.startswith(prefix + ".") else []
-    if not tokens:
-        return ""
-    role = tokens[0]
+    role = tokens[0] if tokens else ""
     count = ROLE_NAME_TOKENS.get(role)
-    if count is None or len(tokens) != count + 2:
-        return ""
-    return ":".join([role, *(name_of_token(t) for t in tokens[1 : 1 + count])])
+    if count is not None and len(tokens) == count + 2 and all(tokens):
+        return ":".join([role, *(name_of_token(t) for t in tokens[1 : 1 + count])])
+    return f"{UNKNOWN_SENDER_ROLE}:{subject}" if senders_required else ""

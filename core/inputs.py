@@ -14,6 +14,7 @@ from . import types as T
 from .fairness import team_downgrade_ends_t
 from .log_seal import Ctx, reject
 from .placement import placement_nodes
+from .preempt_contract import preempt_contract_problem, signal_name
 from .policy import PolicyError, assign_variant, check_experiment, with_params
 from .saga import commit_if_complete, release_victim, requeue, rollback
 from .state import (
@@ -33,6 +34,8 @@ from .types import LEVELS
 
 
 JOB_ID_LENGTH_MAX = 200
+ADDR_LENGTH_MAX = 255
+CKPT_PATH_LENGTH_MAX = 4096
 
 
 KIND_SUFFIX = re.compile(r"[-_.]?\d+$")
@@ -59,6 +62,12 @@ def _on_node_up(ctx: Ctx, inp: T.NodeUp) -> None:
         return reject(ctx, "gpus_must_be_positive", f"node {inp.node} reported {inp.gpus} GPUs")
     if not inp.gpu_model:
         return reject(ctx, "gpu_model_must_be_set")
+    if len(inp.advertise_addr) > ADDR_LENGTH_MAX or any(ch.isspace() for ch in inp.advertise_addr):
+        return reject(
+            ctx,
+            "advertise_addr_invalid",
+            f"a host name or IP address of at most {ADDR_LENGTH_MAX} characters",
+        )
     node = ctx.state.canonical.nodes.get(inp.node)
     if node is not None and node.up:
         if node.gpus == inp.gpus and node.gpu_model == inp.gpu_model:
@@ -68,7 +77,9 @@ def _on_node_up(ctx: Ctx, inp: T.NodeUp) -> None:
             "node_already_up_with_other_inventory",
             f"{inp.node} is up with {node.gpus}x{node.gpu_model}; send node_down first",
         )
-    ctx.emit(T.NodeJoined(t=inp.t, node=inp.node, gpu_model=inp.gpu_model, gpus=inp.gpus))
+    ctx.emit(
+        T.NodeJoined(t=inp.t, node=inp.node, gpu_model=inp.gpu_model, gpus=inp.gpus, addr=inp.advertise_addr)
+    )
 
 
 def _on_node_down(ctx: Ctx, inp: T.NodeDown) -> None:
@@ -94,6 +105,10 @@ def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
     for job_id in jobs:
         job = c.jobs[job_id]
         if job.state in HOLDING:
+            # A gang is one run: its parts on the nodes still up stop too.
+            others = [n for n in placement_nodes(job.placement) if n != node_name]
+            if others and job.state != RESERVED:
+                ctx.emit(T.JobStopRequested(t=t, job=job.id, nodes=others, reason="node_lost"))
             requeue(ctx, job, "node_lost", counts_as_preemption=False)
     ctx.emit(T.NodeLost(t=t, node=node_name, reason=reason, jobs=jobs))
 
@@ -101,7 +116,7 @@ def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
 def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
     c = ctx.state.canonical
     p = c.policy
-    problem = _submit_problem(c, inp)
+    problem = _submit_problem(c, inp) or preempt_contract_problem(inp)
     if problem:
         return reject(ctx, *problem)
     level = inp.level
@@ -129,6 +144,8 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
             preemptible=inp.preemptible,
             command=list(inp.command),
             variant=assign_variant(p, inp.team, inp.job, inp.user),
+            preempt_signal=signal_name(inp.preempt_signal),
+            grace_s=float(inp.grace_s or 0.0),
         )
     )
 
@@ -253,12 +270,20 @@ def _on_checkpoint_saved(ctx: Ctx, inp: T.CheckpointSaved) -> None:
         return reject(ctx, "digest_must_be_set", "a checkpoint without a digest cannot be verified")
     if inp.bytes < 0 or inp.step < 0:
         return reject(ctx, "step_and_bytes_must_be_non_negative")
+    if len(inp.path) > CKPT_PATH_LENGTH_MAX or "\0" in inp.path:
+        return reject(ctx, "checkpoint_path_invalid", f"a path of at most {CKPT_PATH_LENGTH_MAX} characters")
     # The checkpoint holds the progress made when the save began (training pauses to save).
     at = job.ckpt_started_t or job.frozen_t or inp.t
     progress = job_progress_ms(job, at) if job.state != RELEASED else job.progress_ms
     ctx.emit(
         T.CheckpointRecorded(
-            t=inp.t, job=job.id, step=inp.step, digest=inp.digest, bytes=inp.bytes, progress_ms=progress
+            t=inp.t,
+            job=job.id,
+            step=inp.step,
+            digest=inp.digest,
+            bytes=inp.bytes,
+            progress_ms=progress,
+            path=inp.path,
         )
     )
 
@@ -316,6 +341,13 @@ def _on_released(ctx: Ctx, inp: T.Released) -> None:
 def _on_finished(ctx: Ctx, inp: T.Finished) -> None:
     job = _job_or_reject(ctx, inp, (RUNNING, STARTING, PREEMPTING))
     if job is None:
+        return
+    if inp.requeue and not inp.ok and job.state in (STARTING, RUNNING):
+        # A part of the run could not start on its host: the gang is stopped whole and
+        # queues again (a new run, which may land elsewhere).
+        nodes = placement_nodes(job.placement)
+        ctx.emit(T.JobStopRequested(t=inp.t, job=job.id, nodes=nodes, reason="part_could_not_start"))
+        requeue(ctx, job, "part_could_not_start", counts_as_preemption=False)
         return
     saga_id = job.saga
     if job.state == PREEMPTING:
@@ -391,6 +423,16 @@ def _on_scheduler_start(ctx: Ctx, inp: T.SchedulerStart) -> None:
     ctx.emit(T.SchedulerStarted(t=inp.t, instance=inp.instance))
 
 
+def _on_disown_record(ctx: Ctx, inp: T.DisownRecord) -> None:
+    if inp.log_seq <= 0:
+        return reject(ctx, "log_seq_must_be_positive", f"got {inp.log_seq}: the XR_EV sequence to disown")
+    ctx.emit(
+        T.RecordDisowned(
+            t=inp.t, log_seq=inp.log_seq, digest=inp.digest, reason=inp.reason, problem=inp.problem
+        )
+    )
+
+
 def _on_set_policy(ctx: Ctx, inp: T.SetPolicy) -> None:
     try:
         new = with_params(ctx.state.canonical.policy, inp.params)
@@ -441,4 +483,5 @@ HANDLERS: dict[type, Callable[[Ctx, Any], None]] = {
     T.Requeue: _on_requeue,
     T.SetLevel: _on_set_level,
     T.SchedulerStart: _on_scheduler_start,
+    T.DisownRecord: _on_disown_record,
 }

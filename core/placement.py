@@ -8,8 +8,10 @@ the node table and the free-count index.
 
 from __future__ import annotations
 
-from .state import Index, Job, Node
-from .types import Slot
+from typing import Any
+
+from .state import Canonical, Index, Job, Node
+from .types import ResumePoint, Slot
 
 
 def acceptable_models(job_models: list[str], ix: Index) -> list[str]:
@@ -107,6 +109,27 @@ def free_indices(node: Node) -> list[int]:
 def placement_nodes(placement: list[Slot]) -> list[str]:
     """The nodes of a placement, in its order."""
     return sorted(dict.fromkeys(slot.node for slot in placement))
+
+
+def run_details(c: Canonical, job: Job, nodes: list[str]) -> dict[str, Any]:
+    """What every part of a run is told besides its GPUs: the advertised addresses of its
+    `nodes` (in their order; [] when none advertised one) and the job's own preemption
+    contract."""
+    addrs = [c.nodes[name].addr if name in c.nodes else "" for name in nodes]
+    return {
+        "addrs": addrs if any(addrs) else [],
+        "preempt_signal": job.preempt_signal,
+        "grace_s": job.grace_ms / 1000,
+    }
+
+
+def resume_points(job: Job) -> list[ResumePoint]:
+    """The job's checkpoints that name where they lie, newest first."""
+    return [
+        ResumePoint(step=ck.step, digest=ck.digest, path=ck.path)
+        for ck in reversed(job.checkpoints)
+        if ck.path
+    ]
 
 
 def placement_gpus(placement: list[Slot]) -> int:

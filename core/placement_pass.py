@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from . import types as T
 from .drain import drain_fit
@@ -19,6 +19,7 @@ from .forecast import earliest_fit, expected_runtime_ms
 from .holds import binding_holds
 from .log_seal import Ctx
 from .policy import FAIR_SHARE
+from . import placement as P
 from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .queues import TEAM_OLDEST_LOOKED_AT, aging_threshold_ms, serving_count, serving_order
 from .shares import team_quota, teams_below_share, within_share
@@ -36,24 +37,19 @@ def request_start(ctx: Ctx, job: Job, placement: list[T.Slot]) -> None:
     run before, else from scratch."""
     nodes = placement_nodes(placement)
     last = last_checkpoint(job)
+    run: dict[str, Any] = {
+        "t": ctx.inp.t,
+        "job": job.id,
+        "placement": placement,
+        "nodes": nodes,
+        "command": job.command,
+    }
+    run.update(P.run_details(ctx.state.canonical, job, nodes))
     if job.resume_pending and last is not None:
-        ctx.emit(
-            T.JobResumeRequested(
-                t=ctx.inp.t,
-                job=job.id,
-                placement=placement,
-                nodes=nodes,
-                ckpt_step=last.step,
-                ckpt_digest=last.digest,
-                command=job.command,
-            )
-        )
+        resume_from: dict[str, Any] = {"ckpt_step": last.step, "ckpt_digest": last.digest}
+        ctx.emit(T.JobResumeRequested(**run, **resume_from, resume_points=P.resume_points(job)))
     else:
-        ctx.emit(
-            T.JobStartRequested(
-                t=ctx.inp.t, job=job.id, placement=placement, nodes=nodes, command=job.command
-            )
-        )
+        ctx.emit(T.JobStartRequested(**run))
 
 
 def place_queued(ctx: Ctx, last: bool = False) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from . import types as T
 from .fairness import quota_recovers_t, team_limit
 from .log_seal import Ctx
-from .placement import placement_nodes
+from .placement import placement_nodes, resume_points, run_details
 from .placement_pass import request_start
 from .pricing import recovery_boost
 from .state import PREEMPTING, RELEASED, RUNNING, Job, job_progress_ms, last_checkpoint, window_count
@@ -80,6 +80,8 @@ def rollback(ctx: Ctx, saga_id: str, reason: str, lost_node: str = "") -> None:
                     ckpt_digest=last.digest if last else "",
                     reason="rolled_back",
                     command=victim.command,
+                    resume_points=resume_points(victim),
+                    **run_details(c, victim, placement_nodes(victim.placement)),
                 )
             )
 
@@ -151,7 +153,9 @@ def start_saga(ctx: Ctx, job: Job, plan) -> None:
     p = c.policy
     t = ctx.inp.t
     saga_id = f"saga-{c.saga_count + 1}"
-    deadline = t + max(p.deadline_min_ms, plan.ready_ms + p.deadline_slack_ms)
+    # A victim with a grace time of its own (a job without the SDK) is given it in full.
+    grace_ms = max((c.jobs[v].grace_ms for v in plan.victims), default=0)
+    deadline = t + max(p.deadline_min_ms, plan.ready_ms + p.deadline_slack_ms, grace_ms + p.deadline_slack_ms)
     victim_nodes = sorted(dict.fromkeys(s.node for v in plan.victims for s in c.jobs[v].placement))
     ctx.emit(
         T.PreemptionPlanned(

@@ -49,6 +49,7 @@ class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
     bytes: int
     progress_ms: int
     t: int
+    path: str = ""  # where it lies ('' : found by digest in the SDK's store)
 
 
 class Job(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -72,6 +73,8 @@ class Job(msgspec.Struct, kw_only=True, omit_defaults=True):
     preemptible: bool
     command: list[str] = []
     variant: str = ""
+    preempt_signal: str = ""  # '' : SIGTERM
+    grace_ms: int = 0  # 0: the host's grace time
     state: str = QUEUED
     submit_t: int = 0
     queued_since_t: int = 0
@@ -109,6 +112,7 @@ class Node(msgspec.Struct, kw_only=True, omit_defaults=True):
     gpus: int
     holder: list[str]  # job id per GPU index, "" when free
     up: bool = True
+    addr: str = ""  # where its jobs reach it (a gang's master address)
 
 
 class Saga(msgspec.Struct, kw_only=True, omit_defaults=True):

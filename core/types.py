@@ -58,6 +58,8 @@ class NodeUp(_Input, tag="node_up"):
     node: str
     gpu_model: str
     gpus: int
+    # The address the node's jobs reach it at (a gang's MASTER_ADDR); '' when not given.
+    advertise_addr: str = ""
 
 
 class NodeDown(_Input, tag="node_down"):
@@ -89,6 +91,10 @@ class Submit(_Input, tag="submit"):
     command: list[str] = []
     # How often the job reaches a safe point (an iteration boundary), if the submitter knows.
     safe_point_interval_s: float | None = None
+    # Slurm's --signal: the signal a job without the SDK gets at a preemption notice
+    # ('' : SIGTERM), and how long it has from then to exit before SIGKILL (None: the host's).
+    preempt_signal: str = ""
+    grace_s: float | None = None
 
 
 class Cancel(_Input, tag="cancel"):
@@ -117,6 +123,9 @@ class CheckpointSaved(_RunFact, tag="checkpoint_saved"):
     step: int
     digest: str
     bytes: int
+    # Where the checkpoint lies (a file or folder the job wrote, or a location in the SDK's
+    # store); a resume is told it. '' : the SDK's store, found by digest.
+    path: str = ""
 
 
 class CheckpointFailed(_RunFact, tag="checkpoint_failed"):
@@ -150,6 +159,9 @@ class Finished(_RunFact, tag="finished"):
     ok: bool
     # The process's exit status, when the host saw it (None: killed, or an older agent).
     exit_code: int | None = None
+    # The run ended because one part of it could not start on its host (not the job's
+    # fault): every part is stopped and the job queues again.
+    requeue: bool = False
 
 
 class _JobRequest(_Input, kw_only=True):
@@ -215,6 +227,20 @@ class SchedulerStart(_Input, tag="scheduler_start"):
     instance: str = ""
 
 
+class DisownRecord(_Input, tag="disown_record"):
+    """Input from the scheduler itself (or an operator): the message at `log_seq` on XR_EV
+    is not one of the scheduler's records (no trusted signature covers it, it does not
+    follow the hash chain, or it is not a record at all), so every reader passes over it.
+    XR_EV denies delete, so the message stays; this records, signed, that it was seen and
+    disowned. `digest` is the SHA-256 of the message's bytes (it names the message in an
+    exported copy, where positions are lines); `reason` a stable code, `problem` in words."""
+
+    log_seq: int
+    digest: str
+    reason: str
+    problem: str = ""
+
+
 class Malformed(_Input, tag="malformed"):
     """Not sent by anyone: a line that failed to decode, carried into the machine so that
     its rejection is recorded like any other."""
@@ -246,6 +272,7 @@ Input = Union[
     Requeue,
     SetLevel,
     SchedulerStart,
+    DisownRecord,
 ]
 
 
@@ -291,6 +318,7 @@ class NodeJoined(_Event, tag="NodeJoined"):
     node: str
     gpu_model: str
     gpus: int
+    addr: str = ""  # where its jobs reach it ('' : not advertised)
 
 
 class NodeLost(_Event, tag="NodeLost"):
@@ -321,15 +349,30 @@ class JobSubmitted(_Event, tag="JobSubmitted"):
     command: list[str] = []
     variant: str = ""
     safe_point_interval_s: float = 0.0  # 0: unknown (logs from before)
+    preempt_signal: str = ""  # '' : SIGTERM
+    grace_s: float = 0.0  # 0: the host's grace time
+
+
+class ResumePoint(msgspec.Struct, kw_only=True, frozen=True):
+    """A checkpoint a resume may start from: its step, digest and where it lies."""
+
+    step: int
+    digest: str
+    path: str
 
 
 class JobStartRequested(_Event, tag="JobStartRequested"):
-    """Host-directed: start the job from scratch on `placement`."""
+    """Host-directed: start the job from scratch on `placement`. `addrs` are the advertised
+    addresses of `nodes` (a gang's rendezvous: the first is its master); `preempt_signal`
+    and `grace_s` the job's own preemption contract ('' and 0: the host's)."""
 
     job: str
     placement: list[Slot]
     nodes: list[str]
     command: list[str] = []
+    addrs: list[str] = []
+    preempt_signal: str = ""
+    grace_s: float = 0.0
 
 
 class JobResumeRequested(_Event, tag="JobResumeRequested"):
@@ -342,6 +385,12 @@ class JobResumeRequested(_Event, tag="JobResumeRequested"):
     ckpt_digest: str
     reason: str = "requeued"
     command: list[str] = []
+    addrs: list[str] = []
+    preempt_signal: str = ""
+    grace_s: float = 0.0
+    # The job's checkpoints that name where they lie, newest first: the first that verifies
+    # is resumed from (the one recorded, else the one before it).
+    resume_points: list[ResumePoint] = []
 
 
 class JobRunning(_Event, tag="JobRunning"):
@@ -537,6 +586,7 @@ class CheckpointRecorded(_Event, tag="CheckpointRecorded"):
     digest: str
     bytes: int
     progress_ms: int
+    path: str = ""
 
 
 class CheckpointFailedRecorded(_Event, tag="CheckpointFailedRecorded"):
@@ -619,6 +669,17 @@ class SchedulerStarted(_Event, tag="SchedulerStarted"):
     instance: str
 
 
+class RecordDisowned(_Event, tag="RecordDisowned"):
+    """The scheduler disowns the message at XR_EV sequence `log_seq` (SHA-256 `digest` of
+    its bytes): not one of its records; readers pass over it (see `DisownRecord`). Changes
+    no state: the log and its audit keep the account."""
+
+    log_seq: int
+    digest: str
+    reason: str
+    problem: str = ""
+
+
 class StateDigest(_Event, tag="StateDigest"):
     """The state's digest after record `events`; `schema` says how it was computed (see
     core/digest.py): 1 for every digest written before schemas existed (no key)."""
@@ -666,6 +727,7 @@ Event = Union[
     JobLevelSet,
     JobStopRequested,
     SchedulerStarted,
+    RecordDisowned,
 ]
 
 

@@ -72,7 +72,8 @@ def test_a_host_speaks_only_for_its_node_and_the_jobs_placed_on_it(state):
         )[0]
         == "not_permitted_for_role"
     )
-    assert _rejection(state, T.Started(t=13, job="mine", origin=f"host:{placed}")) is None
+    run = state.canonical.jobs["mine"].run
+    assert _rejection(state, T.Started(t=13, job="mine", attempt=run, origin=f"host:{placed}")) is None
 
 
 def test_a_job_speaks_only_for_itself(state):
@@ -92,3 +93,73 @@ def test_a_client_gives_feedback_and_makes_requests_only_as_itself(state):
     assert _rejection(state, hold)[0] == "identity_mismatch"
     lower = T.SetLevel(t=12, job="mine", by="li", level=6, origin="client:vision:li")
     assert _rejection(state, lower) is None
+
+
+def test_a_host_or_job_fact_that_names_no_run_is_refused_where_the_job_has_one(state):
+    job = state.canonical.jobs["mine"]
+    host = f"host:{job.placement[0].node}"
+    assert job.run > 0
+    # attempt 0 used to read as "unfenced": a fact from anywhere on the job's host, or a job
+    # process of an earlier run, would then pass the stale-run fence and kill the run
+    unnamed = T.Finished(t=10, job="mine", ok=False, origin=host)
+    assert _rejection(state, unnamed)[0] == "run_not_named"
+    from_job = T.CheckpointSaved(t=11, job="mine", step=1, digest="sha256:0", bytes=1, origin="job:mine")
+    assert _rejection(state, from_job)[0] == "run_not_named"
+    assert state.canonical.jobs["mine"].state == "starting"
+    # an operator's word and an offline scenario need no run
+    assert _rejection(state, T.Started(t=12, job="mine")) is None
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "xr.in.client.vision.li.x.submit",  # one token too many after a client's name
+        "xr.in.client.vision.li.x.y.cancel",
+        "xr.in.client.vision.submit",  # one too few
+        "xr.in.host.h2.x.finished",
+        "xr.in.host.finished",
+        "xr.in.op.alice.x.set_policy",
+        "xr.in.job.mine.x.checkpoint_saved",
+        "xr.in.sched.s1.x.node_up",
+        "xr.in.nosuchrole.a.submit",
+        "xr.in.submit",
+        "xr.in.raw",
+    ],
+)
+def test_on_an_authenticated_bus_a_subject_that_names_no_sender_is_refused_unknown_sender(state, subject):
+    from agents.scheduler import stamped_input
+
+    before = {job_id: (job.state, job.level) for job_id, job in state.canonical.jobs.items()}
+    nodes = sorted(state.canonical.nodes)
+    for inp in (
+        T.Submit(job="ghost", team="safety", user="kim", level=0, gpus=1),
+        T.SetPolicy(params={"victims_per_preemption_max": 1}),
+        T.NodeUp(node="ghost-node", gpu_model="H100", gpus=256),
+        T.Finished(job="mine", ok=False),
+        T.SetLevel(job="mine", level=7, by="li"),
+    ):
+        seq = state.canonical.last_input_seq + 1
+        stamped = stamped_input(T.encode(inp), seq, 1_000, state.canonical.t, subject, senders_required=True)
+        assert stamped.origin == f"unknown:{subject}"
+        assert _rejection(state, stamped)[0] == "unknown_sender"
+        # on an open bus nobody is authenticated: the same subject names nobody, and nothing is checked
+        assert stamped_input(T.encode(inp), seq, 1_000, 0, subject).origin == ""
+    assert {job_id: (job.state, job.level) for job_id, job in state.canonical.jobs.items()} == before
+    assert sorted(state.canonical.nodes) == nodes and "ghost" not in state.canonical.jobs
+
+
+@pytest.mark.parametrize(
+    ("subject", "origin"),
+    [
+        ("xr.in.client.vision.li.submit", "client:vision:li"),
+        ("xr.in.host.h1.finished", "host:h1"),
+        ("xr.in.op.alice.set_policy", "op:alice"),
+        ("xr.in.sched.s1.tick", "sched:s1"),
+        ("xr.in.client.~612e62.li.submit", "client:a.b:li"),
+    ],
+)
+def test_a_subject_of_the_parsed_shape_names_its_sender_on_any_bus(subject, origin):
+    from core.identity import origin_of_subject
+
+    assert origin_of_subject(subject, senders_required=True) == origin
+    assert origin_of_subject(subject) == origin

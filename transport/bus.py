@@ -232,7 +232,7 @@ async def _ensure_stream(js, config: api.StreamConfig) -> None:
 
 
 # Operators' requests about others' jobs arrive on `xr.in.op.>`: NATS permissions decide
-# who may publish there (deploy/nats gives each operator `xr.in.op.<user>.>`), and the
+# who may publish there (deploy/nats gives each operator `xr.in.op.<user>.<type>`), and the
 # scheduler believes an input's `operator` flag only from the subject.
 OPERATOR_PREFIX = f"{IN_PREFIX}.op"
 

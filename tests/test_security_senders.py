@@ -1,0 +1,131 @@
+"""Nobody acts as someone else on the shipped NATS configuration: a subject with a token more
+(or fewer) than the sender's name is refused by the server for every role, so no input reaches
+the scheduler without a sender the server established; the scheduler knows the bus
+authenticates and would refuse one (`unknown_sender`, core/identity.py); and the honest
+subject of the same user still works."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agents.scheduler import bus_authenticates
+from core import types as T
+from tests.secure_nats import run_cli, running_cluster, spawn
+from tests.test_live_deploy import _records, _run, wait_for_streams
+from transport import bus
+
+pytestmark = pytest.mark.timeout(150)
+
+# (user whose credentials publish, subject, the input): each would act as someone else or
+# beyond its role if the sender were inferred leniently.
+ATTACKS = [
+    (
+        "client-vision-li",
+        "xr.in.client.vision.li.x.submit",
+        T.Submit(id="ghost-1", job="ghost", team="safety", user="kim", level=0, gpus=1),
+    ),
+    ("client-vision-li", "xr.in.client.vision.li.x.set_policy", T.SetPolicy(id="ghost-2", params={})),
+    (
+        "client-vision-li",
+        "xr.in.client.vision.li.x.y.node_up",
+        T.NodeUp(id="ghost-3", node="ghost-node", gpu_model="H100", gpus=256),
+    ),
+    (
+        "client-vision-li",
+        "xr.in.client.vision.submit",
+        T.Submit(id="ghost-4", job="ghost4", team="vision", user="li", level=0, gpus=1),
+    ),  # fmt: skip
+    ("host-h1", "xr.in.host.h1.x.finished", T.Finished(id="ghost-5", job="victim", ok=False)),
+    (
+        "host-h1",
+        "xr.in.host.h1.x.node_up",
+        T.NodeUp(id="ghost-6", node="ghost-node", gpu_model="H100", gpus=256),
+    ),
+    ("op-alice", "xr.in.op.alice.x.set_policy", T.SetPolicy(id="ghost-7", params={})),
+    (
+        "client-vision-li",
+        "xr.in.submit",
+        T.Submit(id="ghost-8", job="ghost8", team="vision", user="li", level=0, gpus=1),
+    ),  # fmt: skip
+]
+
+
+@pytest.fixture
+def secure(tmp_path, monkeypatch):
+    with running_cluster(tmp_path, monkeypatch) as started:
+        yield started
+
+
+def _publish_refused(nats, user: str, subject: str, inp: T.Input) -> bool:
+    """Whether the server refused `user` publishing `inp` on `subject` (no ack came back)."""
+
+    async def go(nc, js):
+        assert bus_authenticates(nc)
+        try:
+            await js.publish(subject, T.encode(inp), headers={"Nats-Msg-Id": inp.id}, timeout=2)
+        except Exception:  # noqa: BLE001 - refused: the permission error leaves the request unanswered
+            return True
+        return False
+
+    return _run(nats, user, go)
+
+
+def _in_subjects(nats) -> dict[str, int]:
+    async def go(nc, js):
+        info = await js.stream_info(bus.IN_STREAM, subjects_filter=">")
+        return dict(info.state.subjects or {})
+
+    return _run(nats, "op-alice", go)
+
+
+def test_no_role_may_publish_an_input_on_a_subject_with_a_token_more_or_fewer(secure, tmp_path):
+    nats, procs = secure
+    procs.append(
+        spawn(
+            tmp_path,
+            nats.env("scheduler"),
+            "scheduler",
+            "--nats",
+            nats.url,
+            "--data-dir",
+            str(tmp_path / "sched"),
+            "--tick-ms",
+            "200",
+        )  # fmt: skip
+    )
+    wait_for_streams(nats)
+    refused = [subject for user, subject, inp in ATTACKS if _publish_refused(nats, user, subject, inp)]
+    assert refused == [subject for _, subject, _ in ATTACKS]
+
+    # the same user on its own subject is heard, and is who it says it is
+    code, answer = run_cli(
+        nats.env("client-vision-li"),
+        "submit", "mine", "--team", "vision", "--user", "li", "--level", "6", "--gpus", "1",
+        "--nats", nats.url, "--json",
+    )  # fmt: skip
+    assert code == 0 and answer["outcome"] == "accepted", answer
+    subjects = _in_subjects(nats)
+    assert "xr.in.client.vision.li.submit" in subjects, subjects
+    assert not set(subjects) & {subject for _, subject, _ in ATTACKS}, subjects
+    records = _records(nats)
+    submitted = [r.event for r in records if isinstance(r.event, T.JobSubmitted)]
+    assert [(e.job, e.team, e.user) for e in submitted] == [("mine", "vision", "li")]
+    assert not any(isinstance(r.event, (T.PolicyChanged, T.NodeJoined)) for r in records)
+    accepted = [r.event.input for r in records if isinstance(r.event, T.InputAccepted)]
+    assert [i.origin for i in accepted if isinstance(i, T.Submit)] == ["client:vision:li"]
+
+
+def test_an_open_embedded_bus_is_not_taken_for_an_authenticated_one(tmp_path):
+    from transport.natsd import EmbeddedNats
+
+    async def go(url):
+        nc, _ = await bus.connect(url, reconnects=1)
+        try:
+            return bus_authenticates(nc)
+        finally:
+            await nc.close()
+
+    with EmbeddedNats(tmp_path / "nats") as server:
+        assert asyncio.run(go(server.url)) is False
