@@ -49,7 +49,8 @@ def _inputs(count: int, prefix: str) -> list[bytes]:
     return out
 
 
-async def _publish_pipelined(js, subject_of, payloads: list[bytes], ids: list[str]) -> float:
+async def publish_pipelined(js, subject_of, payloads: list[bytes], ids: list[str]) -> float:
+    """Publish `payloads` (deduplicated by `ids`) without waiting for each ack; seconds taken."""
     started = time.perf_counter()
     futures = []
     for data, msg_id in zip(payloads, ids):
@@ -67,7 +68,7 @@ async def _raw(js, count: int, tag: str) -> dict:
         )
     )
     payloads = _inputs(count, tag)
-    elapsed = await _publish_pipelined(
+    elapsed = await publish_pipelined(
         js, lambda _d: "bench.raw.submit", payloads, [f"{tag}-{i}" for i in range(count)]
     )
     await js.delete_stream(RAW_STREAM)
@@ -84,12 +85,12 @@ async def _end_to_end(js, count: int, tag: str) -> dict:
     payloads = _inputs(count, tag)
     target = await bus.stream_last_seq(js, bus.IN_STREAM) + count
     started = time.perf_counter()
-    published_s = await _publish_pipelined(
+    published_s = await publish_pipelined(
         js, lambda _d: f"{bus.IN_PREFIX}.submit", payloads, [f"{tag}-{i}" for i in range(count)]
     )
     # Poll the log's tail rather than follow it: a follower would steal the publisher's CPU.
     deadline = time.perf_counter() + 120
-    while await _last_input_seq(js) < target:
+    while await last_input_seq(js) < target:
         if time.perf_counter() > deadline:
             raise TimeoutError("the scheduler did not catch up within 120 s")
         await asyncio.sleep(0.002)
@@ -102,7 +103,8 @@ async def _end_to_end(js, count: int, tag: str) -> dict:
     }
 
 
-async def _last_input_seq(js) -> int:
+async def last_input_seq(js) -> int:
+    """The XR_IN sequence of the last input whose records are in the log."""
     last = await bus.stream_last_seq(js, bus.EV_STREAM)
     for seq in range(last, max(0, last - 50), -1):  # a tick's records carry input_seq 0
         seen = T.decode_record((await js.get_msg(bus.EV_STREAM, seq)).data).input_seq

@@ -14,6 +14,7 @@ BENCHES = {
     "bus": "agents.bench:run",
     "replay": "projections.bench:run",
     "philly": "xirang.bench_philly:run",
+    "scale": "xirang.bench_scale:run",
 }
 
 
@@ -23,6 +24,15 @@ def register(sub) -> None:
     bench.add_argument("name", choices=sorted(BENCHES))
     bench.add_argument("--json", action="store_true", help="print JSON only")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for tests")
+    bench.add_argument(
+        "--gpus",
+        metavar="N,...",
+        help="core, scale: pool sizes in GPUs, e.g. 10000,50000,100000 (core: decision, tick and "
+        "per-input cost at each, with the ratios of the largest to the smallest)",
+    )
+    bench.add_argument(
+        "--pending", metavar="N,...", help="core, scale: queued jobs behind the full pool, e.g. 10000"
+    )
     bench.set_defaults(func=cmd_bench)
 
 
