@@ -11,6 +11,12 @@ Two layers:
   Times and estimates are at most a year; GPU counts at most what a node or the pool could
   ever hold, under a hard cap.
 
+- `id_problem(kind, value)`: a new name (a submitted job's id, team and user, a node joining for
+  the first time) is letters, digits and `._-`, starting with a letter or a digit: ids become
+  NATS subject tokens, file names and command-line arguments, where a space, `*`, `>` or a
+  leading `-` or `.` mean something else. Only new names are checked, so a log written before
+  the rule folds as it did and its jobs and nodes may still be acted on by name.
+
 Each answer is `(reason, detail)` for an `InputRejected`, or None when the input is
 within bounds. Limits are named constants, units last, and listed in the README.
 """
@@ -61,6 +67,10 @@ POLICY_NUMBER_MAX = 1e15
 # Sequence numbers and other counters.
 COUNTER_MAX = 2**63 - 1
 
+# A new job, team, user or node name.
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+ID_CHARS_DOC = "letters, digits and . _ -, starting with a letter or a digit"
+
 # Field name -> limit, for the fields whose bound is not their kind's default.
 _DURATION_FIELDS = ("est_runtime_s", "ckpt_interval_s", "ckpt_cost_s", "restore_cost_s")
 _TEXT_FIELDS = ("reason", "by", "error", "raw", "comment")
@@ -78,6 +88,16 @@ _INT_RANGES = {
 _INT_RANGE_DEFAULT = (-COUNTER_MAX, COUNTER_MAX)
 
 _JSON_STRUCTURE = re.compile(rb'["\\\[\]{}]')
+
+
+# ---------------------------------------------------------------- names
+
+
+def id_problem(kind: str, value: str) -> tuple[str, str] | None:
+    """(reason, detail) when `value` may not name a new `kind` (job, team, user, node)."""
+    if ID_PATTERN.fullmatch(value):
+        return None
+    return f"{kind}_id_invalid", f"{kind} id {value!r}: use only {ID_CHARS_DOC}"
 
 
 # ---------------------------------------------------------------- before decoding

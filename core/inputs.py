@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import types as T
+from .bounds import id_problem
 from .fairness import team_downgrade_ends_t
 from .log_seal import Ctx, reject
 from .placement import placement_nodes
@@ -69,6 +70,9 @@ def _on_node_up(ctx: Ctx, inp: T.NodeUp) -> None:
             f"a host name or IP address of at most {ADDR_LENGTH_MAX} characters",
         )
     node = ctx.state.canonical.nodes.get(inp.node)
+    problem = None if node is not None else id_problem("node", inp.node)
+    if problem:
+        return reject(ctx, *problem)
     if node is not None and node.up:
         if node.gpus == inp.gpus and node.gpu_model == inp.gpu_model:
             return  # a repeated report: nothing changes, nothing is logged
@@ -165,6 +169,9 @@ def _submit_problem(c, inp: T.Submit) -> tuple[str, str] | None:
         return "team_must_be_set", "every job belongs to a team"
     if not inp.user:
         return "user_must_be_set", "every job belongs to a user"
+    problem = id_problem("job", inp.job) or id_problem("team", inp.team) or id_problem("user", inp.user)
+    if problem:
+        return problem
     if not 0 <= inp.level < LEVELS:
         return "level_must_be_0_to_7", f"got level {inp.level}"
     if inp.gpus <= 0:
