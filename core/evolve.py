@@ -307,6 +307,7 @@ def _job_level_set(s: State, ev: T.JobLevelSet) -> None:
     if holding:
         hold_remove(s.index, job)
     job.level = job.requested_level = ev.level
+    job.raisable_by_owner = ev.raisable_by_owner
     job.eff_level = max(0, ev.level - job.boost)
     job.level_since_t = ev.t
     if queued:

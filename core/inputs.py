@@ -13,6 +13,7 @@ from typing import Any
 from . import types as T
 from .bounds import id_problem
 from .fairness import team_downgrade_ends_t
+from .level_requests import level_request_problem, raisable_by_owner_after
 from .log_seal import Ctx, reject
 from .placement import placement_nodes
 from .preempt_contract import preempt_contract_problem, signal_name
@@ -409,17 +410,19 @@ def _on_set_level(ctx: Ctx, inp: T.SetLevel) -> None:
     job = _job_or_reject(ctx, inp, (QUEUED, HELD, STARTING, RUNNING))
     if job is None or not _allowed(ctx, inp, job):
         return
-    if not 0 <= inp.level < LEVELS:
-        return reject(ctx, "level_must_be_0_to_7", f"got level {inp.level}")
-    if inp.level < job.level and not inp.operator:
-        return reject(
-            ctx,
-            "raising_priority_needs_operator",
-            f"{job.id} is at level {job.level}; only an operator may make it more urgent",
+    problem = level_request_problem(job, inp.level, inp.operator)
+    if problem:
+        return reject(ctx, *problem)
+    ctx.emit(
+        T.JobLevelSet(
+            t=inp.t,
+            job=job.id,
+            level=inp.level,
+            from_level=job.level,
+            by=inp.by,
+            raisable_by_owner=raisable_by_owner_after(job, inp.level, inp.operator),
         )
-    if inp.level == job.level:
-        return reject(ctx, "level_unchanged", f"{job.id} is at level {job.level} already")
-    ctx.emit(T.JobLevelSet(t=inp.t, job=job.id, level=inp.level, from_level=job.level, by=inp.by))
+    )
 
 
 def _on_tick(ctx: Ctx, inp: T.Tick) -> None:

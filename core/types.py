@@ -645,12 +645,15 @@ class JobHoldReleased(_Event, tag="JobHoldReleased"):
 
 
 class JobLevelSet(_Event, tag="JobLevelSet"):
-    """The job's level changed from `from_level` to `level` (`set_level`)."""
+    """The job's level changed from `from_level` to `level` (`set_level`); its owner may make it
+    `raisable_by_owner` levels more urgent again without an operator (core/level_requests.py;
+    0 in logs written before the owner could take a lowering back)."""
 
     job: str
     level: int
     from_level: int
     by: str
+    raisable_by_owner: int = 0
 
 
 class JobStopRequested(_Event, tag="JobStopRequested"):

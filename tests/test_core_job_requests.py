@@ -55,16 +55,38 @@ def test_requeue_stops_the_job_on_its_hosts_and_queues_it_again():
 
 def test_an_owner_may_lower_a_level_but_only_an_operator_may_raise_it():
     run = busy_pool()
+    refused = of(run.at(3500, T.SetLevel(job="waiter", level=5, by="bo")), T.InputRejected)[0]
+    assert refused.reason == "raising_priority_needs_operator" and "only an operator" in refused.detail
     lowered = of(run.at(4000, T.SetLevel(job="waiter", level=7, by="bo")), T.JobLevelSet)[0]
     assert (lowered.from_level, lowered.level) == (6, 7) and run.job("waiter").level == 7
-    refused = of(run.at(4200, T.SetLevel(job="waiter", level=6, by="bo")), T.InputRejected)[0]
-    assert refused.reason == "raising_priority_needs_operator" and run.job("waiter").level == 7
     assert of(run.at(4300, T.SetLevel(job="waiter", level=2, by="ops", operator=True)), T.JobLevelSet)
     assert run.job("waiter").level == 2 and run.job("waiter").eff_level == 2
     assert (
         of(run.at(4400, T.SetLevel(job="runner", level=9, by="ana")), T.InputRejected)[0].reason
         == "level_must_be_0_to_7"
     )
+    rebuild(run.records)
+
+
+def test_an_owner_who_lowered_their_job_may_set_it_back_but_no_higher():
+    run = busy_pool()
+    of(run.at(4000, T.SetLevel(job="waiter", level=7, by="bo")), T.JobLevelSet)
+    too_high = of(run.at(4100, T.SetLevel(job="waiter", level=5, by="bo")), T.InputRejected)[0]
+    assert too_high.reason == "raising_priority_needs_operator" and "back to level 6" in too_high.detail
+    restored = of(run.at(4200, T.SetLevel(job="waiter", level=6, by="bo")), T.JobLevelSet)[0]
+    assert (restored.from_level, restored.level) == (7, 6) and run.job("waiter").level == 6
+    # What was taken back is spent: the submitted level is as far as the owner goes.
+    again = of(run.at(4300, T.SetLevel(job="waiter", level=5, by="bo")), T.InputRejected)[0]
+    assert again.reason == "raising_priority_needs_operator"
+    # An operator's level is the new start; lowerings from it add up and may be taken back.
+    run.at(4600, T.SetLevel(job="waiter", level=3, by="ops", operator=True))
+    run.at(4700, T.SetLevel(job="waiter", level=5, by="bo"))
+    run.at(4750, T.SetLevel(job="waiter", level=6, by="bo"))
+    assert of(run.at(4800, T.SetLevel(job="waiter", level=4, by="bo")), T.JobLevelSet)
+    assert rebuild(run.records).canonical.jobs["waiter"].raisable_by_owner == 1
+    assert of(run.at(4900, T.SetLevel(job="waiter", level=2, by="bo")), T.InputRejected)
+    assert of(run.at(5000, T.SetLevel(job="waiter", level=3, by="bo")), T.JobLevelSet)
+    assert run.job("waiter").level == 3 and run.job("waiter").raisable_by_owner == 0
     rebuild(run.records)
 
 
