@@ -34,7 +34,7 @@ Definitions (times in seconds unless named otherwise):
     (no team gets more than it asks for, the rest is split evenly); x = held / entitled.
     1 for every team means each got its fair share whenever it wanted GPUs. This is Jain's
     own form (Jain, Chiu and Hawe, 1984: x = allocation over the fair allocation).
-- acceptance (when xirang, k8s and none ran): the issue's targets for xirang's row. The
+- acceptance (when xirang, k8s and none ran): xirang's targets for xirang's row (docs/SIMULATOR.md). The
   target "Jain's fairness across teams >= 0.9" is checked on `jain_teams_share`, the
   index's own normalisation (allocation over fair allocation). `jain_teams` is reported
   beside it without a target: a service fraction is not an allocation, and it cannot reach
@@ -356,7 +356,8 @@ def acceptance(cards: dict) -> dict:
             "value": fair_gap[0],
             "target": ">= 0 (each of levels 3-5 at least none's Jain)",
             "level": fair_gap[1],
-            "ok": fair_gap[0] is not None and fair_gap[0] >= 0,  # as issue 14 asks: no tolerance
+            "ok": fair_gap[0] is not None
+            and fair_gap[0] >= 0,  # no tolerance: a level under none's is a miss
         },
     }
     # Reported beside the checks, not one of them: see the module doc.

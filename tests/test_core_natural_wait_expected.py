@@ -1,5 +1,5 @@
 """The natural wait below the urgent levels as the expectation over uncertain releases
-(issue 19; core/forecast.py `expected_first_fit_ms`, `ReleaseCurve`): a running job's
+(core/forecast.py `expected_first_fit_ms`, `ReleaseCurve`): a running job's
 remaining time is known only by its expectation m, so it releases at rate 1/m (the
 exponential law, which assumes nothing more); the job's own fit is the expected FIRST of
 many releases, and the GPUs queued ahead drain at the pool's turnover, the sum of GPUs / m.

@@ -20,7 +20,7 @@ and cites the peer test it ports:
 the default policy or under the opt-in fair-share guarantee where the peer's rule is one of
 guaranteed shares. `DIFFER` holds cases where xirang decides otherwise by design, each with
 the reason, and checks xirang's own outcome. `REGRESSIONS` are the two pricing defects found
-by porting these cases (issue 18): a shared wait once per victim set, and a victim's requeue
+by porting these cases: a shared wait once per victim set, and a victim's requeue
 wait added up from free GPUs on different nodes.
 """
 
@@ -430,7 +430,7 @@ DIFFER = [
 REGRESSIONS = [
     Case(
         "a whole-node job takes two level-6 one-GPU jobs, not one level-2 two-GPU job",
-        "issue 18 (the basic preemption logic: the two-victim set paid the shared wait twice)",
+        "found porting the peer cases (the two-victim set paid the shared wait twice)",
         nodes={"n1": 5, "n2": 5},
         running=[
             Job("l6-a", 6, 1, "n1", ckpt_interval_s=600, ckpt_age_min=1),
@@ -443,7 +443,7 @@ REGRESSIONS = [
     ),
     Case(
         "a level-0 job takes two level-7 jobs, not one level-1 job, when their checkpoints are as fresh",
-        "issue 18",
+        "found porting the peer cases (the fresher checkpoints made the two victims as cheap as one)",
         nodes={"n1": 4, "n2": 4},
         running=[
             Job("l7-a", 7, 1, "n1", ckpt_interval_s=600, ckpt_age_min=1),
@@ -456,7 +456,7 @@ REGRESSIONS = [
     ),
     Case(
         "a victim that fits one node is not priced as restarting on free GPUs of two nodes",
-        "issue 18 (v2 would wait hours for a whole-node-free 2-GPU slot: one free GPU on n3 and n4 each)",
+        "found porting the peer cases (v2 would wait hours for a whole-node-free 2-GPU slot: one free GPU on n3 and n4 each)",
         nodes={"n1": 8, "n2": 8, "n3": 8, "n4": 8},
         shared_model="A100",
         running=[

@@ -1,4 +1,4 @@
-"""Urgent work stays urgent when the pool is overloaded (issue 19): one scenario per cause
+"""Urgent work stays urgent when the pool is overloaded: one scenario per cause
 seen job by job on overloaded pools, named after it. Holds (reservations) for jobs an
 urgent job may preempt do not bind it; a gang spanning nodes may take victims in proportion
 to the nodes it frees; the natural wait of an urgent job that has already outwaited its

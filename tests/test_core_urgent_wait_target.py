@@ -1,4 +1,4 @@
-"""The urgent levels' wait target and its price (issue 19, Deliver 1): an urgent job's
+"""The urgent levels' wait target and its price: an urgent job's
 wait has a target (`urgent_wait_target_s`, an SLO), and each second of its wait past the
 target weighs `urgent_overdue_factor` times its level's weight. One scenario per rule,
 named after it."""

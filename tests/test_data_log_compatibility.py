@@ -1,6 +1,6 @@
 """Logs written by older releases keep auditing: the golden logs in tests/data/golden-logs
-(the same inputs, `inputs.jsonl`, run through `xirang replay run` by release 276a06d, by
-dac0952, the last release before digest schemas, and by a release with digest schema 2;
+(the same inputs, `inputs.jsonl`, run through `xirang replay run` by a release of 2026-11-29, by
+the last release before digest schemas (2026-12-01), and by a release with digest schema 2;
 see the README there) must fold and verify forever, hash chain and every state digest, and
 a changed byte in any of them must still be found and named by its record number."""
 

@@ -1,8 +1,8 @@
 """The shipped NATS configuration works as written and holds against its own users: a
 server started from deploy/nats/single.conf (TLS, decentralised JWT users from `xirang nats
 init`/`add-user`) runs SDK jobs that checkpoint and restore with their own short-lived
-credentials (renewed by the host while they run), and the attacks of issue 13 fail: no host,
-client or job may touch the log stream, a client acts only as itself, and the log still
+credentials (renewed by the host while they run), and what a hostile host or job would try
+fails: no host, client or job may touch the log stream, a client acts only as itself, and the log still
 verifies."""
 
 from __future__ import annotations

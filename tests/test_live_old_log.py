@@ -1,5 +1,5 @@
 """A scheduler of this release goes on with the JetStream log of an older release: the golden
-log of release 276a06d (written before records were signed) is put on a real nats-server's
+log written by a release of 2026-11-29, before records were signed, is put on a real nats-server's
 XR_EV, adopted under the scheduler's key (`xirang key adopt`), and a real scheduler process
 folds it, decides new inputs and signs them; the whole log then audits, old and new."""
 

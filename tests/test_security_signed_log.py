@@ -138,8 +138,8 @@ def test_log_verifier_refuses_unsigned_records_between_signed_ones(keys):
 
 def test_the_live_log_is_signed_and_a_forged_decision_is_never_acted_on(tmp_path, monkeypatch):
     """A writer without the key appends a start order for a host with a perfect hash chain
-    (the attack of issue 13): the host refuses to run it, the scheduler refuses to adopt
-    it, and audit names it."""
+    (a forger of the scheduler's records): the host refuses to run it, the scheduler refuses
+    to adopt it, and audit names it."""
     marker = tmp_path / "pwned"
     with Cluster(tmp_path) as c:
         c.scheduler()

@@ -1,4 +1,4 @@
-"""Beyond Kubernetes-style preemption (issue 19): an urgent whole-node gang on a pool whose
+"""Beyond Kubernetes-style preemption: an urgent whole-node gang on a pool whose
 every node mixes urgent and preemptible work. No node can be freed by preemption alone, so
 Kubernetes-style preemption finds no candidate node and the gang waits as long as with no
 preemption at all, while a stream of small urgent jobs keeps taking whatever frees up.

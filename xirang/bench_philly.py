@@ -1,5 +1,5 @@
 """`xirang bench philly --json`: the four policies on the whole Philly trace, side by side as
-`xirang sim` runs them, against issue 14's goal of five minutes.
+`xirang sim` runs them, against the goal of five minutes.
 
 The trace (82,247 jobs; `--quick`: its first 60) on 512 GPUs with seed 0, every policy
 (none, k8s, slurm, xirang) in `xirang sim`'s worker processes (2, xirang first), then the
@@ -15,7 +15,7 @@ import platform
 import time
 from argparse import Namespace
 
-FOUR_POLICIES_GOAL_S = 300  # issue 14: the four policies on full Philly within 5 minutes
+FOUR_POLICIES_GOAL_S = 300  # the four policies on full Philly within 5 minutes
 JOBS_QUICK = 60
 GPUS = 512
 PROCS = 2
