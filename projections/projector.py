@@ -838,7 +838,8 @@ def _hold_released(p: Projector, seq: int, n: int, ev: T.JobHoldReleased) -> Non
 
 def _level_set(p: Projector, seq: int, n: int, ev: T.JobLevelSet) -> None:
     row = p.job(ev.job)
-    row.update(level=ev.level, eff_level=ev.level)
+    # The level set is the one the job asks for now (as in the core): no downgrade to report.
+    row.update(level=ev.level, requested_level=ev.level, eff_level=ev.level)
     p.job_event(seq, n, ev, ev.job, f"level set from {ev.from_level} to {ev.level} by {ev.by}")
 
 

@@ -7,7 +7,7 @@ from core import types as T
 from projections import alerts
 from projections.projector import Projector
 
-from scenario import MIN, node, of, submit, tick
+from scenario import MIN, Run, node, of, submit, tick
 from test_core_preemption import prod_preempted_twice
 
 
@@ -30,3 +30,17 @@ def test_a_downgraded_job_waiting_raises_an_alert_until_its_level_comes_back():
     proj = _project(run)
     assert not [a for a in alerts.evaluate(proj.con, until) if a.kind == "downgraded_waiting"]
     assert proj.con.execute("SELECT level FROM jobs WHERE job = 'p4'").fetchone() == (1,)
+
+
+def test_an_owner_lowering_their_own_job_raises_no_downgrade_alert():
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("runner", 5, 8, user="ana"))
+    run.at(2000, submit("waiter", 6, 4, team="nlp", user="bo"))  # the pool is full: it queues
+    assert of(run.at(3000, T.SetLevel(job="waiter", level=7, by="bo")), T.JobLevelSet)
+    proj = _project(run)
+    assert proj.con.execute("SELECT level, requested_level FROM jobs WHERE job = 'waiter'").fetchone() == (
+        7,
+        7,
+    )
+    assert [a.kind for a in alerts.evaluate(proj.con, 4000)] == []
