@@ -321,7 +321,7 @@ class Scheduler:
         self.leading.set()
         try:
             # The state was folded from the log: say so first, so that re-deciding the log
-            # forgets the passes' memory here too (core.types.SchedulerStart).
+            # forgets the passes' memory here too (core.model.types.SchedulerStart).
             start = T.SchedulerStart(t=max(now_ms(), self.state.canonical.t), instance=self.instance)
             await self._flush(await self._apply(start, []))
             await self._ensure_policy()

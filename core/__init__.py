@@ -6,10 +6,11 @@ in inputs.
 """
 
 from .machine import new_state, next_due_t, step
-from .policy import Policy, PolicyError, load_policy_toml, with_params
+from .model.policy import Policy, PolicyError, load_policy_toml, with_params
 from .replay import ChainError, DigestMismatch, apply_record, rebuild, run_inputs
-from .state import State, load_snapshot, snapshot_bytes, state_digest
-from .types import Record, decode_record, encode, parse_input
+from .model.state import State, load_snapshot, snapshot_bytes, state_digest
+from .model import types
+from .model.types import Record, decode_record, encode, parse_input
 
 __all__ = [
     "ChainError",
@@ -31,5 +32,6 @@ __all__ = [
     "snapshot_bytes",
     "state_digest",
     "step",
+    "types",
     "with_params",
 ]

@@ -17,22 +17,15 @@ from __future__ import annotations
 
 import msgspec
 
-from .placement import acceptable_models, place
-from .preemption import (
-    Decline,
-    Guard,
-    expected_runtime_ms,
-    may_preempt,
-    natural_wait_ms,
-    plan_preemption,
-    scaled_limit,
-    team_limit,
-    variant_policy,
-)
-from .shares import above_share, fair_shares, holding, within_share
-from .state import HELD as HELD_STATE
-from .state import QUEUED, RESERVED, RUNNING, Job, State, window_count
-from .types import LEVELS
+from .model.placement import acceptable_models, place
+from .forecast.waits import expected_runtime_ms, natural_wait_ms
+from .passes.plan import Decline, plan_preemption, variant_policy
+from .rules.eligibility import may_preempt
+from .rules.fairness import Guard, scaled_limit, team_limit
+from .rules.shares import above_share, fair_shares, holding, within_share
+from .model.state import HELD as HELD_STATE
+from .model.state import QUEUED, RESERVED, RUNNING, Job, State, window_count
+from .model.types import LEVELS
 
 # Reason codes, most specific first. `limit` names the policy parameter behind a
 # fairness or guarantee reason.

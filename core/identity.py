@@ -25,8 +25,8 @@ logs replay.
 
 from __future__ import annotations
 
-from . import types as T
-from .state import State
+from .model import types as T
+from .model.state import State
 
 CLIENT_INPUTS = ("submit", "cancel", "feedback", "hold", "release", "requeue", "set_level")
 JOB_FACTS = (

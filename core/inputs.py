@@ -10,16 +10,16 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from . import types as T
-from .bounds import id_problem
-from .fairness import team_downgrade_ends_t
+from .model import types as T
+from .model.bounds import id_problem
+from .rules.fairness import team_downgrade_ends_t
 from .level_requests import level_request_problem, raisable_by_owner_after
-from .log_seal import Ctx, reject
-from .placement import placement_nodes
+from .log.seal import Ctx, reject
+from .model.placement import placement_nodes
 from .preempt_contract import preempt_contract_problem, signal_name
-from .policy import PolicyError, assign_variant, check_experiment, with_params
-from .saga import commit_if_complete, release_victim, requeue, rollback
-from .state import (
+from .model.policy import PolicyError, assign_variant, check_experiment, with_params
+from .passes.saga import commit_if_complete, release_victim, requeue, rollback
+from .model.state import (
     HELD,
     HOLDING,
     PREEMPTING,
@@ -32,7 +32,7 @@ from .state import (
     State,
     job_progress_ms,
 )
-from .types import LEVELS
+from .model.types import LEVELS
 
 
 JOB_ID_LENGTH_MAX = 200
@@ -127,7 +127,7 @@ def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
     level = inp.level
     if level < p.downgrade_applies_below_level and team_downgrade_ends_t(ctx.state, inp.team) > inp.t:
         # Truthful: while the team is downgraded its urgent jobs enter lower, until its
-        # preemption quota recovers (then `core.queues.restore_levels` gives queued ones
+        # preemption quota recovers (then `core.passes.queues.restore_levels` gives queued ones
         # their level back).
         level = min(LEVELS - 1, level + p.downgrade_levels)
     ctx.emit(

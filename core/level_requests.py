@@ -6,8 +6,8 @@ submitted at, or one an operator set). One rule for the decision and its explana
 
 from __future__ import annotations
 
-from .state import Job
-from .types import LEVELS
+from .model.state import Job
+from .model.types import LEVELS
 
 
 def level_request_problem(job: Job, level: int, operator: bool) -> tuple[str, str] | None:

@@ -2,34 +2,34 @@
 live, in replay and in the simulator.
 
 Each input is checked, then decided on (`core.inputs`): decisions emit events, each event
-is applied by `evolve` at once and sealed into the hash chain (`core.log_seal`). After the
-input's own events comes a scheduling pass (`schedule`): saga deadlines (`core.saga`),
-aging (`core.queues`), placement of queued jobs in level and policy order
-(`core.placement_pass`), and preemption for blocked jobs that may preempt
-(`core.preemption_pass`, deciding with `core.plan`). An input that emits nothing leaves
+is applied by `evolve` at once and sealed into the hash chain (`core.log.seal`). After the
+input's own events comes a scheduling pass (`schedule`): saga deadlines (`core.passes.saga`),
+aging (`core.passes.queues`), placement of queued jobs in level and policy order
+(`core.passes.placement`), and preemption for blocked jobs that may preempt
+(`core.passes.preemption`, deciding with `core.passes.plan`). An input that emits nothing leaves
 the state untouched (a quiet tick is not logged at all).
 """
 
 from __future__ import annotations
 
-from . import types as T
-from .bounds import input_problem
-from .eligibility import may_preempt
+from .model import types as T
+from .model.bounds import input_problem
+from .rules.eligibility import may_preempt
 from .identity import identity_problem
 from .inputs import HANDLERS, common_problem
-from .log_seal import Ctx, reject
-from .placement_pass import place_queued, settle_drain
-from .preemption_pass import (
+from .log.seal import Ctx, reject
+from .passes.placement import place_queued, settle_drain
+from .passes.preemption import (
     preempt_blocked,
     preemption_candidates,
     reclaim_blocked,
     reclaim_candidates,
     urgent_candidates,
 )
-from .queues import age_queued, aging_threshold_ms, downgrades_end_t, restore_levels
-from .saga import expire_sagas
-from .state import QUEUED, State
-from .types import LEVELS
+from .passes.queues import age_queued, aging_threshold_ms, downgrades_end_t, restore_levels
+from .passes.saga import expire_sagas
+from .model.state import QUEUED, State
+from .model.types import LEVELS
 
 
 # Inputs after which the blocked jobs at the head of the queues are reconsidered for
@@ -51,10 +51,10 @@ def step(state: State, inp: T.Input, sealed: bool = True) -> tuple[State, list[T
     """Decide on one input: the state, changed in place, and the sealed records of the
     events it led to (an `InputRejected` alone for a bad input; none for a quiet tick).
     `sealed=False` (a simulation that keeps no log) decides the same but hashes nothing:
-    the records carry no hash chain (core/log_seal.py)."""
+    the records carry no hash chain (core/log/seal.py)."""
     # The drain hold the step before left pending reads the state that step left.
     settle_drain(state, inp)
-    # Bounds first: an input outside them may not even survive normalizing (core/bounds.py).
+    # Bounds first: an input outside them may not even survive normalizing (core/model/bounds.py).
     out_of_bounds = None if isinstance(inp, T.Malformed) else input_problem(inp)
     if out_of_bounds:
         return state, reject_input(state, inp, *out_of_bounds, sealed=sealed)

@@ -3,7 +3,7 @@ preemption notice and the grace time they have from then to exit, checked at sub
 
 from __future__ import annotations
 
-from . import types as T
+from .model import types as T
 
 GRACE_S_MAX = 3600.0
 # The signals a job may ask for at a preemption notice, by their names.

@@ -2,7 +2,7 @@
 
 `apply_record` is the replay twin of sealing in `log_seal.Ctx`: it checks the record's place
 in the hash chain (over the event as stored), verifies a `StateDigest` against the rebuilt
-state (as the digest's schema says: core/digest.py), and applies the event with `evolve`. A modified, dropped or reordered record raises `ChainError` naming
+state (as the digest's schema says: core/log/digest.py), and applies the event with `evolve`. A modified, dropped or reordered record raises `ChainError` naming
 its position.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
 
-from . import types as T
-from .evolve import evolve
+from .model import types as T
+from .log.evolve import evolve
 from .machine import new_state, reject_input, step
-from .placement_pass import reserved_nodes
-from .digest import digest_problem
-from .state import State, load_snapshot, snapshot_bytes
+from .passes.placement import reserved_nodes
+from .log.digest import digest_problem
+from .model.state import State, load_snapshot, snapshot_bytes
 
 
 class ChainError(ValueError):

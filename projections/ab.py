@@ -2,7 +2,7 @@
 confidence intervals and a significance verdict.
 
 Variants are assigned in the core by a deterministic hash of an assignment unit (a team, a
-user, a job group or a job: `core.policy.assign_variant`, `ab_split_by`) and recorded on
+user, a job group or a job: `core.model.policy.assign_variant`, `ab_split_by`) and recorded on
 `JobSubmitted.variant`; the projection keeps them on `jobs.variant`. The control is the
 variant named "control" (a `set_policy` without one is refused; a log from before that
 rule falls back to the first variant by name, and the report says so).
@@ -34,7 +34,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from core.policy import AB_CONTROL, Policy, assignment_unit
+from core.model.policy import AB_CONTROL, Policy, assignment_unit
 
 BOOTSTRAP_SAMPLES = 2000
 CONFIDENCE = 0.95

@@ -9,10 +9,10 @@ recomputes hashes is caught by the next StateDigest.
 
 Logs written by older releases audit the same way: a record's hash is checked over its event
 as stored, whatever fields the event's type has gained since, and each `StateDigest` as its
-schema says (core/digest.py; the summary counts the digests of each schema and names the
+schema says (core/log/digest.py; the summary counts the digests of each schema and names the
 older releases whose digests matched). Folding applies the recorded events and never
 re-makes a decision, so a log written under other decision rules or policy defaults still
-folds and verifies; only a change in how events fold (core/evolve.py) would show, as a
+folds and verifies; only a change in how events fold (core/log/evolve.py) would show, as a
 digest mismatch that says so.
 
 What one log alone cannot show is a loss of records at its very end: compare the chain
@@ -33,9 +33,9 @@ import msgspec
 
 from core import ChainError, apply_record, new_state
 from core import types as T
-from core.digest import LEGACY_RELEASES
+from core.log.digest import LEGACY_RELEASES
 from core.explain import human_duration
-from core.state import state_digest
+from core.model.state import state_digest
 from trust.signing import SignatureError
 
 EPOCH_MS_MIN = 10**12  # below this, t counts from the start of a scenario, not 1970

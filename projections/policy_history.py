@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from core.policy import Policy, PolicyError, with_params
+from core.model.policy import Policy, PolicyError, with_params
 
 
 def policy_at(con, t: int | None = None) -> Policy:

@@ -12,7 +12,7 @@ difference only says that the rules changed since, and where they first made a d
 What the log does not pin is taken from the release that re-decides, and said: the decision
 code, and the policy defaults for what the log's `set_policy` inputs did not set (for a log
 whose state digests matched a known older release, that release's defaults; see
-core/digest.py). State digests are not compared (a release writes its own digest schema),
+core/log/digest.py). State digests are not compared (a release writes its own digest schema),
 nor are rejected inputs re-run (the log keeps only their reason): their records are folded.
 """
 
@@ -24,15 +24,15 @@ import msgspec
 
 from core import new_state, step
 from core import types as T
-from core.digest import LEGACY_RELEASES
-from core.evolve import evolve
-from core.policy import Policy, with_params
+from core.log.digest import LEGACY_RELEASES
+from core.log.evolve import evolve
+from core.model.policy import Policy, with_params
 
 THIS_RELEASE = "this release"
 
 
 def legacy_policy(release_name: str) -> Policy:
-    """The default policy of a schema-1 release (core/digest.py), for the fields it had;
+    """The default policy of a schema-1 release (core/log/digest.py), for the fields it had;
     fields added since keep this release's defaults."""
     release = next(r for r in LEGACY_RELEASES if r.name == release_name)
     known = set(Policy.__struct_fields__)

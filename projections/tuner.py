@@ -50,8 +50,8 @@ import msgspec
 import numpy as np
 
 from core import types as T
-from core.bounds import TEXT_CHARS_MAX
-from core.policy import Policy, PolicyError, with_params
+from core.model.bounds import TEXT_CHARS_MAX
+from core.model.policy import Policy, PolicyError, with_params
 from replay.scorecard import policy_card
 from replay.peers.xirang import TICK_MS as XIRANG_TICK_MS
 from replay.sim import Cluster, SimResult, simulate
@@ -503,7 +503,7 @@ def watch(
 
 
 def compact_evidence(evidence: dict, chars_max: int) -> str:
-    """The evidence as compact JSON that fits an input's reason (`core.bounds`): the
+    """The evidence as compact JSON that fits an input's reason (`core.model.bounds`): the
     objective's parts before and after, and per level and per team `[before, after]` of the
     mean wait (s) and the lost GPU-hours; when it does not fit, the teams that changed least
     are left out (and counted)."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from core import types as T
 from core.explain import explain_queue, human_duration
-from core.placement_pass import reserved_nodes
-from core.state import HOLDING, QUEUED, job_progress_ms, last_checkpoint
+from core.passes.placement import reserved_nodes
+from core.model.state import HOLDING, QUEUED, job_progress_ms, last_checkpoint
 
 __all__ = ["job_rows", "queue_levels", "node_rows", "share_rows", "history_rows", "keep", "human_duration"]
 
@@ -60,7 +60,7 @@ def job_rows(state, now_ms: int | None = None) -> list[dict]:
 def queue_levels(state, rows: list[dict] | None = None) -> list[dict]:
     """Per level, its queue policy, the queued jobs in serving order with their reasons,
     and the jobs holding GPUs there."""
-    from core.queues import queue_order
+    from core.passes.queues import queue_order
 
     c = state.canonical
     by_job = {r["job"]: r for r in (rows if rows is not None else job_rows(state))}
@@ -137,8 +137,8 @@ def _node_state(node, used: int, reserved: dict) -> str:
 def share_rows(state) -> list[dict]:
     """Each team with demand or a ledger: quota, fair share, GPUs held and asked for,
     whether it is protected or downgraded and until when, compensation (Slurm's sshare)."""
-    from core.fairness import team_downgrade_ends_t
-    from core.shares import fair_shares, holding, team_quota
+    from core.rules.fairness import team_downgrade_ends_t
+    from core.rules.shares import fair_shares, holding, team_quota
 
     c = state.canonical
     ix = state.index
@@ -176,7 +176,7 @@ def _left_s(until_t: int, t: int) -> float | None:
 
 
 def _count(win, field: str, t: int, window_ms: int) -> int:
-    from core.state import window_count
+    from core.model.state import window_count
 
     return window_count(getattr(win, field), t, window_ms) if win is not None else 0
 

@@ -52,7 +52,7 @@ import tempfile
 import numpy as np
 
 from core.explain import human_duration
-from core.shares import max_min_shares
+from core.rules.shares import max_min_shares
 
 from .sim import SimResult
 
@@ -220,7 +220,7 @@ def _share_of_time(jobs, capacity: int | None) -> dict[str, float]:
 
 
 def _max_min(demand: dict[str, int], capacity: float) -> dict[str, float]:
-    """Water-filling among the teams asking for GPUs, evenly weighted (`core.shares`)."""
+    """Water-filling among the teams asking for GPUs, evenly weighted (`core.rules.shares`)."""
     return max_min_shares({name: gpus for name, gpus in demand.items() if gpus > 0}, capacity)
 
 

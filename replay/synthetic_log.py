@@ -16,8 +16,8 @@ import random
 from dataclasses import dataclass, field
 
 from core import types as T
-from core.policy import Policy
-from core.state import State
+from core.model.policy import Policy
+from core.model.state import State
 
 from .peers.xirang import XirangPolicy
 from .sim import Cluster, SimResult, Simulator

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from core import types as T
-from core.policy import Policy, PolicyError, with_params
+from core.model.policy import Policy, PolicyError, with_params
 
 from .scorecard import policy_card
 from .sim import Cluster, JobOutcome, SimResult, simulate

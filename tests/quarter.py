@@ -7,7 +7,7 @@ import random
 
 from core import rebuild, step
 from core import types as T
-from core.policy import Policy
+from core.model.policy import Policy
 from replay.sim import Cluster, simulate
 from replay.workload import TraceJob, Workload
 

@@ -17,8 +17,8 @@ import msgspec
 
 from core import new_state, step
 from core import types as T
-from core.evolve import submitted_costs_ms
-from core.state import State
+from core.log.evolve import submitted_costs_ms
+from core.model.state import State
 from replay.simhost import IDLE, SimHosts
 from replay.workload import TraceJob
 

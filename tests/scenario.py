@@ -7,8 +7,8 @@ import msgspec
 
 from core import new_state, step
 from core import types as T
-from core.policy import Policy, with_params
-from core.state import HOLDING, RESERVED, State
+from core.model.policy import Policy, with_params
+from core.model.state import HOLDING, RESERVED, State
 
 MIN = 60_000
 HOUR = 3_600_000

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from doc_blocks import REPO, commands, doc_paths, fenced_blocks
-from core.policy import PolicyError
+from core.model.policy import PolicyError
 from xirang.cli import build_parser
 from xirang.policy_file import load_policy_file
 

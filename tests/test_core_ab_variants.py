@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from core import types as T
-from core.policy import (
+from core.model.policy import (
     VARIANT_PARAMS,
     Policy,
     PolicyError,

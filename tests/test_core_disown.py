@@ -8,7 +8,7 @@ import msgspec
 
 from core import types as T
 from core.replay import rebuild
-from core.state import state_digest
+from core.model.state import state_digest
 
 from scenario import Run, node, submit
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from core import types as T
 from core.explain import explain, explain_queue, human_duration
-from core.state import live_digest
+from core.model.state import live_digest
 
 from random_world import run_world
 from scenario import HOUR, MIN, Run, node, of, start_all, submit

@@ -8,8 +8,8 @@ its share is not preempted by other teams' non-urgent jobs; the urgent levels st
 import pytest
 
 from core import types as T
-from core.policy import PolicyError, with_params
-from core.shares import fair_shares
+from core.model.policy import PolicyError, with_params
+from core.rules.shares import fair_shares
 
 from scenario import HOUR, MIN, check_invariants, node, of, start_all, submit, tick
 from scenario import Run as ScenarioRun

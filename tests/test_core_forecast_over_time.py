@@ -1,13 +1,13 @@
-"""A node's release forecast kept across time (core.node_fit.NodeFit) gives, at every later
+"""A node's release forecast kept across time (core.forecast.node_fit.NodeFit) gives, at every later
 time, the same fit as working the node's releases out again at that time."""
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core import forecast as F
-from core import node_fit as N
+from core.forecast import waits as F
+from core.forecast import node_fit as N
 
-# A holding job's release spec (core.forecast.release_spec): fixed, or running with an
+# A holding job's release spec (core.forecast.waits.release_spec): fixed, or running with an
 # expected total, progress done at `since`; small scales reach the Lindy floor of 1 ms.
 fixed_specs = st.builds(lambda ms: (ms, 0, 0, 0, "", None), st.integers(0, 3000))
 running_specs = st.builds(
@@ -53,7 +53,7 @@ def test_a_kept_node_forecast_matches_one_worked_out_again_at_every_later_time(s
     for step in steps:
         t += step
         line = fit.lines.get(need) or fit.line(need)
-        if t >= line[2]:  # as core.node_fit.node_fit_ms: the line no longer tells, start again
+        if t >= line[2]:  # as core.forecast.node_fit.node_fit_ms: the line no longer tells, start again
             fit = _Fit(free, specs, t)
             line = fit.line(need)
             assert t < line[2]
@@ -64,7 +64,7 @@ def test_a_kept_node_forecast_matches_one_worked_out_again_at_every_later_time(s
 
 # A running or frozen job's release forecast under two learned runtimes of its team and kind.
 def _job(state_name: str, est_runtime_ms: int, progress_ms: int, run_started_t: int, frozen_t: int):
-    from core.state import Job
+    from core.model.state import Job
 
     return Job(
         id="j",
@@ -102,13 +102,13 @@ def _job(state_name: str, est_runtime_ms: int, progress_ms: int, run_started_t: 
 def test_a_forecast_moves_no_more_than_the_learned_runtime_it_uses(
     state_name, est_runtime_ms, progress_ms, run_started_t, frozen, means, samples, t
 ):
-    """The premise of `core.node_fit.NodeFit.drift_ms`, which skips remaking a node's
+    """The premise of `core.forecast.node_fit.NodeFit.drift_ms`, which skips remaking a node's
     forecast after a learned runtime changed when a bound says it cannot be the soonest: a
     job's time to release moves by no more than its learned runtime did while that runtime
     is the one used, and does not move while the submitter's estimate is. (A rule that
     breaks this must make `drift_ms` say None for such jobs.)"""
-    from core.release import release_spec, remaining_at
-    from core.state import Estimate, State
+    from core.forecast.release import release_spec, remaining_at
+    from core.model.state import Estimate, State
 
     frozen_t = run_started_t + 1 if frozen else 0
     job = _job(state_name, est_runtime_ms, progress_ms, run_started_t, frozen_t)

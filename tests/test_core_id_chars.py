@@ -8,7 +8,7 @@ import pytest
 from core import inputs
 from core import types as T
 from core.replay import rebuild
-from core.state import live_digest
+from core.model.state import live_digest
 
 from scenario import Run, node, of, submit
 

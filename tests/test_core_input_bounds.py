@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents.scheduler import stamped_input
-from core import bounds, inputs, new_state, rebuild, state_digest, step
+from core import inputs, new_state, rebuild, state_digest, step
+from core.model import bounds
 from core import types as T
-from core.policy import Policy
+from core.model.policy import Policy
 from core.replay import step_guarded
 
 from scenario import check_invariants

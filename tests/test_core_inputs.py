@@ -137,7 +137,7 @@ def test_a_negative_limit_time_or_quota_is_refused_with_its_name(tmp_path, line,
 
 
 def test_ab_variant_assignment_is_stable_and_uses_the_variant_policy():
-    from core.policy import Policy, assign_variant, with_params
+    from core.model.policy import Policy, assign_variant, with_params
 
     policy = with_params(Policy(), {"ab_variants": {"A": {}, "B": {"net_benefit_min": 1e12}}})
     teams = [f"team-{i}" for i in range(40)]

@@ -5,7 +5,7 @@ the exit status of a failed job is kept."""
 from core import types as T
 from core.explain import explain
 from core.replay import rebuild
-from core.state import jobs_hash_total
+from core.model.state import jobs_hash_total
 
 from scenario import Run, node, of, start_all, submit
 

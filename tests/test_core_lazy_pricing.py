@@ -1,5 +1,5 @@
 """A preemption plan prices its victims exactly only on the nodes whose victim set could
-still win (core.pricing.LazyPrices, core.victims.choose_on_one_node_lazily): it must come
+still win (core.rules.pricing.LazyPrices, core.passes.victims.choose_on_one_node_lazily): it must come
 to the very plan (or decline) that pricing every eligible victim comes to, on random
 worlds, at every step, for every queued job that may preempt."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import core.plan as plan_module
-from core.eligibility import may_preempt
-from core.plan import plan_preemption
-from core.pricing import price_victims
-from core.state import QUEUED
+import core.passes.plan as plan_module
+from core.rules.eligibility import may_preempt
+from core.passes.plan import plan_preemption
+from core.rules.pricing import price_victims
+from core.model.state import QUEUED
 from random_world import World
 
 

@@ -8,8 +8,8 @@ import msgspec
 
 from core import types as T
 from core import step
-from core.evolve import evolve
-from core.placement_pass import reserved_nodes
+from core.log.evolve import evolve
+from core.passes.placement import reserved_nodes
 from core.replay import rebuild
 from projections.redecide import Redecide
 

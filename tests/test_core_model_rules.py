@@ -5,7 +5,7 @@ emergency; preemption depth defined, limited and recorded; a downgrade that real
 the level. The cross-pool team guarantee with reclaim is an opt-in."""
 
 from core import types as T
-from core.placement_pass import reserved_nodes
+from core.passes.placement import reserved_nodes
 
 from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, submit, tick
 
@@ -373,7 +373,7 @@ def test_compensation_pays_for_all_progress_lost_once_past_the_threshold():
     assert quota[0].lost_progress_ms == sum(lost) and sum(lost) > 2.9 * HOUR
     assert quota[0].amount >= 8 * sum(lost) / HOUR  # GPU-hours of both losses
     assert quota[0].until_t == quota[0].t + run.state.canonical.policy.compensation_quota_ms
-    from core.shares import team_quota
+    from core.rules.shares import team_quota
 
     assert team_quota(run.state, "search") > 1.0
     run.state.canonical.t = quota[0].until_t + 1  # read at a later time: the bonus has lapsed
@@ -643,7 +643,7 @@ def test_queue_pressure_does_not_flip_an_urgent_verdict_under_load():
 def run_weight_ratio() -> float:
     """How much dearer wasted work may get under load: from the floor weight (1.0) up to the
     level-1 preemptor's own weight (8.0), never beyond."""
-    from core.policy import Policy
+    from core.model.policy import Policy
 
     p = Policy()
     return p.level_weight[1] / p.wasted_work_weight_min
@@ -670,7 +670,7 @@ def test_a_recently_preempted_victim_is_weighed_below_its_preemptors_level_never
         T.PreemptionPlanned,
     )
     assert [p.victims for p in plans] == [["victim"]]
-    from core.pricing import priced_level
+    from core.rules.pricing import priced_level
 
     assert priced_level(victim, HOUR + 30 * MIN, preemptor_level=1) == 2
     assert priced_level(victim, HOUR + 30 * MIN, preemptor_level=0) == 1

@@ -1,11 +1,11 @@
 """The natural wait below the urgent levels as the expectation over uncertain releases
-(core/forecast.py `expected_first_fit_ms`, `ReleaseCurve`): a running job's
+(core/forecast/waits.py `expected_first_fit_ms`, `ReleaseCurve`): a running job's
 remaining time is known only by its expectation m, so it releases at rate 1/m (the
 exponential law, which assumes nothing more); the job's own fit is the expected FIRST of
 many releases, and the GPUs queued ahead drain at the pool's turnover, the sum of GPUs / m.
 The urgent levels keep the soonest point estimate and the median pace."""
 
-from core.forecast import natural_wait_ms, remaining_or_runtime
+from core.forecast.waits import natural_wait_ms, remaining_or_runtime
 
 from scenario import HOUR, MIN, Run, node, start_all, submit
 

@@ -2,10 +2,10 @@
 
 from core import new_state
 from core import types as T
-from core.placement_pass import reserved_nodes
-from core.evolve import evolve
+from core.passes.placement import reserved_nodes
+from core.log.evolve import evolve
 from projections.views import share_rows
-from core.policy import deprecation_notes
+from core.model.policy import deprecation_notes
 
 from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, started, submit, tick
 
@@ -404,7 +404,7 @@ def test_a_victim_that_would_requeue_behind_a_deep_queue_costs_more():
 def test_a_job_past_its_estimate_is_expected_to_run_as_long_again_as_it_has_overrun():
     """Runtimes are heavy-tailed: a job that outlived its estimate is not about to end, so
     waiting for it does not look cheap (the Lindy effect), and never looks free."""
-    from core.preemption import remaining_ms
+    from core.forecast.release import remaining_ms
 
     run = Run()
     run.at(0, node("a1"))
@@ -537,7 +537,7 @@ def test_a_team_with_most_of_the_demand_may_preempt_in_proportion_before_it_is_d
 def test_a_queue_wait_is_bounded_by_the_pools_pace_not_its_longest_job():
     """Four one-GPU jobs end in 10, 20 and 30 minutes and 100 hours. Five GPUs more than
     are free will not take 100 hours: the pool frees 3 GPUs per 30 minutes at its median."""
-    from core.preemption import ReleaseCurve
+    from core.forecast.waits import ReleaseCurve
 
     run = Run()
     run.at(0, node("a1", gpus=4))
@@ -627,7 +627,7 @@ def test_a_victim_is_charged_at_most_the_wait_the_preemptor_saves_on_the_gpus_it
 
 
 def test_a_burst_of_urgent_jobs_expects_the_later_ones_to_wait_for_the_earlier():
-    from core.preemption import natural_wait_ms
+    from core.forecast.waits import natural_wait_ms
 
     run = Run(preempts_from_level=[8] * 8)  # nobody preempts: only the estimate is looked at
     run.at(0, node("a1"))
@@ -667,7 +667,7 @@ def test_preemptions_by_a_teams_mid_level_jobs_do_not_downgrade_its_urgent_jobs(
 
 
 def test_the_time_victims_take_to_reach_a_safe_point_is_learned():
-    from core.preemption import safe_point_ms
+    from core.forecast.waits import safe_point_ms
 
     run = Run(
         team_preempting_max=100, team_preempted_max=100, user_preempting_max=100, user_preempted_max=100

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from core import rebuild, snapshot_bytes, state_digest
 from core import types as T
-from core.holds import victim_cap
-from core.placement import acceptable_models
-from core.shares import fair_shares, holding
-from core.state import live_digest, rebuild_index
+from core.rules.holds import victim_cap
+from core.model.placement import acceptable_models
+from core.rules.shares import fair_shares, holding
+from core.model.state import live_digest, rebuild_index
 
 from random_world import World, run_world
 from scenario import check_invariants
@@ -60,7 +60,7 @@ def check_step(state, inp, records, before) -> None:
                     assert victim.level > preemptor.level, "same or higher level preempted"
             if ev.reclaim:  # the reclaiming team stays within its share: nothing to move back
                 assert held.get(preemptor.team, 0) <= shares[preemptor.team] + 1e-6, "reclaimed past share"
-            # The cap is per node the preemptor's gang needs (core/holds.py victim_cap).
+            # The cap is per node the preemptor's gang needs (core/rules/holds.py victim_cap).
             models = acceptable_models(preemptor.gpu_models, state.index)
             assert len(ev.victims) <= victim_cap(state, state.canonical.policy, preemptor, models)
 

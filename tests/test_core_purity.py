@@ -48,7 +48,7 @@ OPEN_ALLOWED_IN = {("policy.py", "read_policy_toml")}
 
 
 def core_files():
-    files = sorted(CORE.glob("*.py"))
+    files = sorted(CORE.rglob("*.py"))
     assert files, "core/ has no modules"
     return files
 

@@ -1,8 +1,8 @@
 """Scenario tests of queue order, aging and the wait bound."""
 
 from core import types as T
-from core.placement_pass import reserved_nodes
-from core.queues import aging_threshold_ms
+from core.passes.placement import reserved_nodes
+from core.passes.queues import aging_threshold_ms
 
 from scenario import HOUR, MIN, Run, node, of, start_all, submit, tick
 

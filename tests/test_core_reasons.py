@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from core import types as T
-from core.evolve import evolve
-from core.plan import plan_preemption
-from core.shares import fair_shares
+from core.log.evolve import evolve
+from core.passes.plan import plan_preemption
+from core.rules.shares import fair_shares
 from scenario import HOUR, MIN, Run, node, of, start_all, submit, tick
 
 CORE = Path(__file__).resolve().parent.parent / "core"
@@ -117,7 +117,7 @@ def held_back_by_reservation() -> list[str]:
     start_all(run, 2000)
     run.at(3000, submit("starving", 5, 8, team="s", user="s", est_runtime_s=LONG_S))
     run.at(3 * MIN, tick(3 * MIN))  # it has waited past starvation_wait_ms: n1 is held for it
-    # Level 2 may preempt level 6 but is not urgent: the hold binds it (core/holds.py).
+    # Level 2 may preempt level 6 but is not urgent: the hold binds it (core/rules/holds.py).
     return declined(run.at(4 * MIN, submit("u", 2, 8, team="x", user="x", est_runtime_s=LONG_S)), "u")
 
 
@@ -247,7 +247,7 @@ def reasons_in_code(callee: str) -> set[str]:
     """The string reasons passed to `Decline(reason=...)` or `rollback(ctx, saga, "...")`
     anywhere in core/ (both branches of a conditional expression)."""
     found: set[str] = set()
-    for path in sorted(CORE.glob("*.py")):
+    for path in sorted(CORE.rglob("*.py")):
         for call in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (isinstance(call, ast.Call) and getattr(call.func, "id", "") == callee):
                 continue

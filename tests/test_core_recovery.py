@@ -83,7 +83,7 @@ def test_compensation_is_granted_past_the_preemption_threshold():
 
 
 def test_runtime_estimates_are_learned_from_finished_jobs():
-    from core.preemption import expected_runtime_ms
+    from core.forecast.waits import expected_runtime_ms
 
     run = Run()
     run.at(0, node("a1"))

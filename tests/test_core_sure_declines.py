@@ -4,7 +4,7 @@ exactly as without them:
 - a preemption plan for a job below the urgent levels whose last decline was
   `benefit_below_cost` stops pricing victims and returns that decline as soon as the set
   that would be chosen is sure to cost more than its weighted natural wait can beat
-  (`core.plan._priced_out_at`, `core.victims.choose_on_one_node_lazily(...,
+  (`core.passes.plan._priced_out_at`, `core.passes.victims.choose_on_one_node_lazily(...,
   priced_out_at=)`): nothing is recorded for a decline the job had already;
 - a placement pass passes over a level whose every queued job is larger than the free GPUs
   once no head reservation is left to make (`_PlacementPass.passes_over`), counting them
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import random
 
-import core.placement_pass as PP
-import core.plan as PL
-from core.plan import Decline
-from core.victims import PRICED_OUT
+import core.passes.placement as PP
+import core.passes.plan as PL
+from core.passes.plan import Decline
+from core.passes.victims import PRICED_OUT
 from replay.sim import Cluster, simulate
 from sim_helpers import job, workload
 
@@ -103,7 +103,7 @@ def test_sure_declines_and_passed_over_levels_decide_as_the_full_work(monkeypatc
 def test_every_sure_decline_is_the_decline_of_the_full_plan(monkeypatch):
     """At every plan the busy run makes, the plan with the job's last decline known comes to
     the same decision as the full plan (a sure decline: the same reason, unpriced)."""
-    import core.preemption_pass as PPS
+    import core.passes.preemption as PPS
 
     planned = PPS.plan_preemption
     counts = {"sure": 0, "plans": 0}

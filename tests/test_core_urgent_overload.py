@@ -5,9 +5,9 @@ to the nodes it frees; the natural wait of an urgent job that has already outwai
 forecast is not forecast shorter than the forecasts it has outwaited."""
 
 from core import types as T
-from core.placement_pass import reserved_nodes
-from core.holds import victim_cap
-from core.policy import Policy
+from core.passes.placement import reserved_nodes
+from core.rules.holds import victim_cap
+from core.model.policy import Policy
 
 from scenario import HOUR, MIN, Run, node, of, start_all, submit, tick
 
@@ -113,7 +113,7 @@ def _job_at_its_estimate(seconds_left: int) -> Run:
 def test_a_job_seconds_from_its_estimate_is_not_forecast_to_release_in_seconds():
     """Natural-release forecasts: a job 5 s from its estimate is expected to run a tenth of
     the estimate more, as it would be 5 s past it (runtimes are heavy-tailed); not 5 s."""
-    from core.forecast import remaining_ms
+    from core.forecast.waits import remaining_ms
 
     before, after = _job_at_its_estimate(5), _job_at_its_estimate(-5)
     assert remaining_ms(before.state, before.job("ending")) == 360_000
@@ -157,7 +157,7 @@ def _one_gpu_job_behind(ahead_gpus: int, level: int = 2):
     100-h runs, but for a level-1 one-GPU job on a2 that ends in about 200 s. A level-0 job
     of `ahead_gpus` GPUs queues for the B nodes, which are down; then a one-GPU job of
     `level` arrives: its natural wait, its plans and its last decline."""
-    from core.forecast import natural_wait_ms
+    from core.forecast.waits import natural_wait_ms
 
     run = Run()
     run.at(0, node("a1"), node("a2"), node("b1", "B"), node("b2", "B"))
@@ -187,13 +187,13 @@ def test_a_larger_gang_queued_ahead_does_not_make_a_one_gpu_less_urgent_job_wait
     the days until 17 GPUs have been freed; so it does not throw away 20 h of a job's work
     to save them."""
     wait, plans, decline = _one_gpu_job_behind(16)
-    assert 199_000 <= wait <= 200_000  # the expected first release (core/forecast.py)
+    assert 199_000 <= wait <= 200_000  # the expected first release (core/forecast/waits.py)
     assert (plans, decline) == ([], "benefit_below_cost")
 
 
 def test_a_job_of_its_size_queued_ahead_still_takes_the_release_first():
     """A one-GPU job queued ahead at a more urgent level takes the first release, so the
-    level-2 job waits for two GPUs to free: at the pool's turnover (core/forecast.py
+    level-2 job waits for two GPUs to free: at the pool's turnover (core/forecast/waits.py
     `ReleaseCurve`), twice as long as for one. (Before the turnover, the next release was a
     long job's, hours away, and it preempted for that. Here the turnover is all one short
     job's, whose GPU the job ahead takes for its own run: a pool of three jobs turns over

@@ -4,8 +4,8 @@ target weighs `urgent_overdue_factor` times its level's weight. One scenario per
 named after it."""
 
 from core import types as T
-from core.policy import Policy, PolicyError, validate, with_params
-from core.pricing import wait_priced_s
+from core.model.policy import Policy, PolicyError, validate, with_params
+from core.rules.pricing import wait_priced_s
 
 import pytest
 

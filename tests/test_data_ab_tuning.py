@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from core import types as T
-from core.policy import Policy, assign_variant, with_params
+from core.model.policy import Policy, assign_variant, with_params
 from projections import ab
 from projections.projector import Projector
 from data_helpers import workload_records, xirang

@@ -11,7 +11,7 @@ import pytest
 
 from core import rebuild, state_digest
 from core import types as T
-from core.policy import Policy, with_params
+from core.model.policy import Policy, with_params
 from data_helpers import publish, start_nats, workload_records, write_jsonl, xirang
 from replay.synthetic_log import Spec, generate
 

@@ -21,7 +21,7 @@ import pytest
 from core import rebuild
 from core import types as T
 from core.explain import explain
-from core.state import HOLDING, QUEUED
+from core.model.state import HOLDING, QUEUED
 from projections import alerts, dashboard, metrics
 from projections.projector import Projector
 from data_helpers import REPO, publish, start_nats, workload_records

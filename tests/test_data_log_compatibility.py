@@ -15,10 +15,10 @@ import pytest
 
 from core import new_state, snapshot_bytes, state_digest
 from core import types as T
-from core.digest import LEGACY_RELEASES
-from core.policy import Policy
+from core.log.digest import LEGACY_RELEASES
+from core.model.policy import Policy
 from core.replay import apply_record
-from core.state import Job
+from core.model.state import Job
 from data_helpers import publish, start_nats, xirang
 from transport import bus
 from trust.signing import Signer, create_key
@@ -184,8 +184,8 @@ def test_the_vocabulary_only_grows_and_only_with_defaults():
     """Tags are never dropped or reused, fields never dropped, and a field added to an event,
     an input or a digested state type has a default (else older logs stop decoding, or their
     digests change). A new tag or field is fine: this frozen copy never needs updating."""
-    import core.policy as P
-    import core.state as S
+    import core.model.policy as P
+    import core.model.state as S
 
     frozen = json.loads((GOLDEN / "vocabulary.json").read_text())
     now = {
@@ -345,7 +345,7 @@ def test_redecide_makes_every_decision_of_a_log_this_release_wrote_again(tmp_pat
 def test_redecide_names_the_first_decision_that_other_rules_made_differently(tmp_path):
     """A log decided under other policy defaults (which the log does not pin) verifies, and
     re-deciding says where this release's defaults first decide otherwise."""
-    from core.policy import with_params
+    from core.model.policy import with_params
     from core.replay import run_inputs
 
     writer = new_state(with_params(Policy(), {"net_benefit_min": 1e12}))  # never worth preempting
@@ -447,8 +447,8 @@ def _fold_records(lines: list[bytes], *inputs: T.Input):
 def test_every_default_of_a_digested_entity_is_one_a_schema_2_digest_leaves_out():
     """msgspec leaves out a field at its default only for plain defaults and empty lists or
     dicts: a field whose default comes from a factory of its own would enter every digest,
-    and older logs' digests would change (core/digest.py)."""
-    import core.state as S
+    and older logs' digests would change (core/log/digest.py)."""
+    import core.model.state as S
 
     odd = [
         f"{cls.__name__}.{f.name}"

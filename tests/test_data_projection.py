@@ -137,7 +137,7 @@ def test_projection_tables_agree_with_the_log(tmp_path):
 
 
 def test_reclaims_are_marked_and_a_database_from_before_the_column_gains_it(tmp_path):
-    from core.policy import Policy
+    from core.model.policy import Policy
     from replay.synthetic_log import Spec, generate
 
     # Reclaims come from the operators' opt-in cross-pool guarantee.

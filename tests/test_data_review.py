@@ -12,7 +12,7 @@ import struct
 import pytest
 
 from core import types as T
-from core.policy import Policy, with_params
+from core.model.policy import Policy, with_params
 from tests.data_helpers import xirang
 from projections.windows import quarter_bounds
 from tests.quarter import simulated_quarter_log

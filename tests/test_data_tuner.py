@@ -13,7 +13,7 @@ import pytest
 from transport import bus
 from core import rebuild, step
 from core import types as T
-from core.policy import Policy, with_params
+from core.model.policy import Policy, with_params
 from projections import tuner
 from data_helpers import publish, start_nats, xirang
 from replay.synthetic_log import Spec, generate

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from core import types as T
-from core.policy import Policy, with_params
+from core.model.policy import Policy, with_params
 from projections.projector import Projector
 from data_helpers import workload_records, write_jsonl, xirang, xirang_process
 from replay.scorecard import policy_card

@@ -19,6 +19,10 @@ LAYERS = [
     ("xirang",),  # the command line: parses, calls, prints
 ]
 RANK = {package: rank for rank, names in enumerate(LAYERS) for package in names}
+# Inside core, lowest first: its sub-packages, then the modules at core's top (the step,
+# the inputs' handlers, the explanations, replay). A sub-package imports only those below it.
+CORE_LAYERS = ["model", "forecast", "log", "rules", "passes", ""]
+CORE_RANK = {name: rank for rank, name in enumerate(CORE_LAYERS)}
 
 
 def module_files() -> dict[str, Path]:
@@ -77,6 +81,41 @@ def test_every_package_imports_only_packages_below_it():
     assert upward_imports(import_graph()) == [], "move the code down, or the caller up"
 
 
+def core_part(module: str) -> str:
+    """The sub-package of core a module of core belongs to ("" for core's top modules)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in CORE_RANK) else ""
+
+
+def upward_core_imports(graph: dict[str, list[str]]) -> list[str]:
+    """`module -> target` for every import inside core of a sub-package at its own layer
+    (another one) or above."""
+    return sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name.split(".")[0] == "core"
+        for target in targets
+        if target.split(".")[0] == "core"
+        and core_part(target) != core_part(name)
+        and CORE_RANK[core_part(target)] >= CORE_RANK[core_part(name)]
+    )
+
+
+def test_core_sub_packages_import_only_those_below_them():
+    assert upward_core_imports(import_graph()) == [], "move the code down, or the caller up"
+
+
+def test_the_core_layer_check_sees_an_upward_import():
+    graph = import_graph()
+    graph["core.model.made_up"] = ["core.model.state", "core.rules.fairness"]
+    graph["core.rules.made_up"] = ["core.model.state", "core.passes.plan", "core.machine"]
+    assert upward_core_imports(graph) == [
+        "core.model.made_up -> core.rules.fairness",
+        "core.rules.made_up -> core.machine",
+        "core.rules.made_up -> core.passes.plan",
+    ]
+
+
 def test_no_module_imports_itself_round_a_circle():
     graph = import_graph()
     circles = [component for component in strongly_connected(graph) if len(component) > 1]
@@ -88,8 +127,8 @@ def test_the_layer_check_sees_an_upward_and_a_sideways_import():
     # that imports the simulator (a sibling)
     graph = import_graph()
     assert "xirang.cli" in graph and "replay.sim" in graph
-    graph["core.made_up"] = ["core.state", "xirang.cli"]
-    graph["agents.made_up"] = ["core.state", "replay.sim"]
+    graph["core.made_up"] = ["core.model.state", "xirang.cli"]
+    graph["agents.made_up"] = ["core.model.state", "replay.sim"]
     # then the check names exactly those two
     assert upward_imports(graph) == ["agents.made_up -> replay.sim", "core.made_up -> xirang.cli"]
 

@@ -1,4 +1,4 @@
-"""A full pool's drain hold for the urgent head is worked out lazily (core/placement_pass.py
+"""A full pool's drain hold for the urgent head is worked out lazily (core/passes/placement.py
 `settle_drain`): a step whose pass ends at the drain leaves it pending, and a checkpoint
 report after it makes it afresh. On a busy simulated pool where urgent gangs wait behind
 mixed work and hosts report every checkpoint, the run decides exactly as with the hold
@@ -7,8 +7,8 @@ worked out at every step: the same outcomes, and every preemption plan sees the 
 import random
 
 import core.machine as M
-import core.placement_pass as PP
-import core.plan as PL
+import core.passes.placement as PP
+import core.passes.plan as PL
 from replay.sim import Cluster, simulate
 from sim_helpers import job, workload
 

@@ -1,13 +1,13 @@
 """Reservations and release curves read nodes' forecasts kept across time
-(core/node_fit.py): on a busy simulated pool, where one team's finishes keep moving its
+(core/forecast/node_fit.py): on a busy simulated pool, where one team's finishes keep moving its
 running jobs' forecasts and checkpoints' pauses move single jobs', every earliest
 single-node fit and every node's releases equal those worked out from scratch."""
 
 import random
 
-from core import forecast as F
-from core import node_fit as N
-from core.release import holder_specs
+from core.forecast import waits as F
+from core.forecast import node_fit as N
+from core.forecast.release import holder_specs
 from replay.sim import Cluster, simulate
 from sim_helpers import job, workload
 

@@ -38,7 +38,7 @@ from core.replay import apply_record
 from core.identity import sender_tokens
 from trust.connect import CredentialsRefused, connect_options, credentials_refused
 from . import checkpoints
-from core.state import DIGEST_SCHEMA, State
+from core.model.state import DIGEST_SCHEMA, State
 from trust.signing import LogVerifier, sign_records
 
 log = logging.getLogger("xirang.bus")

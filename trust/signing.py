@@ -8,7 +8,7 @@ verifies with the public key (all an auditor needs):
 - The signature covers `n`, `input_seq` and the record's chain `hash`, which covers its
   event and, through `prev`, every record before it. So a signed record vouches for the
   whole log up to itself. All of it is checked as stored: the hash over the event's bytes
-  as written (`core.types.content_matches`), never re-encoded, so a record written before
+  as written (`core.model.types.content_matches`), never re-encoded, so a record written before
   its event type gained a field still verifies.
 - The scheduler signs the last record of each input's records (an atomic batch always
   ends on one) and every record addressed to hosts (a host agent sees only those, so

@@ -181,7 +181,7 @@ def _logging(args) -> None:
 def cmd_scheduler(args) -> int:
     """`xirang scheduler`: run the scheduler (leader or hot standby) until stopped."""
     from agents.scheduler import run_scheduler
-    from core.policy import PolicyError
+    from core.model.policy import PolicyError
     from xirang.policy_file import read_policy_file
 
     params = None
@@ -348,7 +348,7 @@ def cmd_up(args) -> int:
     if args.hosts < 0 or not specs:
         raise _user_error("--hosts must be >= 0 and --simulate must name at least one inventory")
     if args.policy:
-        from core.policy import PolicyError
+        from core.model.policy import PolicyError
         from xirang.policy_file import read_policy_file
 
         try:

@@ -9,8 +9,8 @@ import sys
 from core import PolicyError, new_state, parse_input, rebuild
 from xirang.policy_file import read_policy_file
 from core.replay import step_guarded
-from core.state import state_digest
-from core.types import SetPolicy, encode, type_name
+from core.model.state import state_digest
+from core.model.types import SetPolicy, encode, type_name
 
 
 def register(sub) -> None:
@@ -21,7 +21,7 @@ def register(sub) -> None:
     run = rsub.add_parser("run", help="feed INPUTS.jsonl (one input a line) through step()")
     run.add_argument("inputs", help="scenario file, one JSON input a line ('-' for stdin)")
     run.add_argument("--events-out", help="write every sealed record, one JSON a line")
-    run.add_argument("--policy", help="policy TOML file (defaults documented in core/policy.py)")
+    run.add_argument("--policy", help="policy TOML file (defaults documented in core/model/policy.py)")
     run.set_defaults(func=cmd_run)
 
 

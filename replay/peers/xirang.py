@@ -205,7 +205,7 @@ class XirangPolicy:
         reporting job's checkpoint fields. `_plan_wake` reads the sagas, the aging and
         urgent waiting jobs, the downgraded jobs' ends and `last_tick_t`; none of them
         changes with those events, except a downgrade's end, which moves with the clock
-        (`core.fairness.team_downgrade_ends_t`), so not while a downgraded job queues. The
+        (`core.rules.fairness.team_downgrade_ends_t`), so not while a downgraded job queues. The
         last `_plan_wake` left a wake pending at or before max(due, its step's t) (or none,
         when nothing was due); a wake that fired since was a tick, which planned again. So
         asking for max(due, t) at this later t is a no-op (`Simulator.wake_at` keeps the

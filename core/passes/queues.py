@@ -13,12 +13,12 @@ import itertools
 import math
 from typing import Iterator
 
-from . import types as T
-from .log_seal import Ctx
-from .fairness import team_downgrade_ends_t
-from .shares import team_quota
-from .state import State, queue_depth
-from .types import LEVELS
+from ..model import types as T
+from ..log.seal import Ctx
+from ..rules.fairness import team_downgrade_ends_t
+from ..rules.shares import team_quota
+from ..model.state import State, queue_depth
+from ..model.types import LEVELS
 
 
 # Per team, its oldest few queued jobs are looked at: the very oldest may have been requeued

@@ -10,11 +10,11 @@ victim not needed is dropped; the cheapest of those sets wins.
 
 from __future__ import annotations
 
-from .fairness import Guard
-from .placement import free_indices, gpus_on, node_size_max
-from .pricing import Pricing, VictimCost
-from .state import Job, State, node_free_count
-from .types import Slot
+from ..rules.fairness import Guard
+from ..model.placement import free_indices, gpus_on, node_size_max
+from ..rules.pricing import Pricing, VictimCost
+from ..model.state import Job, State, node_free_count
+from ..model.types import Slot
 
 # Release times tried as the slowest victim's, per node or gang: each distinct one up to
 # this many (victims' releases differ by their checkpoint costs).
@@ -124,7 +124,7 @@ def choose_on_one_node_lazily(
     cap: int,
     priced_out_at: float | None = None,
 ) -> tuple[list[str], list[Slot]] | str | None:
-    """`choose_victims` for a job that fits one node, over `prices` (core.pricing.LazyPrices
+    """`choose_victims` for a job that fits one node, over `prices` (core.rules.pricing.LazyPrices
     of the eligible victims) instead of every victim's exact cost: the same set. A node's
     sets all cost at least its victims' cheapest bound (`LazyPrices.lower`) plus the
     preemptor's weighted wait for its quickest release (a set's costs, none negative, sum

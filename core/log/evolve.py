@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import typing
 
-from . import types as T
-from .forecast import release_spec
-from .policy import with_params
-from .state import (
+from ..model import types as T
+from ..forecast.waits import release_spec
+from ..model.policy import with_params
+from ..model.state import (
     FINISHED,
     HELD,
     HOLDING,
@@ -250,7 +250,7 @@ def _learn_runtime(s: State, job: Job, run_ms: int) -> None:
     key = f"{job.team}/{job.kind}"
     s.canonical.estimates[key] = _with_sample(s.canonical.estimates.get(key) or Estimate(), run_ms)
     # The jobs of this team and kind expect other runtimes now: their memoised release
-    # specs see the new estimate (core.forecast.release_spec); the release lists go.
+    # specs see the new estimate (core.forecast.waits.release_spec); the release lists go.
     forget_release_lists(s.index)
 
 

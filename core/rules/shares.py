@@ -5,12 +5,12 @@ that hold or ask for GPUs: teams asking for less than their weighted part get al
 ask for, and the rest is split among the others by quota (water-filling). It is the
 guarantee behind reclaim: a team below its share may take GPUs back from teams above
 theirs, and no team's jobs preempt a team that is not above its share (see
-`core.preemption`). Shares follow demand: they move as jobs arrive and end.
+`core.rules.eligibility`). Shares follow demand: they move as jobs arrive and end.
 """
 
 from __future__ import annotations
 
-from .state import PREEMPTING, State, teams_with_demand
+from ..model.state import PREEMPTING, State, teams_with_demand
 
 SHARE_EPSILON = 1e-6  # shares are fractions of GPUs; a held count equal to one is at it
 

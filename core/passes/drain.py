@@ -11,10 +11,10 @@ there as long as no preemption would.
 
 from __future__ import annotations
 
-from .eligibility import victim_eligible
-from .forecast import remaining_or_runtime
-from .placement import gpus_on
-from .state import Job, State, node_free_count
+from ..rules.eligibility import victim_eligible
+from ..forecast.waits import remaining_or_runtime
+from ..model.placement import gpus_on
+from ..model.state import Job, State, node_free_count
 
 
 def drain_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:

@@ -2,7 +2,7 @@
 at once as its jobs end as forecast, worked out once and then read off a line until
 something changes, instead of working the node's releases out again at every step (the
 scheduling pass asks for the whole pool's fits at nearly every step while the pool is
-full). Exactly what `core.forecast._first_fit_time` over `core.forecast.node_releases`
+full). Exactly what `core.forecast.waits._first_fit_time` over `core.forecast.waits.node_releases`
 gives at that time; the reasoning is in `NodeFit`'s docstring, and
 tests/test_core_forecast_over_time.py checks it against working it out again.
 """
@@ -10,7 +10,7 @@ tests/test_core_forecast_over_time.py checks it against working it out again.
 from __future__ import annotations
 
 from .release import LINDY_FLOOR_FRACTION, holder_specs, release_spec
-from .state import State, node_free_count
+from ..model.state import State, node_free_count
 
 
 def earliest_single_fit(state: State, nodes, need: int) -> tuple[int, list[str]] | None:
@@ -221,7 +221,7 @@ class NodeFit:
 
     def releases_at(self, state: State, t: int) -> list[tuple[int, int]] | None:
         """(ms until release, GPUs) of the node's jobs at time `t`, soonest first, as
-        `core.forecast.node_releases` works them out; None when its pieces no longer tell
+        `core.forecast.waits.node_releases` works them out; None when its pieces no longer tell
         (before `t0`, past a piece's end, or a learned runtime changed them)."""
         if not self.t0 <= t < self.pieces_end or not self.refreshed(state, t):
             return None
@@ -263,7 +263,7 @@ NEVER = 1 << 62
 
 
 def _release_piece(spec: tuple, t0: int, floor_fraction: int) -> tuple[int, int, int, int]:
-    """(intercept, slope, end, end_above): `core.forecast.remaining_at(spec, t) ==
+    """(intercept, slope, end, end_above): `core.forecast.waits.remaining_at(spec, t) ==
     intercept + slope * t` for `t0 <= t < end` (it mirrors that formula: change both, the
     test compares them); `end_above`: when a line below this one may pass it without
     crossing this piece (NEVER: the next piece starts where this one ends and grows at

@@ -7,9 +7,9 @@ in no saga, past its restart protection, and not of a team or user protected fro
 from __future__ import annotations
 
 from .fairness import Guard, depth_limits, scaled_limit
-from .policy import Policy
-from .state import RUNNING, Job, State, window_count
-from .types import LEVELS
+from ..model.policy import Policy
+from ..model.state import RUNNING, Job, State, window_count
+from ..model.types import LEVELS
 
 
 def may_preempt(state: State, job: Job) -> bool:
@@ -45,7 +45,7 @@ def victim_preemptible_now(state: State, victim: Job, preemptor: Job) -> bool:
         return False
     if victim.protected_until_t > t and (preemptor.level >= p.urgent_levels or p.restart_protect_from_urgent):
         # Bounded restart protection, never against the urgent levels by default (there the
-        # recovery boost prices the victim dearer instead: `core.pricing.priced_level`).
+        # recovery boost prices the victim dearer instead: `core.rules.pricing.priced_level`).
         return False
     if victim.team != preemptor.team and c.team_protected_until.get(victim.team, 0) > t:
         return False

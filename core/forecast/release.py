@@ -1,13 +1,13 @@
 """A running or queued job's release forecast: its expected runtime (learned per team and
 kind), its remaining time (Lindy beyond the estimate) and that forecast as a function of
-the time (`release_spec`, `remaining_at`). The base of core/forecast.py and core/node_fit.py,
+the time (`release_spec`, `remaining_at`). The base of core/forecast/waits.py and core/forecast/node_fit.py,
 kept apart so that neither imports the other's module in a circle.
 """
 
 from __future__ import annotations
 
-from .placement import gpus_on
-from .state import RUNNING, Job, State, job_progress_ms
+from ..model.placement import gpus_on
+from ..model.state import RUNNING, Job, State, job_progress_ms
 
 # A job at (or just before, or just past) its estimate is expected to run 1/10 of it more.
 LINDY_FLOOR_FRACTION = 10
@@ -52,7 +52,7 @@ def release_spec(state: State, job: Job) -> tuple:
 
 def remaining_at(spec: tuple, t: int) -> int:
     """The value of a `release_spec` at time `t` (as `remaining_ms` computes it).
-    `core.node_fit._release_piece` mirrors it piece by piece: change both (the test
+    `core.forecast.node_fit._release_piece` mirrors it piece by piece: change both (the test
     tests/test_core_forecast_over_time.py compares them)."""
     fixed, total, done, since = spec[:4]
     if fixed >= 0:
@@ -63,8 +63,8 @@ def remaining_at(spec: tuple, t: int) -> int:
 
 def holder_specs(state: State, node) -> list[tuple[tuple, int]]:
     """(release spec, GPUs on the node) of each job holding GPUs on it, the specs memoised
-    in the index (as `core.forecast.remaining_or_runtime` keeps them): what both
-    `core.forecast.node_releases` and `core.node_fit` read a node's releases from."""
+    in the index (as `core.forecast.waits.remaining_or_runtime` keeps them): what both
+    `core.forecast.waits.node_releases` and `core.forecast.node_fit` read a node's releases from."""
     ix = state.index
     holders = ix.node_holders.get(node.name)
     if holders is None:

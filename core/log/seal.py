@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import hashlib
 
-from . import types as T
-from .bounds import NAME_CHARS_MAX, T_MS_MAX, TEXT_CHARS_MAX
+from ..model import types as T
+from ..model.bounds import NAME_CHARS_MAX, T_MS_MAX, TEXT_CHARS_MAX
 from .evolve import evolve
-from .state import DIGEST_SCHEMA, State, live_digest
+from ..model.state import DIGEST_SCHEMA, State, live_digest
 
 
 class Ctx:

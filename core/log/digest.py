@@ -7,7 +7,7 @@ over the canonical state (sorted keys; jobs through the sum of their own hashes,
 jobs through `done_hash`). Folding the log must rebuild a state with the same digest.
 `StateDigest.schema` says how the digest was computed:
 
-- Schema 2 (`core.state.DIGEST_SCHEMA`, written since 2026-12-01): every entity with its
+- Schema 2 (`core.model.state.DIGEST_SCHEMA`, written since 2026-12-01): every entity with its
   fields at their default left out, and the policy as the params the log's `set_policy`
   inputs set (`Canonical.policy_params`), not the policy in force. So a field added to
   Job, Node, Saga, Ledger, ... with a default leaves every older digest as it was, and so
@@ -26,7 +26,7 @@ jobs through `done_hash`). Folding the log must rebuild a state with the same di
   writing release had, at whatever value, and the whole policy in force, with that
   release's defaults. A reader recomputes it for each release since the digest took its
   present form (e3726a4, 2026-11-29 08:58): the field sets and policy defaults in
-  core/digest_legacy.py, newest first (the release that matched the log's previous digest
+  core/log/digest_legacy.py, newest first (the release that matched the log's previous digest
   first). Fields added since are left out, policy fields the log never set take that
   release's defaults. Digests of releases before e3726a4, or of unreleased branches that
   added fields of their own, match none of them: the check names the digest's schema and
@@ -47,10 +47,10 @@ from typing import Any
 
 import msgspec
 
-from . import types as T
+from ..model import types as T
 from .digest_legacy import LEGACY_CHANGES, LEGACY_FIELDS, LEGACY_POLICY_DEFAULTS
-from . import state as S
-from .state import DIGEST_MODULUS, DIGEST_SCHEMA, Canonical, State, live_digest
+from ..model import state as S
+from ..model.state import DIGEST_MODULUS, DIGEST_SCHEMA, Canonical, State, live_digest
 
 LEGACY_SCHEMA = 1
 # Where the digest took its present form: schema-1 digests of releases before it are not known.
@@ -109,7 +109,7 @@ def digest_problem(state: State, ev: T.StateDigest) -> str:
         return (
             f"state digest {mine[:16]} != recorded {ev.digest[:16]} (digest schema {ev.schema}): "
             "folding this log rebuilds another state than the scheduler's, so either the log was "
-            "altered and re-hashed, or it was written under other folding rules (core/evolve.py)"
+            "altered and re-hashed, or it was written under other folding rules (core/log/evolve.py)"
         )
     if ev.schema == LEGACY_SCHEMA:
         return _legacy_problem(state, ev)
@@ -132,7 +132,7 @@ def _legacy_problem(state: State, ev: T.StateDigest) -> str:
         f"state digest {ev.digest[:16]} (schema 1, written before digest schemas) matches the state "
         f"as none of the {len(LEGACY_RELEASES)} releases since 2026-11-29 08:58 saw it: either the "
         "log was altered and re-hashed, it was written by an older or unreleased version, or under "
-        "other folding rules (core/evolve.py)"
+        "other folding rules (core/log/evolve.py)"
     )
 
 

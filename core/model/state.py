@@ -7,7 +7,7 @@ per node). The index is rebuilt from the entities on load, so it never needs to 
 stored. Only `evolve` changes a State; decisions read it.
 
 A field added to an entity needs a default, and must keep it for whatever events written
-before it produce, so that older logs keep their state digests (core/digest.py says why).
+before it produce, so that older logs keep their state digests (core/log/digest.py says why).
 
 Over 500 lines on purpose: each entity and the index entries that mirror it are kept side
 by side, so an index update is never far from the entity it follows.
@@ -193,7 +193,7 @@ class Canonical(msgspec.Struct, kw_only=True):
     ledger: dict[str, Ledger] = {}
     # Every set_policy param the log has set (merged, as recorded): what the log determines
     # of `policy`; the rest are the defaults of the release that folds it. A digest covers
-    # these, not `policy` (core/digest.py).
+    # these, not `policy` (core/log/digest.py).
     policy_params: dict[str, Any] = {}
 
 
@@ -246,20 +246,20 @@ class Index:
         # Nodes the last pass held for blocked jobs -> (when the job is expected to start
         # there, the job's id).
         self.reserved_nodes: dict[str, tuple[int, str]] = {}
-        # The time of a step whose urgent head's drain hold (core/placement_pass.py) is not
+        # The time of a step whose urgent head's drain hold (core/passes/placement.py) is not
         # worked out yet (-1: none): made at the next step's start from the state as that
         # step left it, unless that step makes it afresh first (read it through
-        # `core.placement_pass.reserved_nodes`).
+        # `core.passes.placement.reserved_nodes`).
         self.drain_pending_t = -1
         self.jobs_sum = 0  # of `job_hashes`; jobs in `hashes_stale` are not in it yet
-        # Which schema-1 release's digests this log's last one matched (core/digest.py):
+        # Which schema-1 release's digests this log's last one matched (core/log/digest.py):
         # tried first at the next one.
         self.legacy_digest_release = 0
         # Jobs touched since their hash was last taken: hashed when a digest needs the sum
         # (`jobs_hash_total`), so a job touched many times between digests is hashed once.
         self.hashes_stale: dict[str, None] = {}
         # Per holding job, how long until it releases its GPUs as a function of the time
-        # (`core.forecast.release_spec`, which names the learned estimate it used): dropped
+        # (`core.forecast.waits.release_spec`, which names the learned estimate it used): dropped
         # whenever an event touches the job, all of them when the policy changes.
         self.remaining_memo: dict[str, tuple] = {}
         # Per node, [(job id, GPUs there)] of the jobs holding GPUs on it: dropped when a job
@@ -270,7 +270,7 @@ class Index:
         # the time moves or `remaining_memo` is cleared.
         self.node_releases: dict[str, list[tuple[int, int]]] = {}
         self.node_releases_t = -1
-        # Per node, its releases as functions of the time (`core.node_fit.NodeFit`): kept
+        # Per node, its releases as functions of the time (`core.forecast.node_fit.NodeFit`): kept
         # across time, dropped with the node's release list and whenever its free GPUs change.
         self.node_fits: dict[str, Any] = {}
         # Bumped when a learned runtime changes: a node's kept forecast then checks the
@@ -285,7 +285,7 @@ class Index:
         # preemption plan walks (`nodes_by_name`); dropped when a node joins.
         self.nodes_sorted: list[tuple[str, Node]] | None = None
         # Per level, (policy, level wait, queue depth, aging threshold) last worked out
-        # (`core.queues.aging_threshold_ms`).
+        # (`core.passes.queues.aging_threshold_ms`).
         self.aging_memo: list[tuple | None] = [None] * LEVELS
         self.fits_memo_gen = -1
 
@@ -482,7 +482,7 @@ def queue_depth(ix: Index, level: int) -> int:
 
 
 DIGEST_MODULUS = 1 << 256
-# How `state_digest` computes (StateDigest.schema); core/digest.py says what each schema
+# How `state_digest` computes (StateDigest.schema); core/log/digest.py says what each schema
 # covers and how digests of older ones are checked.
 DIGEST_SCHEMA = 2
 
@@ -511,7 +511,7 @@ _DIGEST_LEFT_OUT = ("jobs", "done", "policy")
 
 
 def state_digest(c: Canonical, jobs_sum: int | None = None) -> str:
-    """The state digest (schema `DIGEST_SCHEMA`, see core/digest.py): SHA-256 of the
+    """The state digest (schema `DIGEST_SCHEMA`, see core/log/digest.py): SHA-256 of the
     canonical state with sorted keys and every field at its default left out. Jobs enter as
     the sum of their own hashes (a multiset hash the index keeps up to date as events touch
     jobs), terminal jobs through their rolling hash, so the digest's cost follows what
@@ -539,7 +539,7 @@ def live_digest(state: "State") -> str:
 def touch_job(state: "State", job_id: str, release_spec: Callable | None = None) -> None:
     """Keep the index in step after an event changed (or removed) a job: its hash is taken
     again when a digest needs it; its release forecast is forgotten. With `release_spec`
-    (`core.forecast.release_spec`), a forecast that was memoised is taken again at once.
+    (`core.forecast.waits.release_spec`), a forecast that was memoised is taken again at once.
     The forecasts of its nodes kept across time (`Index.node_fits`) stay: when the job's
     forecast did not change (a checkpoint began, a notice was withdrawn...) as they are,
     else with the job marked moved, so that they make its piece again when next read."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import msgspec
 
-from .forecast import ReleaseCurve, RequeueFit, queued_ahead, safe_point_ms
-from .policy import Policy
-from .state import QUEUED, Job, State, job_progress_ms, last_checkpoint
+from ..forecast.waits import ReleaseCurve, RequeueFit, queued_ahead, safe_point_ms
+from ..model.policy import Policy
+from ..model.state import QUEUED, Job, State, job_progress_ms, last_checkpoint
 
 
 class VictimCost(msgspec.Struct, kw_only=True):
@@ -275,7 +275,7 @@ class LazyPrices:
     queue's view of it (`queue_wait`), the part that needs no search over the nodes, and
     its cost grows with its requeue wait, all else the same (`lower`: its cost at that wait,
     with the exact release time). So a victim set whose bound already loses to a set priced
-    exactly needs no exact prices (core/victims.py)."""
+    exactly needs no exact prices (core/passes/victims.py)."""
 
     def __init__(
         self,

@@ -2,22 +2,22 @@
 the queued jobs of the levels that may preempt, strongest right first, inside a level in
 its own queue policy's order (fair share by team at levels 3-5); by reclaim: per team
 below its fair share, its oldest job that fits within it), planning each
-(`core.plan.plan_preemption`) and starting a saga for each plan, or recording why not.
+(`core.passes.plan.plan_preemption`) and starting a saga for each plan, or recording why not.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from . import types as T
-from .eligibility import may_preempt
-from .log_seal import Ctx
+from ..model import types as T
+from ..rules.eligibility import may_preempt
+from ..log.seal import Ctx
 from .plan import Decline, plan_preemption
 from .queues import TEAM_OLDEST_LOOKED_AT, preempting_order
 from .saga import start_saga
-from .shares import SHARE_EPSILON, teams_below_share, within_share
-from .state import QUEUED, State
-from .types import LEVELS
+from ..rules.shares import SHARE_EPSILON, teams_below_share, within_share
+from ..model.state import QUEUED, State
+from ..model.types import LEVELS
 
 
 def preemption_candidates(state: State, t: int) -> Iterator[str]:

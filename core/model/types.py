@@ -247,7 +247,7 @@ class Malformed(_Input, tag="malformed"):
 
     raw: str
     error: str
-    # Why it was refused, when the bytes were refused before decoding (core/bounds.py).
+    # Why it was refused, when the bytes were refused before decoding (core/model/bounds.py).
     reason: str = "malformed_input"
 
 
@@ -685,7 +685,7 @@ class RecordDisowned(_Event, tag="RecordDisowned"):
 
 class StateDigest(_Event, tag="StateDigest"):
     """The state's digest after record `events`; `schema` says how it was computed (see
-    core/digest.py): 1 for every digest written before schemas existed (no key)."""
+    core/log/digest.py): 1 for every digest written before schemas existed (no key)."""
 
     digest: str
     events: int

@@ -9,11 +9,11 @@ preemptor's level weight, against the sets on its own models.
 
 from __future__ import annotations
 
-from .forecast import earliest_fit, expected_runtime_ms
-from .placement import place
-from .policy import Policy
-from .state import Job, State
-from .types import Slot
+from ..forecast.waits import earliest_fit, expected_runtime_ms
+from ..model.placement import place
+from ..model.policy import Policy
+from ..model.state import Job, State
+from ..model.types import Slot
 
 
 def substitutes(p: Policy, job: Job) -> dict[str, float]:

@@ -9,9 +9,9 @@ The limits guard a team or user against others, never against reordering their o
 
 from __future__ import annotations
 
-from .policy import Policy
+from ..model.policy import Policy
 from .shares import above_share, fair_shares, holding, within_share
-from .state import Job, State, teams_with_demand, window_count
+from ..model.state import Job, State, teams_with_demand, window_count
 
 
 def team_limit(state: State, team: str, per_100_gpus: int) -> int:

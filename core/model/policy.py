@@ -86,7 +86,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # do it. By default team fair share works only inside levels 3-5 (who gets a level's next
     # GPUs) and a job never preempts its own level or a more urgent one. With it on:
     # teams keep their fair share: a team's max-min share of the pool, weighted by quota,
-    # over the teams holding or asking for GPUs (see core/shares.py). While a team holds
+    # over the teams holding or asking for GPUs (see core/rules/shares.py). While a team holds
     # no more than its share, other teams' jobs of levels `fair_share_from_level` and on do
     # not preempt it; and a team below its share reclaims: its blocked jobs may preempt
     # other teams' jobs of those levels held while those teams are above their shares, when
@@ -135,11 +135,11 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     urgent_levels: int = 2
     urgent_candidates_max: int = 64
     # An urgent job is not bound by a node hold (reservation) for a job its level may
-    # preempt: it may start on, or preempt on, nodes held for such a job (core/holds.py).
+    # preempt: it may start on, or preempt on, nodes held for such a job (core/rules/holds.py).
     urgent_override_holds: bool = True
     # The urgent levels' wait target, an SLO: an urgent job should start within this much
     # of queueing. Past it, each further second of its wait weighs `urgent_overdue_factor`
-    # times its level's weight (core/pricing.py `wait_priced_s`); what that adds to a
+    # times its level's weight (core/rules/pricing.py `wait_priced_s`); what that adds to a
     # preemption's benefit pays for the victims' disruption (requeue wait, save, restore,
     # overhead), never for their unsaved work (`overdue_premium`). So a victim with a fresh
     # checkpoint is preempted for an urgent job that would pass its target, at any load.
@@ -167,7 +167,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     default_restore_cost_s: float = 30.0
     # Compatible GPU models: model -> {model that may stand in for it: slowdown}, e.g.
     # {"H100": {"A100": 0.6}} (an H100 job runs 1.6 times as long on an A100). Taken only
-    # when it pays: see core/substitutes.py. Empty: a job runs only on the models it lists.
+    # when it pays: see core/rules/substitutes.py. Empty: a job runs only on the models it lists.
     gpu_substitutes: dict[str, dict[str, float]] = {}
     # How often a job reaches a safe point when its submitter does not say (0: unknown; the
     # time victims have taken from notice to safe point is used, see `safe_point_ms`). A
@@ -246,7 +246,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 # One input's records go to the log as one atomic batch of at most 800 messages
-# (transport.bus.BATCH_MESSAGES_MAX): a node's loss requeues up to 256 jobs (core.bounds
+# (transport.bus.BATCH_MESSAGES_MAX): a node's loss requeues up to 256 jobs (core.model.bounds
 # NODE_GPUS_MAX) and the pass after it may start and back-fill up to 2 x scan_jobs_max
 # jobs, so a larger scan would have its every tick refused as too big to record.
 SCAN_JOBS_LIMIT = 256
@@ -369,7 +369,7 @@ def deprecation_notes(params: dict[str, Any]) -> list[str]:
 AB_SPLITS = ("team", "user", "job_group", "job")
 AB_CONTROL = "control"
 # The parameters an A/B variant may override: exactly those the preemption decision reads
-# from the variant's policy (`core/preemption.py`, `variant_policy`); every other one is
+# from the variant's policy (`core/passes/plan.py`, `variant_policy`); every other one is
 # read from the base policy, so overriding it per variant would be silently ignored.
 # tests/test_core_ab_variants.py shows each of them changing a decision.
 VARIANT_PARAMS = (

@@ -1,6 +1,6 @@
 """Frozen facts about the releases that wrote state digests before digest schemas (schema 1):
 which fields the state types had and what the policy defaults were, so that their digests
-can still be recomputed (see core/digest.py). Generated once from the git history (up to
+can still be recomputed (see core/log/digest.py). Generated once from the git history (up to
 dac0952, 2026-12-01 04:16, the last release that wrote them). Data only, and frozen: the
 releases it describes do not change.
 """

@@ -1,5 +1,5 @@
 """Forecasts from the running jobs: a job's expected runtime and remaining time (learned
-per team and kind, Lindy beyond the estimate; core/release.py, re-exported here), when each node's GPUs will be released,
+per team and kind, Lindy beyond the estimate; core/forecast/release.py, re-exported here), when each node's GPUs will be released,
 the earliest time a gang would fit without preempting, a queued job's natural wait (its
 fit, after the GPUs that jobs served before it take), and how long a victim takes to
 reach a safe point. Memoised in the index for the current time (see `Index`).
@@ -13,14 +13,14 @@ import itertools
 from collections.abc import Iterable
 
 from .node_fit import earliest_single_fit
-from .policy import Policy
+from ..model.policy import Policy
 from .release import LINDY_FLOOR_FRACTION as LINDY_FLOOR_FRACTION  # re-exported (X as X)
 from .release import expected_runtime_ms as expected_runtime_ms
 from .release import release_spec as release_spec
 from .release import remaining_at as remaining_at
 from .release import remaining_ms as remaining_ms
 from .release import holder_specs
-from .state import Job, State, node_free_count, queue_key
+from ..model.state import Job, State, node_free_count, queue_key
 
 
 def safe_point_ms(state: State, p: Policy) -> int:
@@ -42,9 +42,9 @@ def natural_wait_ms(state: State, job: Job, nodes, curve: "ReleaseCurve | None" 
     (Counting them forecast less urgent jobs behind queued gangs to wait weeks, and such
     forecasts priced preemptions of never-checkpointing jobs days into their runs: issue
     19.) At the urgent levels every job ahead counts: the urgent head gang gets its nodes
-    drained for it (a drain hold, core/placement_pass.py), so a larger urgent gang ahead
+    drained for it (a drain hold, core/passes/placement.py), so a larger urgent gang ahead
     does take the releases; and an urgent job's wait past its target is priced explicitly
-    (core/pricing.py `overdue_premium`). Below the urgent levels the releases are uncertain:
+    (core/rules/pricing.py `overdue_premium`). Below the urgent levels the releases are uncertain:
     the job's own fit is the expected first of them (`expected_first_fit_ms`), and the
     GPUs ahead drain at the pool's turnover (`ReleaseCurve`); at the urgent levels the
     soonest point estimate and the median pace stand (the urgent jobs ahead take the

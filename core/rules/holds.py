@@ -1,6 +1,6 @@
 """Which node holds bind a job, and how many victims one preemption may take.
 
-A hold (a reservation: the starving job's or the head's, see core/placement_pass.py) is a
+A hold (a reservation: the starving job's or the head's, see core/passes/placement.py) is a
 promise to a queued job. It binds every job of its level or more urgent, and every job
 that could not preempt the holder were it running. An urgent job whose level may preempt
 the holder's is not bound by it: a promise to a job it could displace once it runs cannot
@@ -11,9 +11,9 @@ keeps its place in line: it starts when the urgent job's GPUs come back.
 
 from __future__ import annotations
 
-from .placement import node_size_max
-from .policy import Policy
-from .state import Job, State
+from ..model.placement import node_size_max
+from ..model.policy import Policy
+from ..model.state import Job, State
 
 
 def overrides_hold(p: Policy, job: Job, holder: Job | None) -> bool:

@@ -8,14 +8,14 @@ started saga counts toward the fairness windows of the teams it touches.
 
 from __future__ import annotations
 
-from . import types as T
-from .fairness import quota_recovers_t, team_limit
-from .log_seal import Ctx
-from .placement import placement_nodes, resume_points, run_details
-from .placement_pass import request_start
-from .pricing import recovery_boost
-from .state import PREEMPTING, RELEASED, RUNNING, Job, job_progress_ms, last_checkpoint, window_count
-from .types import LEVELS
+from ..model import types as T
+from ..rules.fairness import quota_recovers_t, team_limit
+from ..log.seal import Ctx
+from ..model.placement import placement_nodes, resume_points, run_details
+from .placement import request_start
+from ..rules.pricing import recovery_boost
+from ..model.state import PREEMPTING, RELEASED, RUNNING, Job, job_progress_ms, last_checkpoint, window_count
+from ..model.types import LEVELS
 
 
 def release_victim(ctx: Ctx, job: Job) -> None:

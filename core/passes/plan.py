@@ -1,16 +1,16 @@
 """The preemption plan for one blocked job, in four steps:
 
-1. eligible (`core.eligibility`): the running jobs it may displace, on nodes of a GPU
-   model it accepts, within the fairness limits (`core.fairness`);
-2. price (`core.pricing`): each victim's cost (displacement and wasted work, letting go
-   the cheaper way), against the preemptor's natural wait (`core.forecast`);
-3. choose (`core.victims`): the cheapest minimal victim set that frees a gang placement;
+1. eligible (`core.rules.eligibility`): the running jobs it may displace, on nodes of a GPU
+   model it accepts, within the fairness limits (`core.rules.fairness`);
+2. price (`core.rules.pricing`): each victim's cost (displacement and wasted work, letting go
+   the cheaper way), against the preemptor's natural wait (`core.forecast.waits`);
+3. choose (`core.passes.victims`): the cheapest minimal victim set that frees a gang placement;
 4. judge: the benefit (the preemptor's wait saved, in GPU-seconds weighted by its level,
    minus the time the victims take to let go) against the set's cost: preempt only when
    benefit - cost > policy.net_benefit_min.
 
 A reclaim (`plan_preemption(..., reclaim=True)`) is the same decision for a job whose team
-is below its fair share, over other teams' jobs held above theirs (see core/shares.py).
+is below its fair share, over other teams' jobs held above theirs (see core/rules/shares.py).
 Reads the state; writes only the index's memo caches.
 """
 
@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import msgspec
 
-from .eligibility import eligible_victims, user_preempting_exhausted
-from .fairness import Guard, depth_limits
-from .forecast import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
-from .placement import acceptable_models, node_size_max, place
-from .placement_pass import reserved_nodes
-from .holds import binding_holds, victim_cap
-from .policy import Policy, with_params
-from .pricing import LazyPrices, VictimCost, overdue_premium, price_victims, pricing_for
-from .state import QUEUED, Job, Node, State, nodes_by_name
-from .types import Slot
-from .substitutes import substitute_penalty, substitutes
+from ..rules.eligibility import eligible_victims, user_preempting_exhausted
+from ..rules.fairness import Guard, depth_limits
+from ..forecast.waits import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
+from ..model.placement import acceptable_models, node_size_max, place
+from .placement import reserved_nodes
+from ..rules.holds import binding_holds, victim_cap
+from ..model.policy import Policy, with_params
+from ..rules.pricing import LazyPrices, VictimCost, overdue_premium, price_victims, pricing_for
+from ..model.state import QUEUED, Job, Node, State, nodes_by_name
+from ..model.types import Slot
+from ..rules.substitutes import substitute_penalty, substitutes
 from .victims import NegativeCost, cannot_free_enough, choose_on_one_node_lazily, choose_victims
 
 
@@ -45,7 +45,7 @@ class Plan(msgspec.Struct, kw_only=True):
     checkpoint_needed: dict[str, bool]
     reason: str
     reclaim: bool = False
-    depth: int = 1  # the cascade's depth (see core.policy: preemption_depth_max)
+    depth: int = 1  # the cascade's depth (see core.model.policy: preemption_depth_max)
     levels_down: int = 0  # how far below the preemptor its lowest victim is
 
 
@@ -178,7 +178,7 @@ def _choose_with_substitutes(
     guard: Guard,
 ):
     """The cheapest victim set on the job's own models or, priced with the extra run time
-    (core/substitutes.py), on a compatible model; (choice, that extra cost)."""
+    (core/rules/substitutes.py), on a compatible model; (choice, that extra cost)."""
     cap = victim_cap(state, p, job, scope.models)
     if not stand_ins:
         return choose_victims(state, job, scope.models, scope.nodes, costs, pricing, guard, cap), 0.0
@@ -250,7 +250,7 @@ def judge(
     """Preempt only when the preemptor's weighted wait saved exceeds the set's cost by more
     than `net_benefit_min`; the wait saved is its natural wait less the time the slowest
     victim takes to let go, and for an urgent job past (or forecast past) its wait target
-    the overdue premium on top (`core.pricing.overdue_premium`)."""
+    the overdue premium on top (`core.rules.pricing.overdue_premium`)."""
     cost = sum(costs[v].cost for v in victims) + substitute_cost
     ready = max(costs[v].ready_ms for v in victims)
     level_weight = p.level_weight[job.level]

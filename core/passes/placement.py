@@ -11,20 +11,20 @@ import heapq
 import itertools
 from typing import Any, Iterable, Iterator
 
-from . import types as T
+from ..model import types as T
 from .drain import drain_fit
-from .fairness import level_floors
-from .substitutes import substitute_placement
-from .forecast import earliest_fit, expected_runtime_ms
-from .holds import binding_holds
-from .log_seal import Ctx
-from .policy import FAIR_SHARE
-from . import placement as P
-from .placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
+from ..rules.fairness import level_floors
+from ..rules.substitutes import substitute_placement
+from ..forecast.waits import earliest_fit, expected_runtime_ms
+from ..rules.holds import binding_holds
+from ..log.seal import Ctx
+from ..model.policy import FAIR_SHARE
+from ..model import placement as P
+from ..model.placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .queues import TEAM_OLDEST_LOOKED_AT, aging_threshold_ms, serving_count, serving_order
-from .shares import team_quota, teams_below_share, within_share
-from .state import QUEUED, Job, State, last_checkpoint, node_free_count, nodes_by_name
-from .types import LEVELS
+from ..rules.shares import team_quota, teams_below_share, within_share
+from ..model.state import QUEUED, Job, State, last_checkpoint, node_free_count, nodes_by_name
+from ..model.types import LEVELS
 
 # A one-GPU job that accepts any model and does not fit even ignoring reservations:
 # nothing else will either.
@@ -161,7 +161,7 @@ def _quiet_at(state: State, t: int) -> bool:
 
 def _drain_for_the_urgent_head(state: State) -> None:
     """With no GPU free there is nothing to place, but the first urgent gang in serving
-    order still gets its hold (the node to drain: core/drain.py): a full pool is just where
+    order still gets its hold (the node to drain: core/passes/drain.py): a full pool is just where
     every node mixes work it cannot preempt with work it can, and without the hold what
     that work lets go is taken at once by whatever queues behind. A one-GPU job needs no
     drained node (any one victim frees it a GPU). The other reservations stay as the last
@@ -328,7 +328,7 @@ class _PlacementPass:
 
     def try_place(self, job: Job) -> list[T.Slot] | None:
         """A placement on the job's own models or, when the policy lists compatible models
-        and it pays, on one of those (core/substitutes.py). For a job no larger than the free
+        and it pays, on one of those (core/rules/substitutes.py). For a job no larger than the free
         GPUs (`place_queued` checks that first)."""
         placement = self._place_own(job)
         if placement is None and self.state.canonical.policy.gpu_substitutes:
@@ -351,7 +351,7 @@ class _PlacementPass:
             starts = self.starts_by_node
         else:
             starts = self._starts_for(job)
-        # Jobs that see other holds (an urgent level: core/holds.py) are blocked apart.
+        # Jobs that see other holds (an urgent level: core/rules/holds.py) are blocked apart.
         shape = (key, job.gpus > size_max, job.level if starts is not self.starts_by_node else -1)
         ends_t = self.t + expected_runtime_ms(state, job)
         blocked = self.blocked.get(shape)
@@ -366,7 +366,7 @@ class _PlacementPass:
 
     def _starts_for(self, job: Job) -> dict[str, int]:
         """The holds that bind `job` (node -> expected start): all of them, but for an
-        urgent job those of holders its level may preempt (core/holds.py)."""
+        urgent job those of holders its level may preempt (core/rules/holds.py)."""
         if job.level >= self.state.canonical.policy.urgent_levels or not self.reserved:
             return self.starts_by_node
         binding = binding_holds(self.state, job, self.reserved)

@@ -1,0 +1,1 @@
+"""Forecasts: when holding jobs release their GPUs, when a gang fits, how long a queued job waits."""

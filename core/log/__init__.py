@@ -1,0 +1,1 @@
+"""The log: applying events to the state (`evolve`), sealing them into the hash chain, and the state digests."""
