@@ -63,19 +63,16 @@ def records(url: str, start_seq: int = 1) -> list[tuple[int, T.Record]]:
 
 
 def state_and_records(url: str) -> tuple[Any, list[T.Record]]:
-    """The state folded from the whole log (no snapshot), and the records."""
+    """The state folded from the whole log (no snapshot), and the scheduler's records (with
+    a keyring, those its signature covers; foreign messages passed over: trust/foreign.py)."""
     from core import new_state
     from core.replay import apply_record
+    from trust.foreign import LogSorter
 
     state = new_state()
-    recs = [record for _, record in records(url)]
-    keyring = _keyring()
-    if keyring is not None:
-        from trust.signing import LogVerifier
-
-        verifier = LogVerifier(keyring)
-        recs = [trusted for record in recs for trusted, _ in verifier.admit(record)]
-        verifier.finish()
+    sorter = LogSorter(_keyring())
+    recs = [genuine for seq, record in records(url) for genuine, _ in sorter.feed_record(seq, record)]
+    recs += [genuine for genuine, _ in sorter.finish()]
     for record in recs:
         apply_record(state, record)
     return state, recs

@@ -48,6 +48,10 @@ ODD_HEARTBEATS_NAMED_MAX = 64  # subjects whose heartbeats name another node, lo
 UNKNOWN_NODES_HEARD_MAX = 1024
 
 LEASE_KEY = "scheduler"
+# How much of a foreign message's problem a `RecordDisowned` keeps (a name field's bound),
+# and how many of their sequences one alert lists.
+DISOWN_PROBLEM_CHARS_MAX = 200
+DISOWN_ALERT_SEQS_MAX = 100
 # How long a streaming burst of inputs may wait to share one group commit.
 LINGER_MS = 5.0
 
@@ -155,6 +159,10 @@ class Scheduler:
         self._odd_heartbeats: set[str] = set()  # subjects whose heartbeats named another node
         self._reconnected = False
         self._down_sent: dict[str, float] = {}
+        # A standby's follow passed over a foreign message not disowned yet: a takeover
+        # folds from the snapshot, so that it sees the message and disowns it.
+        self._foreign_in_tail = False
+        self.disowned = 0  # foreign messages this instance disowned
 
     # ------------------------------------------------------------ lifecycle
 
@@ -288,10 +296,16 @@ class Scheduler:
     async def _lead(self) -> None:
         started = time.monotonic()
         stats: dict = {}
+        if self.state is not None and self._foreign_in_tail:
+            self.state = None
         if self.state is not None:  # a hot standby: only the records appended since it last looked
             stats.update(snapshot_seq=self.ev_seq, tail_records=await self._follow())
-        if self.state is None:
-            self.state, self.ev_seq = await bus.load_state(self.js, stats=stats, keyring=self.keyring)
+        foreign: list = []
+        if self.state is None or self._foreign_in_tail:
+            self._foreign_in_tail = False
+            self.state, self.ev_seq = await bus.load_state(
+                self.js, stats=stats, keyring=self.keyring, foreign=foreign
+            )
         log.info(
             "%s: state at record %d (snapshot at XR_EV seq %d + %d tail records), XR_EV seq %d,"
             " XR_IN seq %d, %d open sagas",
@@ -324,6 +338,7 @@ class Scheduler:
             # forgets the passes' memory here too (core.model.types.SchedulerStart).
             start = T.SchedulerStart(t=max(now_ms(), self.state.canonical.t), instance=self.instance)
             await self._flush(await self._apply(start, []))
+            await self._disown([f for f in foreign if not f.disowned_by])
             await self._ensure_policy()
             await self._loop(queue)
         finally:
@@ -340,8 +355,10 @@ class Scheduler:
                 self.state, self.ev_seq = await bus.load_state(self.js, keyring=self.keyring)
                 return 0
             end = await bus.stream_last_seq(self.js, bus.EV_STREAM)
-            folded = await bus.fold_records(self.js, self.state, self.ev_seq + 1, end, self.keyring)
+            foreign: list = []
+            folded = await bus.fold_records(self.js, self.state, self.ev_seq + 1, end, self.keyring, foreign)
             self.ev_seq = end
+            self._foreign_in_tail |= any(not f.disowned_by for f in foreign)
             return folded
         except Exception:  # noqa: BLE001 - a standby that cannot follow re-reads on takeover
             log.exception("%s: following the log failed", self.instance)
@@ -391,6 +408,7 @@ class Scheduler:
             if time.monotonic() >= next_renew:
                 await self._renew_lease()
                 next_renew = time.monotonic() + self.lease_ms / 3000
+                await self._check_log_end()
             n = self.state.canonical.events_n
             if n != last_snapshot_n and (
                 n - last_snapshot_n >= self.snapshot_every_events
@@ -398,6 +416,59 @@ class Scheduler:
             ):
                 await bus.save_snapshot(self.js, self.state, self.ev_seq, self.signer)
                 last_snapshot_n, last_snapshot_at = n, time.monotonic()
+
+    async def _check_log_end(self) -> None:
+        """Only this leader appends to the log: a log that grew past our last append holds
+        a message someone else wrote. Re-read it (the fold passes over the message and
+        `_lead` disowns it) rather than wait for our next append to be fenced."""
+        end = await bus.stream_last_seq(self.js, bus.EV_STREAM)
+        if end > self.ev_seq:
+            raise LostLeadership(
+                f"the log grew to XR_EV seq {end} past our last append at {self.ev_seq}: "
+                "someone else appended"
+            )
+
+    async def _disown(self, foreign: list) -> None:
+        """Record, signed, that each foreign message is not ours (`RecordDisowned`), and
+        raise an alert: the log cannot drop them (XR_EV denies delete), so it keeps the
+        account, and every reader passes over them (trust/foreign.py)."""
+        if not foreign:
+            return
+        pending: list = []
+        for item in sorted(foreign, key=lambda f: f.pos):
+            inp = T.DisownRecord(
+                t=max(now_ms(), self.state.canonical.t),
+                log_seq=item.pos,
+                digest=item.digest,
+                reason=item.reason,
+                problem=item.problem.encode("ascii", "replace").decode()[:DISOWN_PROBLEM_CHARS_MAX],
+                origin=self.sender,
+            )
+            pending = await self._apply(inp, pending)
+        await self._flush(pending)
+        self.disowned += len(foreign)
+        first = min(f.pos for f in foreign)
+        log.error(
+            "%s: disowned %d foreign message(s) on the log (first at XR_EV seq %d: %s); someone "
+            "who may publish on xr.ev.> appended them: check who holds the scheduler's NATS "
+            "credentials (`xirang audit` lists them)",
+            self.instance,
+            len(foreign),
+            first,
+            foreign[0].problem,
+        )
+        alert = {
+            "kind": "record_disowned",
+            "instance": self.instance,
+            "count": len(foreign),
+            "log_seqs": [f.pos for f in foreign][:DISOWN_ALERT_SEQS_MAX],
+            "reasons": sorted({f.reason for f in foreign}),
+            "t": self.state.canonical.t,
+        }
+        try:
+            await self.nc.publish(f"{bus.ALERT_PREFIX}.record_disowned", json.dumps(alert).encode())
+        except Exception:  # noqa: BLE001 - the log records it anyway
+            pass
 
     async def _take(self, queue: asyncio.Queue, timeout_s: float) -> list:
         try:

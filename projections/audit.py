@@ -29,16 +29,17 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-import msgspec
 
 from core import ChainError, apply_record, new_state
 from core import types as T
 from core.log.digest import LEGACY_RELEASES
 from core.explain import human_duration
 from core.model.state import state_digest
+from trust.foreign import LogSorter
 from trust.signing import SignatureError
 
 EPOCH_MS_MIN = 10**12  # below this, t counts from the start of a scenario, not 1970
+FOREIGN_LISTED_MAX = 100  # foreign messages the summary lists one by one (all are counted)
 
 
 def fmt_t(t: int) -> str:
@@ -88,13 +89,19 @@ class Audit:
     story: list[str] = field(default_factory=list)
     jobs: dict[str, JobInfo] = field(default_factory=dict)
     _last_ckpt: dict[str, T.CheckpointRecorded] = field(default_factory=dict)
-    # With a trust.signing.LogVerifier, every record must be covered by the scheduler's
-    # signature; without one, a log that carries signatures is refused at the end (the
-    # auditor must say which key to trust), and an unsigned one is said to be unchecked.
-    verifier: object = None
+    # With a keyring (trust.signing.KeyRing), every record must be covered by the
+    # scheduler's signature; without one, a log that carries signatures is refused at the
+    # end (the auditor must say which key to trust), and an unsigned one is said to be
+    # unchecked. Either way `sorter` (trust/foreign.py) sets aside the messages that are
+    # not the scheduler's records; the log verifies when each was disowned.
+    keyring: object = None
+    sorter: LogSorter = field(init=False)
     signed_records: int = 0
     digest_schemas: dict[int, int] = field(default_factory=dict)  # schema -> digests verified
     legacy_releases: list[str] = field(default_factory=list)  # whose schema-1 digests matched
+
+    def __post_init__(self) -> None:
+        self.sorter = LogSorter(self.keyring)
 
     @property
     def done(self) -> bool:
@@ -102,34 +109,31 @@ class Audit:
         return self.problem is not None or self.stopped_early
 
     def feed(self, pos: int, payload: bytes) -> bool:
-        """Fold one record; False once the audit has stopped (a problem or the window end)."""
+        """Read one message; False once the audit has stopped (a problem or the window end).
+        A message that is not the scheduler's record is set aside (`sorter.foreign`), and
+        the audit goes on past it."""
         if self.done:
             return False
         try:
-            record = T.decode_record(payload)
-        except msgspec.DecodeError as err:
-            words = f"not a log record: {err}"
-            if str(err).startswith("Invalid value") and str(err).endswith("`$.type`"):
-                words += (
-                    " (an event type this release does not know: was the log written by a newer"
-                    " xirang? audit it with that release or a later one)"
-                )
-            self.problem = Problem(self.state.canonical.events_n + 1, pos, words)
-            return False
-        if (self.to_n is not None and record.n > self.to_n) or (
-            self.to_t is not None and record.event.t > self.to_t
-        ):
-            self.stopped_early = True
-            if self.verifier is not None:  # their signature lies past the window's end
-                all(self._fold(r, p) for r, p in self.verifier.held)
-            return False
-        try:
-            # Only what the scheduler's signature covers is folded (a forged record never acts).
-            admitted = self.verifier.admit(record, pos) if self.verifier is not None else [(record, pos)]
+            released = self.sorter.feed(pos, payload)
         except SignatureError as err:
             self.problem = Problem(err.n, err.pos or pos, err.problem)
             return False
-        return all(self._fold(r, p) for r, p in admitted)
+        except ChainError as err:
+            self.problem = Problem(err.n, pos, err.problem)
+            return False
+        return self._fold_all(released)
+
+    def _fold_all(self, released: list[tuple[T.Record, int]]) -> bool:
+        for record, pos in released:
+            if (self.to_n is not None and record.n > self.to_n) or (
+                self.to_t is not None and record.event.t > self.to_t
+            ):
+                self.stopped_early = True
+                return False
+            if not self._fold(record, pos):
+                return False
+        return True
 
     def _fold(self, record: T.Record, pos: int) -> bool:
         try:
@@ -183,15 +187,28 @@ class Audit:
         return err.problem
 
     def finish(self) -> None:
-        """After the last record: every record must be covered by a signature."""
+        """After the last message: every message must be the scheduler's record, or one it
+        disowned."""
         if self.problem is not None or self.stopped_early:
             return
-        if self.verifier is not None:
-            try:
-                self.verifier.finish()
-            except SignatureError as err:
-                self.problem = Problem(err.n, err.pos, err.problem)
-        elif self.signed_records:
+        try:
+            self._fold_all(self.sorter.finish())
+        except SignatureError as err:
+            self.problem = Problem(err.n, err.pos, err.problem)
+            return
+        if self.problem is not None or self.stopped_early:
+            return
+        undisowned = self.sorter.undisowned()
+        if undisowned:
+            first = undisowned[0]
+            more = f" (and {len(undisowned) - 1} more)" if len(undisowned) > 1 else ""
+            self.problem = Problem(
+                first.n,
+                first.pos,
+                f"{first.problem}{more}; not disowned by the scheduler (it records a RecordDisowned"
+                " for each foreign message once it reads the log)",
+            )
+        elif self.keyring is None and self.signed_records:
             self.problem = Problem(
                 self.state.canonical.events_n,
                 self.last_pos,
@@ -201,10 +218,30 @@ class Audit:
 
     def signatures(self) -> str:
         """What the signature check found, in words."""
-        if self.verifier is None:
+        if self.keyring is None:
             return "not checked (no public key)" if not self.signed_records else "no public key given"
-        keys = ", ".join(sorted(self.verifier.keys_seen)) or "-"
-        return f"{self.verifier.signatures} verified (keys {keys})"
+        keys = ", ".join(sorted(self.sorter.keys_seen)) or "-"
+        return f"{self.sorter.signatures} verified (keys {keys})"
+
+    def foreign_summary(self, pos_name: str) -> dict:
+        """The messages set aside as not the scheduler's: each with its position, why, and the
+        record that disowned it (0: not disowned)."""
+        listed = [
+            {
+                pos_name.replace(" ", "_"): f.pos,
+                "reason": f.reason,
+                "problem": f.problem,
+                "sha256": f.digest,
+                "disowned_by_record": f.disowned_by,
+            }
+            for f in self.sorter.foreign[:FOREIGN_LISTED_MAX]
+        ]
+        return {
+            "foreign_messages": len(self.sorter.foreign),
+            "disowned": sum(1 for f in self.sorter.foreign if f.disowned_by),
+            "foreign": listed,
+            "disowns_naming_no_message_here": len(self.sorter.disowns_unmatched),
+        }
 
     def summary(self, pos_name: str) -> dict:
         """The audit's result as JSON-ready data."""
@@ -224,6 +261,7 @@ class Audit:
             "signatures": self.signatures(),
             "state_digest_schemas": {str(k): v for k, v in sorted(self.digest_schemas.items())},
             "legacy_digest_releases": self.legacy_releases,
+            **self.foreign_summary(pos_name),
         }
         if self.problem:
             out["problem"] = self.problem.words(pos_name)

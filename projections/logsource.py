@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import AsyncIterator, Iterator
 
 from nats.errors import ConnectionClosedError
@@ -19,6 +20,8 @@ from nats.js import api
 
 from transport import bus
 from core import types as T
+
+log = logging.getLogger("xirang.logsource")
 
 LOG_SUBJECTS = f"{bus.LOG_PREFIX}.>"
 IDLE_S = 0.2  # a batch is handed over after this long without a new message
@@ -101,29 +104,42 @@ async def publish_records(nc, js, records: list[T.Record], writer: str = "test")
 
 
 class SignedOnly:
-    """Passes on, batch by batch, only the records a scheduler signature covers (a record
-    waits in `verifier` until the signature after it arrives); `finish()` at the end of
-    what was read names the first record nothing signed covers. Without a keyring it
-    passes everything (an open, unsigned log)."""
+    """Passes on, batch by batch, only the scheduler's records (`trust.foreign.LogSorter`):
+    with a keyring, those a signature covers (a record waits until the signature after it
+    arrives); without one (an open, unsigned log), those that follow the hash chain. Any
+    other message is passed over with a warning, never projected: one foreign message on
+    the log stops no projection. `n` and `chain` are where the projection stands."""
 
-    def __init__(self, keyring) -> None:
-        from trust.signing import LogVerifier
+    def __init__(self, keyring, n: int = 0, chain: str = T.GENESIS_HASH) -> None:
+        from trust.foreign import LogSorter
 
-        self.verifier = LogVerifier(keyring) if keyring is not None else None
+        self.sorter = LogSorter(keyring, n, chain)
         self._held: dict[int, bytes] = {}  # payloads by position, until covered
+        self._warned = 0
 
     def __call__(self, batch: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
-        """The records of this batch now covered by a signature (all of them without a keyring)."""
-        if self.verifier is None:
-            return batch
+        """The records of this batch now known to be the scheduler's."""
         out = []
         for pos, payload in batch:
             self._held[pos] = payload
-            for _, admitted_pos in self.verifier.admit(T.decode_record(payload), pos):
-                out.append((admitted_pos, self._held.pop(admitted_pos)))
+            for _, released_pos in self.sorter.feed(pos, payload):
+                out.append((released_pos, self._held.pop(released_pos)))
+        self._forget_foreign()
         return out
 
     def finish(self) -> None:
-        """The read ended: raise if records are left that no signature covers."""
-        if self.verifier is not None:
-            self.verifier.finish()
+        """The read ended: what no signature covered is foreign."""
+        self.sorter.finish()
+        self._forget_foreign()
+
+    def _forget_foreign(self) -> None:
+        for item in self.sorter.foreign[self._warned :]:
+            self._held.pop(item.pos, None)
+            log.warning(
+                "passing over the message at seq %d (claims record %d): %s%s",
+                item.pos,
+                item.n,
+                item.problem,
+                f"; disowned by record {item.disowned_by}" if item.disowned_by else "",
+            )
+        self._warned = len(self.sorter.foreign)

@@ -39,7 +39,8 @@ from core.identity import sender_tokens
 from trust.connect import CredentialsRefused, connect_options, credentials_refused
 from . import checkpoints
 from core.model.state import DIGEST_SCHEMA, State
-from trust.signing import LogVerifier, sign_records
+from trust.foreign import LogSorter
+from trust.signing import sign_records
 
 log = logging.getLogger("xirang.bus")
 
@@ -64,6 +65,8 @@ BATCH_ACK_TIMEOUT_S = 10.0
 FETCH_BATCH = 1000
 WRITER_HEADER = "Xr-Writer"
 FENCING_ERR_CODE = 10071
+# Foreign messages a fold names one by one in its warnings (the rest are counted).
+FOREIGN_NAMED_MAX = 10
 
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -343,8 +346,9 @@ async def stream_last_seq(js, stream: str) -> int:
     return info.state.last_seq
 
 
-async def read_records(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[int, T.Record]]:
-    """Records on `xr.ev.log.>` with start_seq <= stream seq <= end_seq, in order."""
+async def read_messages(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[int, bytes]]:
+    """The messages on `xr.ev.log.>` with start_seq <= stream seq <= end_seq, in order, as
+    stored (whoever wrote them: `trust.foreign.LogSorter` tells the scheduler's apart)."""
     if end_seq < start_seq:
         return
     sub = await js.pull_subscribe(
@@ -369,27 +373,37 @@ async def read_records(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[
                 seq = msg.metadata.sequence.stream
                 if seq > end_seq:
                     return
-                try:
-                    record = T.decode_record(msg.data)
-                except msgspec.DecodeError as err:
-                    # Only the scheduler's sealed records form the chain: a stray message
-                    # on the log's subjects is passed over, never folded, never fatal.
-                    log.warning("log reader: skipping undecodable message at XR_EV seq %d: %s", seq, err)
-                else:
-                    yield seq, record
+                yield seq, msg.data
                 if seq == end_seq:
                     return
     finally:
         await sub.unsubscribe()
 
 
-async def load_state(js, snapshot: bool = True, stats: dict | None = None, keyring=None) -> tuple[State, int]:
+async def read_records(js, start_seq: int, end_seq: int) -> AsyncIterator[tuple[int, T.Record]]:
+    """Records on `xr.ev.log.>` with start_seq <= stream seq <= end_seq, in order, unsorted
+    (for tools that look at what is there; folding sorts: `fold_records`)."""
+    async for seq, data in read_messages(js, start_seq, end_seq):
+        try:
+            record = T.decode_record(data)
+        except msgspec.DecodeError as err:
+            # Only the scheduler's sealed records form the chain: a stray message on the
+            # log's subjects is passed over, never folded, never fatal.
+            log.warning("log reader: skipping undecodable message at XR_EV seq %d: %s", seq, err)
+        else:
+            yield seq, record
+
+
+async def load_state(
+    js, snapshot: bool = True, stats: dict | None = None, keyring=None, foreign: list | None = None
+) -> tuple[State, int]:
     """State folded from the newest snapshot plus the log tail; returns (state, the XR_EV
     sequence it covers). The policy comes from the log (set_policy inputs), never from a
     local file, so a replay of the log rebuilds the same state. `stats`, if given, gets
     the snapshot's sequence and the number of tail records folded. With a
     `trust.signing.KeyRing`, only a snapshot and records the scheduler signed are trusted
-    (`trust.signing.SignatureError` names the first one that is not)."""
+    (`trust.signing.SignatureError` names the first one that is not). Foreign messages
+    are passed over and listed in `foreign`, if given (see `fold_records`)."""
     end_seq = await stream_last_seq(js, EV_STREAM)
     state, covered = (await load_snapshot_obj(js, keyring)) if snapshot else (None, 0)
     if state is not None and covered > end_seq and keyring is not None:
@@ -401,24 +415,40 @@ async def load_state(js, snapshot: bool = True, stats: dict | None = None, keyri
         )
     if state is None or covered > end_seq:
         state, covered = new_state(), 0
-    folded = await fold_records(js, state, covered + 1, end_seq, keyring)
+    folded = await fold_records(js, state, covered + 1, end_seq, keyring, foreign)
     if stats is not None:
         stats.update(snapshot_seq=covered, tail_records=folded)
     return state, end_seq
 
 
-async def fold_records(js, state: State, start_seq: int, end_seq: int, keyring=None) -> int:
-    """Fold the log's records start_seq..end_seq into state, verifying signatures with
-    `keyring` if given (before a record's effect is kept: a forged one raises). Returns
+async def fold_records(
+    js, state: State, start_seq: int, end_seq: int, keyring=None, foreign: list | None = None
+) -> int:
+    """Fold the scheduler's records among the log's messages start_seq..end_seq into state:
+    with `keyring`, only records a trusted signature covers (`trust.foreign.LogSorter`:
+    checked before a record's effect is kept); without, those that follow the hash chain.
+    Any other message is passed over, never folded, and listed in `foreign` (a list of
+    `trust.foreign.Foreign`, each saying whether a `RecordDisowned` named it yet). Returns
     how many records were folded."""
-    verifier = LogVerifier(keyring) if keyring is not None else None
+    c = state.canonical
+    sorter = LogSorter(keyring, c.events_n, c.chain)
     folded = 0
-    async for _, record in read_records(js, start_seq, end_seq):
-        for trusted, _ in verifier.admit(record) if verifier is not None else [(record, 0)]:
-            apply_record(state, trusted)
+    async for seq, data in read_messages(js, start_seq, end_seq):
+        for genuine, _ in sorter.feed(seq, data):
+            apply_record(state, genuine)
             folded += 1
-    if verifier is not None:
-        verifier.finish()
+    sorter.finish()
+    if sorter.foreign:
+        undisowned = sorter.undisowned()
+        for item in undisowned[:FOREIGN_NAMED_MAX]:
+            log.warning("log reader: passing over the message at XR_EV seq %d: %s", item.pos, item.problem)
+        log.info(
+            "log reader: passed over %d foreign messages on the log (%d not disowned yet)",
+            len(sorter.foreign),
+            len(undisowned),
+        )
+        if foreign is not None:
+            foreign.extend(sorter.foreign)
     return folded
 
 

@@ -171,7 +171,7 @@ def _project_file(args) -> int:
 
     proj = open_projector(args.db, args.rebuild, stream=f"file:{os.path.abspath(args.log)}")
     applied = 0
-    signed = _signed_only(args)
+    signed = _signed_only(args, proj)
     try:
         for batch in jsonl_batches(args.log, proj.last_seq + 1, args.batch):
             applied += proj.apply(signed(batch))
@@ -184,14 +184,15 @@ def _project_file(args) -> int:
     return 0
 
 
-def _signed_only(args):
-    """With --public-key (or $XIRANG_PUBLIC_KEY), only records the scheduler signed are
-    projected; the first that no signature covers stops the projection, named."""
+def _signed_only(args, proj):
+    """Only the scheduler's records are projected: with --public-key (or
+    $XIRANG_PUBLIC_KEY), those its signature covers; any other message on the log is passed
+    over with a warning that names it (trust/foreign.py)."""
     from projections.logsource import SignedOnly
     from trust.signing import KeyFileError, find_keyring
 
     try:
-        return SignedOnly(find_keyring(getattr(args, "public_key", None), None))
+        return SignedOnly(find_keyring(getattr(args, "public_key", None), None), proj.last_n, proj.last_hash)
     except KeyFileError as err:
         raise _user_error(str(err)) from err
 
@@ -209,7 +210,7 @@ async def _project_nats(args) -> int:
     proj = open_projector(args.db, args.rebuild)
     nc, js = await connect_or_explain(args.nats)
     applied = 0
-    signed = _signed_only(args)
+    signed = _signed_only(args, proj)
     try:
         async for batch in read_batches(js, proj.last_seq + 1, args.batch, follow=args.follow):
             applied += await asyncio.to_thread(proj.apply, signed(batch))
@@ -418,7 +419,7 @@ def cmd_audit(args) -> int:
         job=args.job or "",
         to_n=args.to_seq,
         to_t=parse_time(args.to_time),
-        verifier=_log_verifier(args.public_key),
+        keyring=_log_keyring(args.public_key),
     )
     resolve_source(args)
     pos_name = "line" if args.log else "stream seq"
@@ -454,32 +455,38 @@ def _redecide(args, audit):
 
     release = audit.legacy_releases[0] if audit.legacy_releases else ""
     redecide = Redecide(legacy_policy(release), release) if release else Redecide()
-    feed_log(args, _Window(redecide, audit.state.canonical.events_n))
+    feed_log(args, _Window(redecide, audit.state.canonical.events_n, audit.keyring))
     redecide.finish()
     return redecide
 
 
 class _Window:
-    """Passes records up to record `last_n` (where the audit stopped) to `reader`."""
+    """Passes the scheduler's records (foreign messages set aside as the audit did) up to
+    record `last_n` (where the audit stopped) to `reader`."""
 
-    def __init__(self, reader, last_n: int) -> None:
-        self.reader, self.last_n, self.seen = reader, last_n, 0
+    def __init__(self, reader, last_n: int, keyring=None) -> None:
+        from trust.foreign import LogSorter
+
+        from core import types
+
+        self.encode = types.encode_record
+        self.reader, self.last_n = reader, last_n
+        self.sorter = LogSorter(keyring)
 
     def feed(self, pos: int, data: bytes) -> bool:
-        self.seen += 1
-        if self.seen > self.last_n:
-            return False
-        return self.reader.feed(pos, data)
+        for record, record_pos in self.sorter.feed(pos, data):
+            if record.n > self.last_n or not self.reader.feed(record_pos, self.encode(record)):
+                return False
+        return True
 
 
-def _log_verifier(public_key: str | None):
-    from trust.signing import KeyFileError, LogVerifier, find_keyring
+def _log_keyring(public_key: str | None):
+    from trust.signing import KeyFileError, find_keyring
 
     try:
-        keyring = find_keyring(public_key, ".xirang")  # `xirang up`'s key when run beside it
+        return find_keyring(public_key, ".xirang")  # `xirang up`'s key when run beside it
     except KeyFileError as err:
         raise _user_error(str(err)) from err
-    return LogVerifier(keyring) if keyring else None
 
 
 async def _audit_nats(url: str, audit) -> None:
@@ -514,6 +521,19 @@ def _print_audit(args, audit, summary: dict) -> None:
         f"state at record {summary['last_record']}: {summary['jobs_open']} open jobs,"
         f" {summary['jobs_done']} done, {summary['sagas_open']} open preemptions"
     )
+    if summary["foreign_messages"]:
+        pos_name = "line" if args.log else "stream seq"
+        print(
+            f"foreign messages passed over (not the scheduler's records): {summary['foreign_messages']},"
+            f" {summary['disowned']} of them disowned by the scheduler"
+        )
+        for item in summary["foreign"]:
+            by = (
+                f"disowned by record {item['disowned_by_record']}"
+                if item["disowned_by_record"]
+                else "NOT disowned"
+            )
+            print(f"  {pos_name} {item[pos_name.replace(' ', '_')]}: {item['problem']} ({by})")
     if "redecide_words" in summary:
         print(summary["redecide_words"])
     if args.job:
@@ -583,7 +603,7 @@ def cmd_dashboard(args) -> int:
     print(f"dashboard on http://{host}:{port}/ (metrics at /metrics)", flush=True)
     try:
         with stop_signals_raise():  # Ctrl-C or a supervisor's SIGTERM: an orderly stop, at once
-            signed = _signed_only(args)
+            signed = _signed_only(args, proj)
             if args.log:
                 for batch in jsonl_batches(args.log, proj.last_seq + 1):
                     proj.apply(signed(batch))
@@ -912,16 +932,20 @@ def load_records(args) -> list:
     from core import types as T
     from projections.logsource import jsonl_batches
 
+    from projections.logsource import SignedOnly
+    from trust.signing import find_keyring
+
     resolve_source(args)
+    signed = SignedOnly(find_keyring(None, None))  # only the scheduler's records
     if args.log:
-        return [T.decode_record(data) for batch in jsonl_batches(args.log) for _, data in batch]
+        return [T.decode_record(data) for batch in jsonl_batches(args.log) for _, data in signed(batch)]
 
     async def go():
         from projections.logsource import read_batches
 
         nc, js = await connect_or_explain(args.nats)
         try:
-            return [T.decode_record(data) async for batch in read_batches(js, 1) for _, data in batch]
+            return [T.decode_record(data) async for batch in read_batches(js, 1) for _, data in signed(batch)]
         finally:
             await nc.close()
 

@@ -109,8 +109,9 @@ def cmd_notices(args) -> int:
         from core import types as T
         from projections.logsource import jsonl_batches
 
+        signed = _genuine()
         for batch in jsonl_batches(args.log):
-            for pos, data in batch:
+            for pos, data in signed(batch):
                 show(pos, T.decode_record(data))
     else:
         from agents.interrupts import run_until_stopped
@@ -120,6 +121,15 @@ def cmd_notices(args) -> int:
         who = "anyone" if user is None else user
         print(f"no {'' if args.all or args.everyone else 'unread '}notices for {who}")
     return 0
+
+
+def _genuine():
+    """A filter of log batches that passes only the scheduler's records (signed ones with
+    $XIRANG_PUBLIC_KEY): a foreign message on the log never becomes a notice."""
+    from projections.logsource import SignedOnly
+    from trust.signing import find_keyring
+
+    return SignedOnly(find_keyring(None, None))
 
 
 async def _publish(url: str, follow: bool, as_json: bool) -> int:
@@ -132,9 +142,10 @@ async def _publish(url: str, follow: bool, as_json: bool) -> int:
     nc, js = await connect_or_explain(url)
     notifier = Notifier()
     sent: dict[str, int] = {}
+    signed = _genuine()
     try:
         async for batch in read_batches(js, 1, follow=follow):
-            for seq, data in batch:
+            for seq, data in signed(batch):
                 for notice in notifier.feed(seq, T.decode_record(data)):
                     await nc.publish(
                         subject(notice.user), json.dumps(notice.as_dict(), sort_keys=True).encode()
@@ -156,9 +167,10 @@ async def _read_nats(url: str, follow: bool, show) -> None:
     from xirang.cmd_data import connect_or_explain
 
     nc, js = await connect_or_explain(url)
+    signed = _genuine()
     try:
         async for batch in read_batches(js, 1, follow=follow):
-            for seq, data in batch:
+            for seq, data in signed(batch):
                 show(seq, T.decode_record(data))
     finally:
         await nc.close()
