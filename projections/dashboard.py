@@ -242,7 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path == "/metrics":
                 self._send(
                     200,
-                    "text/plain; version=0.0.4; charset=utf-8",
+                    metrics.PROMETHEUS_CONTENT_TYPE,
                     metrics.prometheus(cur, self.live.get("input_backlog")),
                 )
             elif url.path == "/api/snapshot":

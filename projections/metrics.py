@@ -3,13 +3,17 @@ wait, running GPUs, preemption count and success rate, preemption wait, victim r
 time, lost progress and compensation; a timeline of recent preemptions; and the alerts.
 
 `snapshot(con)` returns them as one JSON-able dict (the dashboard renders it);
-`prometheus(con)` writes the Prometheus text exposition format (version 0.0.4).
+`prometheus(con)` writes the Prometheus text exposition format through prometheus_client (a
+custom collector over the projection; per level and team, never per job or user).
 "Now" is the newest time in the log, so a replayed log reads like a live one.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from . import alerts
 
@@ -161,8 +165,11 @@ def satisfaction(con) -> list[dict]:
 #
 # Conventions (prometheus.io/docs/practices/naming): every name starts with `xirang_`, is in
 # base units (seconds, GPUs), counters end in `_total`, and each grouping has a family of its
-# own (`xirang_level_*`, `xirang_team_*`, `xirang_user_*`), so summing one family never counts
-# a job three times. Waits are histograms. No label carries a job id (unbounded cardinality).
+# own (`xirang_level_*`, `xirang_team_*`), so summing one family never counts a job twice.
+# Waits are histograms. No label carries a job or user id: their number is unbounded (every
+# new value is a new series for Prometheus to keep), and a user's own numbers are in
+# `snapshot` and the SQL views. The text is written by prometheus_client from a collector
+# that reads the projection when scraped.
 
 # (name after the grouping's prefix, help, row field, scale, type)
 _GROUP_SERIES = [
@@ -193,33 +200,33 @@ _GROUP_SERIES = [
     ),
     ("compensation_fee_credit_total", "Fee credit granted to the group's jobs", "fee_credit", 1, "counter"),
 ]
+# The groupings exported (users are not: see above).
+_GROUPS = ("level", "team")
 # Upper bounds of the wait histograms, in seconds: from a second to a day.
 WAIT_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+# The content type of `prometheus`'s text, for the HTTP answer.
+PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
-def _esc(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _family(name: str, help_text: str, kind: str, labels: list[str] | None = None):
+    if kind == "counter":
+        return CounterMetricFamily(name, help_text, labels=labels)
+    return GaugeMetricFamily(name, help_text, labels=labels)
 
 
-def _family(lines: list[str], name: str, help_text: str, kind: str) -> None:
-    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-
-
-def _histogram(lines: list[str], name: str, help_text: str, label: str, rows: list[tuple]) -> None:
+def _histogram(name: str, help_text: str, label: str, rows: list[tuple]) -> HistogramMetricFamily:
     """rows: (label value, [observations in ms]) -> a cumulative histogram per label value."""
-    _family(lines, name, help_text, "histogram")
+    family = HistogramMetricFamily(name, help_text, labels=[label] if label else None)
     for key, observations in rows:
         seconds = sorted(v / 1000 for v in observations)
-        at = f'{label}="{_esc(key)}",' if label else ""
-        i = 0
+        buckets, i = [], 0
         for bound in WAIT_BUCKETS_S:
             while i < len(seconds) and seconds[i] <= bound:
                 i += 1
-            lines.append(f'{name}_bucket{{{at}le="{bound}"}} {i}')
-        lines.append(f'{name}_bucket{{{at}le="+Inf"}} {len(seconds)}')
-        braces = f"{{{at.rstrip(',')}}}" if label else ""
-        lines.append(f"{name}_sum{braces} {sum(seconds):.6g}")
-        lines.append(f"{name}_count{braces} {len(seconds)}")
+            buckets.append((str(bound), i))
+        buckets.append(("+Inf", len(seconds)))
+        family.add_metric([str(key)] if label else [], buckets, sum(seconds))
+    return family
 
 
 def _grouped(con, column: str) -> list[tuple]:
@@ -227,76 +234,109 @@ def _grouped(con, column: str) -> list[tuple]:
     return [(key, values) for key, values in rows]
 
 
+def alert_scope(alert: alerts.Alert) -> str:
+    """An alert's subject as a bounded label: a level, a team or the scheduler as it is; a
+    job's alerts counted together as `jobs`."""
+    return "jobs" if alert.subject.startswith("job ") else alert.subject
+
+
+class ProjectionCollector:
+    """A prometheus_client collector over one projection connection: reads the numbers when
+    scraped (`collect`), so /metrics always shows the projection as it is."""
+
+    def __init__(self, con, input_backlog: int | None = None) -> None:
+        self.con = con
+        self.input_backlog = input_backlog
+
+    def collect(self):
+        """Every `xirang_` family, read from the projection now."""
+        con = self.con
+        now = now_t(con)
+        for group in _GROUPS:
+            rows = by_group(con, group, now)
+            for suffix, help_text, field, scale, kind in _GROUP_SERIES:
+                family = _family(f"xirang_{group}_{suffix}", f"{help_text}, per {group}", kind, [group])
+                for row in rows:
+                    if row[field] is not None:
+                        family.add_metric([str(row[group])], float(row[field]) * scale)
+                yield family
+        yield _histogram(
+            "xirang_level_queue_wait_seconds",
+            "Time each start waited in the queue, per level",
+            "level",
+            _grouped(con, "level"),
+        )
+        yield _histogram(
+            "xirang_team_queue_wait_seconds",
+            "Time each start waited in the queue, per team",
+            "team",
+            _grouped(con, "team"),
+        )
+        sagas = con.execute(
+            "SELECT wait_ms FROM sagas WHERE outcome = 'committed' AND wait_ms IS NOT NULL"
+        ).fetchall()
+        yield _histogram(
+            "xirang_preemption_duration_seconds",
+            "Planned to committed, per committed preemption",
+            "",
+            [("", [w for (w,) in sagas])] if sagas else [],
+        )
+        recovery = con.execute("SELECT recovery_ms FROM preemptions WHERE recovery_ms IS NOT NULL").fetchall()
+        yield _histogram(
+            "xirang_victim_recovery_seconds",
+            "Notice to running again, per preempted job",
+            "",
+            [("", [r for (r,) in recovery])] if recovery else [],
+        )
+        t = totals(con)
+        nodes = con.execute(
+            "SELECT count(*) FILTER (up), count(*) FILTER (NOT up), count(*) FILTER (lost_t IS NOT NULL)"
+            " FROM nodes"
+        ).fetchone()
+        for name, help_text, kind, value in (
+            ("xirang_preemptions_total", "Preemptions started", "counter", t["preemptions"]),
+            ("xirang_preemptions_committed_total", "Preemptions committed", "counter", t["committed"]),
+            ("xirang_preemptions_rolled_back_total", "Preemptions rolled back", "counter", t["rolled_back"]),
+            ("xirang_queue_jobs", "Jobs waiting in the queue", "gauge", t["queued"]),
+            ("xirang_running_gpus", "GPUs held by jobs", "gauge", t["running_gpus"]),
+            ("xirang_pool_gpus", "GPUs of the nodes up", "gauge", t["pool_gpus"]),
+            ("xirang_nodes_up", "Nodes up", "gauge", nodes[0]),
+            ("xirang_nodes_down", "Nodes lost and not back", "gauge", nodes[1]),
+            ("xirang_jobs_done_total", "Jobs finished, failed or cancelled", "counter", t["jobs_done"]),
+            ("xirang_projected_events_total", "Records in the projection", "counter", t["events"]),
+            (
+                "xirang_projector_last_seq",
+                "Stream sequence of the last projected record",
+                "gauge",
+                t["last_seq"],
+            ),
+            ("xirang_log_time_seconds", "Newest log time (Unix seconds)", "gauge", now / 1000),
+        ):
+            family = _family(name, help_text, kind)
+            family.add_metric([], float(value))
+            yield family
+        if self.input_backlog is not None:
+            family = _family("xirang_input_backlog", "Inputs on XR_IN the log has not answered yet", "gauge")
+            family.add_metric([], float(self.input_backlog))
+            yield family
+        firing: dict[tuple[str, str], int] = {}
+        for alert in alerts.evaluate(con, now):
+            key = (alert.kind, alert_scope(alert))
+            firing[key] = firing.get(key, 0) + 1
+        family = _family(
+            "xirang_alert_firing",
+            "Alerts firing now, by kind and subject (a level, a team, the scheduler, or jobs: how many)",
+            "gauge",
+            ["kind", "subject"],
+        )
+        for (kind, subject), count in sorted(firing.items()):
+            family.add_metric([kind, subject], float(count))
+        yield family
+
+
 def prometheus(con, input_backlog: int | None = None) -> str:
-    """The projection's numbers in Prometheus text format (`xirang_` series)."""
-    now = now_t(con)
-    lines: list[str] = []
-    for group in ("level", "team", "user"):
-        rows = by_group(con, group, now)
-        for suffix, help_text, field, scale, kind in _GROUP_SERIES:
-            name = f"xirang_{group}_{suffix}"
-            _family(lines, name, f"{help_text}, per {group}", kind)
-            for row in rows:
-                value = row[field]
-                if value is not None:
-                    lines.append(f'{name}{{{group}="{_esc(row[group])}"}} {float(value) * scale:.6g}')
-    _histogram(
-        lines,
-        "xirang_level_queue_wait_seconds",
-        "Time each start waited in the queue, per level",
-        "level",
-        _grouped(con, "level"),
-    )
-    _histogram(
-        lines,
-        "xirang_team_queue_wait_seconds",
-        "Time each start waited in the queue, per team",
-        "team",
-        _grouped(con, "team"),
-    )
-    sagas = con.execute(
-        "SELECT wait_ms FROM sagas WHERE outcome = 'committed' AND wait_ms IS NOT NULL"
-    ).fetchall()
-    _histogram(
-        lines,
-        "xirang_preemption_duration_seconds",
-        "Planned to committed, per committed preemption",
-        "",
-        [("", [w for (w,) in sagas])] if sagas else [],
-    )
-    recovery = con.execute("SELECT recovery_ms FROM preemptions WHERE recovery_ms IS NOT NULL").fetchall()
-    _histogram(
-        lines,
-        "xirang_victim_recovery_seconds",
-        "Notice to running again, per preempted job",
-        "",
-        [("", [r for (r,) in recovery])] if recovery else [],
-    )
-    t = totals(con)
-    nodes = con.execute(
-        "SELECT count(*) FILTER (up), count(*) FILTER (NOT up), count(*) FILTER (lost_t IS NOT NULL)"
-        " FROM nodes"
-    ).fetchone()
-    for name, help_text, kind, value in (
-        ("xirang_preemptions_total", "Preemptions started", "counter", t["preemptions"]),
-        ("xirang_preemptions_committed_total", "Preemptions committed", "counter", t["committed"]),
-        ("xirang_preemptions_rolled_back_total", "Preemptions rolled back", "counter", t["rolled_back"]),
-        ("xirang_queue_jobs", "Jobs waiting in the queue", "gauge", t["queued"]),
-        ("xirang_running_gpus", "GPUs held by jobs", "gauge", t["running_gpus"]),
-        ("xirang_pool_gpus", "GPUs of the nodes up", "gauge", t["pool_gpus"]),
-        ("xirang_nodes_up", "Nodes up", "gauge", nodes[0]),
-        ("xirang_nodes_down", "Nodes lost and not back", "gauge", nodes[1]),
-        ("xirang_jobs_done_total", "Jobs finished, failed or cancelled", "counter", t["jobs_done"]),
-        ("xirang_projected_events_total", "Records in the projection", "counter", t["events"]),
-        ("xirang_projector_last_seq", "Stream sequence of the last projected record", "gauge", t["last_seq"]),
-        ("xirang_log_time_seconds", "Newest log time (Unix seconds)", "gauge", round(now / 1000, 3)),
-    ):
-        _family(lines, name, help_text, kind)
-        lines.append(f"{name} {value}")
-    if input_backlog is not None:
-        _family(lines, "xirang_input_backlog", "Inputs on XR_IN the log has not answered yet", "gauge")
-        lines.append(f"xirang_input_backlog {input_backlog}")
-    _family(lines, "xirang_alert_firing", "Alerts firing now (1 per alert)", "gauge")
-    for alert in alerts.evaluate(con, now):
-        lines.append(f'xirang_alert_firing{{kind="{alert.kind}",subject="{_esc(alert.subject)}"}} 1')
-    return "\n".join(lines) + "\n"
+    """The projection's numbers in the Prometheus text format (`xirang_` series), written by
+    prometheus_client."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProjectionCollector(con, input_backlog))
+    return generate_latest(registry).decode("utf-8")

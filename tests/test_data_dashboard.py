@@ -22,6 +22,8 @@ from core import rebuild
 from core import types as T
 from core.explain import explain
 from core.model.state import HOLDING, QUEUED
+from prometheus_client.parser import text_string_to_metric_families
+
 from projections import alerts, dashboard, metrics
 from projections.projector import Projector
 from data_helpers import REPO, publish, start_nats, workload_records
@@ -175,6 +177,15 @@ def test_dashboard_renders_live_numbers_in_headless_chromium(live_dashboard, tmp
     shutil.copy(png, os.environ.get("XIRANG_SCREENSHOT", tmp_path / "dashboard-copy.png"))
 
 
+def prometheus_samples(text: str) -> list[tuple[str, dict, float]]:
+    """Every sample of a /metrics text, as prometheus_client's parser reads it."""
+    return [
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+
+
 def test_metrics_endpoint_speaks_prometheus_text(live_dashboard):
     server, url = live_dashboard
     records = workload_records()
@@ -182,22 +193,24 @@ def test_metrics_endpoint_speaks_prometheus_text(live_dashboard):
     publish(server.url, records[10:cut])
     wait_for(lambda: json.loads(get(url + "/api/snapshot"))["totals"]["events"] == cut)
     text = get(url + "/metrics").decode()
-    sample = re.compile(r'^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? -?[0-9.e+-]+$')
-    for line in text.splitlines():
-        assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
+    samples = prometheus_samples(text)  # the library's own parser reads every line
     c = rebuild(records[:cut]).canonical
     queued = {
         level: sum(j.state == QUEUED and j.eff_level == level for j in c.jobs.values())
         for level in range(T.LEVELS)
     }
     shown = {
-        int(level): int(jobs)
-        for level, jobs in re.findall(r'^xirang_level_queue_jobs\{level="(\d)"\} (\d+)$', text, re.M)
+        int(labels["level"]): int(value)
+        for name, labels, value in samples
+        if name == "xirang_level_queue_jobs"
     }
     assert sum(queued.values()) > 0, "set-up: jobs wait at the cut"
     assert {level: shown.get(level, 0) for level in queued} == queued
-    assert f"xirang_queue_jobs {sum(j.state == QUEUED for j in c.jobs.values())}\n" in text
-    assert f"xirang_projected_events_total {cut}\n" in text
+    assert ("xirang_queue_jobs", {}, sum(j.state == QUEUED for j in c.jobs.values())) in samples
+    assert ("xirang_projected_events_total", {}, cut) in samples
+    # No job or user id in any label.
+    ids = set(c.jobs) | set(c.done) | {j.user for j in c.jobs.values()}
+    assert not [s for s in samples if set(s[1]) & {"job", "user"} or set(s[1].values()) & ids]
     assert "# TYPE xirang_level_queue_wait_seconds histogram" in text
     # conventions: one family per grouping, counters end in _total, no job ids in labels
     families = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
@@ -265,7 +278,8 @@ def test_alert_fires_on_an_injected_preemption_storm_and_not_without_it():
     storm, page, text = _alerts_at(
         Spec(jobs=300, seed=5, storm_t=storm_t, storm_jobs=24, storm_level=1), at_t
     )
-    assert calm == [] and "No alerts" in calm_page and "xirang_alert_firing{" not in calm_metrics
+    assert calm == [] and "No alerts" in calm_page
+    assert not [s for s in prometheus_samples(calm_metrics) if s[0] == "xirang_alert_firing"]
     rate = [a for a in storm if a.kind == "preemption_rate"]
     assert any(a.subject == "level 1 (preempting)" for a in rate), storm
     assert all(a.value >= a.threshold for a in rate)
@@ -273,4 +287,5 @@ def test_alert_fires_on_an_injected_preemption_storm_and_not_without_it():
     assert [a.subject for a in limits] == ["team storm"]
     # and the dashboard and /metrics show them
     assert 'data-kind="preemption_rate"' in page and 'data-kind="team_downgraded"' in page
-    assert 'xirang_alert_firing{kind="preemption_rate",subject="level 1 (preempting)"} 1' in text
+    firing = ("xirang_alert_firing", {"kind": "preemption_rate", "subject": "level 1 (preempting)"}, 1)
+    assert firing in prometheus_samples(text)

@@ -4,7 +4,9 @@ level, and its return to its level in the job's history."""
 import duckdb
 
 from core import types as T
-from projections import alerts
+from prometheus_client.parser import text_string_to_metric_families
+
+from projections import alerts, metrics
 from projections.projector import Projector
 
 from scenario import MIN, Run, node, of, submit, tick
@@ -44,3 +46,20 @@ def test_an_owner_lowering_their_own_job_raises_no_downgrade_alert():
         7,
     )
     assert [a.kind for a in alerts.evaluate(proj.con, 4000)] == []
+
+
+def test_metrics_count_a_jobs_alerts_without_naming_the_job_or_its_user():
+    run = prod_preempted_twice()
+    run.at(24 * MIN, node("h9", "H100"), T.NodeDown(node="h9"))
+    run.at(24 * MIN, submit("p4", 1, 8, team="prod", user="d", models=["H100"]))
+    proj = _project(run)
+    text = metrics.prometheus(proj.con)
+    samples = [
+        (s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples
+    ]
+    assert ("xirang_alert_firing", {"kind": "downgraded_waiting", "subject": "jobs"}, 1.0) in samples
+    users = {u for (u,) in proj.con.execute('SELECT DISTINCT "user" FROM jobs').fetchall()}
+    jobs = {j for (j,) in proj.con.execute("SELECT job FROM jobs").fetchall()}
+    labels = {value for _, labelset, _ in samples for value in labelset.values()}
+    assert "p4" in jobs and "d" in users and not labels & (jobs | users)
+    assert not {name for _, labelset, _ in samples for name in labelset} & {"job", "user"}
