@@ -121,7 +121,7 @@ def lose_node(ctx: Ctx, node_name: str, reason: str) -> None:
 def _on_submit(ctx: Ctx, inp: T.Submit) -> None:
     c = ctx.state.canonical
     p = c.policy
-    problem = _submit_problem(c, inp) or preempt_contract_problem(inp)
+    problem = _submit_problem(ctx.state, inp) or preempt_contract_problem(inp)
     if problem:
         return reject(ctx, *problem)
     level = inp.level
@@ -159,7 +159,8 @@ def _or(value: float | None, default: float) -> float:
     return float(default if value is None else value)
 
 
-def _submit_problem(c, inp: T.Submit) -> tuple[str, str] | None:
+def _submit_problem(state, inp: T.Submit) -> tuple[str, str] | None:
+    c = state.canonical
     if not inp.job:
         return "job_must_be_named", "give the job an id"
     if len(inp.job) > JOB_ID_LENGTH_MAX:
@@ -189,19 +190,16 @@ def _submit_problem(c, inp: T.Submit) -> tuple[str, str] | None:
             return f"{name}_must_be_non_negative", f"got {name} {value}"
     if inp.est_runtime_s is not None and inp.est_runtime_s == 0:
         return "est_runtime_s_must_be_positive", "leave it out if unknown"
-    return _never_fits(c, inp)
+    return _never_fits(state, inp)
 
 
-def _never_fits(c, inp: T.Submit) -> tuple[str, str] | None:
+def _never_fits(state, inp: T.Submit) -> tuple[str, str] | None:
     """A job no node the pool has known could ever hold: of a model no node has, or a gang
     larger than all the nodes of any one model it accepts (a gang stays on one model). An
     empty pool refuses nothing: the nodes have not joined yet."""
-    if not c.nodes:
+    if not state.canonical.nodes:
         return None
-    capacity: dict[str, int] = {}
-    for name in sorted(c.nodes):
-        node = c.nodes[name]
-        capacity[node.gpu_model] = capacity.get(node.gpu_model, 0) + node.gpus
+    capacity = {model: gpus for model, (_, gpus) in state.index.known_by_model.items()}
     models = sorted(inp.gpu_models) or sorted(capacity)
     known = [m for m in models if m in capacity]
     if not known:

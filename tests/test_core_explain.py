@@ -108,6 +108,24 @@ def test_a_job_no_node_could_ever_hold_is_refused_at_submit_with_the_reason():
     assert "across" not in rejected and run.job("across") is not None
 
 
+def test_a_submit_is_checked_against_every_node_known_with_its_latest_inventory():
+    run = Run()
+    run.at(0, node("a1"), node("a2"), node("h1", "H100"))
+    run.at(1000, T.NodeDown(node="a2"), T.NodeDown(node="h1"))
+    run.at(2000, node("h1", "B200", 4))  # back with another inventory
+    events = run.at(
+        3000,
+        submit("a100-gang", 5, 16),  # a2 is down, but the pool has known it: it may come back
+        submit("h100", 5, 1, models=["H100"]),
+        submit("b200-gang", 5, 8, models=["B200"]),
+        submit("b200", 5, 4, models=["B200"]),
+    )
+    rejected = {e.job: e for e in of(events, T.InputRejected)}
+    assert sorted(rejected) == ["b200-gang", "h100"]
+    assert rejected["h100"].reason == "no_node_of_model" and "A100, B200" in rejected["h100"].detail
+    assert rejected["b200-gang"].reason == "gang_larger_than_pool" and "at most 4" in rejected["b200-gang"].detail
+
+
 def test_an_empty_pool_refuses_nothing_yet():
     run = Run()
     assert not of(run.at(1000, submit("early", 5, 8)), T.InputRejected)

@@ -36,6 +36,7 @@ def index_view(ix) -> tuple:
         {k: v for k, v in ix.team_gpus.items() if v},
         ix.level_gpus,
         ix.total_gpus,
+        ix.known_by_model,
     )
 
 

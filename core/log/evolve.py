@@ -36,6 +36,7 @@ from ..model.state import (
     Window,
     Estimate,
     forget_node,
+    node_known,
     forget_pass_memory,
     forget_release_lists,
     forget_releases,
@@ -94,6 +95,10 @@ _JOB_FIELDS = {
 
 def _node_joined(s: State, ev: T.NodeJoined) -> None:
     node = Node(name=ev.node, gpu_model=ev.gpu_model, gpus=ev.gpus, holder=[""] * ev.gpus, addr=ev.addr)
+    known = s.canonical.nodes.get(ev.node)
+    if known is not None:
+        node_known(s.index, known, -1)
+    node_known(s.index, node, 1)
     s.canonical.nodes[ev.node] = node
     s.index.nodes_sorted = None
     forget_node(s.index, ev.node)

@@ -216,6 +216,9 @@ class Index:
         # wherever aging queues them: who may preempt first, in the level's own queue policy
         self.waiting_by_level_team: list[dict[str, list[tuple[int, int, str]]]] = [{} for _ in range(LEVELS)]
         self.free_by_model: dict[str, int] = {}
+        # model -> [nodes, GPUs] of every node the pool has known, up or down: the largest
+        # gang of that model it could ever hold (what a submit is checked against).
+        self.known_by_model: dict[str, list[int]] = {}
         self.capacity_by_model: dict[str, int] = {}
         self.node_size_max_by_model: dict[str, int] = {}
         # model -> free count -> {node: None} (insertion ordered; we always take min name)
@@ -317,6 +320,7 @@ def rebuild_index(c: Canonical) -> Index:
     ix = Index()
     for name in sorted(c.nodes):
         node = c.nodes[name]
+        node_known(ix, node, 1)
         if node.up:
             _index_node_capacity(ix, node)
     for job_id in sorted(c.jobs):
@@ -343,6 +347,16 @@ def _index_node_capacity(ix: Index, node: Node) -> None:
     free = sum(1 for holder in node.holder if holder == "")
     ix.free_by_model[model] = ix.free_by_model.get(model, 0) + free
     ix.free_buckets.setdefault(model, {}).setdefault(free, {})[node.name] = None
+
+
+def node_known(ix: Index, node: Node, sign: int) -> None:
+    """Count a node the pool knows (`sign` 1) or forget it (-1: the inventory it is replaced
+    by is counted instead) in `known_by_model`."""
+    counts = ix.known_by_model.setdefault(node.gpu_model, [0, 0])
+    counts[0] += sign
+    counts[1] += sign * node.gpus
+    if counts[0] == 0:
+        del ix.known_by_model[node.gpu_model]
 
 
 def teams_with_demand(ix: Index) -> list[str]:
