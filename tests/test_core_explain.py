@@ -123,7 +123,10 @@ def test_a_submit_is_checked_against_every_node_known_with_its_latest_inventory(
     rejected = {e.job: e for e in of(events, T.InputRejected)}
     assert sorted(rejected) == ["b200-gang", "h100"]
     assert rejected["h100"].reason == "no_node_of_model" and "A100, B200" in rejected["h100"].detail
-    assert rejected["b200-gang"].reason == "gang_larger_than_pool" and "at most 4" in rejected["b200-gang"].detail
+    assert (
+        rejected["b200-gang"].reason == "gang_larger_than_pool"
+        and "at most 4" in rejected["b200-gang"].detail
+    )
 
 
 def test_an_empty_pool_refuses_nothing_yet():
