@@ -45,7 +45,7 @@ from trust.durable import remove_stale_temps, write_durably
 from trust.natsauth import CREDS_ENV, JobMinter
 from trust.signing import KeyRing, verify_one
 
-from . import ckptfile
+from . import ckptfile, ckptpath, rendezvous
 from transport import bus
 from transport.locks import AlreadyRunning, InstanceLock
 from .gpus import Inventory
@@ -107,6 +107,10 @@ class Run(msgspec.Struct, kw_only=True):
     term_sent_t: float = 0.0
     killed: bool = False
     job_uid: int = 0  # the run's own uid (and gid) from --job-uid-range; 0: none drawn
+    gpus: list[int] = []  # this host's GPUs of the run
+    gang: bool = False  # one part of a run over several nodes
+    preempt_signal: str = ""  # the job's own signal at a notice ('' : SIGTERM)
+    grace_s: float = 0.0  # the job's own time from the notice to SIGKILL (0: the host's)
 
 
 class StateFileError(Exception):
@@ -147,8 +151,12 @@ class HostAgent:
         job_minter: JobMinter | None = None,
         ckpt_secret: bytes | None = None,
         job_user: JobUser | UidPool | None = None,
+        advertise_addr: str = "",
+        ckpt_roots: list[str | os.PathLike] | None = None,
     ) -> None:
         self.url = url
+        # Where this host's jobs are reached (a gang's MASTER_ADDR when it is the first node).
+        self.advertise_addr = advertise_addr or rendezvous.default_advertise_addr(url)
         # Who the jobs run as: one user for all, one uid per run from a pool, or None (the
         # agent's own user). With other users, whatever the agent writes is its own only
         # (umask 077); each run's folder is handed to the run's user.
@@ -173,6 +181,10 @@ class HostAgent:
         self.runs_dir = self.dir / "runs"
         self.instance = uuid.uuid4().hex  # tells this agent's heartbeats from another's
         self.outbox = Outbox(self.dir / "outbox", sender=f"host:{node}")
+        # Shared filesystems where jobs write checkpoints of their own (agents/ckptpath.py).
+        roots = ckpt_roots or [Path(state_dir).resolve().parent / "ckpt"]
+        self.ckpt_roots = [Path(root).resolve() for root in roots]
+        self.outbox.path_roots = lambda job: ckptpath.job_roots(self.ckpt_roots, job)
         self._outbox_wake: asyncio.Event | None = None
         self.grace_s = grace_s
         self.default_command = default_command or [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -306,10 +318,7 @@ class HostAgent:
         self.nc, self.js = await bus.connect_forever(self.url, name=f"host-{self.node}", stop=self.stop_event)
         await self._refuse_if_node_taken()
         sub = await self._retry("opening the decision consumer", self._open)
-        await self._report(
-            T.NodeUp(node=self.node, gpu_model=self.inventory.model, gpus=len(self.inventory.gpus)),
-            f"up-{uuid.uuid4().hex}",
-        )
+        await self._report(self._node_up(), f"up-{uuid.uuid4().hex}")
         log.info(
             "host %s: %d x %s up, %d runs adopted, last acted record %d",
             self.node,
@@ -590,15 +599,46 @@ class HostAgent:
         primary = bool(ev.placement) and ev.placement[0].node == self.node
         resume = isinstance(ev, T.JobResumeRequested) and bool(ev.ckpt_digest)
         adopted, run_dir = self._unrecorded_run(ev.job, n, marker)
-        run = Run(job=ev.job, n=n, dir=str(run_dir), primary=primary, resume=resume, started_t=time.time())
-        with self._run_user(adopted, run_dir) as user:
-            run.job_uid = user.uid if isinstance(self.job_user, UidPool) else 0
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self._hand_over(run, run_dir)
-            if adopted:
-                run.pid = adopted
-            else:
-                run.pid = self._spawn(run, marker, gpus, ev)
+        run = Run(
+            job=ev.job,
+            n=n,
+            dir=str(run_dir),
+            primary=primary,
+            resume=resume,
+            started_t=time.time(),
+            gpus=gpus,
+            gang=len(rendezvous.node_order(ev.placement)) > 1,
+            preempt_signal=getattr(ev, "preempt_signal", ""),
+            grace_s=getattr(ev, "grace_s", 0.0),
+        )
+        if not adopted:
+            # Nothing of an older run, of this job or of one that gave these GPUs up, may
+            # still run when this one starts.
+            await self._vacate(ev.job, gpus)
+        cannot_start = "" if adopted else self._start_problem(run, n)
+        resume_env: dict[str, str] = {}
+        if not cannot_start and isinstance(ev, T.JobResumeRequested) and _resumes_from_path(ev):
+            resume_env = await self._verified_resume(run, ev, marker)
+            run.resume = False  # the host checked the checkpoint: it reports `started` itself
+        if not cannot_start:
+            try:
+                with self._run_user(adopted, run_dir) as user:
+                    run.job_uid = user.uid if isinstance(self.job_user, UidPool) else 0
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    self._hand_over(run, run_dir)
+                    if adopted:
+                        run.pid = adopted
+                    else:
+                        run.pid = self._spawn(run, marker, gpus, ev, resume_env)
+            except OSError as err:
+                cannot_start = f"cannot start its process here: {err}"
+        if cannot_start:
+            # All parts of a run start or none: the scheduler stops the others and queues it again.
+            log.warning("host %s: %s (run %d) cannot start: %s", self.node, ev.job, n, cannot_start)
+            await self._report(
+                T.Finished(job=ev.job, ok=False, requeue=True, attempt=n), f"{marker}:cannot-start"
+            )
+            return
         self.runs[ev.job] = run
         self._save_run(run)
         log.info(
@@ -609,10 +649,88 @@ class HostAgent:
             gpus,
             run.pid,
         )
-        if primary and not resume:
+        if primary and not run.resume:
             # An SDK job restoring a checkpoint reports `started` itself, after checking
             # the checkpoint's digest (a bad one must be reported before it starts).
             await self._report(T.Started(job=ev.job, attempt=n), f"{marker}:started")
+
+    async def _vacate(self, job: str, gpus: list[int]) -> None:
+        """Wait until no older run of `job`, and no run that is letting go of one of `gpus`
+        (notified or being stopped), still runs here: an older run of the job is stopped
+        (a gang's part left from a run the scheduler gave up), the others get their grace
+        time, then SIGKILL from the monitor."""
+        older = self.runs.get(job)
+        if older is not None:
+            self._stop_run(job, "superseded")
+        leaving = [
+            r
+            for r in self.runs.values()
+            if r is older or ((r.notified or r.stopping) and set(r.gpus) & set(gpus))
+        ]
+        deadline = time.monotonic() + max([self._grace_of(r) for r in leaving] + [0.0]) + DRAIN_SLACK_S
+        while leaving and time.monotonic() < deadline:
+            for r in leaving:
+                if r.notified and not r.term_sent_t and time.time() - r.started_t >= SDK_WAIT_S:
+                    self._terminate(r)  # a notified part that has not gone by now is stopped
+            await asyncio.sleep(MONITOR_S)
+            leaving = [r for r in leaving if self.runs.get(r.job) is r]
+
+    def _grace_of(self, run: Run) -> float:
+        return run.grace_s or self.grace_s
+
+    def _start_problem(self, run: Run, n: int) -> str:
+        """Why this part of a run cannot start on this host ('' when it can)."""
+        if run.gang and run.primary:
+            port = rendezvous.master_port(n)
+            if rendezvous.port_taken(port):
+                return f"its rendezvous port {port} is taken on this host"
+        return ""
+
+    async def _verified_resume(self, run: Run, ev: T.JobResumeRequested, marker: str) -> dict[str, str]:
+        """The variables that tell a job without the SDK where to resume from: the newest of
+        its checkpoints (recorded with a path) whose content still matches its digest. Each
+        that does not is reported (the scheduler records the fallback) and said in the run's
+        output; with none left, the job starts from scratch and is told so."""
+        roots = ckptpath.job_roots(self.ckpt_roots, ev.job)
+        notes: list[str] = []
+        chosen = None
+        for point in ev.resume_points:
+            problem = ckptpath.path_problem(point.path, roots)
+            if not problem:
+                try:
+                    digest, _ = await asyncio.to_thread(ckptpath.digest_path, point.path)
+                except OSError as err:
+                    problem = f"cannot read it ({err})"
+                else:
+                    problem = (
+                        "" if digest == point.digest else f"its content no longer matches {point.digest}"
+                    )
+            if not problem:
+                chosen = point
+                break
+            notes.append(f"xirang: checkpoint of step {point.step} at {point.path}: {problem}")
+            if run.primary:
+                await self._report(
+                    T.CheckpointFailed(
+                        job=ev.job, reason="digest_mismatch", digest=point.digest, attempt=run.n
+                    ),
+                    f"{marker}:bad-{point.digest[-16:]}",
+                )
+        notes.append(
+            f"xirang: resuming from step {chosen.step} at {chosen.path}"
+            if chosen
+            else "xirang: no checkpoint of this job verifies: starting from scratch"
+        )
+        Path(run.dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(run.dir) / "output.log", "a") as out:
+            out.write("".join(note + "\n" for note in notes))
+        if chosen is None:
+            return {"XR_RESUME_STEP": "0", "XR_RESUME_DIGEST": "", "XR_RESUME_PATH": ""}
+        return {
+            "XR_RESUME_STEP": str(chosen.step),
+            "XR_RESUME_DIGEST": chosen.digest,
+            "XR_RESUME_PATH": chosen.path,
+        }
 
     @contextlib.contextmanager
     def _run_user(self, adopted_pid: int, run_dir: Path):
@@ -648,7 +766,7 @@ class HostAgent:
         write_durably(Path(run.dir) / NOTICE_FILE, json.dumps(notice).encode())
         self._hand_over(run, Path(run.dir) / NOTICE_FILE)
 
-    def _spawn(self, run: Run, marker: str, gpus: list[int], ev) -> int:
+    def _spawn(self, run: Run, marker: str, gpus: list[int], ev, resume_env: dict[str, str]) -> int:
         command = list(ev.command) or list(self.default_command)
         # A job never inherits the host's secrets: not its NATS credentials, not any key.
         env = {k: v for k, v in os.environ.items() if k not in JOB_WITHHELD_ENV}
@@ -678,6 +796,14 @@ class HostAgent:
                 "XR_REPORT_STARTED": "1" if run.resume and run.primary else "0",
                 "XR_RESUME_STEP": str(getattr(ev, "ckpt_step", 0) or 0),
                 "XR_RESUME_DIGEST": getattr(ev, "ckpt_digest", "") or "",
+                "XR_RESUME_POINTS": json.dumps(
+                    [msgspec.to_builtins(p) for p in getattr(ev, "resume_points", [])]
+                ),
+                "XR_PREEMPT_SIGNAL": run.preempt_signal or "SIGTERM",
+                "XR_GRACE_S": str(self._grace_of(run)),
+                **self._ckpt_env(run),
+                **rendezvous.gang_env(self.node, run.n, ev),
+                **resume_env,
             }
         )
         out = open(Path(run.dir) / "output.log", "ab")
@@ -700,6 +826,16 @@ class HostAgent:
         self._children[proc.pid] = proc
         return proc.pid
 
+    def _ckpt_env(self, run: Run) -> dict[str, str]:
+        """The job's own checkpoint folders (agents/ckptpath.py): the first made for it."""
+        roots = ckptpath.job_roots(self.ckpt_roots, run.job)
+        try:
+            roots[0].mkdir(parents=True, exist_ok=True)
+            self._hand_over(run, roots[0])
+        except OSError as err:  # e.g. a shared filesystem away: the job can still run
+            log.warning("host %s: cannot make checkpoint folder %s: %r", self.node, roots[0], err)
+        return {"XR_CKPT_DIR": str(roots[0]), "XR_CKPT_ROOTS": os.pathsep.join(str(r) for r in roots)}
+
     async def _notify(self, ev: T.VictimNotified) -> None:
         run = self.runs.get(ev.job)
         if run is None:
@@ -718,7 +854,8 @@ class HostAgent:
             _signal_group(run.pid, signal.SIGUSR1)
         elif time.time() - run.started_t >= SDK_WAIT_S:
             run.notice_pending = False
-            self._terminate(run)
+            # The job's own signal (Slurm's --signal), SIGTERM by default; SIGKILL after its grace.
+            self._terminate(run, _signal_number(run.preempt_signal))
 
     def _withdraw(self, job: str) -> None:
         run = self.runs.get(job)
@@ -739,11 +876,11 @@ class HostAgent:
         self._save_run(run)
         self._terminate(run)
 
-    def _terminate(self, run: Run) -> None:
+    def _terminate(self, run: Run, sig: int = signal.SIGTERM) -> None:
         if not run.term_sent_t:
             run.term_sent_t = time.time()
             self._save_run(run)
-            _signal_group(run.pid, signal.SIGTERM)
+            _signal_group(run.pid, sig)
 
     async def _rejoin(self) -> None:
         for run in list(self.runs.values()):
@@ -751,9 +888,14 @@ class HostAgent:
         deadline = time.monotonic() + self.grace_s + 5
         while self.runs and time.monotonic() < deadline:
             await asyncio.sleep(MONITOR_S)
-        await self._report(
-            T.NodeUp(node=self.node, gpu_model=self.inventory.model, gpus=len(self.inventory.gpus)),
-            f"up-{uuid.uuid4().hex}",
+        await self._report(self._node_up(), f"up-{uuid.uuid4().hex}")
+
+    def _node_up(self) -> T.NodeUp:
+        return T.NodeUp(
+            node=self.node,
+            gpu_model=self.inventory.model,
+            gpus=len(self.inventory.gpus),
+            advertise_addr=self.advertise_addr,
         )
 
     # ------------------------------------------------------------ processes
@@ -772,7 +914,7 @@ class HostAgent:
             self._renew_creds(run)
             if run.notice_pending:
                 self._deliver_notice(run)
-            if run.term_sent_t and not run.killed and time.time() - run.term_sent_t > self.grace_s:
+            if run.term_sent_t and not run.killed and time.time() - run.term_sent_t > self._grace_of(run):
                 run.killed = True
                 self._save_run(run)
                 _signal_group(run.pid, signal.SIGKILL)
@@ -809,15 +951,27 @@ class HostAgent:
         rc = _read_rc(Path(run.dir) / EXIT_FILE)
         marker = f"{self.node}/{run.job}/{run.n}"
         released_by_sdk = (Path(run.dir) / RELEASED_MARKER).exists()
-        if run.stopping or not run.primary:
+        if run.stopping:
             pass  # the scheduler already knows why it ended
+        elif not run.primary:
+            # Another node's part: its end is the primary's to report, unless it failed,
+            # which ends the whole run (the scheduler stops the other parts).
+            if rc != 0 and not run.notified and not released_by_sdk:
+                await self._report(
+                    T.Finished(job=run.job, ok=False, exit_code=rc, requeue=_killed(rc), attempt=run.n),
+                    f"{marker}:finished",
+                )
         elif released_by_sdk and not run.withdrawn:
             pass  # the SDK reported safe_point, checkpoint and released
         elif run.notified:
             await self._report(T.Released(job=run.job, attempt=run.n), f"{marker}:released")
         else:
+            # A gang's part killed by a signal (the OOM killer, a lost GPU) costs the gang its
+            # run, not its life: it queues again.
+            requeue = run.gang and rc != 0 and _killed(rc)
             await self._report(
-                T.Finished(job=run.job, ok=rc == 0, exit_code=rc, attempt=run.n), f"{marker}:finished"
+                T.Finished(job=run.job, ok=rc == 0, exit_code=rc, attempt=run.n, requeue=requeue),
+                f"{marker}:finished",
             )
         log.info(
             "host %s: %s exited (status %s)%s",
@@ -850,6 +1004,23 @@ class HostAgent:
 
 def _safe(job: str) -> str:
     return bus.node_token(job)
+
+
+def _resumes_from_path(ev: T.JobResumeRequested) -> bool:
+    """Whether the recorded checkpoint is one the job wrote itself (a file or folder), which
+    the host checks, rather than one in the SDK's store, which the SDK checks."""
+    points = ev.resume_points
+    return bool(points) and points[0].digest == ev.ckpt_digest and ckptpath.is_file_path(points[0].path)
+
+
+def _killed(rc: int | None) -> bool:
+    """Whether an exit status means killed by a signal (or with the wrapper: none recorded)."""
+    return rc is None or rc < 0
+
+
+def _signal_number(name: str) -> int:
+    """A signal name the core accepted ('' : SIGTERM) as its number."""
+    return int(getattr(signal, name, signal.SIGTERM)) if name else int(signal.SIGTERM)
 
 
 def _read_rc(path: Path) -> int | None:

@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from core import types as T
@@ -25,6 +26,8 @@ from core.identity import JOB_FACTS
 from transport import bus
 
 from trust.durable import write_durably
+
+from .ckptpath import path_problem
 
 log = logging.getLogger("xirang.outbox")
 
@@ -43,6 +46,8 @@ class Outbox:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.job_folders: dict[Path, str] = {}  # runs' own outboxes -> their job
         self.retiring: set[Path] = set()  # runs that ended: dropped once delivered
+        # A job's own checkpoint folders (agents/ckptpath.py); None: paths are not checked.
+        self.path_roots: Callable[[str], list[Path]] | None = None
 
     def watch_job(self, folder: str | os.PathLike, job: str) -> Path:
         """Deliver, with this outbox's own facts, those a run's SDK leaves in `folder`,
@@ -104,7 +109,7 @@ class Outbox:
                 log.warning("outbox: dropping unreadable fact %s: %s", path.name, inp.error)
                 path.unlink(missing_ok=True)
                 continue
-            problem = job_fact_problem(inp, job) if job is not None else ""
+            problem = job_fact_problem(inp, job, self.path_roots) if job is not None else ""
             if problem:
                 log.warning("outbox: dropping %s from job %s's outbox: %s", path.name, job, problem)
                 path.unlink(missing_ok=True)
@@ -115,11 +120,14 @@ class Outbox:
         return delivered
 
 
-def job_fact_problem(inp: T.Input, job: str) -> str:
-    """Why a fact left in `job`'s own outbox must not be delivered ('' when it may)."""
+def job_fact_problem(inp: T.Input, job: str, path_roots: Callable[[str], list[Path]] | None = None) -> str:
+    """Why a fact left in `job`'s own outbox must not be delivered ('' when it may): not a job
+    fact, another job's, or a checkpoint outside the job's own checkpoint folders."""
     kind = T.type_name(inp)
     if kind not in JOB_FACTS:
         return f"{kind} is not a fact a job reports"
     if T.input_job(inp) != job:
         return f"it names job {T.input_job(inp)!r}; a job speaks only for itself"
+    if isinstance(inp, T.CheckpointSaved) and inp.path and path_roots is not None:
+        return path_problem(inp.path, path_roots(job))
     return ""

@@ -355,6 +355,26 @@ class Job:
         if self.checkpoint_every_s and time.monotonic() - self._last_ckpt >= self.checkpoint_every_s:
             self.checkpoint(step, state)
 
+    def preempting(self) -> bool:
+        """Whether a preemption notice (or a stop of the host) is pending: a job whose
+        processes must agree on where to stop (a gang's ranks) asks this, tells the others,
+        and then calls `safe_point`, which saves, releases and exits."""
+        if not self.active or not self._notice:
+            return False
+        if self._read_notice() is None:
+            self._notice = False  # withdrawn
+        return self._notice
+
+    def checkpoint_if_due(self, step: int, state: Any) -> None:
+        """Save when `checkpoint_every_s` has passed since the last save; never acts on a
+        notice (see `preempting`)."""
+        if (
+            self.active
+            and self.checkpoint_every_s
+            and time.monotonic() - self._last_ckpt >= self.checkpoint_every_s
+        ):
+            self.checkpoint(step, state)
+
     def _read_notice(self) -> dict | None:
         try:
             return json.loads((self.dir / "notice.json").read_text())

@@ -349,11 +349,11 @@ def _on_finished(ctx: Ctx, inp: T.Finished) -> None:
     if job is None:
         return
     if inp.requeue and not inp.ok and job.state in (STARTING, RUNNING):
-        # A part of the run could not start on its host: the gang is stopped whole and
-        # queues again (a new run, which may land elsewhere).
+        # A part of the run could not start on its host, or was killed: the gang is stopped
+        # whole and queues again (a new run, which may land elsewhere).
         nodes = placement_nodes(job.placement)
-        ctx.emit(T.JobStopRequested(t=inp.t, job=job.id, nodes=nodes, reason="part_could_not_start"))
-        requeue(ctx, job, "part_could_not_start", counts_as_preemption=False)
+        ctx.emit(T.JobStopRequested(t=inp.t, job=job.id, nodes=nodes, reason="gang_part_lost"))
+        requeue(ctx, job, "gang_part_lost", counts_as_preemption=False)
         return
     saga_id = job.saga
     if job.state == PREEMPTING:

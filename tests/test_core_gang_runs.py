@@ -118,7 +118,7 @@ def test_a_part_that_cannot_start_stops_the_whole_gang_and_queues_it_again():
     kinds = [T.type_name(r.event) for r in records]
     assert "JobStopRequested" in kinds and "JobRequeued" in kinds and "JobFailed" not in kinds
     stop = next(r.event for r in records if isinstance(r.event, T.JobStopRequested))
-    assert stop.reason == "part_could_not_start" and len(stop.nodes) == 2
+    assert stop.reason == "gang_part_lost" and len(stop.nodes) == 2
     assert any(isinstance(r.event, T.JobStartRequested) and r.n > first for r in log)  # a new run
     assert state_digest(rebuild(log).canonical) == state_digest(state.canonical)
 

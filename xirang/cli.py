@@ -24,6 +24,7 @@ OPTIONAL_COMMAND_MODULES = [
     "xirang.cmd_security",
     "xirang.cmd_tuning",
     "xirang.cmd_chaos",
+    "xirang.cmd_job",
 ]
 
 

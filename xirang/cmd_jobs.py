@@ -161,6 +161,19 @@ def _register_submit(sub) -> None:
     submit.add_argument("--ckpt-cost-s", type=float)
     submit.add_argument("--restore-cost-s", type=float)
     submit.add_argument("--not-preemptible", action="store_true")
+    submit.add_argument(
+        "--preempt-signal",
+        metavar="SIG",
+        default="",
+        help="what a job without the SDK gets at a preemption notice (Slurm's --signal): USR1, "
+        "USR2, TERM (default), INT, HUP or QUIT, to each part's process group",
+    )
+    submit.add_argument(
+        "--grace-s",
+        type=float,
+        metavar="S",
+        help="seconds from the notice to SIGKILL (default: the host's --grace-s)",
+    )
     submit.add_argument("--id", help="input id for deduplication (default: random)")
     submit.add_argument(
         "--command",
@@ -198,6 +211,8 @@ def cmd_submit(args) -> int:
         ckpt_cost_s=args.ckpt_cost_s,
         restore_cost_s=args.restore_cost_s,
         preemptible=not args.not_preemptible,
+        preempt_signal=args.preempt_signal,
+        grace_s=args.grace_s,
         command=_resolve_example(command),
         id=args.id or "",
     )

@@ -83,6 +83,22 @@ def register(sub) -> None:
     agent.add_argument("--gpu-model", help="override the discovered model name")
     agent.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL")
     agent.add_argument(
+        "--advertise-addr",
+        metavar="ADDR",
+        default="",
+        help="the address other hosts reach this one's jobs at, a gang's MASTER_ADDR when this "
+        "node comes first (default: this host's address towards the NATS server)",
+    )
+    agent.add_argument(
+        "--ckpt-root",
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="a (shared) folder where jobs write checkpoints of their own, each in its folder "
+        "<DIR>/<job>; `xirang job checkpoint-saved --path` must name a path there "
+        "(repeatable; default <data-dir>/ckpt)",
+    )
+    agent.add_argument(
         "--job-creds-ttl-s",
         type=float,
         default=3600.0,
@@ -325,6 +341,8 @@ def cmd_agent(args) -> int:
                 job_minter=job_minter(args.job_creds_ttl_s),
                 ckpt_secret=checkpoint_secret(args.ckpt_secret_file, args.data_dir),
                 job_user=job_user,
+                advertise_addr=args.advertise_addr,
+                ckpt_roots=args.ckpt_root or None,
             )
         )
     except (AlreadyRunning, JobUserError, StateFileError) as err:

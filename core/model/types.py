@@ -159,8 +159,8 @@ class Finished(_RunFact, tag="finished"):
     ok: bool
     # The process's exit status, when the host saw it (None: killed, or an older agent).
     exit_code: int | None = None
-    # The run ended because one part of it could not start on its host (not the job's
-    # fault): every part is stopped and the job queues again.
+    # The run ended because one part of it could not start on its host, or was killed by a
+    # signal (not the job's own failure): every part is stopped and the job queues again.
     requeue: bool = False
 
 
