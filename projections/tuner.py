@@ -117,6 +117,11 @@ class Score:
         }
 
 
+class NothingToReplay(ValueError):
+    """The window holds no job, or no node to run one on: a quiet window, not a failure of
+    the loop (a turn of `xirang tune --apply` on it changes nothing and ends well)."""
+
+
 class Replay:
     """One window's workload and cluster, replayed under any policy (memoised)."""
 
@@ -130,7 +135,7 @@ class Replay:
         sim_options: dict | None = None,
     ) -> None:
         if not workload.jobs:
-            raise ValueError("no job was submitted in this window: nothing to replay")
+            raise NothingToReplay("no job was submitted in this window: nothing to replay")
         self.workload = workload
         self.cluster = cluster
         self.policy = policy  # in force at the window's start
@@ -164,7 +169,7 @@ class Replay:
         """A replay of the log's window [from_t, to_t] (its jobs, nodes and policy)."""
         win = whatif.scan(records, from_t, to_t)
         if not win.nodes:
-            raise ValueError("no node joined before the window's end: nothing to run jobs on")
+            raise NothingToReplay("no node joined before the window's end: nothing to run jobs on")
         return cls(
             whatif.workload(win),
             whatif.cluster(win),

@@ -841,6 +841,19 @@ def _tune_once(args, objective) -> None:
             only=args.param,
             sim_options={"urgent_tick_s": args.urgent_tick_s},
         )
+    except tuner.NothingToReplay as err:
+        if not args.apply:
+            raise _user_error(f"tune: {err}") from err
+        # A turn of the loop on a quiet window (an idle cluster, a fresh log): nothing to
+        # learn from and nothing to change, which is no failure of the timer or CronJob.
+        if args.json:
+            print(
+                json.dumps({"window": span.as_dict(), "quiet": str(err), "proposals": []}, indent=1),
+                flush=True,
+            )
+        else:
+            print(f"tune: {span.describe()}: {err}; nothing changed this turn", flush=True)
+        return
     except ValueError as err:
         raise _user_error(f"tune: {err}") from err
     inputs = [_tuner_input(p, records, last_t) for p in result.proposals]
