@@ -7,7 +7,8 @@
   CLI's own parser, and every ```toml block is a policy the scheduler accepts;
 - every source file the guides name exists (a module moved or renamed shows here until the
   guides follow it), and every link between the README and the guides leads to a file and
-  heading that exist."""
+  heading that exist;
+- the README's Guides list links every guide in docs/."""
 
 from __future__ import annotations
 
@@ -125,6 +126,14 @@ def test_every_source_file_the_guides_name_exists():
             if not (REPO / name).exists():
                 missing.append(f"{path.name}: {name}")
     assert missing == [], "the guides name files that are not in the repository"
+
+
+def test_the_readme_lists_every_guide():
+    text = (REPO / "README.md").read_text()
+    guides = text.split("\n## Guides\n", 1)[1].split("\n## ", 1)[0]
+    linked = set(re.findall(r"\]\((docs/[^)#\s]+)\)", guides))
+    present = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
+    assert sorted(present - linked) == [], "guides in docs/ the README's Guides list does not link"
 
 
 def heading_anchors(path: Path) -> set[str]:
