@@ -25,12 +25,15 @@ import logging
 import os
 import re
 import uuid
+import weakref
 from typing import AsyncIterator
 
 import msgspec
 import nats
 from nats.js import api
 from nats.js.errors import BadRequestError, NotFoundError, ObjectNotFoundError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+from tenacity.wait import wait_exponential, wait_random_exponential
 
 from core import load_snapshot, new_state, snapshot_bytes
 from core import types as T
@@ -96,10 +99,16 @@ async def connect(
     """Connect to one or several servers (comma separated), with the credentials in
     `creds` or $XIRANG_CREDS and TLS as trust/connect.py says."""
     refused: list[BaseException] = []
+    denied: list[str] = []
 
     async def _quiet(err):  # reconnect noise is handled by the callers' timeouts
         if "authorization violation" in str(err).lower() or isinstance(err, nats.errors.AuthorizationError):
             refused.append(err)
+        permission = PERMISSION_VIOLATION.search(str(err))
+        if permission:  # remembered, so that a request the server never answers is explained
+            log.warning("%s: %s", name, err)
+            denied.append(permission.group(2).lower())
+            del denied[:-_DENIED_KEPT]
 
     options, identity = connect_options(url, creds)
     # The latest connection's: one made without credentials must not send as an earlier one's.
@@ -107,8 +116,8 @@ async def connect(
         _IDENTITY["from_creds"] = identity
     else:
         _IDENTITY.pop("from_creds", None)
-    try:
-        nc = await nats.connect(
+    connecting = asyncio.ensure_future(
+        nats.connect(
             name=name,
             max_reconnect_attempts=kwargs.pop("reconnects", 60),
             reconnect_time_wait=kwargs.pop("reconnect_time_wait", 0.25),
@@ -117,10 +126,26 @@ async def connect(
             **options,
             **kwargs,
         )
+    )
+    try:
+        # A client told to reconnect forever would also try refused credentials forever:
+        # the server saying no several times running is an answer, not an outage.
+        while not connecting.done():
+            await asyncio.wait({connecting}, timeout=0.1)
+            if len(refused) >= CREDENTIALS_REFUSED_TIMES and not connecting.done():
+                connecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await connecting
+                raise CredentialsRefused(credentials_refused(creds))
+        nc = connecting.result()
     except nats.errors.NoServersError as err:
         if refused:  # the server answered, and said no: not an outage
             raise CredentialsRefused(credentials_refused(creds)) from err
         raise
+    except BaseException:
+        connecting.cancel()
+        raise
+    _DENIED[nc] = denied
     return nc, nc.jetstream(timeout=10)
 
 
@@ -128,6 +153,52 @@ async def connect(
 # connection that fails is retried with backoff up to this pause between tries.
 RECONNECT_WAIT_S = 0.5
 CONNECT_BACKOFF_MAX_S = 5.0
+# How many refusals of the credentials in a row end a connection attempt that would
+# otherwise go on forever (one could be a server still loading its accounts).
+CREDENTIALS_REFUSED_TIMES = 3
+# The server's words when it will not let this identity publish or subscribe somewhere.
+PERMISSION_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "?([^"\s]+)', re.I)
+# Connection -> the subjects the server refused it, newest last (a bounded list).
+_DENIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DENIED_KEPT = 20
+
+
+class PermanentBusError(RuntimeError):
+    """Retrying cannot help: the server answered, and the answer will not change until
+    someone changes the set-up. The message says what to fix."""
+
+
+def denied_subjects(nc) -> list[str]:
+    """The subjects the server refused this connection (lower-case, as the server says them)."""
+    return list(_DENIED.get(nc, ())) if nc is not None else []
+
+
+def permanent_problem(err: BaseException) -> str | None:
+    """What to fix when `err` is an answer that retrying will not change (refused
+    credentials, a refused permission, a stream this identity may not create); None when an
+    outage is the likely cause (no server, a timeout, a dropped connection)."""
+    if isinstance(err, (PermanentBusError, CredentialsRefused)):
+        return str(err)
+    if isinstance(err, nats.errors.AuthorizationError) or "authorization violation" in str(err).lower():
+        return credentials_refused()
+    match = PERMISSION_VIOLATION.search(str(err))
+    if match:
+        return (
+            f"the NATS server does not let these credentials {match.group(1)} to {match.group(2)}:"
+            " use credentials of a role that may (`xirang nats add-user --role ...`), or give the role"
+            " that permission"
+        )
+    return None
+
+
+def _backoff(first_delay_s: float):
+    """Exponential backoff with equal jitter: each wait is half the exponential step plus a
+    random part up to the other half, capped at CONNECT_BACKOFF_MAX_S, so that many agents
+    that lost the bus together do not come back in lockstep."""
+    half = first_delay_s / 2
+    return wait_exponential(multiplier=half, max=CONNECT_BACKOFF_MAX_S / 2) + wait_random_exponential(
+        multiplier=half, max=CONNECT_BACKOFF_MAX_S / 2
+    )
 
 
 async def connect_forever(url: str, name: str = "xirang", stop=None, **kwargs) -> tuple[nats.NATS, object]:
@@ -148,23 +219,42 @@ async def connect_forever(url: str, name: str = "xirang", stop=None, **kwargs) -
 
 
 async def retry_with_backoff(action, what: str, stop=None, first_delay_s: float = 0.2):
-    """`await action()` until it succeeds, waiting between tries with exponential backoff
-    capped at CONNECT_BACKOFF_MAX_S: the bus may be away. Once `stop` (an asyncio.Event) is
-    set, the wait ends at once and the next failure is raised."""
-    delay = first_delay_s
-    while True:
-        try:
-            return await action()
-        except Exception as err:  # noqa: BLE001 - the bus is away: wait for it
-            if stop is not None and stop.is_set():
-                raise
-            log.warning("%s failed (%r); retrying in %.1f s", what, err, delay)
-            if stop is None:
-                await asyncio.sleep(delay)
-            else:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-            delay = min(CONNECT_BACKOFF_MAX_S, delay * 2)
+    """`await action()` until it succeeds, waiting between tries with jittered exponential
+    backoff capped at CONNECT_BACKOFF_MAX_S: the bus may be away. An error retrying cannot
+    help (`permanent_problem`) ends it at once with PermanentBusError saying what to fix.
+    Once `stop` (an asyncio.Event) is set, the wait ends at once and the next failure is
+    raised."""
+
+    async def pause(delay_s: float) -> None:
+        if stop is None:
+            await asyncio.sleep(delay_s)
+        else:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay_s)
+
+    def report(state: RetryCallState) -> None:
+        err = state.outcome.exception() if state.outcome else None
+        delay_s = state.upcoming_sleep
+        log.warning("%s failed (%r); retrying in %.2f s", what, err, delay_s)
+
+    async def attempt():  # `action` may be a plain function returning an awaitable
+        return await action()
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(lambda err: permanent_problem(err) is None),
+        wait=_backoff(first_delay_s),
+        stop=lambda state: stop is not None and stop.is_set(),
+        sleep=pause,
+        before_sleep=report,
+        reraise=True,
+    )
+    try:
+        return await retrying(attempt)
+    except Exception as err:
+        problem = permanent_problem(err)
+        if problem is None or isinstance(err, PermanentBusError):
+            raise
+        raise PermanentBusError(f"{what}: {problem}") from err
 
 
 async def ensure_streams(js, replicas: int | None = None) -> None:
@@ -229,6 +319,17 @@ async def _ensure_stream(js, config: api.StreamConfig) -> None:
         except BadRequestError as err:
             if "already in use" not in str(err):
                 raise
+        except nats.errors.TimeoutError as err:
+            # The server just said the stream is missing; a create that goes unanswered while
+            # the server refused its subject is a permission, not an outage.
+            create = f"$js.api.stream.create.{config.name}".lower()
+            if create in denied_subjects(getattr(js, "_nc", None)):
+                raise PermanentBusError(
+                    f"stream {config.name} does not exist and these credentials may not create it:"
+                    " start the scheduler first (it creates the streams), or connect once with"
+                    " credentials of a role that may"
+                ) from err
+            raise
 
 
 # ---------------------------------------------------------------- inputs
