@@ -17,7 +17,6 @@ import asyncio
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from core import types as T
 
 from transport import bus
 from .interrupts import run_until_stopped
-from .local_cluster import FAST_POLICY, Cluster, matching, sleep_command, train_command
+from .local_cluster import FAST_POLICY, Cluster, matching, scratch_folder, sleep_command, train_command
 
 RAW_STREAM = "XR_BENCH_RAW"
 
@@ -219,8 +218,7 @@ def run(args) -> dict:
     on a live local cluster; the numbers as a dict."""
     quick = bool(getattr(args, "quick", False))
     count, rounds = (300, 1) if quick else (3000, 3)
-    with tempfile.TemporaryDirectory(prefix="xirang-bench-") as tmp:
-        root = Path(tmp)
+    with scratch_folder("xirang-bench-") as root:
         with Cluster(root / "bus", tick_ms=1000) as c:
             c.scheduler("bench")
             throughput = run_until_stopped(_throughput(c.url, count, rounds))

@@ -75,14 +75,22 @@ def start_cluster(
     return children
 
 
-def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    out = open(log_path, "ab")
-    # A local cluster's simulated hosts run their (example) jobs as the user who started it,
-    # as before, whatever that user is (its folders may not be reachable by other users),
-    # unless $XIRANG_JOB_UID_RANGE asks for one uid per run.
+def local_agent_env() -> dict[str, str]:
+    """The environment of a local cluster's processes (`xirang up`, the demo, the benchmarks,
+    chaos): its simulated hosts run their (example) jobs as the user who started it, whatever
+    that user is - root in a container too, where the unprivileged default may have no uid
+    mapped and the cluster's folders are not reachable by other users - unless
+    $XIRANG_JOB_USER names one or $XIRANG_JOB_UID_RANGE asks for one uid per run."""
     env = dict(os.environ)
     if not env.get(JOB_UID_RANGE_ENV):
         env[JOB_USER_ENV] = env.get(JOB_USER_ENV) or own_user_name()
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return env
+
+
+def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    out = open(log_path, "ab")
+    proc = subprocess.Popen(
+        cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=local_agent_env()
+    )
     out.close()
     return proc

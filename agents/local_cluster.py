@@ -7,15 +7,20 @@ Test-only helpers are in tests/live_helpers.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from core import types as T
 
 from transport import bus
+from .cluster import local_agent_env
 from .host import stop_job_processes
 from .interrupts import run_until_stopped
 from transport.natsd import EmbeddedNats
@@ -27,6 +32,20 @@ safe_point_ms = 1000
 deadline_slack_ms = 2000
 deadline_min_ms = 5000
 """
+
+
+@contextmanager
+def scratch_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder for a local cluster: removed when the block succeeds, kept when it
+    fails (its logs explain the failure, and a message naming them must not name a folder
+    that is gone by the time it is read); stderr says where it is."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root
+    except BaseException:
+        print(f"the cluster's files and logs are kept in {root}", file=sys.stderr, flush=True)
+        raise
+    shutil.rmtree(root, ignore_errors=True)
 
 
 class Cluster:
@@ -64,6 +83,7 @@ class Cluster:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=REPO,
+            env=local_agent_env(),  # jobs run as whoever started the cluster, as `xirang up`'s
         )
         out.close()
         self.procs.append(proc)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from xirang.bench_core import GPUS_PER_NODE, full_pool_inputs, parse_sizes, urge
 
 from agents.bench import last_input_seq, publish_pipelined
 from agents.interrupts import run_until_stopped
-from agents.local_cluster import Cluster
+from agents.local_cluster import Cluster, scratch_folder
 
 # Hosts do not heartbeat in this benchmark: their timeout outlasts any run of it.
 HOST_TIMEOUT_MS = 24 * 3_600_000
@@ -56,7 +55,7 @@ def run(args) -> dict:
     samples = 3 if quick else 10
     steady = 300 if quick else 3_000
     results = []
-    with tempfile.TemporaryDirectory(prefix="xirang-bench-scale-") as tmp:
+    with scratch_folder("xirang-bench-scale-") as tmp:
         for gpus in gpus_sizes:
             for pending in pendings:
                 root = Path(tmp) / f"{gpus}-{pending}"
