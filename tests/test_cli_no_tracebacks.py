@@ -44,6 +44,7 @@ NO_CLUSTER = {
     "feedback": [["feedback", "j", "--score", "4"]],
     "notices": [["notices"], ["notices", "--follow"], ["notices", "--publish"]],
     "review": [["review", "--out", "r.html"]],
+    "job": [["job", "checkpoint-saved", "--step", "3", "--path", "ckpt"], ["job", "released"]],
 }
 BAD_ARGUMENTS = {
     "replay": [["replay", "run", "missing.jsonl"], ["replay"]],
@@ -105,6 +106,11 @@ BAD_ARGUMENTS = {
         ["nats", "revoke", "nobody", "--dir", "nd"],
     ],
     "tls": [["tls", "init", "--dir", "td"], ["tls", "init", "--server", "no-equals-sign"]],
+    "job": [
+        ["job"],
+        ["job", "checkpoint-saved", "--step", "many"],
+        ["job", "checkpoint-saved", "--step", "-1"],
+    ],
 }
 
 

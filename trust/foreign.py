@@ -143,7 +143,7 @@ class LogSorter:
             else:
                 # A genuine signature on a record that cannot follow: records before it
                 # were deleted or altered in the store. No append explains that.
-                raise ChainError(record.n, chain_problem(record, self.n, self.chain) or "off the chain")
+                self._raise_altered(record)
             self._set_aside(pos, digest, COPY, words, record.n)
             return []
         self.signatures += 1
@@ -249,6 +249,22 @@ class LogSorter:
                 foreign.disowned_by = record.n
                 return
         self.disowns_unmatched.append(ev)
+
+    def _raise_altered(self, record: T.Record) -> None:
+        """Stop at the first record the scheduler wrote that is not on the log as written: the
+        message set aside in its place when there is one (an altered record names itself),
+        else the signed record that cannot follow (records before it are gone)."""
+        gap = [f for f in self.foreign if self.n < f.n < record.n]
+        if gap:
+            # the first one set aside in the gap: the records held before it waited for its signature
+            in_its_place = min(gap, key=lambda f: (f.n, f.pos))
+            raise SignatureError(
+                in_its_place.n,
+                f"{in_its_place.problem}: it stands where the scheduler's record {in_its_place.n}"
+                " was, so the log was altered there",
+                in_its_place.pos,
+            )
+        raise ChainError(record.n, chain_problem(record, self.n, self.chain) or "off the chain")
 
     def _set_aside(self, pos: int, payload_or_digest, reason: str, problem: str, n: int) -> None:
         digest = (
