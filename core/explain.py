@@ -19,12 +19,18 @@ import msgspec
 
 from .model.placement import acceptable_models, place
 from .forecast.waits import expected_runtime_ms, natural_wait_ms
-from .passes.plan import Decline, plan_preemption, variant_policy
-from .rules.eligibility import may_preempt
-from .rules.fairness import Guard, scaled_limit, team_limit
-from .rules.shares import above_share, fair_shares, holding, within_share
+from .model.words import human_duration
+from .passes.plan import Decline, plan_preemption
+from .rules import guarantees, rights, shields
+from .rules.benefit import describe as benefit_words
+from .rules.decision import Decision
+from .rules.eligibility import HELD_NODE
+from .rules.rights import may_preempt
+from .rules.fairness import USER_PREEMPTING, describe_user_preempting
+from .rules.holds import VICTIM_CAP, describe_cap
+from .rules.shares import fair_shares, holding, lent_gpus, reclaim_refusal, within_share
 from .model.state import HELD as HELD_STATE
-from .model.state import QUEUED, RESERVED, RUNNING, Job, State, window_count
+from .model.state import QUEUED, RESERVED, Job, State
 from .model.types import LEVELS
 
 # Reason codes, most specific first. `limit` names the policy parameter behind a
@@ -53,9 +59,12 @@ class Pending(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str
     # Expected wait from the state's time until the job starts; None when it never can.
     start_in_ms: int | None = None
-    limit: str = ""  # the policy parameter that blocks it, for fairness and guarantees
+    limit: str = ""  # the rule that blocks it: a policy parameter or a victim's shield
     benefit: float | None = None
     cost: float | None = None
+    # The preemption decision's reason for not preempting for it now (what the log records
+    # as `PreemptionDeclined.reason`); "" when it has no right to preempt or reclaim.
+    decline: str = ""
 
 
 def explain_queue(state: State, job_ids: list[str] | None = None) -> dict[str, Pending]:
@@ -89,13 +98,16 @@ def explain(state: State, job_id: str) -> Pending:
         return Pending(job=job_id, code=HELD, reason=f"held: `xirang release {job_id}` lets it be scheduled")
     impossible = _impossible(state, job)
     if impossible:
+        # The most specific reason; the decision's decline (it may still try) rides along.
+        impossible.decline = _why_no_preemption(state, job)[1]
         return impossible
     models = acceptable_models(job.gpu_models, state.index)
     nodes = _nodes_of(state, models)
     start_in = natural_wait_ms(state, job, nodes)
     waiting = _why_no_gpus(state, job, models, start_in)
-    preempting = _why_no_preemption(state, job)
+    preempting, decline = _why_no_preemption(state, job)
     if preempting is None:
+        waiting.decline = decline
         return waiting
     if preempting.code == PREEMPTION_NEXT_PASS:
         return preempting
@@ -107,6 +119,7 @@ def explain(state: State, job_id: str) -> Pending:
         cost=preempting.cost,
         start_in_ms=waiting.start_in_ms,
         reason=f"{waiting.reason}; {preempting.reason}",
+        decline=decline,
     )
 
 
@@ -228,8 +241,9 @@ def _team_at_share(state: State, job: Job) -> bool:
     )
 
 
-def _why_no_preemption(state: State, job: Job) -> Pending | None:
-    """For a job with a right to preempt (or to reclaim): what the decision model says now."""
+def _why_no_preemption(state: State, job: Job) -> tuple[Pending | None, str]:
+    """For a job with a right to preempt (or to reclaim): what the decision model says now,
+    and the reason code of its decline ("" when it made none)."""
     c = state.canonical
     if job.preempt_retry_t > c.t:
         return Pending(
@@ -237,11 +251,12 @@ def _why_no_preemption(state: State, job: Job) -> Pending | None:
             code=RETRY_BACKOFF,
             reason=f"its last preemption rolled back: it tries again in"
             f" {_human(job.preempt_retry_t - c.t)} (preemption_retry_ms)",
-        )
+        ), ""
     reclaim = _may_reclaim(state, job)
-    if not may_preempt(state, job) and not reclaim:
-        return None
-    outcome = plan_preemption(state, job, reclaim=reclaim and not may_preempt(state, job))
+    by_priority = may_preempt(state.canonical.policy, job.level)
+    if not by_priority and not reclaim:
+        return None, ""
+    outcome = plan_preemption(state, job, reclaim=not by_priority, diagnose=True)
     if not isinstance(outcome, Decline):
         victims = ", ".join(outcome.victims)
         return Pending(
@@ -252,197 +267,92 @@ def _why_no_preemption(state: State, job: Job) -> Pending | None:
             cost=outcome.cost,
             reason=f"preempting {victims} is worth it (benefit {outcome.benefit:.0f} >"
             f" cost {outcome.cost:.0f}): planned at the next tick",
-        )
-    return _decline_reason(state, job, outcome)
+        ), ""
+    return _decline_reason(state, job, outcome, not by_priority), outcome.reason
 
 
 def _may_reclaim(state: State, job: Job) -> bool:
+    """Whether the reclaim pass would consider the job (`core.rules.shares.reclaim_refusal`)."""
     p = state.canonical.policy
     if not p.fair_share_guarantee or job.level < p.fair_share_from_level:
         return False
     shares = fair_shares(state)
     held = holding(state)
-    return within_share(held.get(job.team, 0), job.gpus, shares.get(job.team, 0.0)) and any(
-        above_share(held.get(team, 0), share) for team, share in shares.items() if team != job.team
-    )
+    return not reclaim_refusal(p, job, shares, held, lent_gpus(shares, held))
 
 
-def _decline_reason(state: State, job: Job, decline: Decline) -> Pending | None:
-    c = state.canonical
-    p = variant_policy(state, job)
-    reason = decline.reason
+def _decline_reason(state: State, job: Job, decline: Decline, reclaim: bool) -> Pending | None:
+    """The decision's decline in words: each rule's sentence comes from the module of the
+    rule (`decline.limit`, found by the plan itself when asked to diagnose)."""
+    d = Decision(state, job, reclaim)
+    reason, limit = decline.reason, decline.limit
+    blocked = [state.canonical.jobs[job_id] for job_id in decline.blocked]
     if reason == "benefit_below_cost":
         return Pending(
             job=job.id,
             code=PREEMPTION_DECLINED,
             benefit=decline.benefit,
             cost=decline.cost,
-            reason=f"preemption declined: the wait it would save is worth {decline.benefit:.0f},"
-            f" the victims' loss {decline.cost:.0f} (net_benefit_min"
-            f" {p.net_benefit_min:g})",
-        )
-    if reason == "user_preempting_limit":
-        count = _window(c.user_windows.get(job.user), "preempting", c.t, p.fairness_window_ms)
-        return Pending(
-            job=job.id,
-            code=FAIRNESS_LIMIT,
-            limit="user_preempting_max",
-            reason=f"no preemption: user {job.user} has preempted others' jobs {count} times"
-            f" in the last {_human(p.fairness_window_ms)}, the limit"
-            f" (user_preempting_max, scaled to the pool) is"
-            f" {scaled_limit(state, p.user_preempting_max)}",
-        )
-    if reason == "no_eligible_victims":
-        return _no_eligible(state, job, p)
-    if reason == "no_victim_set_within_limits":
-        return _no_set_within_limits(state, job, p)
-    if reason == "held_back_by_reservation":
-        return Pending(
-            job=job.id,
-            code=RESERVATION,
-            reason="no preemption: the nodes it could preempt on are held for a starving job",
+            limit=limit,
+            reason=f"preemption declined: {benefit_words(d.policy, decline.benefit, decline.cost)}",
         )
     if reason == "reclaim_beyond_share":
         return Pending(
             job=job.id,
             code=TEAM_AT_SHARE,
-            limit="fair_share_guarantee",
+            limit=limit,
             reason=f"no reclaim: team {job.team} would go beyond its fair share",
         )
-    return None  # fits_without_preemption, no_node_of_model: the waiting reason says it
+    if reason not in _PREEMPTION_BLOCKED:
+        return None  # fits_without_preemption, no_node_of_model: the waiting reason says it
+    code = FAIRNESS_LIMIT if limit in _FAIRNESS_RULES else RESERVATION if limit == HELD_NODE else PRIORITY
+    lead = "no victim set within the limits" if reason == "no_victim_set_within_limits" else "no preemption"
+    return Pending(job=job.id, code=code, limit=limit, reason=f"{lead}: {_rule_words(d, limit, blocked)}")
 
 
-def _no_eligible(state: State, job: Job, p) -> Pending:
-    """No running job may be preempted by this one: say which rule or limit shields them."""
-    c = state.canonical
-    t = c.t
-    first = max(p.preempts_from_level[job.level], job.level + 1)
-    models = acceptable_models(job.gpu_models, state.index)
-    shielded: dict[str, list[str]] = {}
-    for level in range(first, LEVELS):
-        for victim_id in sorted(state.index.holding_by_level[level]):
-            victim = c.jobs[victim_id]
-            if not any(c.nodes[s.node].gpu_model in models for s in victim.placement):
-                continue
-            shielded.setdefault(_shield(state, job, victim), []).append(victim.team)
-    if not shielded:
-        levels = f"levels {first}-{LEVELS - 1}" if first < LEVELS else "no level"
-        return Pending(
-            job=job.id,
-            code=PRIORITY,
-            limit="preempts_from_level",
-            reason=f"no preemption: nothing runs on its GPU models at the levels it may"
-            f" preempt ({levels}, preempts_from_level)",
-        )
-    # A limit that shields any of them is what to name: jobs busy in another preemption
-    # free up on their own.
-    limit = next(name for name in SHIELDS if name in shielded)
-    teams = sorted(dict.fromkeys(shielded[limit]))
-    words = {
-        "team_preempted_max": lambda: (
-            "their teams ({}) were preempted {} times in the last {} and are"
-            " protected (team_preempted_max, limit {}) until {}".format(
-                ", ".join(teams),
-                _window(c.team_windows.get(teams[0]), "preempted", t, p.fairness_window_ms),
-                _human(p.fairness_window_ms),
-                team_limit(state, teams[0], p.team_preempted_max),
-                "in " + _human(c.team_protected_until.get(teams[0], t) - t),
+# The declines a rule explains (`Decline.limit`).
+_PREEMPTION_BLOCKED = (
+    "user_preempting_limit",
+    "preemption_depth_limit",
+    "no_eligible_victims",
+    "no_victim_set_within_limits",
+    "held_back_by_reservation",
+)
+# Rules that limit preemption for fairness (they lift with time or with the shares).
+_FAIRNESS_RULES = (
+    shields.TEAM_PROTECTED,
+    shields.USER_PROTECTED,
+    USER_PREEMPTING,
+    rights.DEPTH,
+    rights.LEVELS_DOWN,
+    guarantees.TEAM_SHARE,
+    guarantees.LEVEL_SHARE,
+    VICTIM_CAP,
+)
+
+
+def _rule_words(d: Decision, limit: str, blocked: list[Job]) -> str:
+    """The sentence of the rule `limit` for the jobs it keeps from being victims."""
+    if limit == USER_PREEMPTING:
+        return describe_user_preempting(d.state, d.job)
+    if limit == VICTIM_CAP:
+        return describe_cap(d.policy)
+    if limit in (guarantees.TEAM_SHARE, guarantees.LEVEL_SHARE):
+        return guarantees.describe(limit, blocked)
+    if limit == HELD_NODE:
+        return "the nodes it could preempt on are held for a starving job"
+    if limit in (rights.PREEMPTS_FROM_LEVEL, rights.LEVELS_DOWN, rights.RECLAIM_LEVELS, rights.DEPTH):
+        if not blocked and limit == rights.PREEMPTS_FROM_LEVEL:
+            first = d.policy.preempts_from_level[d.job.level]
+            levels = f"levels {first}-{LEVELS - 1}" if first < LEVELS else "no level"
+            return (
+                f"nothing runs on its GPU models at the levels it may preempt ({levels}, preempts_from_level)"
             )
-        ),
-        "user_preempted_max": lambda: (
-            "their users were preempted too often (user_preempted_max, limit"
-            f" {scaled_limit(state, p.user_preempted_max)} in"
-            f" {_human(p.fairness_window_ms)})"
-        ),
-        "min_run_after_restart_ms": lambda: (
-            "they restarted lately and are protected (min_run_after_restart_ms)"
-        ),
-        "not_preemptible": lambda: "they were submitted not preemptible",
-        "busy": lambda: "they are starting or already in a preemption",
-    }
-    code = FAIRNESS_LIMIT if limit in ("team_preempted_max", "user_preempted_max") else PRIORITY
-    return Pending(
-        job=job.id,
-        code=code,
-        limit=limit if limit in SHIELDS[:3] else "",
-        reason=f"no preemption: the jobs it could preempt are shielded: {words[limit]()}",
-    )
+        levels = sorted(dict.fromkeys(v.level for v in blocked))
+        return rights.describe(d.policy, d.job, limit, levels, d.levels_down_max)
+    if limit == rights.OWN_OR_MORE_URGENT:
+        return rights.describe(d.policy, d.job, limit, sorted(dict.fromkeys(v.level for v in blocked)), 0)
+    return f"the jobs it could preempt are shielded: {shields.describe(d, limit, blocked)}"
 
 
-SHIELDS = ("team_preempted_max", "user_preempted_max", "min_run_after_restart_ms", "not_preemptible", "busy")
-
-
-def _shield(state: State, preemptor: Job, victim: Job) -> str:
-    """The first rule that keeps a running job from being this preemptor's victim (the order
-    of `victim_preemptible_now`)."""
-    c = state.canonical
-    if victim.state != RUNNING or victim.saga:
-        return "busy"
-    if not victim.preemptible:
-        return "not_preemptible"
-    if victim.protected_until_t > c.t:
-        return "min_run_after_restart_ms"
-    if victim.team != preemptor.team and c.team_protected_until.get(victim.team, 0) > c.t:
-        return "team_preempted_max"
-    return "user_preempted_max"
-
-
-def _no_set_within_limits(state: State, job: Job, p) -> Pending:
-    """Victims exist, but no set of them frees a gang within the guarantees and the cap."""
-    guard = Guard(state, job, p)
-    c = state.canonical
-    first = max(p.preempts_from_level[job.level], job.level + 1)
-    candidates = [
-        c.jobs[v] for level in range(first, LEVELS) for v in sorted(state.index.holding_by_level[level])
-    ]
-    guarded = [v for v in candidates if not guard.allows({}, v)]
-    if guarded and len(guarded) * 2 >= len(candidates):
-        by_share = [v for v in guarded if guard.guarantees_teams and v.team != job.team]
-        if by_share:
-            teams = ", ".join(sorted(dict.fromkeys(v.team for v in by_share)))
-            return Pending(
-                job=job.id,
-                code=FAIRNESS_LIMIT,
-                limit="fair_share_guarantee",
-                reason=f"no victim set within the fairness limits: the teams it could"
-                f" preempt ({teams}) hold no more than their fair shares"
-                " (fair_share_guarantee)",
-            )
-        return Pending(
-            job=job.id,
-            code=FAIRNESS_LIMIT,
-            limit="guaranteed_share",
-            reason="no victim set within the fairness limits: the levels it could preempt"
-            " hold no more than their guaranteed shares (guaranteed_share)",
-        )
-    return Pending(
-        job=job.id,
-        code=FAIRNESS_LIMIT,
-        limit="victims_per_preemption_max",
-        reason=f"no victim set within the fairness limits: freeing its gang takes more"
-        f" than victims_per_preemption_max ({p.victims_per_preemption_max}) jobs per node it needs",
-    )
-
-
-def _window(win, field: str, t: int, window_ms: int) -> int:
-    return window_count(getattr(win, field), t, window_ms) if win is not None else 0
-
-
-def _human(ms: int) -> str:
-    """A duration as people say it: 45s, 12m, 1h12m, 2d3h."""
-    if 0 < ms < 10_000 and ms % 1000:
-        return f"{ms / 1000:.1f}s"
-    seconds = max(0, int(ms // 1000))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s" if seconds and minutes < 10 else f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours}h" if hours else f"{days}d"
-
-
-human_duration = _human
+_human = human_duration

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .model import types as T
 from .model.bounds import input_problem
-from .rules.eligibility import may_preempt
+from .rules.rights import may_preempt
 from .identity import identity_problem
 from .inputs import HANDLERS, common_problem
 from .log.seal import Ctx, reject
@@ -109,7 +109,7 @@ def schedule(ctx: Ctx, preempt_for: str) -> None:
         job = ctx.state.canonical.jobs.get(preempt_for)
         if job is None or job.state != QUEUED or job.preempt_retry_t > ctx.inp.t:
             return
-        if may_preempt(ctx.state, job):
+        if may_preempt(ctx.state.canonical.policy, job.level):
             preempt_blocked(ctx, [preempt_for])
         if job.state == QUEUED:
             reclaim_blocked(ctx, reclaim_candidates(ctx.state, ctx.inp.t, job.team))
@@ -127,7 +127,9 @@ def _plans_after_pass(state: State, preempt_for: str, t: int) -> bool:
     if job is None or job.state != QUEUED or job.preempt_retry_t > t:
         return False
     p = state.canonical.policy
-    return may_preempt(state, job) or (p.fair_share_guarantee and p.fair_share_from_level < LEVELS)
+    return may_preempt(state.canonical.policy, job.level) or (
+        p.fair_share_guarantee and p.fair_share_from_level < LEVELS
+    )
 
 
 def next_due_t(state: State) -> int | None:

@@ -203,3 +203,38 @@ def test_on_random_worlds_every_waiting_job_has_a_reason_and_explaining_changes_
     explained = run_world(seed, 300, explain_all)
     plain = run_world(seed, 300)
     assert [r.hash for r in explained.records] == [r.hash for r in plain.records]
+
+
+def test_a_gang_blocked_by_levels_it_may_not_preempt_is_told_preempts_from_level():
+    # Level 3 may preempt levels 6-7 only. The one node its 8-GPU gang fits on is held by a
+    # level-5 job and a level-7 one; a level-5 job runs on a smaller node.
+    run = Run()
+    run.at(0, node("a1"), node("b1", gpus=4))
+    run.at(
+        1000,
+        submit("five-a", 5, 4, team="t5", user="u5", est_runtime_s=10 * 3600),
+        submit("five-b", 5, 4, team="t5", user="u6", est_runtime_s=10 * 3600),
+        submit("seven", 7, 4, team="t7", user="u7", est_runtime_s=10 * 3600),
+    )
+    start_all(run, 2000)
+    assert [slot.node for slot in run.job("seven").placement] == ["a1"]
+    run.at(HOUR, submit("gang", 3, 8, team="g", user="g"))
+    run.at(HOUR + MIN, T.Tick(t=0))
+    assert run.job("gang").last_decline == "no_victim_set_within_limits"
+    why = explain(run.state, "gang")
+    # not "takes more than victims_per_preemption_max jobs": two jobs hold the node
+    assert (why.limit, why.decline) == ("preempts_from_level", "no_victim_set_within_limits")
+    assert "level(s) 5" in why.reason and "victims_per_preemption_max" not in why.reason
+
+
+def test_victims_beyond_the_levels_down_limit_are_named_by_that_limit():
+    run = Run(preemption_levels_down_max=1)
+    run.at(0, node("a1"))
+    run.at(1000, submit("six", 6, 8, team="t6", user="u6", est_runtime_s=10 * 3600))
+    start_all(run, 2000)
+    run.at(HOUR, submit("urgent", 1, 8, team="u", user="u"))
+    assert run.job("urgent").last_decline == "no_eligible_victims"
+    why = explain(run.state, "urgent")
+    # not "their users were preempted too often": no one was preempted
+    assert why.limit == "preemption_levels_down_max" and why.decline == "no_eligible_victims"
+    assert "preempted too often" not in why.reason and "level(s) 6" in why.reason

@@ -9,27 +9,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import core.passes.plan as plan_module
-from core.rules.eligibility import may_preempt
+from core.rules.rights import may_preempt
 from core.passes.plan import plan_preemption
 from core.rules.pricing import price_victims
 from core.model.state import QUEUED
 from random_world import World
 
 
-def _every_victim_priced(
-    state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard, natural_wait, known_decline
-):
-    costs = price_victims(state, job, eligible, p, pricing, curve, fit)
-    choice, penalty = plan_module._choose_with_substitutes(
-        state, job, p, scope, stand_ins, costs, pricing, guard
-    )
+def _every_victim_priced(d, scope, stand_ins, prices, natural_wait, guard, known_decline):
+    eligible = list(prices.victims.values())
+    costs = price_victims(d.state, d.job, eligible, d.policy, prices.pricing, prices.curve, prices.fit)
+    choice, penalty = plan_module._choose_with_substitutes(d, scope, stand_ins, costs, prices.pricing, guard)
     return choice, penalty, costs
 
 
 def _plans_compared(world: World, monkeypatch, counts: dict) -> None:
     state = world.state
     for job in list(state.canonical.jobs.values()):
-        if job.state != QUEUED or not may_preempt(state, job):
+        if job.state != QUEUED or not may_preempt(state.canonical.policy, job.level):
             continue
         lazy = plan_preemption(state, job)
         with monkeypatch.context() as patched:

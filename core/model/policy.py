@@ -369,7 +369,7 @@ def deprecation_notes(params: dict[str, Any]) -> list[str]:
 AB_SPLITS = ("team", "user", "job_group", "job")
 AB_CONTROL = "control"
 # The parameters an A/B variant may override: exactly those the preemption decision reads
-# from the variant's policy (`core/passes/plan.py`, `variant_policy`); every other one is
+# from the variant's policy (`core/rules/decision.py`, `Decision`); every other one is
 # read from the base policy, so overriding it per variant would be silently ignored.
 # tests/test_core_ab_variants.py shows each of them changing a decision.
 VARIANT_PARAMS = (

@@ -11,7 +11,8 @@ there as long as no preemption would.
 
 from __future__ import annotations
 
-from ..rules.eligibility import victim_eligible
+from ..rules.decision import Decision
+from ..rules.eligibility import may_take
 from ..forecast.waits import remaining_or_runtime
 from ..model.placement import gpus_on
 from ..model.state import Job, State, node_free_count
@@ -21,6 +22,7 @@ def drain_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     """(ms until the node's unpreemptible work has let go of enough GPUs, [node]) for the
     best node to drain for `job`, or None (a gang larger than any node, or no node)."""
     jobs = state.canonical.jobs
+    decision = Decision(state, job)
     best: tuple[int, str] | None = None
     for node in nodes:
         if node.gpus < job.gpus:
@@ -31,7 +33,7 @@ def drain_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
         for other_id in sorted(state.index.jobs_by_node.get(node.name, {})):
             other = jobs[other_id]
             gpus = len(gpus_on(other, node.name))
-            if victim_eligible(state, job, other):
+            if may_take(decision, other):
                 preemptible += gpus
             else:
                 blockers.append((remaining_or_runtime(state, other_id), gpus))

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator
 
 from ..model import types as T
 from .drain import drain_fit
-from ..rules.fairness import level_floors
+from ..rules.guarantees import level_floors
 from ..rules.substitutes import substitute_placement
 from ..forecast.waits import earliest_fit, expected_runtime_ms
 from ..rules.holds import binding_holds

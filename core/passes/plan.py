@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import msgspec
 
-from ..rules.eligibility import eligible_victims, user_preempting_exhausted
-from ..rules.fairness import Guard, depth_limits
 from ..forecast.waits import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
 from ..model.placement import acceptable_models, node_size_max, place
-from .placement import reserved_nodes
-from ..rules.holds import binding_holds, victim_cap
-from ..model.policy import Policy, with_params
-from ..rules.pricing import LazyPrices, VictimCost, overdue_premium, price_victims, pricing_for
 from ..model.state import QUEUED, Job, Node, State, nodes_by_name
 from ..model.types import Slot
+from ..rules.benefit import BELOW_COST, NET_BENEFIT_MIN, priced_out_at, worth
+from ..rules.decision import Decision
+from ..rules.eligibility import HELD_NODE, eligible_victims, first_refusal, less_urgent_holders, refusals
+from ..rules.fairness import USER_PREEMPTING
+from ..rules.guarantees import TEAM_SHARE, Guard
+from ..rules.holds import binding_holds, victim_cap
+from ..rules.pricing import LazyPrices, Pricing, VictimCost, price_victims, pricing_for
+from ..rules.rights import DEPTH, depth_refusal
 from ..rules.substitutes import substitute_penalty, substitutes
-from .victims import NegativeCost, cannot_free_enough, choose_on_one_node_lazily, choose_victims
+from .placement import reserved_nodes
+from .victims import NegativeCost, cannot_free_enough, choose_on_one_node_lazily, choose_victims, no_set_rule
 
 
 class Plan(msgspec.Struct, kw_only=True):
@@ -50,12 +53,16 @@ class Plan(msgspec.Struct, kw_only=True):
 
 
 class Decline(msgspec.Struct, kw_only=True):
-    """Why no preemption is made for a job now (a reason code; benefit and cost when it was
-    priced)."""
+    """Why no preemption is made for a job now: a reason code (what the log records),
+    benefit and cost when it was priced and, when the plan was asked to `diagnose`, the
+    rule behind it (`limit`, the policy parameter or shield that refused) and the jobs it
+    kept from being victims (`blocked`), for the explanation."""
 
     reason: str
     benefit: float = 0.0
     cost: float = 0.0
+    limit: str = ""
+    blocked: list[str] = []
 
 
 class Scope(msgspec.Struct, kw_only=True):
@@ -68,117 +75,120 @@ class Scope(msgspec.Struct, kw_only=True):
     runtime_ms: int
 
 
-def plan_preemption(state: State, job: Job, reclaim: bool = False, known_decline: str = "") -> Plan | Decline:
+def plan_preemption(
+    state: State, job: Job, reclaim: bool = False, known_decline: str = "", diagnose: bool = False
+) -> Plan | Decline:
     """Victims for a blocked job by priority or, with `reclaim`, by its team's fair share:
     then the victims are other teams' jobs above their shares, of any level from
     `fair_share_from_level` on, and they are charged the work wasted but no displacement (the
     GPUs they give back were the reclaiming team's share, lent while it did not ask).
     `known_decline`: a decline the caller would record nothing for (the job's last one);
     when sure of a `benefit_below_cost` decline, the plan may return it without its
-    benefit and cost (`_priced_out_at`)."""
+    benefit and cost (`core.rules.benefit.priced_out_at`). `diagnose`: a decline names the
+    rule behind it (the explanation asks; the decision does not need to)."""
+    d = Decision(state, job, reclaim)
     # A user past the allowance may still displace their own jobs: the limit counts only
     # preemptions of others' work.
-    own_only = user_preempting_exhausted(state, job)
-    if own_only and reclaim:
-        return Decline(reason="user_preempting_limit")
-    p = variant_policy(state, job)
-    if job.cascade_depth + 1 > depth_limits(p, job)[0]:
+    if d.own_only and reclaim:
+        return Decline(reason="user_preempting_limit", limit=USER_PREEMPTING)
+    if depth_refusal(job, d.depth_max):
         # Displaced by a cascade already as deep as its team or user may go: it waits.
-        return Decline(reason="preemption_depth_limit")
+        return Decline(reason="preemption_depth_limit", limit=DEPTH)
+    p = d.policy
     guard = Guard(state, job, p)
     if reclaim and not guard.below_share_with(job):
-        return Decline(reason="reclaim_beyond_share")
+        return Decline(reason="reclaim_beyond_share", limit=TEAM_SHARE)
     scope = preemption_scope(state, job)
     if isinstance(scope, Decline):
         return scope
     stand_ins = substitutes(p, job)
-    eligible = eligible_victims(
-        state, job, p, guard, scope.models + list(stand_ins), scope.held, reclaim, own_only
-    )
+    models = scope.models + list(stand_ins)
+    eligible = eligible_victims(d, guard, models, scope.held)
     if not eligible:
-        return Decline(reason="user_preempting_limit" if own_only else "no_eligible_victims")
-    if not stand_ins and cannot_free_enough(
-        state, job, scope.models, scope.nodes, eligible, guard, victim_cap(state, p, job, scope.models)
-    ):
-        return Decline(reason="no_victim_set_within_limits")  # whatever the prices: skip them
+        if d.own_only:
+            return Decline(reason="user_preempting_limit", limit=USER_PREEMPTING)
+        return _diagnosed(d, guard, Decline(reason="no_eligible_victims"), models, scope, None, diagnose)
+    cap = victim_cap(state, p, job, scope.models)
+    if not stand_ins and cannot_free_enough(state, job, scope.models, scope.nodes, eligible, guard, cap):
+        # Whatever the prices: skip them.
+        return _diagnosed(
+            d, guard, Decline(reason="no_victim_set_within_limits"), models, scope, eligible, diagnose
+        )
     curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
     natural_wait = natural_wait_ms(state, job, scope.nodes, curve)
     pricing = pricing_for(state, job, p, scope.runtime_ms, natural_wait)
     if reclaim:
         costs = price_victims(state, job, eligible, p, pricing, curve, None)
-        choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
+        choice, penalty = _choose_with_substitutes(d, scope, stand_ins, costs, pricing, guard)
     else:
         fit = RequeueFit(state, scope.nodes, job.gpus, scope.runtime_ms)
-        priced = _choose_priced(
-            state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard, natural_wait, known_decline
-        )
+        lazy = LazyPrices(state, job, eligible, p, pricing, curve, fit)
+        priced = _choose_priced(d, scope, stand_ins, lazy, natural_wait, guard, known_decline)
         if isinstance(priced, Decline):
             return priced
         choice, penalty, costs = priced
     if choice is None:
-        return Decline(reason="no_victim_set_within_limits")
+        return _diagnosed(
+            d, guard, Decline(reason="no_victim_set_within_limits"), models, scope, eligible, diagnose
+        )
     victims, placement = choice
     if not victims:  # it fits on GPUs held for a starving job: it waits like everyone else
-        return Decline(reason="held_back_by_reservation")
-    return judge(state, job, p, guard, costs, victims, placement, natural_wait, reclaim, penalty)
+        return Decline(reason="held_back_by_reservation", limit=HELD_NODE)
+    return judge(d, guard, costs, victims, placement, natural_wait, penalty)
+
+
+def _diagnosed(
+    d: Decision, guard: Guard, decline: Decline, models: list[str], scope: "Scope", eligible, diagnose: bool
+) -> Decline:
+    """`decline` with the rule behind it, when asked: for no eligible victim, the rule that
+    refuses the jobs it could otherwise take (`core.rules.eligibility.first_refusal`); for
+    no victim set, the first rule without which a set could be found
+    (`core.passes.victims.no_set_rule`)."""
+    if not diagnose:
+        return decline
+    if eligible is None:
+        found = refusals(d, guard, less_urgent_holders(d.state, d.job, d.reclaim), models, scope.held)
+        rule, blocked = first_refusal(found)
+    else:
+        rule, blocked = no_set_rule(d, guard, scope.models, scope.nodes, eligible, scope.held)
+    decline.limit = rule
+    decline.blocked = [job.id for job in blocked]
+    return decline
 
 
 def _choose_priced(
-    state, job, p, scope, stand_ins, eligible, pricing, curve, fit, guard, natural_wait, known_decline
-):
+    d: Decision, scope: "Scope", stand_ins: dict[str, float], prices: LazyPrices, natural_wait: int, guard: Guard,
+    known_decline: str,
+):  # fmt: skip
     """(choice, substitute's extra cost, the victims' costs): for a job that fits one node
     on its own models, victims priced exactly only where their set could win
     (`choose_on_one_node_lazily`), and only until the decline is sure when it is known
-    (`_priced_out_at`: then the Decline); else every eligible victim priced."""
-    prices = LazyPrices(state, job, eligible, p, pricing, curve, fit)
+    (`priced_out_at`: then the Decline); else every eligible victim priced."""
+    state, job, p, pricing = d.state, d.job, d.policy, prices.pricing
     if not stand_ins and job.gpus <= node_size_max(scope.models, state.index):
         try:
             cap = victim_cap(state, p, job, scope.models)
-            priced_out_at = (
-                _priced_out_at(job, p, pricing, natural_wait) if known_decline == BELOW_COST else None
-            )
+            out_at = priced_out_at(job, p, pricing, natural_wait) if known_decline == BELOW_COST else None
             choice = choose_on_one_node_lazily(
-                state, job, scope.nodes, prices, pricing, guard, cap, priced_out_at=priced_out_at
+                state, job, scope.nodes, prices, pricing, guard, cap, priced_out_at=out_at
             )
             if isinstance(choice, str):  # victims.PRICED_OUT
-                return Decline(reason=BELOW_COST)
+                return Decline(reason="benefit_below_cost", limit=NET_BENEFIT_MIN)
             return choice, 0.0, prices.exact_costs()
         except NegativeCost:
             pass
-    costs = {victim.id: prices.exact(victim.id) for victim in eligible}
-    choice, penalty = _choose_with_substitutes(state, job, p, scope, stand_ins, costs, pricing, guard)
+    costs = {victim_id: prices.exact(victim_id) for victim_id in prices.victims}
+    choice, penalty = _choose_with_substitutes(d, scope, stand_ins, costs, pricing, guard)
     return choice, penalty, costs
 
 
-BELOW_COST = "benefit_below_cost"
-
-
-def _priced_out_at(job: Job, p: Policy, pricing, natural_wait: int) -> float | None:
-    """The `set_price` at or above which `judge` is sure to decline a set (`benefit_below_cost`),
-    or None where no such price is sure. Below the urgent levels (no overdue premium) a set's
-    benefit less its cost is the preemptor's weighted natural wait less the set's price (its
-    costs and the weighted wait for its slowest release), or, when the victims let go after
-    the natural wait, minus its costs (no more than zero); so with `net_benefit_min` >= 0 a
-    set priced at the weighted natural wait less `net_benefit_min` or more is declined. A
-    margin keeps the floating-point sums of `judge` on the same side."""
-    if job.level < p.urgent_levels or p.net_benefit_min < 0:
-        return None
-    ceiling = pricing.waiting_weight * natural_wait
-    return ceiling - p.net_benefit_min + 1e-6 * max(1.0, abs(ceiling), abs(p.net_benefit_min))
-
-
 def _choose_with_substitutes(
-    state: State,
-    job: Job,
-    p: Policy,
-    scope: "Scope",
-    stand_ins: dict[str, float],
-    costs: dict[str, VictimCost],
-    pricing,
+    d: Decision, scope: "Scope", stand_ins: dict[str, float], costs: dict[str, VictimCost], pricing: Pricing,
     guard: Guard,
-):
+):  # fmt: skip
     """The cheapest victim set on the job's own models or, priced with the extra run time
     (core/rules/substitutes.py), on a compatible model; (choice, that extra cost)."""
+    state, job, p = d.state, d.job, d.policy
     cap = victim_cap(state, p, job, scope.models)
     if not stand_ins:
         return choose_victims(state, job, scope.models, scope.nodes, costs, pricing, guard, cap), 0.0
@@ -236,35 +246,24 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
 
 
 def judge(
-    state: State,
-    job: Job,
-    p: Policy,
-    guard: Guard,
-    costs: dict[str, VictimCost],
-    victims: list[str],
-    placement: list[Slot],
-    natural_wait: int,
-    reclaim: bool,
-    substitute_cost: float = 0.0,
-) -> Plan | Decline:
-    """Preempt only when the preemptor's weighted wait saved exceeds the set's cost by more
-    than `net_benefit_min`; the wait saved is its natural wait less the time the slowest
-    victim takes to let go, and for an urgent job past (or forecast past) its wait target
-    the overdue premium on top (`core.rules.pricing.overdue_premium`)."""
-    cost = sum(costs[v].cost for v in victims) + substitute_cost
-    ready = max(costs[v].ready_ms for v in victims)
-    level_weight = p.level_weight[job.level]
-    benefit = level_weight * job.gpus * max(0, natural_wait - ready) / 1000.0
-    benefit += overdue_premium(p, job, state.canonical.t, natural_wait, ready, [costs[v] for v in victims])
-    if benefit - cost <= p.net_benefit_min:
-        return Decline(reason="benefit_below_cost", benefit=round(benefit, 3), cost=round(cost, 3))
+    d: Decision, guard: Guard, costs: dict[str, VictimCost], victims: list[str], placement: list[Slot],
+    natural_wait: int, substitute_cost: float = 0.0,
+) -> Plan | Decline:  # fmt: skip
+    """The plan for `victims`, or the decline when it is not worth making
+    (`core.rules.benefit.worth`)."""
+    job = d.job
+    refusal, benefit, cost, ready = worth(
+        d.policy, job, d.t, [costs[v] for v in victims], natural_wait, substitute_cost
+    )
+    if refusal:
+        return Decline(reason=refusal, benefit=round(benefit, 3), cost=round(cost, 3), limit=NET_BENEFIT_MIN)
     reason = (
         f"saves {natural_wait - ready} ms of level-{job.level} wait on {job.gpus} GPUs;"
         f" victims lose {sum(costs[v].lost_ms for v in victims)} ms of progress"
     )
     if substitute_cost:
         reason += f"; on a compatible GPU model, priced {substitute_cost:.0f} for the longer run"
-    if reclaim:
+    if d.reclaim:
         reason = (
             f"reclaim: team {job.team} holds {guard.held.get(job.team, 0)} of its fair share"
             f" {guard.shares[job.team]:.1f} GPUs; {reason}"
@@ -278,23 +277,10 @@ def judge(
         natural_wait_ms=natural_wait,
         checkpoint_needed={v: costs[v].checkpoint_needed for v in victims},
         reason=reason,
-        reclaim=reclaim,
+        reclaim=d.reclaim,
         depth=job.cascade_depth + 1,
-        levels_down=max(0, max(state.canonical.jobs[v].level for v in victims) - job.level),
+        levels_down=max(0, max(d.state.canonical.jobs[v].level for v in victims) - job.level),
     )
-
-
-def variant_policy(state: State, job: Job) -> Policy:
-    """The policy an A/B variant's jobs are decided by: the base policy with the variant's
-    overrides. Cached per variant until the next PolicyChanged."""
-    base = state.canonical.policy
-    overrides = base.ab_variants.get(job.variant)
-    if not overrides:
-        return base
-    cache = state.index.variant_policies
-    if job.variant not in cache:
-        cache[job.variant] = with_params(base, overrides)
-    return cache[job.variant]
 
 
 def _still_queued(c, job_id: str) -> bool:

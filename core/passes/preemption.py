@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from ..model import types as T
-from ..rules.eligibility import may_preempt
+from ..rules.rights import may_preempt
 from ..log.seal import Ctx
 from .plan import Decline, plan_preemption
 from .queues import TEAM_OLDEST_LOOKED_AT, preempting_order
 from .saga import start_saga
-from ..rules.shares import SHARE_EPSILON, teams_below_share, within_share
+from ..rules.shares import lent_gpus, reclaim_refusal, teams_below_share
 from ..model.state import QUEUED, State
 from ..model.types import LEVELS
 
@@ -93,7 +93,7 @@ def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[st
     if not p.fair_share_guarantee or p.fair_share_from_level >= LEVELS:
         return
     shares, held, below = teams_below_share(state)
-    lent = sum(max(0.0, held.get(team, 0) - share) for team, share in shares.items())
+    lent = lent_gpus(shares, held)
     if lent < 1:
         return
     for team in sorted(below, key=lambda team: (held.get(team, 0) / shares[team], team)):
@@ -101,12 +101,7 @@ def reclaim_candidates(state: State, t: int, team_only: str = "") -> Iterator[st
             continue
         for _, job_id in state.index.waiting_by_team[team][:TEAM_OLDEST_LOOKED_AT]:
             job = state.canonical.jobs[job_id]
-            if (
-                job.level >= p.fair_share_from_level
-                and within_share(held.get(team, 0), job.gpus, shares[team])
-                and job.gpus <= lent + SHARE_EPSILON
-                and job.preempt_retry_t <= t
-            ):
+            if job.preempt_retry_t <= t and not reclaim_refusal(p, job, shares, held, lent):
                 yield job_id
                 break
 
@@ -127,7 +122,7 @@ def reclaim_blocked(ctx: Ctx, candidates: Iterable[str]) -> None:
         attempts_left -= 1
         outcome = plan_preemption(state, job, reclaim=True)
         if isinstance(outcome, Decline):
-            if not may_preempt(state, job) and outcome.reason != job.last_decline:
+            if not may_preempt(state.canonical.policy, job.level) and outcome.reason != job.last_decline:
                 _record_decline(ctx, job_id, outcome)
             continue
         start_saga(ctx, job, outcome)

@@ -10,11 +10,14 @@ victim not needed is dropped; the cheapest of those sets wins.
 
 from __future__ import annotations
 
-from ..rules.fairness import Guard
 from ..model.placement import free_indices, gpus_on, node_size_max
 from ..rules.pricing import Pricing, VictimCost
 from ..model.state import Job, State, node_free_count
 from ..model.types import Slot
+from ..rules.decision import Decision
+from ..rules.eligibility import first_refusal, refusals
+from ..rules.guarantees import LEVEL_SHARE, TEAM_SHARE, Guard
+from ..rules.holds import VICTIM_CAP
 
 # Release times tried as the slowest victim's, per node or gang: each distinct one up to
 # this many (victims' releases differ by their checkpoint costs).
@@ -280,7 +283,7 @@ def _greedy_minimal(
     freed = 0
     for unit in units:
         victim = state.canonical.jobs[unit[1]]
-        if not guard.allows(taken, victim):
+        if guard.refusal(taken, victim):
             continue
         chosen.append(unit)
         guard.take(taken, victim)
@@ -304,7 +307,7 @@ def cannot_free_enough(
     allows one at a time, and no more than each level's guaranteed share leaves, free the
     GPUs the job lacks there. A plan that would end `no_victim_set_within_limits` then skips
     pricing. (Only a necessary condition of a set: prices never make a set possible.)"""
-    allowed = [victim for victim in eligible if guard.allows({}, victim)]
+    allowed = [victim for victim in eligible if not guard.refusal({}, victim)]
     if job.gpus <= node_size_max(models, state.index):
         victim_nodes = dict.fromkeys(slot.node for victim in eligible for slot in victim.placement)
         by_node: dict[str, list[tuple[int, Job]]] = {}
@@ -345,3 +348,34 @@ def _may_free(state: State, units: list[tuple[int, Job]], need: int, guard: Guar
         floor = guard.level_floor[level]
         bound += min(by_level[level], level_gpus[level] - floor) if floor else by_level[level]
     return bound >= need
+
+
+def no_set_rule(
+    d: Decision, guard: Guard, models: list[str], nodes, eligible: list[Job], held: dict
+) -> tuple[str, list[Job]]:
+    """The rule that leaves `d`'s preemption no victim set, and the jobs it holds back: the
+    first whose lifting lets `cannot_free_enough` find a set may exist. Were every eligible
+    victim allowed, any number of them, and still none: the GPUs it needs are held by jobs
+    it may not take, and the rule named is what refuses them. Else, were the guarantees
+    lifted: the guarantee that refuses eligible victims. Else the victim cap."""
+    state, job = d.state, d.job
+    unbounded = len(eligible) + 1
+    if cannot_free_enough(state, job, models, nodes, eligible, guard.opened(), unbounded):
+        names = {
+            node.name: None
+            for node in nodes
+            if node.gpus >= job.gpus or job.gpus > node_size_max(models, state.index)
+        }
+        jobs = state.canonical.jobs
+        holders = [
+            jobs[holder]
+            for holder in sorted(
+                {holder for name in names for holder in state.index.jobs_by_node.get(name, {})}
+            )
+        ]
+        return first_refusal(refusals(d, guard, holders, models, held))
+    if cannot_free_enough(state, job, models, nodes, eligible, guard, unbounded):
+        refused = {v.id: guard.refusal({}, v) for v in eligible}
+        rule = TEAM_SHARE if TEAM_SHARE in refused.values() else LEVEL_SHARE
+        return rule, [v for v in eligible if refused[v.id] == rule]
+    return VICTIM_CAP, []

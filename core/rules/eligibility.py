@@ -1,106 +1,103 @@
-"""Who may preempt and who may be a victim: a job preempts only jobs of the levels its
-level may preempt (never its own level or a more urgent one), a reclaim only other teams'
-jobs of the levels the fair-share guarantee covers; a victim must be running, preemptible,
-in no saga, past its restart protection, and not of a team or user protected from others.
+"""Who may be the victim of one preemption decision: each rule's verdict, one victim at a
+time (`victim_refusal`), and the decision's walk over the jobs holding GPUs
+(`eligible_victims`). A victim must be of a level the preemptor's rights reach
+(`core.rules.rights`), hold GPUs on a node of a model the preemptor accepts and not held for
+another job, be the user's own when the user is past `user_preempting_max`
+(`core.rules.fairness`), be shielded by nothing (`core.rules.shields`) and, for a reclaim,
+keep the guarantees (`core.rules.guarantees`).
+
+`eligible_victims` is a shortcut over `victim_refusal`: it walks only the levels in reach
+and checks in the cheapest order; tests/test_eligibility.py compares the two on random
+worlds. `refusals` groups the refusals of many jobs and `first_refusal` names the one an
+explanation gives, so the reason a waiting job is told comes from the rules the decision
+applied.
 """
 
 from __future__ import annotations
 
-from .fairness import Guard, depth_limits, scaled_limit
-from ..model.policy import Policy
-from ..model.state import RUNNING, Job, State, window_count
+from ..model.state import Job, State
 from ..model.types import LEVELS
+from .decision import Decision
+from .fairness import USER_PREEMPTING
+from .guarantees import LEVEL_SHARE, TEAM_SHARE, Guard
+from .rights import (
+    DEPTH,
+    LEVELS_DOWN,
+    OWN_OR_MORE_URGENT,
+    PREEMPTS_FROM_LEVEL,
+    RECLAIM_LEVELS,
+    level_refusal,
+    level_right,
+)
+from .shields import BUSY, NOT_PREEMPTIBLE, OWN_TEAM, RESTARTED, TEAM_PROTECTED, USER_PROTECTED, victim_shield
+
+HELD_NODE = "held_for_reservation"  # its GPUs are on nodes promised to another queued job
+OTHER_MODEL = "gpu_model"  # it holds no GPU of a model the preemptor accepts
+
+# The order in which an explanation names the rule that shields the jobs it could preempt:
+# the fairness limits first (they lift with time, and are what a user asks about), then
+# the rights and the guarantees, then what frees up on its own.
+NAMED_FIRST = (
+    TEAM_PROTECTED,
+    USER_PROTECTED,
+    USER_PREEMPTING,
+    DEPTH,
+    LEVELS_DOWN,
+    PREEMPTS_FROM_LEVEL,
+    RECLAIM_LEVELS,
+    TEAM_SHARE,
+    LEVEL_SHARE,
+    RESTARTED,
+    NOT_PREEMPTIBLE,
+    OWN_TEAM,
+    HELD_NODE,
+    BUSY,
+    OWN_OR_MORE_URGENT,
+)
 
 
-def may_preempt(state: State, job: Job) -> bool:
-    """Whether the job's level may preempt at all (`preempts_from_level` names a level below
-    it)."""
-    return state.canonical.policy.preempts_from_level[job.level] < LEVELS
+def victim_refusal(d: Decision, guard: Guard, victim: Job, models: dict, held: dict) -> str:
+    """ "" when `victim` may be taken by `d`'s preemption, else the first rule that refuses
+    it: the levels in reach, the nodes (`models`: the accepted GPU models; `held`: nodes
+    promised to others), the user's allowance, the victim's shields, for a reclaim the
+    guarantees."""
+    job = d.job
+    refused = level_refusal(d.policy, job, victim.level, d.levels_down_max, d.reclaim)
+    if refused:
+        return refused
+    nodes = d.state.canonical.nodes
+    on_models = [slot.node for slot in victim.placement if nodes[slot.node].gpu_model in models]
+    if not on_models:
+        return OTHER_MODEL
+    if all(name in held for name in on_models):
+        return HELD_NODE
+    if d.own_only and victim.user != job.user:
+        return USER_PREEMPTING
+    refused = victim_shield(d, victim)
+    if refused:
+        return refused
+    return guard.refusal({}, victim) if d.reclaim else ""
 
 
-def victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
-    """A victim by priority: of a level the preemptor's level may preempt."""
-    p = state.canonical.policy
-    if victim.level < p.preempts_from_level[preemptor.level] or victim.level <= preemptor.level:
-        return False
-    return victim_preemptible_now(state, victim, preemptor)
-
-
-def reclaim_victim_eligible(state: State, preemptor: Job, victim: Job) -> bool:
-    """A victim of a reclaim: another team's job of a level reclaim may take (never the
-    urgent levels), whatever the preemptor's level."""
-    if victim.level < state.canonical.policy.fair_share_from_level or victim.team == preemptor.team:
-        return False
-    return victim_preemptible_now(state, victim, preemptor)
-
-
-def victim_preemptible_now(state: State, victim: Job, preemptor: Job) -> bool:
-    """Running, preemptible, in no saga, past its restart protection, and, unless the
-    preemptor is of its own team (user), its team (user) not protected: the fairness
-    limits protect a team and a user from others, not from reordering their own work."""
+def eligible_victims(d: Decision, guard: Guard, models: list[str], held: dict[str, int]) -> list[Job]:
+    """The jobs `d`'s preemption (or reclaim) may take, by level then id: those
+    `victim_refusal` refuses nothing, found by walking only the levels in reach."""
+    state = d.state
     c = state.canonical
-    p = c.policy
-    t = c.t
-    if victim.state != RUNNING or not victim.preemptible or victim.saga:
-        return False
-    if victim.protected_until_t > t and (preemptor.level >= p.urgent_levels or p.restart_protect_from_urgent):
-        # Bounded restart protection, never against the urgent levels by default (there the
-        # recovery boost prices the victim dearer instead: `core.rules.pricing.priced_level`).
-        return False
-    if victim.team != preemptor.team and c.team_protected_until.get(victim.team, 0) > t:
-        return False
-    if victim.user == preemptor.user:
-        return True
-    win = c.user_windows.get(victim.user)
-    if win is not None and window_count(win.preempted, t, p.fairness_window_ms) >= scaled_limit(
-        state, p.user_preempted_max
-    ):
-        return False
-    return True
-
-
-def user_preempting_exhausted(state: State, job: Job) -> bool:
-    """Whether the job's user has preempted others' jobs as often as the window allows."""
-    c = state.canonical
-    win = c.user_windows.get(job.user)
-    if win is None:
-        return False
-    return window_count(win.preempting, c.t, c.policy.fairness_window_ms) >= scaled_limit(
-        state, c.policy.user_preempting_max
-    )
-
-
-def eligible_victims(
-    state: State,
-    job: Job,
-    p: Policy,
-    guard: Guard,
-    models: list[str],
-    held: dict[str, int],
-    reclaim: bool,
-    own_only: bool,
-) -> list[Job]:
-    """The jobs a preemption (or reclaim) for `job` may take, by level then id: eligible by
-    priority (or reclaim), only the user's own when the user is past the allowance, within
-    the guard for a reclaim, with GPUs on a node of an accepted model not held for others."""
-    c = state.canonical
-    ix = state.index
+    job = d.job
+    holding_by_level = state.index.holding_by_level
     model_ok = dict.fromkeys(models)
-    if reclaim:
-        first_level, eligible_now = p.fair_share_from_level, reclaim_victim_eligible
-    else:
-        first_level, eligible_now = max(p.preempts_from_level[job.level], job.level + 1), victim_eligible
-    last_level = min(LEVELS, job.level + depth_limits(p, job)[1] + 1)  # levels down, at most
+    own_only, reclaim = d.own_only, d.reclaim
     jobs = c.jobs
     nodes = c.nodes
     eligible = []
-    for level in range(first_level, last_level):
-        for victim_id in sorted(ix.holding_by_level[level]):
+    for level in d.levels:
+        for victim_id in sorted(holding_by_level[level]):
             victim = jobs[victim_id]
             if (
                 (not own_only or victim.user == job.user)
-                and eligible_now(state, job, victim)
-                and (not reclaim or guard.allows({}, victim))
+                and not victim_shield(d, victim)
+                and (not reclaim or not guard.refusal({}, victim))
                 and any(
                     nodes[slot.node].gpu_model in model_ok and slot.node not in held
                     for slot in victim.placement
@@ -108,3 +105,40 @@ def eligible_victims(
             ):
                 eligible.append(victim)
     return eligible
+
+
+def refusals(d: Decision, guard: Guard, victims, models: list[str], held: dict) -> dict[str, list[Job]]:
+    """Rule -> the jobs of `victims` it refuses (those on none of the accepted models left
+    out: they never could help)."""
+    model_ok = dict.fromkeys(models)
+    found: dict[str, list[Job]] = {}
+    for victim in victims:
+        refused = victim_refusal(d, guard, victim, model_ok, held)
+        if refused and refused != OTHER_MODEL:
+            found.setdefault(refused, []).append(victim)
+    return found
+
+
+def first_refusal(found: dict[str, list[Job]]) -> tuple[str, list[Job]]:
+    """The rule an explanation names among `found` (`NAMED_FIRST` order), with its jobs;
+    ("", []) when nothing was refused."""
+    for rule in NAMED_FIRST:
+        if rule in found:
+            return rule, found[rule]
+    return "", []
+
+
+def less_urgent_holders(state: State, job: Job, reclaim: bool) -> list[Job]:
+    """Every job holding GPUs that a preemption for `job` could ever consider: of the less
+    urgent levels (for a reclaim, of every level), by level then id."""
+    jobs = state.canonical.jobs
+    first = 0 if reclaim else job.level + 1
+    holding = state.index.holding_by_level
+    return [jobs[victim_id] for level in range(first, LEVELS) for victim_id in sorted(holding[level])]
+
+
+def may_take(d: Decision, victim: Job) -> bool:
+    """Whether `d`'s preemptor may take `victim` by priority, by its level's right and the
+    victim's shields alone (neither the levels-down limit nor the user's allowance): what a
+    node drained for an urgent gang counts as freeable."""
+    return not level_right(d.policy, d.job.level, victim.level) and not victim_shield(d, victim)

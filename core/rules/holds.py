@@ -33,6 +33,9 @@ def binding_holds(state: State, job: Job, reserved: dict[str, tuple[int, str]]) 
     return {name: held for name, held in reserved.items() if not overrides_hold(p, job, jobs.get(held[1]))}
 
 
+VICTIM_CAP = "victims_per_preemption_max"
+
+
 def victim_cap(state: State, p: Policy, job: Job, models: list[str]) -> int:
     """The most victims one preemption for `job` may take: `victims_per_preemption_max` per
     node its gang needs (a 32-GPU gang on 8-GPU nodes frees four nodes, so it may need four
@@ -40,3 +43,11 @@ def victim_cap(state: State, p: Policy, job: Job, models: list[str]) -> int:
     size = node_size_max(models, state.index)
     nodes = -(-job.gpus // size) if size > 0 else 1
     return p.victims_per_preemption_max * max(1, nodes)
+
+
+def describe_cap(p: Policy) -> str:
+    """The sentence for a gang no victim set within the cap can free."""
+    return (
+        f"freeing its gang takes more than victims_per_preemption_max ({p.victims_per_preemption_max})"
+        " jobs per node it needs"
+    )

@@ -10,7 +10,7 @@ theirs, and no team's jobs preempt a team that is not above its share (see
 
 from __future__ import annotations
 
-from ..model.state import PREEMPTING, State, teams_with_demand
+from ..model.state import PREEMPTING, Job, State, teams_with_demand
 
 SHARE_EPSILON = 1e-6  # shares are fractions of GPUs; a held count equal to one is at it
 
@@ -90,3 +90,26 @@ def teams_below_share(state: State) -> tuple[dict[str, float], dict[str, int], l
         if within_share(held.get(team, 0), 1, shares.get(team, 0.0))
     ]
     return shares, held, below
+
+
+RECLAIM_OFF = "fair_share_guarantee"  # the guarantee is off, or does not cover the job's level
+BEYOND_SHARE = "beyond_share"  # the job would take its team beyond its share
+NOTHING_LENT = "nothing_lent"  # no team holds enough GPUs above its share
+
+
+def lent_gpus(shares: dict[str, float], held: dict[str, int]) -> float:
+    """GPUs the teams hold above their shares: what reclaims may take back."""
+    return sum(max(0.0, held.get(team, 0) - share) for team, share in shares.items())
+
+
+def reclaim_refusal(p, job: Job, shares: dict[str, float], held: dict[str, int], lent: float) -> str:
+    """ "" when the job's team may reclaim GPUs for it, else why not: the guarantee is off
+    or does not cover its level, the job would take its team beyond its share, or the
+    teams above their shares hold too few GPUs for it."""
+    if not p.fair_share_guarantee or job.level < p.fair_share_from_level:
+        return RECLAIM_OFF
+    if not within_share(held.get(job.team, 0), job.gpus, shares.get(job.team, 0.0)):
+        return BEYOND_SHARE
+    if lent < 1 or job.gpus > lent + SHARE_EPSILON:
+        return NOTHING_LENT
+    return ""
