@@ -619,10 +619,15 @@ class Scheduler:
         now = time.monotonic()
         timeout_s = self.node_timeout_ms / 1000
         self._settle_unknown_heard(now, timeout_s)
-        for name, node in sorted(self.state.canonical.nodes.items()):
-            if not node.up:
-                continue
-            silent_s = now - self._heard.setdefault(name, now)
+        # One pass over the pool finds the silent hosts; only they are sorted (their
+        # node_down inputs go out in name order), not the whole pool at every tick.
+        silent = [
+            name
+            for name, node in self.state.canonical.nodes.items()
+            if node.up and now - self._heard.setdefault(name, now) > timeout_s
+        ]
+        for name in sorted(silent):
+            silent_s = now - self._heard[name]  # a heartbeat may have come while others were sent
             if silent_s > timeout_s and now - self._down_sent.get(name, 0) > timeout_s:
                 self._down_sent[name] = now
                 log.warning("%s: host %s silent for %.1f s: node_down", self.instance, name, silent_s)
