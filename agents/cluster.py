@@ -45,6 +45,7 @@ def start_cluster(
     log_dir: Path | None = None,
     node_names: list[str] | None = None,
     extra_sched: list[str] | None = None,
+    extra_agent: list[str] | None = None,
 ) -> list[tuple[str, subprocess.Popen]]:
     """Start the scheduler and simulated hosts as OS processes; their output goes to files."""
     log_dir = Path(log_dir or Path(data_dir) / "logs")
@@ -70,6 +71,7 @@ def start_cluster(
             spec,
             "--grace-s",
             "5",
+            *(extra_agent or []),
         ]
         children.append((name, _spawn(cmd, log_dir / f"{name}.log")))
     return children

@@ -42,6 +42,8 @@ from nats.js.errors import NotFoundError
 from core import types as T
 
 from trust.durable import remove_stale_temps, write_durably
+
+from .diskwatch import DiskWatch, no_space
 from trust.natsauth import CREDS_ENV, JobMinter
 from trust.signing import KeyRing, verify_one
 
@@ -56,6 +58,12 @@ from .runfolders import new_run_folder, run_folders
 log = logging.getLogger("xirang.host")
 
 HEARTBEAT_S = 1.0
+# A run's output kept on disk at most (agents/outcap.py), and the free space below which
+# the agent takes no new runs and job output is dropped (agents/diskwatch.py).
+OUTPUT_MAX_BYTES_DEFAULT = 64 * 2**20
+DISK_FLOOR_BYTES_DEFAULT = 16 * 2**20
+# A run refused for want of disk is reported this long after (see `_start`).
+REFUSAL_PAUSE_S = 5.0
 # At start, an agent asks whether another answers for its node (`xr.agent.claim.<node>`).
 CLAIM_PREFIX = "xr.agent.claim"
 NODE_CLAIM_TIMEOUT_S = 0.5
@@ -153,10 +161,17 @@ class HostAgent:
         job_user: JobUser | UidPool | None = None,
         advertise_addr: str = "",
         ckpt_roots: list[str | os.PathLike] | None = None,
+        output_max_bytes: int = OUTPUT_MAX_BYTES_DEFAULT,
+        disk_floor_bytes: int = DISK_FLOOR_BYTES_DEFAULT,
     ) -> None:
         self.url = url
         # Where this host's jobs are reached (a gang's MASTER_ADDR when it is the first node).
         self.advertise_addr = advertise_addr or rendezvous.default_advertise_addr(url)
+        # Each run's output (stdout and stderr) is kept by agents/outcap.py: at most this
+        # much on disk, rotated; the disk's last `disk_floor_bytes` are never spent on it,
+        # and below them the agent takes no new runs (agents/diskwatch.py).
+        self.output_max_bytes = output_max_bytes
+        self.disk_floor_bytes = disk_floor_bytes
         # Who the jobs run as: one user for all, one uid per run from a pool, or None (the
         # agent's own user). With other users, whatever the agent writes is its own only
         # (umask 077); each run's folder is handed to the run's user.
@@ -185,6 +200,7 @@ class HostAgent:
         roots = ckpt_roots or [Path(state_dir).resolve().parent / "ckpt"]
         self.ckpt_roots = [Path(root).resolve() for root in roots]
         self.outbox.path_roots = lambda job: ckptpath.job_roots(self.ckpt_roots, job)
+        self.outbox.on_dropped = self._facts_dropped
         self._outbox_wake: asyncio.Event | None = None
         self.grace_s = grace_s
         self.default_command = default_command or [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -194,6 +210,13 @@ class HostAgent:
         self.actions = 0
         self.nc = self.js = None
         self._children: dict[int, object] = {}
+        self._keepers: list = []
+        # Facts the outbox could not keep (a full disk): sent from memory, in order.
+        self._undurable: list[T.Input] = []
+        self._refusals: list[
+            tuple[float, T.Input, str]
+        ] = []  # (when, fact, id): runs refused  # output keepers' first processes, reaped as they detach
+        self.disk = DiskWatch(str(self.dir.parent), disk_floor_bytes)
 
     # ------------------------------------------------------------ state folder
 
@@ -264,10 +287,56 @@ class HostAgent:
         os.chmod(self.outbox.folder, 0o700)
 
     def _save_acted(self) -> None:
-        write_durably(self.dir / "acted.json", msgspec.json.encode(self.acted))
+        self._write_state(self.dir / "acted.json", msgspec.json.encode(self.acted))
 
     def _save_run(self, run: Run) -> None:
-        write_durably(self.runs_dir / f"{_safe(run.job)}.json", msgspec.json.encode(run))
+        self._write_state(self.runs_dir / f"{_safe(run.job)}.json", msgspec.json.encode(run))
+
+    def _write_state(self, path: Path, data: bytes) -> None:
+        """A state file written durably; on a full disk the agent goes on from memory (a
+        restart re-adopts its runs by their markers) and takes no new runs meanwhile."""
+        try:
+            write_durably(path, data)
+        except OSError as err:
+            if not no_space(err):
+                raise
+            if not self.disk.low:  # said once an episode: every decision writes
+                log.warning("host %s: cannot write %s: %s; going on from memory", self.node, path.name, err)
+            self._disk_failed()
+
+    def _disk_failed(self) -> None:
+        if self.disk.write_failed():
+            self._disk_changed()
+
+    def _disk_changed(self) -> None:
+        """Say so when the disk becomes low (log, alert) or good again."""
+        if not self.disk.low:
+            log.warning("host %s: the disk has room again: taking new runs", self.node)
+            return
+        log.error(
+            "host %s: %s: refusing new runs (they queue again, elsewhere if they can); the %d"
+            " running are still managed. Free space there (a job's files under %s?)",
+            self.node,
+            self.disk.problem,
+            len(self.runs),
+            self.runs_dir,
+        )
+        alert = {"kind": "node_unhealthy", "node": self.node, "problem": self.disk.problem}
+        if self.nc is not None:
+            asyncio.ensure_future(self._publish_alert("node_unhealthy", alert))
+
+    def _facts_dropped(self, job: str, dropped: int, why: str) -> None:
+        """A run wrote facts beyond its bounds (agents/outbox.py): they are dropped."""
+        log.warning("host %s: dropped %d fact(s) of job %s so far: %s", self.node, dropped, job, why)
+        alert = {"kind": "job_facts_dropped", "node": self.node, "job": job, "dropped": dropped, "why": why}
+        if self.nc is not None:
+            asyncio.ensure_future(self._publish_alert("job_facts_dropped", alert))
+
+    async def _publish_alert(self, kind: str, alert: dict) -> None:
+        try:
+            await self.nc.publish(f"{bus.ALERT_PREFIX}.{kind}", json.dumps(alert).encode())
+        except Exception:  # noqa: BLE001 - the heartbeats say it too
+            pass
 
     def _drop_run(self, run: Run) -> None:
         self.runs.pop(run.job, None)
@@ -350,6 +419,13 @@ class HostAgent:
             except Exception:  # noqa: BLE001 - stopping while the bus is away
                 await self.nc.close()
 
+    async def _report_refusals(self, now: float) -> None:
+        """The runs refused for want of disk whose pause is over (all of them when stopping)."""
+        due = [item for item in self._refusals if item[0] <= now]
+        self._refusals = [item for item in self._refusals if item[0] > now]
+        for _, refusal, msg_id in due:
+            await self._report(refusal, msg_id)
+
     async def _drain(self) -> None:
         """An orderly stop (SIGTERM, Ctrl-C): SDK jobs checkpoint and exit, the others get
         SIGTERM, then `node_down` tells the scheduler, which requeues them all from their
@@ -376,6 +452,7 @@ class HostAgent:
                 self._save_run(run)
             else:
                 self._terminate(run)
+        await self._report_refusals(float("inf"))
         give_up = time.monotonic() + sdk_grace_s + DRAIN_SLACK_S
         while self.runs and time.monotonic() < give_up:
             await asyncio.sleep(MONITOR_S)
@@ -401,6 +478,9 @@ class HostAgent:
             # After a start or a pause, the runs given away meanwhile are stopped first.
             await self._caught_up.wait()
             try:
+                while self._undurable:
+                    await bus.send_input(self.js, self._undurable[0], sender=self.outbox.sender or None)
+                    self._undurable.pop(0)
                 await self.outbox.deliver(self.js)
                 delay = 0.1
                 try:
@@ -477,7 +557,11 @@ class HostAgent:
                 )
                 self._caught_up.clear()
             last = now
+            if self.disk.look():
+                self._disk_changed()
             body = {
+                "healthy": not self.disk.low,
+                "problem": self.disk.problem if self.disk.low else "",
                 "node": self.node,
                 "gpu_model": self.inventory.model,
                 "gpus": len(self.inventory.gpus),
@@ -595,6 +679,17 @@ class HostAgent:
         if existing is not None and existing.n == n:
             return  # already started by this very record (before a crash)
         marker = f"{self.node}/{ev.job}/{n}"
+        if self.disk.look():
+            self._disk_changed()
+        if self.disk.low:
+            # Not the job's fault: it queues again (the whole gang), and runs elsewhere if
+            # another node fits; this node takes runs again once its disk has room. Said
+            # after a pause, so that a job this node alone fits is not offered it again
+            # and again meanwhile.
+            log.warning("host %s: not starting %s: %s", self.node, ev.job, self.disk.problem)
+            refusal = T.Finished(job=ev.job, ok=False, requeue=True, attempt=n)
+            self._refusals.append((time.monotonic() + REFUSAL_PAUSE_S, refusal, f"{marker}:refused"))
+            return
         gpus = [g for slot in ev.placement if slot.node == self.node for g in slot.gpus]
         primary = bool(ev.placement) and ev.placement[0].node == self.node
         resume = isinstance(ev, T.JobResumeRequested) and bool(ev.ckpt_digest)
@@ -806,23 +901,23 @@ class HostAgent:
                 **resume_env,
             }
         )
-        out = open(Path(run.dir) / "output.log", "ab")
-        self._hand_over(run, Path(run.dir) / "output.log")
         import subprocess
 
+        out = self._output_pipe(Path(run.dir) / "output.log")
         as_user = user.popen_kwargs() if user is not None else {}
-
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agents.jobwrap", str(Path(run.dir) / EXIT_FILE), "--", *command],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=os.getcwd(),
-            **as_user,
-        )
-        out.close()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "agents.jobwrap", str(Path(run.dir) / EXIT_FILE), "--", *command],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=os.getcwd(),
+                **as_user,
+            )
+        finally:
+            os.close(out)
         self._children[proc.pid] = proc
         return proc.pid
 
@@ -835,6 +930,39 @@ class HostAgent:
         except OSError as err:  # e.g. a shared filesystem away: the job can still run
             log.warning("host %s: cannot make checkpoint folder %s: %r", self.node, roots[0], err)
         return {"XR_CKPT_DIR": str(roots[0]), "XR_CKPT_ROOTS": os.pathsep.join(str(r) for r in roots)}
+
+    def _output_pipe(self, path: Path) -> int:
+        """The write end of a pipe whose reader keeps the run's output in `path`, capped and
+        rotated (agents/outcap.py), as the agent's user: the job can neither stop it nor
+        make it write more."""
+        import subprocess
+
+        read_end, write_end = os.pipe()
+        try:
+            keeper = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "agents.outcap",
+                    str(path),
+                    "--max-bytes",
+                    str(self.output_max_bytes),
+                    "--floor-bytes",
+                    str(self.disk_floor_bytes),
+                ],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=str(Path(__file__).resolve().parent.parent),
+            )
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._keepers.append(keeper)
+        return write_end
 
     async def _notify(self, ev: T.VictimNotified) -> None:
         run = self.runs.get(ev.job)
@@ -902,6 +1030,8 @@ class HostAgent:
 
     async def _monitor(self) -> None:
         while True:
+            self._keepers = [k for k in self._keepers if k.poll() is None]
+            await self._report_refusals(time.monotonic())
             for run in list(self.runs.values()):
                 try:
                     await self._check(run)
@@ -994,8 +1124,16 @@ class HostAgent:
         return 0, folders[-1] if folders else new_run_folder(self.runs_dir, job, n)
 
     async def _report(self, inp: T.Input, msg_id: str) -> None:
-        """Into the durable outbox; the sender delivers it as soon as the bus takes it."""
-        self.outbox.put(msgspec.structs.replace(inp, id=msg_id))
+        """Into the durable outbox; the sender delivers it as soon as the bus takes it. On a
+        full disk it goes to the bus at once instead (kept in memory until it is taken)."""
+        inp = msgspec.structs.replace(inp, id=msg_id)
+        try:
+            self.outbox.put(inp)
+        except OSError as err:
+            if not no_space(err):
+                raise
+            self._disk_failed()
+            self._undurable.append(inp)
         self._outbox_wake.set()
 
 

@@ -52,6 +52,8 @@ LEASE_KEY = "scheduler"
 # and how many of their sequences one alert lists.
 DISOWN_PROBLEM_CHARS_MAX = 200
 DISOWN_ALERT_SEQS_MAX = 100
+# Appends unanswered in a row (while reads are answered) before the store is said stuck.
+STORE_STUCK_AFTER_WRITES = 3
 # How long a streaming burst of inputs may wait to share one group commit.
 LINGER_MS = 5.0
 
@@ -163,6 +165,7 @@ class Scheduler:
         # folds from the snapshot, so that it sees the message and disowns it.
         self._foreign_in_tail = False
         self.disowned = 0  # foreign messages this instance disowned
+        self._writes_unanswered = 0  # appends unanswered in a row while connected
 
     # ------------------------------------------------------------ lifecycle
 
@@ -246,6 +249,8 @@ class Scheduler:
                 taken = await self._try_take_lease()
             except Exception as err:  # noqa: BLE001 - the bus is away: keep waiting
                 log.warning("%s: cannot reach the lease (%r); retrying", self.instance, err)
+                if "timeout" in repr(err).lower() and self.nc.is_connected:
+                    await self._write_unanswered()
                 taken = False
             if taken:
                 log.info("%s: leader", self.instance)
@@ -417,6 +422,33 @@ class Scheduler:
                 await bus.save_snapshot(self.js, self.state, self.ev_seq, self.signer)
                 last_snapshot_n, last_snapshot_at = n, time.monotonic()
 
+    async def _write_unanswered(self) -> None:
+        """An append went unanswered while connected. Several in a row while the server
+        still answers reads mean a JetStream store that cannot write: a full disk, or a
+        write error nats-server does not recover from until it is restarted. Say what to do
+        (once an episode) and raise an alert."""
+        self._writes_unanswered += 1
+        if self._writes_unanswered != STORE_STUCK_AFTER_WRITES:
+            return
+        try:
+            await bus.stream_last_seq(self.js, bus.EV_STREAM)
+        except Exception:  # noqa: BLE001 - reads fail too: an outage, not a stuck store
+            self._writes_unanswered = 0
+            return
+        words = (
+            f"{STORE_STUCK_AFTER_WRITES} appends in a row went unanswered while the server still"
+            " answers reads: its JetStream store cannot write (a full disk, or a write error"
+            " nats-server keeps failing on until restarted). Free space under the server's"
+            " store_dir and restart nats-server (`xirang up` restarts its own); the scheduler"
+            " goes on once appends are answered"
+        )
+        log.error("%s: %s", self.instance, words)
+        alert = {"kind": "bus_store_failing", "instance": self.instance, "problem": words}
+        try:
+            await self.nc.publish(f"{bus.ALERT_PREFIX}.bus_store_failing", json.dumps(alert).encode())
+        except Exception:  # noqa: BLE001 - the log line says it
+            pass
+
     async def _check_log_end(self) -> None:
         """Only this leader appends to the log: a log that grew past our last append holds
         a message someone else wrote. Re-read it (the fold passes over the message and
@@ -568,9 +600,12 @@ class Scheduler:
         try:
             self.ev_seq = await bus.publish_atomic(self.nc, pending, self.ev_seq, self.instance)
             self.appended_batches += 1
+            self._writes_unanswered = 0
         except bus.FencingError as err:
             raise LostLeadership(f"fenced: {err}") from err
         except bus.BatchError as err:
+            if "no answer" in str(err) and self.nc.is_connected:
+                await self._write_unanswered()
             raise LostLeadership(str(err)) from err
 
     # ------------------------------------------------------------ host liveness

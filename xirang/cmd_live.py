@@ -45,6 +45,7 @@ def register(sub) -> None:
     )
     up.add_argument("--policy", help="policy TOML, applied through a set_policy input")
     up.add_argument("--tick-ms", type=int, default=1000)
+    _disk_options(up, auto=True)
     up.set_defaults(func=cmd_up)
 
     sched = sub.add_parser("scheduler", help="run the scheduler (leader or hot standby)")
@@ -138,6 +139,7 @@ def register(sub) -> None:
         help="the scheduler's public keyring: decisions are acted on only if signed "
         "(default: $XIRANG_PUBLIC_KEY, else DATA_DIR/keys/scheduler.pub)",
     )
+    _disk_options(agent, auto=False)
     agent.set_defaults(func=cmd_agent)
 
     demo = sub.add_parser("demo", help="the end-to-end demonstration (`make run`)")
@@ -306,6 +308,50 @@ def job_minter(ttl_s: float):
     return minter
 
 
+def _disk_options(p, auto: bool) -> None:
+    sized = " (default: an eighth of the data folder's free space, at most %s)" if auto else " (default %s)"
+    p.add_argument(
+        "--job-output-max-mb",
+        type=float,
+        default=None,
+        help="output (stdout and stderr) each job run keeps on disk, rotated beyond it"
+        + sized % OUTPUT_MAX_MB,
+    )
+    p.add_argument(
+        "--disk-floor-mb",
+        type=float,
+        default=None,
+        help="free space below which a host takes no new runs and drops job output, left to "
+        "the bus and the agent" + sized % DISK_FLOOR_MB,
+    )
+
+
+OUTPUT_MAX_MB = 64
+DISK_FLOOR_MB = 16
+
+
+def disk_limits(args, folder: str) -> tuple[int, int]:
+    """(job output max, disk floor) in bytes: as given, else the defaults, or for `xirang
+    up` (sharing one disk with the bus's store) each at most an eighth of the free space."""
+    from agents.diskwatch import free_bytes
+
+    cap_mb = OUTPUT_MAX_MB
+    floor_mb = DISK_FLOOR_MB
+    if getattr(args, "func", None) is cmd_up:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        eighth_mb = free_bytes(folder) / 8 / 2**20
+        cap_mb, floor_mb = min(cap_mb, eighth_mb), min(floor_mb, eighth_mb)
+    for name, value in (
+        ("--job-output-max-mb", args.job_output_max_mb),
+        ("--disk-floor-mb", args.disk_floor_mb),
+    ):
+        if value is not None and not (value > 0 and value < float("inf")):
+            raise _user_error(f"{name} must be a positive number of MiB, got {value}")
+    cap_mb = args.job_output_max_mb if args.job_output_max_mb is not None else cap_mb
+    floor_mb = args.disk_floor_mb if args.disk_floor_mb is not None else floor_mb
+    return max(4096, int(cap_mb * 2**20)), int(floor_mb * 2**20)
+
+
 def cmd_agent(args) -> int:
     """`xirang agent`: run a GPU host agent until stopped."""
     from agents.gpus import NoGpus, discover, parse_simulate
@@ -343,6 +389,7 @@ def cmd_agent(args) -> int:
                 job_user=job_user,
                 advertise_addr=args.advertise_addr,
                 ckpt_roots=args.ckpt_root or None,
+                **dict(zip(("output_max_bytes", "disk_floor_bytes"), disk_limits(args, args.data_dir))),
             )
         )
     except (AlreadyRunning, JobUserError, StateFileError) as err:
@@ -378,7 +425,21 @@ def cmd_up(args) -> int:
     url, server = server_url(args)
     from agents.cluster import start_cluster, stop_cluster
 
-    children = start_cluster(url, args.data_dir, args.hosts, specs, policy=args.policy, tick_ms=args.tick_ms)
+    output_max, disk_floor = disk_limits(args, args.data_dir)
+    children = start_cluster(
+        url,
+        args.data_dir,
+        args.hosts,
+        specs,
+        policy=args.policy,
+        tick_ms=args.tick_ms,
+        extra_agent=[
+            "--job-output-max-mb",
+            f"{output_max / 2**20:g}",
+            "--disk-floor-mb",
+            f"{disk_floor / 2**20:g}",
+        ],
+    )
     info = {
         "nats": url,
         "data_dir": str(Path(args.data_dir).resolve()),
@@ -399,9 +460,14 @@ def cmd_up(args) -> int:
 
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
+    from agents.storewatch import StoreWatch
+
+    watch = StoreWatch(server, disk_floor, say=lambda words: print(words, flush=True)) if server else None
     try:
         while not stop["flag"]:
             time.sleep(0.2)
+            if watch is not None:
+                watch.tick()
     finally:
         from agents.host import stop_job_processes
 

@@ -1,0 +1,198 @@
+"""A full disk costs new work, never the cluster: on `xirang up` in a small tmpfs, a job
+printing without end has its output capped and rotated, the cluster keeps scheduling and
+loses nothing; a bus store that a full disk left failing is restarted by `xirang up` once
+there is room; a host agent whose disk is full refuses new runs, keeps managing its
+running ones (a cancel still stops them) and says so. Real nats-server, real processes, a
+real tmpfs (mounted here: needs root)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agents import client
+from agents.host import pid_alive
+from agents.local_cluster import REPO, Cluster
+from core import types as T
+
+pytestmark = pytest.mark.timeout(240)
+
+SPEW = "python -c \"import sys; [sys.stdout.write('x' * 4000 + chr(10)) for _ in iter(int, 1)]\""
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size_mb: int):
+    """A tmpfs of `size_mb` MiB mounted at `path`, unmounted on the way out."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a {size_mb} MiB tmpfs (needs root): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@contextlib.contextmanager
+def up(data: Path, log: Path, hosts: int = 1, simulate: str = "4xH100"):
+    """`xirang up --json` as a real process, its output in `log`; yields its first line."""
+    out = open(log, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xirang.cli", "up", "--json", "--data-dir", str(data)]
+        + ["--hosts", str(hosts), "--simulate", simulate, "--tick-ms", "200"],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    out.close()
+    try:
+        deadline = time.monotonic() + 30
+        while not log.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        yield json.loads(log.read_text().splitlines()[0])
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def submit(data: Path, job: str, command: str, gpus: int = 1) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "xirang.cli", "submit", job, "--team", "a", "--level", "5"]
+        + ["--gpus", str(gpus), "--command", command, "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert done.stdout.startswith("accepted"), done.stdout + done.stderr
+
+
+def wait_events(url: str, predicate, timeout_s: float = 60.0) -> list[T.Record]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, records = client.state_and_records(url)
+        except Exception:  # noqa: BLE001 - the bus may be restarting
+            records = []
+        if predicate(records):
+            return records
+        assert time.monotonic() < deadline, [T.type_name(r.event) for r in records[-20:]]
+        time.sleep(0.5)
+
+
+def ended(records, job: str) -> list[str]:
+    return [
+        T.type_name(r.event)
+        for r in records
+        if isinstance(r.event, (T.JobFinished, T.JobFailed, T.JobCancelled)) and r.event.job == job
+    ]
+
+
+def outputs(data: Path, job: str) -> list[Path]:
+    return sorted(data.glob(f"hosts/*/runs/{job}*/output.log*"))
+
+
+def test_up_in_a_40_mb_tmpfs_caps_a_job_printing_without_end_and_keeps_scheduling(tmp_path):
+    with tmpfs(tmp_path / "disk", 40) as disk, up(disk / "xr", tmp_path / "up.log") as info:
+        data, url = disk / "xr", info["nats"]
+        submit(data, "spew", SPEW)
+        wait_events(
+            url, lambda rs: any(isinstance(r.event, T.JobRunning) and r.event.job == "spew" for r in rs)
+        )
+        time.sleep(5)  # it prints far more than the disk holds by now
+        for i in range(4):
+            submit(data, f"short{i}", "python -c 'print(1)'")
+        records = wait_events(
+            url, lambda rs: all(ended(rs, f"short{i}") == ["JobFinished"] for i in range(4))
+        )
+        assert ended(records, "spew") == []  # still printing, never blocked or failed
+        kept = sum(p.stat().st_size for p in outputs(data, "spew"))
+        assert 0 < kept <= 40 * 2**20 // 8 + 64 * 1024, kept  # xirang up's cap: an eighth of the disk
+        assert "output rotated" in outputs(data, "spew")[0].read_text()[:200]
+        audit = subprocess.run(
+            [sys.executable, "-m", "xirang.cli", "audit", "--nats", url, "--json"]
+            + ["--public-key", str(data / "keys" / "scheduler.pub")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert audit.stdout.startswith("{"), audit.stderr
+        summary = json.loads(audit.stdout)
+        assert summary["ok"] and summary["foreign_messages"] == 0, summary
+        assert summary["signatures"] != "not checked (no public key)"
+
+
+def fill(path: Path) -> Path:
+    filler = path / "filler"
+    with open(filler, "wb") as fh:
+        with contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 2**20)
+                fh.flush()
+    return filler
+
+
+def test_up_restarts_its_bus_once_a_full_disk_has_room_again(tmp_path):
+    with tmpfs(tmp_path / "disk", 40) as disk, up(disk / "xr", tmp_path / "up.log") as info:
+        data, url = disk / "xr", info["nats"]
+        submit(data, "before", "sleep 300")
+        wait_events(
+            url, lambda rs: any(isinstance(r.event, T.JobRunning) and r.event.job == "before" for r in rs)
+        )
+        filler = fill(disk)
+        deadline = time.monotonic() + 60
+        while "cannot store anything" not in (tmp_path / "up.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(0.5)
+        filler.unlink()
+        while "restarting the embedded nats-server" not in (tmp_path / "up.log").read_text():
+            assert time.monotonic() < deadline + 60, (tmp_path / "up.log").read_text()
+            time.sleep(0.5)
+        assert all(pid_alive(pid) for pid in info["pids"].values())
+        submit(data, "after", "python -c 'print(1)'")
+        records = wait_events(url, lambda rs: ended(rs, "after") == ["JobFinished"], timeout_s=90)
+        assert ended(records, "before") == []  # still running through it all
+
+
+def test_an_agent_on_a_full_disk_refuses_new_runs_and_still_manages_its_running_ones(tmp_path):
+    with tmpfs(tmp_path / "disk", 16) as disk, Cluster(tmp_path / "c") as c:
+        c.scheduler()
+        c.wait(lambda rs: (tmp_path / "c" / "keys" / "scheduler.pub").exists(), 20, "the key")
+        agent = c._spawn(
+            ["agent", "--nats", c.url, "--node", "h1", "--simulate", "2xH100", "--data-dir", str(disk)]
+            + ["--public-key", str(tmp_path / "c" / "keys" / "scheduler.pub"), "--disk-floor-mb", "4"],
+            "h1.log",
+        )
+        c.wait_for(T.NodeJoined, node="h1")
+        c.send(T.Submit(job="a", team="t", user="u", level=5, gpus=1, command=["sleep", "300"]))
+        c.wait_for(T.JobRunning, job="a")
+        filler = fill(disk)
+        c.send(T.Submit(job="b", team="t", user="u", level=5, gpus=1, command=["sleep", "1"]))
+        c.wait_for(T.JobRequeued, job="b", reason="part_could_not_start")
+        log = (c.logs / "h1.log").read_text()
+        assert "refusing new runs" in log and "not starting b" in log
+        c.send(T.Cancel(job="a"))
+        c.wait_for(T.JobCancelled, job="a")
+        run = next(disk.glob("hosts/h1/runs/a*"))
+        deadline = time.monotonic() + 20
+        while not (run / "exit.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert agent.poll() is None and "Traceback" not in (c.logs / "h1.log").read_text()
+        filler.unlink()
+        c.wait_for(T.JobFinished, job="b", timeout_s=60)
