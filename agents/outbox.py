@@ -9,6 +9,12 @@ cannot speak for another job or for the host. The host agent's sender publishes 
 each one only once XR_IN has acknowledged it; a fact sent twice (a crash between the ack
 and the removal) is dropped by XR_IN's deduplication, because every fact carries an id
 derived from the run it belongs to.
+
+A run's facts are bounded: at most JOB_FACTS_BURST at once and JOB_FACTS_PER_S after that
+(a token bucket), JOB_FACTS_MAX in all, and JOB_FACT_BYTES_MAX each. Beyond them a fact is
+dropped (its file removed), counted and reported (`on_dropped`: the agent logs it and
+raises an alert), so one job writing facts without end neither floods the log nor delays
+its host's and other jobs' facts. A job's SDK sends a handful per checkpoint.
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ from .ckptpath import path_problem
 log = logging.getLogger("xirang.outbox")
 
 SUFFIX = ".fact"
+JOB_FACTS_BURST = 64
+JOB_FACTS_PER_S = 4.0
+JOB_FACTS_MAX = 5000
+JOB_FACT_BYTES_MAX = 16 * 1024
 JOB_MARKER = ".job"  # in a run's outbox folder: the job whose facts it may hold
 _counter = itertools.count()
 
@@ -48,6 +58,10 @@ class Outbox:
         self.retiring: set[Path] = set()  # runs that ended: dropped once delivered
         # A job's own checkpoint folders (agents/ckptpath.py); None: paths are not checked.
         self.path_roots: Callable[[str], list[Path]] | None = None
+        self.budgets: dict[Path, FactBudget] = {}  # each run's allowance of facts
+        # Called (job, dropped so far, why) on a run's first dropped fact and every
+        # DROPS_REPORTED_EVERY after, for the agent to log and alert.
+        self.on_dropped = None
 
     def watch_job(self, folder: str | os.PathLike, job: str) -> Path:
         """Deliver, with this outbox's own facts, those a run's SDK leaves in `folder`,
@@ -75,6 +89,7 @@ class Outbox:
             if not found and folder in self.retiring:
                 self.job_folders.pop(folder)
                 self.retiring.discard(folder)
+                self.budgets.pop(folder, None)
                 (folder / JOB_MARKER).unlink(missing_ok=True)
             items += [(path, job) for path in found]
         return sorted(items, key=lambda item: item[0].name)
@@ -110,6 +125,9 @@ class Outbox:
                 path.unlink(missing_ok=True)
                 continue
             problem = job_fact_problem(inp, job, self.path_roots) if job is not None else ""
+            if not problem and job is not None and self._over_budget(path.parent, job, len(data)):
+                path.unlink(missing_ok=True)  # counted and reported by `_over_budget`
+                continue
             if problem:
                 log.warning("outbox: dropping %s from job %s's outbox: %s", path.name, job, problem)
                 path.unlink(missing_ok=True)
@@ -118,6 +136,44 @@ class Outbox:
             path.unlink(missing_ok=True)
             delivered += 1
         return delivered
+
+    def _over_budget(self, folder: Path, job: str, size: int) -> str:
+        """Why a run's fact is beyond its bounds ('' when within them); counts it either way."""
+        budget = self.budgets.setdefault(folder, FactBudget())
+        why = budget.spend(time.monotonic(), size)
+        if why:
+            budget.dropped += 1
+            if self.on_dropped is not None and (budget.dropped - 1) % DROPS_REPORTED_EVERY == 0:
+                self.on_dropped(job, budget.dropped, why)
+        return why
+
+
+DROPS_REPORTED_EVERY = 1000
+
+
+class FactBudget:
+    """One run's allowance of facts: a token bucket (JOB_FACTS_BURST, refilled at
+    JOB_FACTS_PER_S), a total (JOB_FACTS_MAX) and a size per fact (JOB_FACT_BYTES_MAX)."""
+
+    def __init__(self) -> None:
+        self.tokens = float(JOB_FACTS_BURST)
+        self.at = time.monotonic()
+        self.taken = 0
+        self.dropped = 0
+
+    def spend(self, now: float, size: int) -> str:
+        """'' and one fact spent, or why this fact is beyond the run's bounds."""
+        self.tokens = min(float(JOB_FACTS_BURST), self.tokens + (now - self.at) * JOB_FACTS_PER_S)
+        self.at = now
+        if size > JOB_FACT_BYTES_MAX:
+            return f"a fact of {size} bytes; at most {JOB_FACT_BYTES_MAX}"
+        if self.taken >= JOB_FACTS_MAX:
+            return f"more than {JOB_FACTS_MAX} facts from one run"
+        if self.tokens < 1:
+            return f"more than {JOB_FACTS_BURST} facts at once, or {JOB_FACTS_PER_S:g} a second after that"
+        self.tokens -= 1
+        self.taken += 1
+        return ""
 
 
 def job_fact_problem(inp: T.Input, job: str, path_roots: Callable[[str], list[Path]] | None = None) -> str:

@@ -294,7 +294,8 @@ def serve(
     is locked down first (no file access, configuration locked) for `/api/sql`'s sake.
     `live` holds what the follower learns beside the log (`input_backlog`: inputs on XR_IN
     not answered in the log yet), for /metrics."""
-    lock_down(con)
+    limits = sql or AnalystSql(token="")
+    lock_down(con, limits.memory_limit_mb, limits.threads)
     handler = type(
         "DashboardHandler",
         (_Handler,),

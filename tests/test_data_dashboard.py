@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -289,3 +290,42 @@ def test_alert_fires_on_an_injected_preemption_storm_and_not_without_it():
     assert 'data-kind="preemption_rate"' in page and 'data-kind="team_downgraded"' in page
     firing = ("xirang_alert_firing", {"kind": "preemption_rate", "subject": "level 1 (preempting)"}, 1)
     assert firing in prometheus_samples(text)
+
+
+def _dashboard_peak_rss_mb(tmp_path) -> int:
+    """The dashboard process's peak resident memory (VmHWM), found by its database path."""
+    db = str(tmp_path / "dash.duckdb").encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                if db not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry.name}/status") as fh:
+                return next(int(line.split()[1]) // 1024 for line in fh if line.startswith("VmHWM:"))
+        except OSError:
+            continue
+    raise AssertionError("no dashboard process found")
+
+
+def test_sql_over_http_is_held_to_its_memory_limit_and_one_query_at_a_time(live_dashboard, tmp_path):
+    _, url = live_dashboard
+    assert wait_for(lambda: _sql(url, "SELECT count(*) AS n FROM events") == (200, [{"n": 10}]))
+    # Three gigabytes of string in one aggregate: refused at the endpoint's memory limit
+    # (DuckDB's own default would let it take 80% of the machine's memory).
+    hungry = "SELECT max(length(s)) FROM (SELECT string_agg(repeat('x', 1000), ',') AS s FROM range(3000000))"
+    status, answer = _sql(url, hungry)
+    assert status == 400 and "memory" in answer["error"], answer
+    assert _dashboard_peak_rss_mb(tmp_path) < 1536
+    slow = {}
+    first = threading.Thread(
+        target=lambda: slow.update(answer=_sql(url, "SELECT count(*) FROM range(100000000000)"))
+    )
+    first.start()
+    time.sleep(1.0)
+    status, answer = _sql(url, "SELECT 1 AS one")
+    first.join(30)
+    assert status == 429 and "one query at a time" in answer["error"], answer
+    assert slow["answer"][0] == 400 and "past" in slow["answer"][1]["error"]
+    assert _sql(url, "SELECT 1 AS one") == (200, [{"one": 1}])
