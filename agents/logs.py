@@ -23,7 +23,7 @@ def job_output_paths(records, job: str, hosts_dir: Path) -> list[Path] | None:
         ev = record.event
         if getattr(ev, "job", "") != job:
             continue
-        seen = True
+        seen = seen or isinstance(ev, T.JobSubmitted)  # a rejected input may name any job
         if isinstance(ev, (T.JobStartRequested, T.JobResumeRequested)) and ev.placement:
             node = ev.placement[0].node
             runs_dir = Path(hosts_dir) / node_token(node) / "runs"

@@ -109,12 +109,32 @@ def parse_time(text: str | None) -> int | None:
     return int(when.timestamp() * 1000)
 
 
+LOG_FILE_HINT = "export one with `xirang replay run INPUTS --events-out FILE` or `xirang export`"
+
+
 def check_log_file(path: str) -> None:
-    """Refuse, saying how to make one, a log file that does not exist."""
+    """Refuse, saying how to make one, a log file that does not exist or is not a log (its
+    first line is no record of the log): reading it would project nothing, or fail later."""
     if not os.path.isfile(path):
+        raise _user_error(f"log file {path} does not exist ({LOG_FILE_HINT})")
+    import msgspec
+
+    from core import types as T
+    from projections.logsource import jsonl_batches
+
+    try:
+        first = next((batch[0] for batch in jsonl_batches(path, batch_max=1)), None)
+    except OSError as err:
+        raise _user_error(f"cannot read log file {path}: {err.strerror}") from err
+    if first is None:
+        raise _user_error(f"log file {path} is empty: no records to read ({LOG_FILE_HINT})")
+    line_no, payload = first
+    try:
+        T.decode_record(payload)
+    except msgspec.DecodeError as err:
         raise _user_error(
-            f"log file {path} does not exist (export one with `xirang replay run INPUTS --events-out FILE`)"
-        )
+            f"{path} is not a xirang log: line {line_no} is no record of one ({err}); {LOG_FILE_HINT}"
+        ) from None
 
 
 # ---------------------------------------------------------------- project
@@ -501,6 +521,11 @@ async def _audit_nats(url: str, audit) -> None:
         await nc.close()
 
 
+def _only_the_key_is_missing(audit) -> bool:
+    """Whether the audit's one problem is that a signed log came without a key to check it."""
+    return audit.keyring is None and bool(audit.signed_records) and "no public key" in audit.problem.problem
+
+
 def _print_audit(args, audit, summary: dict) -> None:
     if args.json:
         if args.job:
@@ -508,7 +533,14 @@ def _print_audit(args, audit, summary: dict) -> None:
             summary["story"] = audit.story
         print(json.dumps(summary, indent=1))
         return
-    if audit.problem:
+    if audit.problem and _only_the_key_is_missing(audit):
+        # Not a sign of tampering: everything that can be checked without the key held.
+        print(
+            f"SIGNATURES NOT CHECKED: the log is signed and no public key was given; pass"
+            f" --public-key FILE (or set XIRANG_PUBLIC_KEY). Without it: {audit.records} records,"
+            f" hash chain intact, {audit.digest_words()}"
+        )
+    elif audit.problem:
         print(f"LOG DOES NOT VERIFY: {summary['problem']}")
         print(f"verified {audit.records} records before it ({audit.digests} state digests)")
     else:

@@ -491,7 +491,10 @@ def cmd_logs(args) -> int:
     if paths is None:
         raise UserError(f"no job {args.job} in the log: see `xirang history` for the jobs it has seen")
     if not paths:
-        raise UserError(f"{args.job} has not started yet: `xirang jobs --team ...` says why it waits")
+        raise UserError(
+            f"{args.job} has not started yet, so it has no output: `xirang prio {args.job}` and"
+            " `xirang jobs` say why it waits"
+        )
     shown: dict[Path, int] = {}
     for path in paths:
         shown[path] = _print_from(path, 0, header=len(paths) > 1)

@@ -168,8 +168,9 @@ def client_url(args) -> str:
         args.nats = url  # for the one-line message should the server not answer
         return url
     raise _user_error(
-        "no NATS server: start one with `xirang up` (in another terminal), "
-        "or pass --nats URL / set XIRANG_NATS"
+        f"no NATS server: {path} is not there. Started `xirang up` from another folder? pass"
+        " --data-dir THAT_FOLDER/.xirang; else start one with `xirang up` (in another terminal),"
+        " or pass --nats URL / set XIRANG_NATS"
     )
 
 

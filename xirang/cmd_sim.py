@@ -13,6 +13,8 @@ import multiprocessing.managers
 import queue as queue_mod
 import signal
 import sys
+import os
+import tempfile
 import time
 
 from agents.interrupts import STOP_SIGNALS, stop_signals_raise
@@ -105,6 +107,20 @@ def cmd_sim(args) -> int:
     return 0
 
 
+def check_out_folder(out: str) -> None:
+    """Make the output folder now, before hours of simulation, or say why it cannot be."""
+    from xirang.errors import UserError
+
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".xirang-write-check-")
+        probe.close()
+    except OSError as err:
+        raise UserError(
+            f"--out {out}: cannot write there ({err.strerror}); pick a folder you can write"
+        ) from None
+
+
 def _plan(args) -> list[dict]:
     from core import PolicyError
     from replay.sim import Cluster
@@ -120,6 +136,8 @@ def _plan(args) -> list[dict]:
         )
     if len(set(names)) != len(names):
         raise UserError("--policies: a policy is listed twice")
+    if getattr(args, "out", None):
+        check_out_folder(args.out)
     if args.limit is not None and args.limit <= 0:
         raise UserError("--limit must be positive")
     if not args.xirang_tick_s > 0:

@@ -17,7 +17,8 @@ class UserError(Exception):
 
 NATS_HINT = (
     "start a cluster with `xirang up` (in another terminal), or pass --nats URL /"
-    " set XIRANG_NATS to a running server"
+    " set XIRANG_NATS to a running server (from another folder than `xirang up`'s:"
+    " --data-dir THAT_FOLDER/.xirang)"
 )
 
 

@@ -1,0 +1,91 @@
+"""What a new user trips on, command by command, and the one line each now gets instead: a
+file that is not a log, a signed log read without its key, a job that never existed, an
+output folder that cannot be written, a cluster started from another folder."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agents.logs import job_output_paths
+from core import types as T
+from data_helpers import workload_records, write_jsonl, xirang
+from scenario import Run, node, submit
+from test_security_signed_log import _signed
+from trust.signing import Signer, create_key
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def not_a_log(tmp_path):
+    path = tmp_path / "hostname"
+    path.write_text("gpu-box-7\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["whatif", "--policy", "POLICY"],
+        ["review", "--out", "OUT"],
+        ["project", "--db", "DB"],
+        ["dashboard", "--port", "0"],
+        ["audit"],
+    ],
+)
+def test_a_file_that_is_not_a_log_is_refused_saying_so(argv, not_a_log, tmp_path):
+    (tmp_path / "alt.toml").write_text("net_benefit_min = 1.0\n")
+    words = {
+        "POLICY": str(tmp_path / "alt.toml"),
+        "OUT": str(tmp_path / "r.html"),
+        "DB": str(tmp_path / "p.db"),
+    }
+    done = xirang(*[words.get(w, w) for w in argv], "--log", not_a_log)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "is not a xirang log: line 1" in done.stderr and "xirang replay run" in done.stderr
+    assert "a bug in xirang" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_empty_file_is_refused_as_having_no_records(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    done = xirang("project", "--log", str(empty), "--db", str(tmp_path / "p.db"))
+    assert done.returncode == 2 and "is empty" in done.stderr
+
+
+def test_a_signed_log_audited_without_its_key_says_the_key_is_missing_not_that_it_fails(tmp_path):
+    private, public, _ = create_key(tmp_path / "keys")
+    log = write_jsonl(
+        str(tmp_path / "signed.jsonl"), _signed(workload_records(jobs=20), Signer.load(private))
+    )
+    done = xirang("audit", "--log", log)
+    assert "LOG DOES NOT VERIFY" not in done.stdout, done.stdout
+    assert done.stdout.startswith("SIGNATURES NOT CHECKED") and "--public-key" in done.stdout
+    assert "hash chain intact" in done.stdout
+    verified = xirang("audit", "--log", log, "--public-key", str(public))
+    assert verified.returncode == 0 and verified.stdout.startswith("log verified")
+
+
+def test_logs_of_a_job_the_log_only_names_in_a_rejection_says_there_is_no_such_job(tmp_path):
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("real", 5, 8))
+    run.at(2000, T.Cancel(job="nosuch"))  # rejected: unknown_job, but it names the job
+    assert job_output_paths(run.records, "nosuch", tmp_path) is None
+    assert job_output_paths(run.records, "real", tmp_path) == []
+
+
+def test_sim_with_an_unwritable_out_folder_fails_before_simulating(tmp_path):
+    began = time.monotonic()
+    done = xirang("sim", "--trace", "philly", "--limit", "20000", "--out", "/proc/nope")
+    assert done.returncode == 2 and "--out /proc/nope: cannot write there" in done.stderr
+    assert time.monotonic() - began < 15  # the policies were not run first
+
+
+def test_jobs_from_another_folder_than_up_says_to_pass_data_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("XIRANG_NATS", raising=False)
+    done = xirang("jobs")
+    assert done.returncode == 2 and "--data-dir" in done.stderr
