@@ -15,7 +15,13 @@ Invariants, checked once the faults stop and the cluster has settled:
 - no two runs of one job held GPUs at the same time beyond the fencing window, by the
   hosts' own records (agents/jobwrap.py writes when each run started and ended);
 - every preemption saga resolved (committed or rolled back);
+- no resume lost progress: no checkpoint fell back (chaos corrupts none), and every run
+  that restored a checkpoint restored the step its resume named (the SDK says which in the
+  run's output);
 - `xirang audit` verifies the log.
+
+Some jobs are 2-node gangs (examples/train_ddp.py: ranks on both hosts all-reducing over
+TCP), so faults also hit one part of a run whose other part lives on another host.
 
 The seed decides the workload and the fault plan (what, when, for how long); how the OS
 interleaves the processes does not repeat, which is the point.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -52,6 +59,11 @@ FENCING_WINDOW_S = STOP_MAX_S + GRACE_S + 4.0
 SUBMIT_EVERY_S = (1.0, 4.0)
 FAULT_EVERY_S = (3.0, 9.0)
 SETTLE_S_MAX = 180.0
+GANG_SHARE = 0.2  # of the submissions: a 2-node gang
+# What the SDK prints when a run restores (agents/sdk.py `restore`).
+RESTORE_LINE = re.compile(
+    r"xirang sdk: (?:restored step (\d+)|no checkpoint verifies; from step 0) \(the resume named step (\d+)\)"
+)
 
 
 @dataclass
@@ -145,6 +157,15 @@ class Chaos:
         level = self.rng.choice([0, 1, 3, 4, 5, 6, 7, 7])
         gpus = self.rng.choice([1, 2, 4, 8])
         steps = self.rng.randrange(200, 1200)
+        command = train_command(steps, step_ms=10, ckpt_s=2.0)
+        if self.rng.random() < GANG_SHARE:
+            gpus = self.rng.choice([12, 16])  # more than a host: a 2-node gang
+            command = [
+                sys.executable,
+                str(REPO / "examples" / "train_ddp.py"),
+                *("--steps", str(steps), "--step-ms", "10", "--checkpoint-every-s", "2"),
+                *("--ranks-per-node", "1", "--log-every", "100"),
+            ]
         inp = T.Submit(
             job=job,
             team=f"team-{self.rng.randrange(3)}",
@@ -156,7 +177,7 @@ class Chaos:
             ckpt_interval_s=2,
             ckpt_cost_s=0.2,
             restore_cost_s=0.2,
-            command=train_command(steps, step_ms=10, ckpt_s=2.0),
+            command=command,
             id=f"chaos-{job}",
         )
         try:
@@ -266,6 +287,8 @@ class Chaos:
         overlaps = self._run_overlaps()
         rep.max_run_overlap_s = max((o for _, o in overlaps), default=0.0)
         beyond = [(job, round(o, 2)) for job, o in overlaps if o > FENCING_WINDOW_S]
+        fallbacks = sorted({r.event.job for r in matching(records, T.CheckpointFallback)})
+        restores, short = self._restores()
         audit_ok, audit_detail = self._audit()
         rep.jobs = {
             "accepted": len(self.accepted),
@@ -273,6 +296,9 @@ class Chaos:
             "failed": len(matching(records, T.JobFailed)),
             "cancelled": len(matching(records, T.JobCancelled)),
             "requeued": len(matching(records, T.JobRequeued)),
+            "resumes": len(matching(records, T.JobResumeRequested)),
+            "restores_checked": restores,
+            "gangs": len([r for r in matching(records, T.JobSubmitted) if r.event.gpus > GPUS_PER_HOST]),
             "stale_facts_refused": len(matching(records, T.InputRejected, reason="stale_run")),
         }
         rep.sagas = {"planned": len(planned), "committed": len(committed), "rolled_back": len(rolled)}
@@ -282,6 +308,9 @@ class Chaos:
             "no_job_lost": _held(not lost, f"never ended: {lost[:10]}"),
             "no_two_runs_at_once_beyond_fencing_window": _held(not beyond, f"overlaps: {beyond[:10]}"),
             "every_saga_resolved": _held(not open_sagas, f"open: {open_sagas[:10]}"),
+            "no_resume_lost_progress": _held(
+                not fallbacks and not short, f"fell back: {fallbacks[:10]}; restored short: {short[:10]}"
+            ),
             "audit_verifies": _held(audit_ok, audit_detail),
         }
 
@@ -307,6 +336,17 @@ class Chaos:
                     worst = max(worst, min(e1, e2) - max(b1, b2))
             out.append((job, worst))
         return out
+
+    def _restores(self) -> tuple[int, list[str]]:
+        """How many runs restored a checkpoint, and those that restored less than their resume
+        named (`<run folder>: <restored> < <named>`), from the runs' own output."""
+        count, short = 0, []
+        for output in sorted(self.root.glob("hosts/*/runs/*/output.log")):
+            for restored, named in RESTORE_LINE.findall(output.read_text(errors="replace")):
+                count += 1
+                if int(restored or 0) < int(named):
+                    short.append(f"{output.parent.name}: {restored or 0} < {named}")
+        return count, short
 
     def _audit(self) -> tuple[bool, str]:
         done = subprocess.run(

@@ -53,9 +53,15 @@ from transport import checkpoints as ckptstore
 from trust.durable import write_durably
 from trust.natsauth import CREDS_ENV, job_token
 from . import ckptfile
+from .ckptpath import SDK_SCHEME
 from .outbox import Outbox
 
 CHECKPOINTS_KEPT = 3
+# A run writes its checkpoints in slots of its own (`<run>-<slot>`), at most this many: a
+# slot is reused only once a newer checkpoint's report has left the run's outbox, so the
+# checkpoint a resume may be told of is never overwritten, however long the host's agent
+# is away (a full set of unreported slots makes further saves wait).
+SLOTS_PER_RUN_MAX = 8
 CALL_TIMEOUT_S = 30.0
 # A fact sent while the bus answers slowly goes to the outbox after this long.
 REPORT_TIMEOUT_S = 5.0
@@ -92,6 +98,7 @@ class Job:
         self._last_ckpt = time.monotonic()
         self.restored_step = 0
         self.fallbacks: list[str] = []
+        self._saved: list[dict] = []  # this run's slots in the order written: n, slot, fact
         if not self.active:
             return
         self._loop = asyncio.new_event_loop()
@@ -155,22 +162,18 @@ class Job:
     def _connected(self) -> bool:
         return bool(self.nc.is_connected)
 
-    def _report(self, inp: T.Input, suffix: str) -> None:
+    def _report(self, inp: T.Input, suffix: str) -> Path | None:
         """Report a fact: into this run's durable outbox, which the host agent delivers in
         order (and checks: a job speaks only for itself; the job's credentials allow no
-        input at all). Outside an agent's outbox, straight to the bus."""
+        input at all). Outside an agent's outbox, straight to the bus. Returns the fact's
+        file while it waits in the outbox (None: sent)."""
         if not self.primary:
-            return
+            return None
         inp = msgspec.structs.replace(inp, id=f"{self.run}:{suffix}", attempt=self.attempt)
         if self.outbox is not None:
-            self.outbox.put(inp)
-            return
-        try:
-            self._call(bus.send_input(self.js, inp, sender=f"job:{self.job}"), timeout_s=REPORT_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - the bus went away: the outbox keeps the fact
-            if self.outbox is None:
-                raise
-            self.outbox.put(inp)
+            return self.outbox.put(inp)
+        self._call(bus.send_input(self.js, inp, sender=f"job:{self.job}"), timeout_s=REPORT_TIMEOUT_S)
+        return None
 
     def _retry_forever(self, what: str, action):
         """For what a job cannot do without (its checkpoint to restore): wait for the bus."""
@@ -243,21 +246,47 @@ class Job:
         except Exception as err:  # noqa: BLE001 - retried at a later safe point
             self._upload_failed(step, repr(err))
             return None
-        self._report(
-            T.CheckpointSaved(job=self.job, step=step, digest=digest, bytes=len(data)),
+        slot = self._saved[-1]["slot"]
+        self._saved[-1]["fact"] = self._report(
+            T.CheckpointSaved(
+                job=self.job,
+                step=step,
+                digest=digest,
+                bytes=len(data),
+                path=f"{SDK_SCHEME}{self.node}/{slot}",
+            ),
             f"ckpt-saved-{step}-{digest[7:19]}",
         )
         self._last_ckpt = time.monotonic()
         self._ckpt_retry_s = CKPT_RETRY_FIRST_S
         return digest, len(data)
 
+    def _free_slot(self) -> int | None:
+        """A slot of this run that no checkpoint a resume may name occupies: not the newest
+        whose report was delivered, nor any newer (not delivered yet: it may still be
+        recorded), nor the newest keep-1 (the fallbacks); the one used longest ago first."""
+        kept: set[int] = set()
+        for entry in reversed(self._saved):
+            kept.add(entry["n"])
+            if entry["fact"] is None or not Path(entry["fact"]).exists():
+                break
+        kept.update(
+            e["n"] for e in self._saved[max(0, len(self._saved) - (self.keep - 1)) :] if self.keep > 1
+        )
+        last_use = {e["n"]: i for i, e in enumerate(self._saved)}
+        free = [n for n in range(max(self.keep, SLOTS_PER_RUN_MAX)) if n not in kept]
+        return min(free, key=lambda n: last_use.get(n, -1)) if free else None
+
     def _upload(self, step: int, data: bytes, digest: str) -> None:
         index = [e for e in self._read_index() if e["step"] != step]
-        # The slot of the oldest checkpoint kept is reused (a job cannot delete: the stream
-        # keeps one message per subject); the newest keep-1 stay untouched.
-        recent = {e.get("slot") for e in index[-(self.keep - 1) :]} if self.keep > 1 else set()
-        slot = next(s for s in range(self.keep) if s not in recent)
+        # Slots of this run only (a job cannot delete: the stream keeps one message per
+        # subject), none that a resume may still be told of (`_free_slot`).
+        n = self._free_slot()
+        if n is None:
+            raise RuntimeError("every checkpoint slot of this run holds a checkpoint not yet reported")
+        slot = f"{self.attempt}-{n}"
         self._call(ckptstore.put(self.js, self.job, self.node, slot, data))
+        self._saved = [e for e in self._saved if e["n"] != n] + [{"n": n, "slot": slot, "fact": None}]
         index.append({"step": step, "digest": digest, "bytes": len(data), "slot": slot, "node": self.node})
         index = index[-self.keep :]
         self._call(
@@ -289,12 +318,17 @@ class Job:
         want_digest = os.environ.get("XR_RESUME_DIGEST", "")
         want_step = int(os.environ.get("XR_RESUME_STEP", "0") or 0)
         restored = None
-        if want_digest:
+        points = [p for p in json.loads(os.environ.get("XR_RESUME_POINTS") or "[]") if _in_store(p)]
+        if want_digest and points and points[0]["digest"] == want_digest:
+            # Where the log recorded each checkpoint (the run's own slot), newest first.
+            candidates = [_located(p) for p in points]
+        elif want_digest:
             index = self._retry_forever("reading the checkpoint index", self._read_index)
             candidates = [e for e in reversed(index) if e["step"] <= want_step]
             if not candidates or candidates[0]["step"] != want_step:
                 candidates.insert(0, {"step": want_step, "digest": want_digest})
             candidates[0]["digest"] = want_digest  # the scheduler's record is the authority
+        if want_digest:
             for entry in candidates:
                 payload = self._load_verified(entry)
                 if payload is not None:
@@ -308,6 +342,9 @@ class Job:
         if os.environ.get("XR_REPORT_STARTED") == "1":
             self._report(T.Started(job=self.job), "started")
         self._last_ckpt = time.monotonic()
+        if want_digest:
+            told = f"restored step {restored['step']}" if restored else "no checkpoint verifies; from step 0"
+            print(f"xirang sdk: {told} (the resume named step {want_step})", flush=True)
         if restored is None:
             return None
         random.setstate(restored["rng"]["python"])
@@ -424,6 +461,16 @@ class Job:
             except Exception:  # noqa: BLE001 - exiting anyway
                 pass
             self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _in_store(point: dict) -> bool:
+    return str(point.get("path", "")).startswith(SDK_SCHEME)
+
+
+def _located(point: dict) -> dict:
+    """A resume point in the SDK's store (`xr-ckpt:<node>/<slot>`) as an index entry."""
+    node, _, slot = point["path"][len(SDK_SCHEME) :].rpartition("/")
+    return {"step": point["step"], "digest": point["digest"], "node": node, "slot": slot}
 
 
 def _mtime(path: str) -> float:

@@ -249,8 +249,14 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
     another = str(minter.write("another-job", tmp_path / "another.creds"))
     train_creds = str(minter.write("train", tmp_path / "train.creds"))
 
+    # where the log recorded the job's checkpoints: `xr-ckpt:<node>/<its run's slot>`
+    where = [
+        r.event.path[len("xr-ckpt:") :].rpartition("/")
+        for r in matching(_records(nats), T.CheckpointRecorded, job="train")
+    ]
+
     async def read_checkpoints(nc, js):
-        found = [await ckptstore.get(js, "train", slot) for slot in range(3)]
+        found = [await ckptstore.get(js, "train", slot, node) for node, _, slot in where]
         return [data for data in found if data is not None]
 
     with pytest.raises(Exception):  # noqa: B017 - refused by the server: the request gets no reply

@@ -153,14 +153,13 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
     newest, previous = ckpts[-1], ckpts[-2]
 
     async def corrupt(nc, js):
-        for slot in range(sdk.CHECKPOINTS_KEPT):
-            found = await ckptstore.get_located(js, "c1", slot)
-            if found is not None and sdk.digest_of(found[1]) == newest.digest:
-                data = bytearray(found[1])
-                data[len(data) // 2] ^= 0xFF
-                await ckptstore.put(js, "c1", found[0], slot, bytes(data))
-                return slot
-        raise AssertionError("c1's newest checkpoint is in no slot")
+        # where the log recorded it: `xr-ckpt:<node>/<its run's slot>`
+        node, _, slot = newest.path[len("xr-ckpt:") :].rpartition("/")
+        found = await ckptstore.get_located(js, "c1", slot, node)
+        assert found is not None and sdk.digest_of(found[1]) == newest.digest
+        data = bytearray(found[1])
+        data[len(data) // 2] ^= 0xFF
+        await ckptstore.put(js, "c1", found[0], slot, bytes(data))
 
     cluster._run(corrupt)
 

@@ -6,8 +6,10 @@ writing `xr.ckpt.<job>.<its node>.>` and direct gets of `xr.ckpt.<job>.>`, nothi
 The stream XR_CKPT (made by the scheduler, like every stream) keeps one message per
 subject, the newest:
 - `xr.ckpt.<job>.<node>.<slot>.<i>`: chunk i of the checkpoint in slot `slot` written on
-  `node` (a job keeps a few slots and reuses the oldest: no job may delete or purge, the
-  stream drops the old message when a subject is written again);
+  `node`; the SDK names a slot `<run>-<k>`, so a run writes only in slots of its own, and
+  the log records where each checkpoint lies (agents/sdk.py says when a slot is reused: no
+  job may delete or purge, the stream drops the old message when a subject is written
+  again);
 - `xr.ckpt.<job>.<node>.<slot>.meta`: {chunks, bytes, sha256}, written after the chunks,
   so a write cut short reads as missing (its digest fails), never as a mix;
 - `xr.ckpt.<job>.<node>.index`: the job's own (sealed) list of its checkpoints; the newest
@@ -60,7 +62,7 @@ async def _last(js, subj: str) -> tuple[str, bytes] | None:
     return msg.subject, bytes(msg.data or b"")
 
 
-async def put(js, job: str, node: str, slot: int, data: bytes) -> None:
+async def put(js, job: str, node: str, slot: int | str, data: bytes) -> None:
     """Store `data` as the job's checkpoint in `slot`, written on `node`: chunks, then meta."""
     chunks = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
     for i, chunk in enumerate(chunks):
@@ -69,14 +71,14 @@ async def put(js, job: str, node: str, slot: int, data: bytes) -> None:
     await js.publish(subject(job, node, slot, "meta"), json.dumps(meta).encode())
 
 
-async def get(js, job: str, slot: int, node: str = ANY_NODE) -> bytes | None:
+async def get(js, job: str, slot: int | str, node: str = ANY_NODE) -> bytes | None:
     """The checkpoint in `slot` written on `node` (by default the newest on any node), or
     None when it is missing or incomplete."""
     found = await get_located(js, job, slot, node)
     return None if found is None else found[1]
 
 
-async def get_located(js, job: str, slot: int, node: str = ANY_NODE) -> tuple[str, bytes] | None:
+async def get_located(js, job: str, slot: int | str, node: str = ANY_NODE) -> tuple[str, bytes] | None:
     """(the node token it was written on, the checkpoint) for `slot`, or None."""
     found = await _last(js, subject(job, node, slot, "meta"))
     if found is None:
