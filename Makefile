@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint venv bench clean system-deps
+.PHONY: run test test-torch lint venv bench clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +35,16 @@ test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest tests -q $(PYTEST_PARALLEL); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
+# examples/train_torch_ddp.py under torchrun on a live 2-host cluster. torch is never in the
+# default suite (it brings gigabytes): it goes into a venv of its own, with the CPU wheel.
+TORCH_VENV := .venv-torch
+TORCH_VERSION ?= 2.13.0
+
+test-torch:
+	test -x $(TORCH_VENV)/bin/python || $(PY) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install -q -e '.[test]' torch==$(TORCH_VERSION)
+	$(TORCH_VENV)/bin/python -m pytest tests_torch -q -p no:cacheprovider
+
 # ruff's rules and the files it formats are set in pyproject.toml.
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -45,4 +55,4 @@ bench: $(STAMP)
 	$(BIN)/xirang bench core --json
 
 clean:
-	rm -rf $(VENV) .xirang
+	rm -rf $(VENV) $(TORCH_VENV) .xirang

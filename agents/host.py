@@ -1048,6 +1048,9 @@ class HostAgent:
                 run.killed = True
                 self._save_run(run)
                 _signal_group(run.pid, signal.SIGKILL)
+                # Processes that left the group (torchrun starts its workers in sessions of
+                # their own) go too: they carry the run's marker.
+                kill_run_processes(f"{self.node}/{run.job}/{run.n}", run.dir)
             return
         await self._exited(run)
 
@@ -1080,6 +1083,12 @@ class HostAgent:
     async def _exited(self, run: Run) -> None:
         rc = _read_rc(Path(run.dir) / EXIT_FILE)
         marker = f"{self.node}/{run.job}/{run.n}"
+        # A run ends with its wrapper: whatever it left running in other sessions goes too.
+        left = kill_run_processes(marker, run.dir)
+        if left:
+            log.warning(
+                "host %s: %s's run ended leaving %d process(es): killed", self.node, run.job, len(left)
+            )
         released_by_sdk = (Path(run.dir) / RELEASED_MARKER).exists()
         if run.stopping:
             pass  # the scheduler already knows why it ended
@@ -1238,6 +1247,28 @@ def find_marked_process(marker: str, job_dir: str) -> int:
         ):
             return int(entry.name)
     return 0
+
+
+def kill_run_processes(marker: str, job_dir: str) -> list[int]:
+    """SIGKILL every process of one run (its marker and folder in its environment), wherever
+    it is in the process tree; the pids killed."""
+    wanted = (f"{MARKER_ENV}={marker}".encode(), f"XR_JOB_DIR={job_dir}".encode())
+    killed = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if all(item in env for item in wanted) and pid_alive(int(entry.name)):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return killed
 
 
 def stop_job_processes(root: str | os.PathLike) -> list[int]:
