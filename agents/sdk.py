@@ -82,10 +82,14 @@ def digest_of(data: bytes) -> str:
 class Job:
     """The job's side of the protocol. One per process."""
 
-    def __init__(self, checkpoint_every_s: float | None = None, keep: int = CHECKPOINTS_KEPT) -> None:
+    def __init__(
+        self, checkpoint_every_s: float | None = None, keep: int = CHECKPOINTS_KEPT, async_save: bool = True
+    ) -> None:
         self.job = os.environ.get("XR_JOB", "")
         self.active = bool(self.job)
         self.checkpoint_every_s = checkpoint_every_s
+        # Periodic saves run in the background (training goes on); saves at a notice do not.
+        self.async_save = async_save
         self.keep = keep
         self.dir = Path(os.environ.get("XR_JOB_DIR", "."))
         self.run = os.environ.get("XR_RUN", "")
@@ -98,7 +102,12 @@ class Job:
         self._last_ckpt = time.monotonic()
         self.restored_step = 0
         self.fallbacks: list[str] = []
-        self._saved: list[dict] = []  # this run's slots in the order written: n, slot, fact
+        self._saved: list[dict] = []  # this run's slots in the order written: n, slot, fact, refs
+        self._objects: dict[str, tuple[str, str, int]] = {}  # tensor digest -> (node, object, slot n)
+        self._inflight: threading.Thread | None = None
+        self._saved_step: int = -1
+        self._saved_at: tuple[str, int] | None = None
+        self.last_upload_bytes = 0
         if not self.active:
             return
         self._loop = asyncio.new_event_loop()
@@ -214,10 +223,12 @@ class Job:
             return []
 
     def checkpoint(self, step: int, state: Any) -> tuple[str, int]:
-        """Save now; returns (digest, bytes). Reports checkpoint_started and _saved. Only
-        the primary host's process of a multi-node job saves (the others hold replicas)."""
+        """Save now, synchronously (a save in progress is waited for first); returns (digest,
+        bytes). Reports checkpoint_started and _saved. Only the primary host's process of a
+        multi-node job saves (the others hold replicas)."""
         if not self.primary:
             return "", 0
+        self.wait_for_save()
         saved = self._try_checkpoint(step, state)
         if saved is None:
             self._report(
@@ -227,76 +238,128 @@ class Job:
             return "", 0
         return saved
 
+    def checkpoint_async(self, step: int, state: Any) -> bool:
+        """Start saving in the background and return at once: the state is copied now (so
+        training may change it at once), then written and uploaded by a thread while training
+        goes on; only tensors whose content changed since a checkpoint still kept are
+        uploaded. False when a save is still in progress (nothing started)."""
+        if not self.active or not self.primary or self.saving():
+            return False
+        if not self._connected():
+            self._upload_failed(step, "not connected to NATS")
+            return False
+        snapshot = self._snapshot(step, state)
+        self._last_ckpt = time.monotonic()
+
+        def write() -> None:
+            try:
+                self._write(snapshot)
+            except Exception as err:  # noqa: BLE001 - retried at a later safe point
+                self._upload_failed(step, repr(err))
+                self._report(
+                    T.CheckpointFailed(job=self.job, reason="upload_failed"),
+                    f"ckpt-failed-{step}-{time.time_ns()}",
+                )
+
+        self._inflight = threading.Thread(target=write, name=f"xirang-save-{step}", daemon=True)
+        self._inflight.start()
+        return True
+
+    def saving(self) -> bool:
+        """Whether a background save is in progress."""
+        return self._inflight is not None and self._inflight.is_alive()
+
+    def wait_for_save(self, timeout_s: float | None = None) -> bool:
+        """Wait for a background save in progress (at most `timeout_s`); whether none is left."""
+        if self._inflight is not None:
+            self._inflight.join(timeout_s)
+        return not self.saving()
+
     def _try_checkpoint(self, step: int, state: Any) -> tuple[str, int] | None:
         """Save now; None when the upload failed (the bus is away): the next safe point
         retries, after a backoff, and training goes on meanwhile."""
         if not self._connected():
             self._upload_failed(step, "not connected to NATS")
             return None
+        if self._saved_step == step and self._saved_at is not None:
+            return self._saved_at  # this very step is saved already (by a save that was in progress)
         self._report(T.CheckpointStarted(job=self.job), f"ckpt-start-{step}-{time.time_ns()}")
-        payload = {
-            "step": step,
-            "state": state,
-            "rng": {"python": random.getstate(), "numpy": _numpy_rng_state()},
-        }
-        data = ckptfile.encode(payload, ckptfile.key_from_env())
-        digest = digest_of(data)
         try:
-            self._upload(step, data, digest)
+            return self._write(self._snapshot(step, state))
         except Exception as err:  # noqa: BLE001 - retried at a later safe point
             self._upload_failed(step, repr(err))
             return None
-        slot = self._saved[-1]["slot"]
-        self._saved[-1]["fact"] = self._report(
-            T.CheckpointSaved(
-                job=self.job,
-                step=step,
-                digest=digest,
-                bytes=len(data),
-                path=f"{SDK_SCHEME}{self.node}/{slot}",
-            ),
-            f"ckpt-saved-{step}-{digest[7:19]}",
-        )
-        self._last_ckpt = time.monotonic()
-        self._ckpt_retry_s = CKPT_RETRY_FIRST_S
-        return digest, len(data)
 
-    def _free_slot(self) -> int | None:
-        """A slot of this run that no checkpoint a resume may name occupies: not the newest
-        whose report was delivered, nor any newer (not delivered yet: it may still be
-        recorded), nor the newest keep-1 (the fallbacks); the one used longest ago first."""
-        kept: set[int] = set()
-        for entry in reversed(self._saved):
-            kept.add(entry["n"])
-            if entry["fact"] is None or not Path(entry["fact"]).exists():
-                break
-        kept.update(
-            e["n"] for e in self._saved[max(0, len(self._saved) - (self.keep - 1)) :] if self.keep > 1
-        )
-        last_use = {e["n"]: i for i, e in enumerate(self._saved)}
-        free = [n for n in range(max(self.keep, SLOTS_PER_RUN_MAX)) if n not in kept]
-        return min(free, key=lambda n: last_use.get(n, -1)) if free else None
+    def _snapshot(self, step: int, state: Any) -> dict:
+        """What a checkpoint of `step` holds, copied: the state's tensors, the rest as JSON data,
+        the random-number states."""
+        tree, tensors = ckptfile.split_tensors({"step": step, "state": state, "rng": _rng_states()})
+        return {"step": step, "tree": tree, "tensors": tensors}
 
-    def _upload(self, step: int, data: bytes, digest: str) -> None:
+    def _write(self, snapshot: dict) -> tuple[str, int]:
+        """Store a snapshot (format 2, agents/ckptfile.py) in a free slot of this run, report
+        it saved, and return (digest, bytes uploaded)."""
+        step, key = snapshot["step"], ckptfile.key_from_env()
         index = [e for e in self._read_index() if e["step"] != step]
-        # Slots of this run only (a job cannot delete: the stream keeps one message per
-        # subject), none that a resume may still be told of (`_free_slot`).
         n = self._free_slot()
         if n is None:
             raise RuntimeError("every checkpoint slot of this run holds a checkpoint not yet reported")
         slot = f"{self.attempt}-{n}"
+        # Objects in the slot about to be written are gone; the others may be pointed at.
+        self._objects = {d: at for d, at in self._objects.items() if at[2] != n}
+        entries, refs, uploaded = {}, {n}, 0
+        for i, (name, (kind, tensor)) in enumerate(snapshot["tensors"].items()):
+            content = ckptfile.tensor_digest(kind, tensor)
+            at = self._objects.get(content)
+            if at is None:
+                data = ckptfile.seal(ckptfile.tensor_bytes(kind, tensor), key)
+                at = (self.node, f"{slot}_{i}", n)
+                self._call(ckptstore.put(self.js, self.job, self.node, at[1], data))
+                uploaded += len(data)
+                self._objects[content] = at
+            refs.add(at[2])
+            entries[name] = {"kind": kind, "digest": content, "node": at[0], "slot": at[1]}
+        manifest = {"format": ckptfile.FORMAT_2, "step": step, "tree": snapshot["tree"], "tensors": entries}
+        data = ckptfile.seal(json.dumps(manifest).encode(), key)
+        digest = digest_of(data)
         self._call(ckptstore.put(self.js, self.job, self.node, slot, data))
-        self._saved = [e for e in self._saved if e["n"] != n] + [{"n": n, "slot": slot, "fact": None}]
+        uploaded += len(data)
+        self._saved = [e for e in self._saved if e["n"] != n] + [
+            {"n": n, "slot": slot, "fact": None, "refs": refs}
+        ]
         index.append({"step": step, "digest": digest, "bytes": len(data), "slot": slot, "node": self.node})
-        index = index[-self.keep :]
         self._call(
             ckptstore.put_index(
-                self.js,
-                self.job,
-                self.node,
-                ckptfile.seal(json.dumps(index).encode(), ckptfile.key_from_env()),
+                self.js, self.job, self.node, ckptfile.seal(json.dumps(index[-self.keep :]).encode(), key)
             )
         )
+        self._saved[-1]["fact"] = self._report(
+            T.CheckpointSaved(
+                job=self.job, step=step, digest=digest, bytes=uploaded, path=f"{SDK_SCHEME}{self.node}/{slot}"
+            ),
+            f"ckpt-saved-{step}-{digest[7:19]}",
+        )
+        self.last_upload_bytes = uploaded
+        self._saved_step, self._saved_at = step, (digest, uploaded)
+        self._ckpt_retry_s = CKPT_RETRY_FIRST_S
+        return digest, uploaded
+
+    def _free_slot(self) -> int | None:
+        """A slot of this run that no checkpoint a resume may name depends on: not one that
+        the newest checkpoint whose report was delivered, or any newer one (not delivered yet:
+        it may still be recorded), is stored in or points into; the fallbacks' slots (the
+        newest keep-1) only when nothing else is free; the one used longest ago first."""
+        required: set[int] = set()
+        for entry in reversed(self._saved):
+            required |= entry["refs"]
+            if entry["fact"] is None or not Path(entry["fact"]).exists():
+                break
+        fallbacks: set[int] = set()
+        for entry in self._saved[max(0, len(self._saved) - (self.keep - 1)) :] if self.keep > 1 else []:
+            fallbacks |= entry["refs"]
+        last_use = {e["n"]: i for i, e in enumerate(self._saved)}
+        free = [n for n in range(max(self.keep, SLOTS_PER_RUN_MAX)) if n not in required]
+        return min(free, key=lambda n: (n in fallbacks, last_use.get(n, -1))) if free else None
 
     def _upload_failed(self, step: int, why: str) -> None:
         print(
@@ -347,8 +410,7 @@ class Job:
             print(f"xirang sdk: {told} (the resume named step {want_step})", flush=True)
         if restored is None:
             return None
-        random.setstate(restored["rng"]["python"])
-        _set_numpy_rng_state(restored["rng"]["numpy"])
+        _set_rng_states(restored["rng"])
         self.restored_step = restored["step"]
         return restored["step"], restored["state"]
 
@@ -371,10 +433,34 @@ class Job:
             print(f"xirang sdk: checkpoint step {entry['step']} fails its digest check", file=sys.stderr)
             return None
         try:
-            return ckptfile.decode(data, ckptfile.key_from_env())
+            return self._decode(data)
         except ckptfile.CheckpointError as err:
             print(f"xirang sdk: checkpoint step {entry['step']} refused: {err}", file=sys.stderr)
             return None
+
+    def _decode(self, data: bytes) -> dict:
+        """A checkpoint's payload: format 2 (a manifest and its tensors' objects, each checked
+        against the manifest's digest) or the npz format of earlier releases."""
+        key = ckptfile.key_from_env()
+        plain = ckptfile.unseal(data, key)
+        if not ckptfile.is_format_2(plain):
+            return ckptfile.decode(data, key)
+        manifest = ckptfile.read_manifest(data, key)
+        tensors = {}
+        for name, entry in manifest["tensors"].items():
+            stored = self._retry_forever(
+                f"fetching tensor {name}",
+                lambda entry=entry: self._call(
+                    ckptstore.get(self.js, self.job, entry["slot"], entry["node"])
+                ),
+            )
+            if stored is None:
+                raise ckptfile.CheckpointError(f"tensor {name} is missing from the store")
+            tensor = ckptfile.load_tensor(entry["kind"], ckptfile.unseal(stored, key))
+            if ckptfile.tensor_digest(entry["kind"], tensor) != entry["digest"]:
+                raise ckptfile.CheckpointError(f"tensor {name} does not match its digest")
+            tensors[name] = tensor
+        return ckptfile.join_tensors(manifest["tree"], tensors)
 
     # ------------------------------------------------------------ the safe point
 
@@ -389,8 +475,7 @@ class Job:
                 self._notice = False  # withdrawn before we got here
             else:
                 self._release(step, state, notice)
-        if self.checkpoint_every_s and time.monotonic() - self._last_ckpt >= self.checkpoint_every_s:
-            self.checkpoint(step, state)
+        self.checkpoint_if_due(step, state)
 
     def preempting(self) -> bool:
         """Whether a preemption notice (or a stop of the host) is pending: a job whose
@@ -410,7 +495,10 @@ class Job:
             and self.checkpoint_every_s
             and time.monotonic() - self._last_ckpt >= self.checkpoint_every_s
         ):
-            self.checkpoint(step, state)
+            if self.async_save:
+                self.checkpoint_async(step, state)
+            else:
+                self.checkpoint(step, state)
 
     def _read_notice(self) -> dict | None:
         try:
@@ -444,8 +532,10 @@ class Job:
         sys.exit(0)
 
     def _checkpoint_by_deadline(self, step: int, state: Any, notice: dict) -> bool:
-        """Keep trying to save until the notice's deadline (log time, wall-clock ms)."""
+        """Keep trying to save until the notice's deadline (log time, wall-clock ms); a save
+        in progress is waited for first, within the same deadline."""
         deadline_s = notice.get("deadline_t", 0) / 1000
+        self.wait_for_save(max(0.0, deadline_s - time.time()))
         while True:
             if self._try_checkpoint(step, state) is not None:
                 return True
@@ -454,8 +544,9 @@ class Job:
             time.sleep(1.0)
 
     def close(self) -> None:
-        """Drain the job's NATS connection and stop its I/O thread."""
+        """Finish a save in progress, drain the job's NATS connection and stop its I/O thread."""
         if self.active:
+            self.wait_for_save(CALL_TIMEOUT_S)
             try:
                 self._call(self.nc.drain())
             except Exception:  # noqa: BLE001 - exiting anyway
@@ -478,6 +569,28 @@ def _mtime(path: str) -> float:
         return os.stat(path).st_mtime if path else 0.0
     except OSError:
         return 0.0
+
+
+def _rng_states() -> dict:
+    """The random-number states: Python's, numpy's global one, and torch's (CPU and every
+    CUDA device) when torch is in use."""
+    states = {"python": random.getstate(), "numpy": _numpy_rng_state()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        states["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available():
+            states["cuda"] = list(torch.cuda.get_rng_state_all())
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    _set_numpy_rng_state(states["numpy"])
+    torch = sys.modules.get("torch")
+    if torch is not None and states.get("torch") is not None:
+        torch.set_rng_state(torch.as_tensor(states["torch"], dtype=torch.uint8))
+        if states.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8) for s in states["cuda"]])
 
 
 def _numpy_rng_state():

@@ -263,13 +263,15 @@ def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_t
         _run(nats, another, read_checkpoints)
     secret = bytes.fromhex((tmp_path / "host" / "keys" / "checkpoint.secret").read_text().strip())
     saved = [
-        ckptfile.decode(d, ckptfile.job_key(secret, "train"))
+        ckptfile.read_manifest(d, ckptfile.job_key(secret, "train"))
         for d in _run(nats, train_creds, read_checkpoints)
     ]
     # (the resumed run goes on saving, reusing slots: its newest is at or past the resume step)
     assert saved and max(payload["step"] for payload in saved) >= resume.event.ckpt_step
     with pytest.raises(ckptfile.CheckpointError):
-        ckptfile.decode(_run(nats, train_creds, read_checkpoints)[0], ckptfile.job_key(secret, "another-job"))
+        ckptfile.read_manifest(
+            _run(nats, train_creds, read_checkpoints)[0], ckptfile.job_key(secret, "another-job")
+        )
 
     # the attacks: nobody but the scheduler may write, reconfigure, purge or delete the log
     before = _records(nats)
