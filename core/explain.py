@@ -29,8 +29,9 @@ from .rules.rights import may_preempt
 from .rules.fairness import USER_PREEMPTING, describe_user_preempting
 from .rules.holds import VICTIM_CAP, describe_cap
 from .rules.shares import fair_shares, holding, lent_gpus, reclaim_refusal, within_share
-from .model.state import HELD as HELD_STATE
-from .model.state import QUEUED, RESERVED, Job, State
+from .model.entities import HELD as HELD_STATE
+from .model.state import State
+from .model.entities import QUEUED, RESERVED, Job
 from .model.types import LEVELS
 
 # Reason codes, most specific first. `limit` names the policy parameter behind a

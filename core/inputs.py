@@ -19,7 +19,8 @@ from .model.placement import placement_nodes
 from .preempt_contract import preempt_contract_problem, signal_name
 from .model.policy import PolicyError, assign_variant, check_experiment, with_params
 from .passes.saga import commit_if_complete, release_victim, requeue, rollback
-from .model.state import (
+from .model.state import State
+from .model.entities import (
     HELD,
     HOLDING,
     PREEMPTING,
@@ -29,7 +30,6 @@ from .model.state import (
     RUNNING,
     STARTING,
     Job,
-    State,
     job_progress_ms,
 )
 from .model.types import LEVELS

@@ -6,7 +6,7 @@ submitted at, or one an operator set). One rule for the decision and its explana
 
 from __future__ import annotations
 
-from .model.state import Job
+from .model.entities import Job
 from .model.types import LEVELS
 
 

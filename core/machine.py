@@ -28,7 +28,8 @@ from .passes.preemption import (
 )
 from .passes.queues import age_queued, aging_threshold_ms, downgrades_end_t, restore_levels
 from .passes.saga import expire_sagas
-from .model.state import QUEUED, State
+from .model.state import State
+from .model.entities import QUEUED
 from .model.types import LEVELS
 
 

@@ -10,7 +10,8 @@ import msgspec
 from core import step
 from core import types as T
 from core.explain import explain, human_duration
-from core.model.state import copy_state, last_checkpoint
+from core.model.state import copy_state
+from core.model.entities import last_checkpoint
 
 
 def dry_run(state, inp: T.Submit, now_ms: int) -> dict:
@@ -90,7 +91,7 @@ def dry_run(state, inp: T.Submit, now_ms: int) -> dict:
 
 
 def _victim_row(state, job_id: str) -> dict:
-    from core.model.state import job_progress_ms
+    from core.model.entities import job_progress_ms
 
     job = state.canonical.jobs[job_id]
     ckpt = last_checkpoint(job)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from core import types as T
 from core.explain import explain_queue, human_duration
 from core.passes.placement import reserved_nodes
-from core.model.state import HOLDING, QUEUED, job_progress_ms, last_checkpoint
+from core.model.entities import HOLDING, QUEUED, job_progress_ms, last_checkpoint
 
 __all__ = ["job_rows", "queue_levels", "node_rows", "share_rows", "history_rows", "keep", "human_duration"]
 
@@ -176,7 +176,7 @@ def _left_s(until_t: int, t: int) -> float | None:
 
 
 def _count(win, field: str, t: int, window_ms: int) -> int:
-    from core.model.state import window_count
+    from core.model.entities import window_count
 
     return window_count(getattr(win, field), t, window_ms) if win is not None else 0
 

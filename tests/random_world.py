@@ -17,7 +17,7 @@ import msgspec
 
 from core import new_state, step
 from core import types as T
-from core.log.evolve import submitted_costs_ms
+from core.log.evolve_jobs import submitted_costs_ms
 from core.model.state import State
 from replay.simhost import IDLE, SimHosts
 from replay.workload import TraceJob

@@ -8,7 +8,8 @@ import msgspec
 from core import new_state, step
 from core import types as T
 from core.model.policy import Policy, with_params
-from core.model.state import HOLDING, RESERVED, State
+from core.model.state import State
+from core.model.entities import HOLDING, RESERVED
 
 MIN = 60_000
 HOUR = 3_600_000

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from core.model.policy import Policy
-from core.model.state import Job
+from core.model.entities import Job
 from core.rules.benefit import BELOW_COST, priced_out_at, worth
 from core.rules.pricing import Pricing, VictimCost
 

@@ -64,7 +64,7 @@ def test_a_kept_node_forecast_matches_one_worked_out_again_at_every_later_time(s
 
 # A running or frozen job's release forecast under two learned runtimes of its team and kind.
 def _job(state_name: str, est_runtime_ms: int, progress_ms: int, run_started_t: int, frozen_t: int):
-    from core.model.state import Job
+    from core.model.entities import Job
 
     return Job(
         id="j",
@@ -108,7 +108,8 @@ def test_a_forecast_moves_no_more_than_the_learned_runtime_it_uses(
     is the one used, and does not move while the submitter's estimate is. (A rule that
     breaks this must make `drift_ms` say None for such jobs.)"""
     from core.forecast.release import release_spec, remaining_at
-    from core.model.state import Estimate, State
+    from core.model.state import State
+    from core.model.entities import Estimate
 
     frozen_t = run_started_t + 1 if frozen else 0
     job = _job(state_name, est_runtime_ms, progress_ms, run_started_t, frozen_t)

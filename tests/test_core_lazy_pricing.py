@@ -12,7 +12,7 @@ import core.passes.plan as plan_module
 from core.rules.rights import may_preempt
 from core.passes.plan import plan_preemption
 from core.rules.pricing import price_victims
-from core.model.state import QUEUED
+from core.model.entities import QUEUED
 from random_world import World
 
 

@@ -22,7 +22,7 @@ import pytest
 from core import rebuild
 from core import types as T
 from core.explain import explain
-from core.model.state import HOLDING, QUEUED
+from core.model.entities import HOLDING, QUEUED
 from prometheus_client.parser import text_string_to_metric_families
 
 from projections import alerts, dashboard, metrics

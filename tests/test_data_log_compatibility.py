@@ -18,7 +18,7 @@ from core import types as T
 from core.log.digest import LEGACY_RELEASES
 from core.model.policy import Policy
 from core.replay import apply_record
-from core.model.state import Job
+from core.model.entities import Job
 from data_helpers import publish, start_nats, xirang
 from transport import bus
 from trust.signing import Signer, create_key
@@ -185,7 +185,7 @@ def test_the_vocabulary_only_grows_and_only_with_defaults():
     an input or a digested state type has a default (else older logs stop decoding, or their
     digests change). A new tag or field is fine: this frozen copy never needs updating."""
     import core.model.policy as P
-    import core.model.state as S
+    import core.model.entities as S
 
     frozen = json.loads((GOLDEN / "vocabulary.json").read_text())
     now = {
@@ -448,7 +448,7 @@ def test_every_default_of_a_digested_entity_is_one_a_schema_2_digest_leaves_out(
     """msgspec leaves out a field at its default only for plain defaults and empty lists or
     dicts: a field whose default comes from a factory of its own would enter every digest,
     and older logs' digests would change (core/log/digest.py)."""
-    import core.model.state as S
+    import core.model.entities as S
 
     odd = [
         f"{cls.__name__}.{f.name}"

@@ -13,7 +13,7 @@ import pytest
 
 from core import types as T
 from core.explain import explain
-from core.model.state import QUEUED
+from core.model.entities import QUEUED
 from core.passes.plan import Decline, Scope, plan_preemption, preemption_scope
 from core.rules.decision import Decision
 from core.rules.eligibility import less_urgent_holders, victim_refusal

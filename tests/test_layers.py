@@ -116,6 +116,15 @@ def test_the_core_layer_check_sees_an_upward_import():
     ]
 
 
+def test_no_core_module_is_over_500_lines():
+    long = {
+        str(path.relative_to(REPO)): lines
+        for path in sorted((REPO / "core").rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 500
+    }
+    assert long == {}, "split them by concept"
+
+
 def test_no_module_imports_itself_round_a_circle():
     graph = import_graph()
     circles = [component for component in strongly_connected(graph) if len(component) > 1]

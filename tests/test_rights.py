@@ -9,7 +9,7 @@ import random
 import pytest
 
 from core.model.policy import Policy
-from core.model.state import Job
+from core.model.entities import Job
 from core.model.types import LEVELS
 from core.rules.rights import (
     DEPTH,

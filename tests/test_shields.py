@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from core.model.state import Window
+from core.model.entities import Window
 from core.rules.decision import Decision
 from core.rules.shields import (
     BUSY,

@@ -10,7 +10,8 @@ tests/test_core_forecast_over_time.py checks it against working it out again.
 from __future__ import annotations
 
 from .release import LINDY_FLOOR_FRACTION, holder_specs, release_spec
-from ..model.state import State, node_free_count
+from ..model.state import State
+from ..model.entities import node_free_count
 
 
 def earliest_single_fit(state: State, nodes, need: int) -> tuple[int, list[str]] | None:

@@ -7,7 +7,8 @@ kept apart so that neither imports the other's module in a circle.
 from __future__ import annotations
 
 from ..model.placement import gpus_on
-from ..model.state import RUNNING, Job, State, job_progress_ms
+from ..model.state import State
+from ..model.entities import RUNNING, Job, job_progress_ms
 
 # A job at (or just before, or just past) its estimate is expected to run 1/10 of it more.
 LINDY_FLOOR_FRACTION = 10

@@ -20,7 +20,8 @@ from .release import release_spec as release_spec
 from .release import remaining_at as remaining_at
 from .release import remaining_ms as remaining_ms
 from .release import holder_specs
-from ..model.state import Job, State, node_free_count, queue_key
+from ..model.state import State
+from ..model.entities import Job, node_free_count, queue_key
 
 
 def safe_point_ms(state: State, p: Policy) -> int:

@@ -49,8 +49,9 @@ import msgspec
 
 from ..model import types as T
 from .digest_legacy import LEGACY_CHANGES, LEGACY_FIELDS, LEGACY_POLICY_DEFAULTS
-from ..model import state as S
-from ..model.state import DIGEST_MODULUS, DIGEST_SCHEMA, Canonical, State, live_digest
+from ..model import entities as S
+from ..model.state import DIGEST_MODULUS, DIGEST_SCHEMA, State, live_digest
+from ..model.entities import Canonical
 
 LEGACY_SCHEMA = 1
 # Where the digest took its present form: schema-1 digests of releases before it are not known.

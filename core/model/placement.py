@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .state import Canonical, Index, Job, Node
+from .state import Index
+from .entities import Canonical, Job, Node
 from .types import ResumePoint, Slot
 
 

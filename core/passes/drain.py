@@ -15,7 +15,8 @@ from ..rules.decision import Decision
 from ..rules.eligibility import may_take
 from ..forecast.waits import remaining_or_runtime
 from ..model.placement import gpus_on
-from ..model.state import Job, State, node_free_count
+from ..model.state import State
+from ..model.entities import Job, node_free_count
 
 
 def drain_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:

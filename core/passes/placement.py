@@ -23,7 +23,8 @@ from ..model import placement as P
 from ..model.placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .queues import TEAM_OLDEST_LOOKED_AT, aging_threshold_ms, serving_count, serving_order
 from ..rules.shares import team_quota, teams_below_share, within_share
-from ..model.state import QUEUED, Job, State, last_checkpoint, node_free_count, nodes_by_name
+from ..model.state import State, nodes_by_name
+from ..model.entities import QUEUED, Job, last_checkpoint, node_free_count
 from ..model.types import LEVELS
 
 # A one-GPU job that accepts any model and does not fit even ignoring reservations:

@@ -20,7 +20,8 @@ import msgspec
 
 from ..forecast.waits import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
 from ..model.placement import acceptable_models, node_size_max, place
-from ..model.state import QUEUED, Job, Node, State, nodes_by_name
+from ..model.state import State, nodes_by_name
+from ..model.entities import QUEUED, Job, Node
 from ..model.types import Slot
 from ..rules.benefit import BELOW_COST, NET_BENEFIT_MIN, priced_out_at, worth
 from ..rules.decision import Decision

@@ -16,7 +16,8 @@ from .plan import Decline, plan_preemption
 from .queues import TEAM_OLDEST_LOOKED_AT, preempting_order
 from .saga import start_saga
 from ..rules.shares import lent_gpus, reclaim_refusal, teams_below_share
-from ..model.state import QUEUED, State
+from ..model.state import State
+from ..model.entities import QUEUED
 from ..model.types import LEVELS
 
 

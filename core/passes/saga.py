@@ -14,7 +14,15 @@ from ..log.seal import Ctx
 from ..model.placement import placement_nodes, resume_points, run_details
 from .placement import request_start
 from ..rules.pricing import recovery_boost
-from ..model.state import PREEMPTING, RELEASED, RUNNING, Job, job_progress_ms, last_checkpoint, window_count
+from ..model.entities import (
+    PREEMPTING,
+    RELEASED,
+    RUNNING,
+    Job,
+    job_progress_ms,
+    last_checkpoint,
+    window_count,
+)
 from ..model.types import LEVELS
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from ..model.placement import free_indices, gpus_on, node_size_max
 from ..rules.pricing import Pricing, VictimCost
-from ..model.state import Job, State, node_free_count
+from ..model.state import State
+from ..model.entities import Job, node_free_count
 from ..model.types import Slot
 from ..rules.decision import Decision
 from ..rules.eligibility import first_refusal, refusals

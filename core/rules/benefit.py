@@ -12,7 +12,7 @@ sets; the margin that keeps them on the same side is explained there).
 from __future__ import annotations
 
 from ..model.policy import Policy
-from ..model.state import Job
+from ..model.entities import Job
 from .pricing import Pricing, VictimCost, overdue_premium
 
 BELOW_COST = "benefit_below_cost"

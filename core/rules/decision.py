@@ -7,7 +7,8 @@ here, so a rule never takes the base policy where the variant's applies.
 from __future__ import annotations
 
 from ..model.policy import Policy, with_params
-from ..model.state import Job, State
+from ..model.state import State
+from ..model.entities import Job
 from .fairness import user_preempting_limit
 from .rights import depth_limits, levels_in_reach
 

@@ -15,7 +15,8 @@ applied.
 
 from __future__ import annotations
 
-from ..model.state import Job, State
+from ..model.state import State
+from ..model.entities import Job
 from ..model.types import LEVELS
 from .decision import Decision
 from .fairness import USER_PREEMPTING

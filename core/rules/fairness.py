@@ -10,7 +10,8 @@ The limits guard a team or user against others, never against reordering their o
 from __future__ import annotations
 
 from ..model.words import human_duration
-from ..model.state import Job, State, teams_with_demand, window_count
+from ..model.state import State, teams_with_demand
+from ..model.entities import Job, window_count
 
 
 def team_limit(state: State, team: str, per_100_gpus: int) -> int:

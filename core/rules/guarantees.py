@@ -10,7 +10,8 @@ jobs may still preempt each other by priority).
 from __future__ import annotations
 
 from ..model.policy import Policy
-from ..model.state import Job, State
+from ..model.state import State
+from ..model.entities import Job
 from .shares import above_share, fair_shares, holding, within_share
 
 LEVEL_SHARE = "guaranteed_share"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ..model.placement import node_size_max
 from ..model.policy import Policy
-from ..model.state import Job, State
+from ..model.state import State
+from ..model.entities import Job
 
 
 def overrides_hold(p: Policy, job: Job, holder: Job | None) -> bool:

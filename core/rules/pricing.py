@@ -14,7 +14,8 @@ import msgspec
 
 from ..forecast.waits import ReleaseCurve, RequeueFit, queued_ahead, safe_point_ms
 from ..model.policy import Policy
-from ..model.state import QUEUED, Job, State, job_progress_ms, last_checkpoint
+from ..model.state import State
+from ..model.entities import QUEUED, Job, job_progress_ms, last_checkpoint
 
 
 class VictimCost(msgspec.Struct, kw_only=True):

@@ -13,7 +13,7 @@ allows (tests/test_rights.py compares the two on every level pair and policy).
 from __future__ import annotations
 
 from ..model.policy import Policy
-from ..model.state import Job
+from ..model.entities import Job
 from ..model.types import LEVELS
 
 OWN_OR_MORE_URGENT = "own_or_more_urgent_level"  # never a policy's choice: always refused

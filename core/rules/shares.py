@@ -10,7 +10,8 @@ theirs, and no team's jobs preempt a team that is not above its share (see
 
 from __future__ import annotations
 
-from ..model.state import PREEMPTING, Job, State, teams_with_demand
+from ..model.state import State, teams_with_demand
+from ..model.entities import PREEMPTING, Job
 
 SHARE_EPSILON = 1e-6  # shares are fractions of GPUs; a held count equal to one is at it
 

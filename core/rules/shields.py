@@ -12,7 +12,7 @@ only other teams' jobs (`own_team`).
 
 from __future__ import annotations
 
-from ..model.state import RUNNING, Job, window_count
+from ..model.entities import RUNNING, Job, window_count
 from ..model.words import human_duration
 from .decision import Decision
 from .fairness import scaled_limit, team_limit

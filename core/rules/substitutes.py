@@ -12,7 +12,8 @@ from __future__ import annotations
 from ..forecast.waits import earliest_fit, expected_runtime_ms
 from ..model.placement import place
 from ..model.policy import Policy
-from ..model.state import Job, State
+from ..model.state import State
+from ..model.entities import Job
 from ..model.types import Slot
 
 
