@@ -345,10 +345,8 @@ def _rule_words(d: Decision, limit: str, blocked: list[Job]) -> str:
     if limit in (rights.PREEMPTS_FROM_LEVEL, rights.LEVELS_DOWN, rights.RECLAIM_LEVELS, rights.DEPTH):
         if not blocked and limit == rights.PREEMPTS_FROM_LEVEL:
             first = d.policy.preempts_from_level[d.job.level]
-            levels = f"levels {first}-{LEVELS - 1}" if first < LEVELS else "no level"
-            return (
-                f"nothing runs on its GPU models at the levels it may preempt ({levels}, preempts_from_level)"
-            )
+            may = f"levels {first}-{LEVELS - 1}" if first < LEVELS else "no level"
+            return f"nothing runs on its GPU models at the levels it may preempt ({may}, preempts_from_level)"
         levels = sorted(dict.fromkeys(v.level for v in blocked))
         return rights.describe(d.policy, d.job, limit, levels, d.levels_down_max)
     if limit == rights.OWN_OR_MORE_URGENT:
