@@ -55,8 +55,10 @@ def test_bench_core_refuses_sizes_that_are_not_whole_numbers_and_says_how_to_wri
     assert proc.returncode == 2 and "at least one 8-GPU node" in proc.stderr
 
 
-def test_bench_scale_feeds_the_scheduler_process_a_pool_through_the_bus_and_times_its_decisions():
-    proc = _run("bench", "scale", "--gpus", "160", "--pending", "20", "--quick", "--json", timeout=180)
+def test_bench_scale_feeds_the_scheduler_process_a_pool_through_the_bus_and_times_its_decisions_with_and_without_heartbeats():
+    proc = _run(
+        "bench", "scale", "--gpus", "160", "--pending", "20", "--quick", "--heartbeats", "--json", timeout=180
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     (size,) = result["sizes"]
@@ -68,3 +70,7 @@ def test_bench_scale_feeds_the_scheduler_process_a_pool_through_the_bus_and_time
     # Taken by the scheduler after it was published: its share of the latency is the smaller.
     assert 0 < decision["taken_to_logged_median_ms"] <= decision["submit_to_logged_median_ms"]
     assert "bench scale: 160 GPUs, 20 pending: decision 3:" in proc.stderr
+    # Then again while the 20 hosts beat once a second.
+    beating = size["with_heartbeats"]
+    assert beating["hosts"] == 20 and beating["heartbeats_per_s"] > 0
+    assert beating["decision"]["samples"] == 3 and beating["steady"]["inputs"] == 300

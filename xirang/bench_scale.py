@@ -24,6 +24,7 @@ commits, signing and snapshots all run as they do in production.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import sys
 import time
@@ -54,6 +55,7 @@ def run(args) -> dict:
     pendings = parse_sizes(getattr(args, "pending", None), "--pending") or [100 if quick else 10_000]
     samples = 3 if quick else 10
     steady = 300 if quick else 3_000
+    heartbeats = bool(getattr(args, "heartbeats", False))
     results = []
     with scratch_folder("xirang-bench-scale-") as tmp:
         for gpus in gpus_sizes:
@@ -61,12 +63,17 @@ def run(args) -> dict:
                 root = Path(tmp) / f"{gpus}-{pending}"
                 with Cluster(root, tick_ms=1000, node_timeout_ms=HOST_TIMEOUT_MS) as cluster:
                     cluster.scheduler("bench")
-                    results.append(run_until_stopped(measure(cluster.url, gpus, pending, samples, steady)))
+                    results.append(
+                        run_until_stopped(measure(cluster.url, gpus, pending, samples, steady, heartbeats))
+                    )
     return {"bench": "scale", "quick": quick, "sizes": results, "python": sys.version.split()[0]}
 
 
-async def measure(url: str, gpus: int, pending: int, samples: int, steady: int) -> dict:
-    """Fill the pool through the bus, then time a steady stream and `samples` decisions."""
+async def measure(
+    url: str, gpus: int, pending: int, samples: int, steady: int, heartbeats: bool = False
+) -> dict:
+    """Fill the pool through the bus, then time a steady stream and `samples` decisions; with
+    `heartbeats`, then the same again while every host beats once a second."""
     nc, js = await bus.connect(url)
     try:
         await bus.ensure_streams(js)
@@ -77,12 +84,15 @@ async def measure(url: str, gpus: int, pending: int, samples: int, steady: int) 
         filling = await _stream(js, fill, "fill", what)
         running = [f"run-{i}" for i in range(gpus // GPUS_PER_NODE * 2)]
         _progress(f"{what}: a steady stream of {steady} inputs")
-        steady_result = await _stream(js, _steady_inputs(running, steady), "steady", what)
+        steady_result = await _stream(js, _steady_inputs(running, steady, "steady"), "steady", what)
         _progress(f"{what}: {samples} preemption decisions")
-        decisions = await _decisions(nc, js, samples, what)
+        decisions = await _decisions(nc, js, samples, what, first=0)
+        beating = None
+        if heartbeats:
+            beating = await _with_heartbeats(nc, js, gpus // GPUS_PER_NODE, running, samples, steady, what)
     finally:
         await nc.close()
-    return {
+    result = {
         "gpus": gpus,
         "nodes": gpus // GPUS_PER_NODE,
         "running_jobs": len(running),
@@ -91,9 +101,64 @@ async def measure(url: str, gpus: int, pending: int, samples: int, steady: int) 
         "steady": steady_result,
         "decision": decisions,
     }
+    if beating is not None:
+        result["with_heartbeats"] = beating
+    return result
 
 
-def _steady_inputs(running: list[str], count: int) -> list[T.Input]:
+async def _with_heartbeats(
+    nc, js, nodes: int, running: list[str], samples: int, steady: int, what: str
+) -> dict:
+    """The steady stream and the decisions again, while every host of the pool publishes its
+    heartbeat once a second (a host agent's body, on its own `xr.hb.<node>` subject)."""
+    stop = asyncio.Event()
+    sent = [0]
+    began = time.monotonic()
+    beats = asyncio.create_task(_heartbeats(nc, [f"n{i:05d}" for i in range(nodes)], stop, sent))
+    try:
+        await asyncio.sleep(2.0)  # the beats are flowing before anything is timed
+        _progress(f"{what}: with {nodes} hosts beating, a steady stream of {steady} inputs")
+        steady_result = await _stream(
+            js, _steady_inputs(running, steady, "steady-hb", first_step=steady), "steady-hb", what
+        )
+        _progress(f"{what}: with {nodes} hosts beating, {samples} preemption decisions")
+        decisions = await _decisions(nc, js, samples, what, first=samples)
+    finally:
+        stop.set()
+        await beats
+    return {
+        "hosts": nodes,
+        "heartbeats_per_s": round(sent[0] / (time.monotonic() - began), 1),
+        "steady": steady_result,
+        "decision": decisions,
+    }
+
+
+async def _heartbeats(nc, nodes: list[str], stop: asyncio.Event, sent: list[int]) -> None:
+    """Each node's heartbeat once a second until `stop`, spread over the second."""
+    bodies = [
+        (
+            f"{bus.HB_PREFIX}.{bus.node_token(name)}",
+            json.dumps(
+                {"healthy": True, "problem": "", "node": name, "gpu_model": "A100", "gpus": GPUS_PER_NODE}
+                | {"jobs": [], "t": 0, "instance": "bench", "pid": 0, "host": "bench"}
+            ).encode(),
+        )
+        for name in nodes
+    ]
+    chunk = max(1, len(bodies) // 20)
+    while not stop.is_set():
+        second_began = time.monotonic()
+        for start in range(0, len(bodies), chunk):
+            for subject, body in bodies[start : start + chunk]:
+                await nc.publish(subject, body)
+            sent[0] += len(bodies[start : start + chunk])
+            await asyncio.sleep(max(0.0, second_began + (start + chunk) / len(bodies) - time.monotonic()))
+            if stop.is_set():
+                return
+
+
+def _steady_inputs(running: list[str], count: int, prefix: str, first_step: int = 0) -> list[T.Input]:
     """Checkpoint facts of running jobs (started, then saved) and, one input in five, a
     level-6 submit that queues behind the full pool."""
     out: list[T.Input] = []
@@ -102,7 +167,7 @@ def _steady_inputs(running: list[str], count: int) -> list[T.Input]:
         if i % 3 == 2:
             out.append(
                 T.Submit(
-                    job=f"steady-{i}",
+                    job=f"{prefix}-{i}",
                     team=f"team-{i % 16}",
                     user=f"user-{i % 64}",
                     level=6,
@@ -114,7 +179,9 @@ def _steady_inputs(running: list[str], count: int) -> list[T.Input]:
         else:
             job = running[i * 7919 % len(running)]
             out.append(T.CheckpointStarted(job=job))
-            out.append(T.CheckpointSaved(job=job, step=i + 1, digest=f"sha256:{i:064x}", bytes=1 << 30))
+            out.append(
+                T.CheckpointSaved(job=job, step=first_step + i + 1, digest=f"sha256:{i:064x}", bytes=1 << 30)
+            )
         i += 1
     return out[:count]
 
@@ -161,7 +228,7 @@ async def _stream(js, inputs: list[T.Input], tag: str, what: str) -> dict:
     }
 
 
-async def _decisions(nc, js, samples: int, what: str) -> dict:
+async def _decisions(nc, js, samples: int, what: str, first: int) -> dict:
     planned: asyncio.Queue = asyncio.Queue()
     cancelled: asyncio.Queue = asyncio.Queue()
 
@@ -179,7 +246,7 @@ async def _decisions(nc, js, samples: int, what: str) -> dict:
     submit_to_logged, taken_to_logged = [], []
     try:
         for s in range(samples):
-            urgent = urgent_submit(0, s)
+            urgent = urgent_submit(0, first + s)
             published_ms = time.time() * 1000
             await bus.send_input(js, urgent)
             seen_ms, event = await _next_of(planned, urgent.job, "preemptor")

@@ -33,6 +33,12 @@ def register(sub) -> None:
     bench.add_argument(
         "--pending", metavar="N,...", help="core, scale: queued jobs behind the full pool, e.g. 10000"
     )
+    bench.add_argument(
+        "--heartbeats",
+        action="store_true",
+        help="scale: then time the steady stream and the decisions again while every host "
+        "heartbeats once a second",
+    )
     bench.set_defaults(func=cmd_bench)
 
 
