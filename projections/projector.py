@@ -105,6 +105,8 @@ class Projector:
         self.preemptions = self._rows("preemptions", "resumed_t IS NULL AND outcome <> 'victim_ended'")
         self.team_usage = self._rows("team_usage", "true")
         self.nodes = self._rows("nodes", "true")
+        self.placements = self._rows("placements", "end_t IS NULL")  # the runs holding nodes
+        self.runs_by_job: dict[str, int] = {}  # runs counted so far, of jobs seen since loading
         self._reset_buffers()
 
     def _rows(self, table: str, where: str) -> dict[Any, dict]:
@@ -289,6 +291,8 @@ class Projector:
 
     def _evict(self) -> None:
         """Forget rows that can no longer change; they live on in the database."""
+        for key in [k for k, row in self.placements.items() if row["end_t"] is not None]:
+            del self.placements[key]
         for job_id in [j for j, row in self.jobs.items() if row["state"] in TERMINAL]:
             del self.jobs[job_id]
         for saga in [s for s, row in self.sagas.items() if row["outcome"] != "open"]:
@@ -408,6 +412,48 @@ class Projector:
         self.dirty["nodes"][name] = row
         return row
 
+    def place(self, ev) -> None:
+        """A start or resume was asked: one open placement row per node of the job's run."""
+        job = self.jobs.get(ev.job) or {}
+        run = self.runs_by_job.get(ev.job)
+        if run is None:
+            run = self.con.execute("SELECT coalesce(max(run), 0) FROM placements WHERE job = ?", [ev.job])
+            run = run.fetchone()[0]
+        self.end_placements(ev.job, ev.t, "superseded")  # none in a consistent log
+        run = self.runs_by_job[ev.job] = run + 1
+        gpus: dict[str, int] = {}
+        for slot in ev.placement:
+            gpus[slot.node] = gpus.get(slot.node, 0) + len(slot.gpus)
+        for node, count in gpus.items():
+            row = {
+                "job": ev.job,
+                "run": run,
+                "node": node,
+                "gpus": count,
+                "team": job.get("team", ""),
+                "user": job.get("user", ""),
+                "level": job.get("level", 0),
+                "requested_t": ev.t,
+                "start_t": None,
+                "end_t": None,
+                "ended": None,
+            }
+            self.placements[(ev.job, run, node)] = self.dirty["placements"][(ev.job, run, node)] = row
+
+    def open_placements(self, job: str) -> list[dict]:
+        """The job's placement rows still holding their nodes (marked to be written)."""
+        rows = []
+        for key, row in self.placements.items():
+            if key[0] == job and row["end_t"] is None:
+                self.dirty["placements"][key] = row
+                rows.append(row)
+        return rows
+
+    def end_placements(self, job: str, t: int, why: str) -> None:
+        """The job's run let its nodes go at `t`, for `why`."""
+        for row in self.open_placements(job):
+            row["end_t"], row["ended"] = t, why
+
     def stop_running(self, row: dict, t: int) -> None:
         """Charge the GPU time of the run that ends at t to the job and its team."""
         since = row["running_since_t"]
@@ -497,7 +543,17 @@ def _level_restored(p: Projector, seq: int, n: int, ev: T.JobLevelRestored) -> N
     )
 
 
+def placement_end(ev) -> str:
+    """Why a run let its nodes go, in the words of `placements.ended`."""
+    if isinstance(ev, T.JobFinished):
+        return "finished"
+    if isinstance(ev, T.JobCancelled):
+        return "cancelled"
+    return ev.reason  # a failure's (exit_code_N, ...) or a requeue's (preempted, node_lost, ...)
+
+
 def _start_requested(p: Projector, seq: int, n: int, ev) -> None:
+    p.place(ev)
     row = p.job(ev.job)
     row["state"] = "starting"
     where = ", ".join(f"{s.node}:{','.join(map(str, s.gpus))}" for s in ev.placement)
@@ -509,6 +565,8 @@ def _start_requested(p: Projector, seq: int, n: int, ev) -> None:
 
 
 def _running(p: Projector, seq: int, n: int, ev: T.JobRunning) -> None:
+    for placed in p.open_placements(ev.job):
+        placed["start_t"] = placed["start_t"] or ev.t
     row = p.job(ev.job)
     row["state"] = "running"
     row["waited_ms"] += ev.waited_ms
@@ -539,6 +597,8 @@ def _running(p: Projector, seq: int, n: int, ev: T.JobRunning) -> None:
 
 
 def _ended(p: Projector, seq: int, n: int, ev) -> None:
+    p.end_placements(ev.job, ev.t, placement_end(ev))
+    p.runs_by_job.pop(ev.job, None)
     row = p.job(ev.job)
     p.stop_running(row, ev.t)
     row["end_t"] = ev.t
@@ -562,6 +622,7 @@ def _ended(p: Projector, seq: int, n: int, ev) -> None:
 
 
 def _requeued(p: Projector, seq: int, n: int, ev: T.JobRequeued) -> None:
+    p.end_placements(ev.job, ev.t, placement_end(ev))
     row = p.job(ev.job)
     p.stop_running(row, ev.t)
     row.update(

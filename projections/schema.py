@@ -36,6 +36,11 @@ Tables
 - `ledger`: the compensation ledger: seq, t, job, team, kind (quota_gpu_hours,
   priority_boost, fee_credit), amount, preempt_count.
 - `nodes`: node, gpu_model, gpus, up, joined_t, lost_t, lost_reason.
+- `placements`: one row per (job, run, node) - what ran where and when (Slurm's `sacct -N`):
+  job, run (1 for its first start, 2 for the next, ...), node, gpus (on that node), team,
+  "user", level, requested_t (the start or resume was asked), start_t (running; NULL if it
+  never ran), end_t (NULL while it holds the node), ended (why it let the node go:
+  finished, cancelled, a failure's reason, or the requeue's: preempted, node_lost, ...).
 - `team_limits`: TeamProtected and TeamDowngraded events: seq, t, team, kind, until_t, count.
 - `declines`: PreemptionDeclined: seq, t, job, reason, benefit, cost.
 - `policy_changes`: PolicyChanged: seq, t, by, reason, params (JSON; a tuner's reason
@@ -59,6 +64,10 @@ Views
 - `preemption_stats`: per victim level, team and user: preemptions (reclaims among them),
   committed, rolled back, success rate, mean recovery, lost GPU-hours.
 - `team_ledger`: compensation totals per team and kind.
+- `team_usage_decayed_7d`: per team, GPU-hours run (from `placements`) and the same with each
+  hour weighed down by half every 7 days before the log's last time (Slurm's decayed usage
+  in sshare, PriorityDecayHalfLife=7-0), and each team's part of the decayed total. The
+  table macro `team_usage_decayed(half_life_s, now_t)` gives it for any half-life and time.
 """
 
 from __future__ import annotations
@@ -99,6 +108,9 @@ CREATE TABLE IF NOT EXISTS ledger (
 CREATE TABLE IF NOT EXISTS nodes (
     node VARCHAR, gpu_model VARCHAR, gpus INTEGER, up BOOLEAN, joined_t BIGINT,
     lost_t BIGINT, lost_reason VARCHAR);
+CREATE TABLE IF NOT EXISTS placements (
+    job VARCHAR, run INTEGER, node VARCHAR, gpus INTEGER, team VARCHAR, "user" VARCHAR,
+    level INTEGER, requested_t BIGINT, start_t BIGINT, end_t BIGINT, ended VARCHAR);
 CREATE TABLE IF NOT EXISTS team_limits (
     seq BIGINT, t BIGINT, team VARCHAR, kind VARCHAR, until_t BIGINT, count INTEGER);
 CREATE TABLE IF NOT EXISTS declines (
@@ -145,6 +157,27 @@ CREATE OR REPLACE VIEW satisfaction AS
     JOIN jobs j USING (job) GROUP BY ALL ORDER BY ALL;
 """
 
+# Usage decays as Slurm's does: an hour run `age` ago weighs 2^(-age / half_life); a run from
+# s to e of g GPUs weighs g * H / ln 2 * (2^(-(now - e) / H) - 2^(-(now - s) / H)) in all.
+USAGE_MACROS = """
+CREATE OR REPLACE MACRO team_usage_decayed(half_life_s, now_t) AS TABLE
+WITH runs AS (
+    SELECT team, gpus, least(start_t, now_t) AS s, least(coalesce(end_t, now_t), now_t) AS e,
+           half_life_s * 1000.0 AS h
+    FROM placements WHERE start_t IS NOT NULL AND start_t <= now_t
+), per_team AS (
+    SELECT team, sum(gpus * (e - s)) / 3600000.0 AS gpu_hours,
+           sum(gpus * h / ln(2) * (pow(2, -(now_t - e) / h) - pow(2, -(now_t - s) / h))) / 3600000.0
+               AS decayed_gpu_hours
+    FROM runs GROUP BY team
+)
+SELECT team, gpu_hours, decayed_gpu_hours,
+       decayed_gpu_hours / nullif(sum(decayed_gpu_hours) OVER (), 0) AS decayed_part
+FROM per_team ORDER BY team;
+CREATE OR REPLACE VIEW team_usage_decayed_7d AS
+SELECT * FROM team_usage_decayed(7 * 86400, (SELECT coalesce(max(t), 0) FROM events));
+"""
+
 # Mutable tables: rows are replaced by key when they change in a batch.
 KEYS = {
     "jobs": ("job",),
@@ -152,6 +185,7 @@ KEYS = {
     "preemptions": ("saga", "victim"),
     "team_usage": ("team", "level"),
     "nodes": ("node",),
+    "placements": ("job", "run", "node"),
 }
 
 
@@ -187,3 +221,4 @@ def create(con) -> None:
     for table, column, sql_type in ADDED_COLUMNS:
         con.execute(f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{column}" {sql_type}')
     con.execute(VIEWS)
+    con.execute(USAGE_MACROS)

@@ -8,9 +8,20 @@ from __future__ import annotations
 from core import types as T
 from core.explain import explain_queue, human_duration
 from core.passes.placement import reserved_nodes
-from core.model.entities import HOLDING, QUEUED, job_progress_ms, last_checkpoint
+from core.model.entities import HELD, HOLDING, QUEUED, job_progress_ms, last_checkpoint
 
-__all__ = ["job_rows", "queue_levels", "node_rows", "share_rows", "history_rows", "keep", "human_duration"]
+__all__ = [
+    "job_rows",
+    "queue_levels",
+    "node_rows",
+    "share_rows",
+    "history_rows",
+    "placement_rows",
+    "prio_row",
+    "usage_rows",
+    "keep",
+    "human_duration",
+]
 
 
 def job_rows(state, now_ms: int | None = None) -> list[dict]:
@@ -43,7 +54,7 @@ def job_rows(state, now_ms: int | None = None) -> list[dict]:
             "reason": "",
             "start_in_s": None,
         }
-        if job.state == QUEUED or job_id in reasons:
+        if job.state in (QUEUED, HELD) or job_id in reasons:
             row["wait_s"] = round(max(0, now - job.queued_since_t) / 1000, 1)
         why = reasons.get(job_id)
         if why is not None:
@@ -68,6 +79,10 @@ def queue_levels(state, rows: list[dict] | None = None) -> list[dict]:
     for level in range(T.LEVELS):
         order = queue_order(state, level, 10_000)
         running = [j for j in sorted(c.jobs) if c.jobs[j].state in HOLDING and c.jobs[j].eff_level == level]
+        held = sorted(
+            (j for j in c.jobs if c.jobs[j].state == HELD and c.jobs[j].eff_level == level),
+            key=lambda j: (c.jobs[j].submit_t, j),
+        )
         levels.append(
             {
                 "level": level,
@@ -98,6 +113,16 @@ def queue_levels(state, rows: list[dict] | None = None) -> list[dict]:
                         "gpus": c.jobs[j].gpus,
                     }
                     for j in running
+                ],
+                # Held jobs keep their place by submit time but are not served (Slurm shows
+                # them with their reason too).
+                "held": [
+                    {
+                        key: by_job[j][key]
+                        for key in ("job", "team", "user", "gpus", "wait_s", "reason_code", "reason")
+                    }
+                    for j in held
+                    if j in by_job
                 ],
             }
         )
@@ -181,12 +206,18 @@ def _count(win, field: str, t: int, window_ms: int) -> int:
     return window_count(getattr(win, field), t, window_ms) if win is not None else 0
 
 
-def history_rows(records) -> list[dict]:
-    """One row per job the log has seen, finished or not (Slurm's sacct): state, wait, run
-    time, preemptions, lost progress, compensation, and the exit code when the host gave one."""
+def history_rows(records, now_t: int | None = None) -> list[dict]:
+    """One row per job the log has seen, finished or not (Slurm's sacct): state, wait (every
+    stretch queued, the current one up to the log's last time), run time (every run, the
+    current one too), preemptions, lost progress, compensation, and the exit code when the
+    host gave one."""
     jobs: dict[str, dict] = {}
+    queued_since: dict[str, int] = {}
+    running_since: dict[str, int] = {}
+    last_t = 0
     for record in records:
         ev = record.event
+        last_t = max(last_t, ev.t)
         job_id = getattr(ev, "job", "")
         if isinstance(ev, T.JobSubmitted):
             jobs[job_id] = {
@@ -208,6 +239,7 @@ def history_rows(records) -> list[dict]:
                 "exit_code": None,
                 "reason": "",
             }
+            queued_since[job_id] = ev.t
             continue
         row = jobs.get(job_id)
         if row is None:
@@ -216,12 +248,17 @@ def history_rows(records) -> list[dict]:
             row["state"] = "starting"
         elif isinstance(ev, T.JobRunning):
             row["state"] = "running"
-            row["wait_s"] += ev.waited_ms / 1000
+            row["wait_s"] += (ev.t - queued_since.pop(job_id, ev.t)) / 1000
+            running_since[job_id] = ev.t
             row["start_t"] = row["start_t"] or ev.t
         elif isinstance(ev, T.JobRequeued):
             row["state"] = "queued"
             row["preemptions"] = ev.preempt_count
             row["lost_progress_s"] += ev.lost_progress_ms / 1000
+            row["run_s"] += (ev.t - running_since.pop(job_id, ev.t)) / 1000
+            queued_since[job_id] = ev.t
+        elif isinstance(ev, (T.JobHeld, T.JobHoldReleased)):
+            row["state"] = "held" if isinstance(ev, T.JobHeld) else "queued"
         elif isinstance(ev, T.CheckpointFallback):
             row["lost_progress_s"] += ev.lost_progress_ms / 1000
         elif isinstance(ev, T.CompensationGranted):
@@ -231,10 +268,39 @@ def history_rows(records) -> list[dict]:
                 type(ev)
             ]
             row["end_t"] = ev.t
-            row["run_s"] = getattr(ev, "run_ms", 0) / 1000
+            row["run_s"] += (ev.t - running_since.pop(job_id, ev.t)) / 1000
+            row["wait_s"] += (ev.t - queued_since.pop(job_id, ev.t)) / 1000  # cancelled while queued
             row["reason"] = getattr(ev, "reason", "")
             row["exit_code"] = _exit_code(ev)
+    now = max(last_t, now_t or 0)
+    for job_id, since in running_since.items():
+        jobs[job_id]["run_s"] += (now - since) / 1000
+    for job_id, since in queued_since.items():
+        jobs[job_id]["wait_s"] += (now - since) / 1000
     return [jobs[j] for j in sorted(jobs, key=lambda j: (jobs[j]["submit_t"], j))]
+
+
+def placement_rows(records, node: str | None = None, since_t: int | None = None, until_t: int | None = None):
+    """What ran where and when (Slurm's `sacct -N`): the projection's `placements` rows, from
+    these records, of `node` (every node if None) that held it at some time between `since_t`
+    and `until_t` (open ends when None); oldest first."""
+    import duckdb
+
+    from .projector import Projector
+
+    projector = Projector(duckdb.connect())
+    projector.apply((i, T.encode_record(record)) for i, record in enumerate(records, 1))
+    cur = projector.con.execute(
+        """
+        SELECT * FROM placements
+        WHERE ($1::VARCHAR IS NULL OR node = $1)
+          AND ($2::BIGINT IS NULL OR end_t IS NULL OR end_t >= $2)
+          AND ($3::BIGINT IS NULL OR requested_t <= $3)
+        ORDER BY requested_t, job, node""",
+        [node, since_t, until_t],
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
 def _exit_code(ev) -> int | None:
@@ -275,3 +341,86 @@ def keep(
             continue
         out.append(row)
     return out
+
+
+def prio_row(state, job_id: str, now_ms: int | None = None) -> dict | None:
+    """Each factor of a waiting job's place (Slurm's sprio), or None when the job is not
+    open: its level and the level it queues at (what a recovery boost and aging added), when
+    it ages next, its level's queue policy and its position there (jobs and GPUs ahead), its
+    team's fair-share standing at that level, the holds (reservations) in force - its own
+    and those for others - and why it waits, with the expected start."""
+    from core.passes.queues import aging_threshold_ms, queue_order
+    from core.rules.shares import team_quota
+
+    c = state.canonical
+    job = c.jobs.get(job_id)
+    if job is None:
+        return None
+    now = max(c.t, now_ms or 0)
+    p = c.policy
+    boosted = min(job.boost, job.level)
+    aged = max(0, job.level - boosted - job.eff_level)
+    waiting = job.state in ("queued", "held", "reserved")
+    order = queue_order(state, job.eff_level, 100_000) if job.state == QUEUED else []
+    ahead = order[: order.index(job_id)] if job_id in order else []
+    ages = job.state == QUEUED and job.eff_level > 0 and job.level - job.eff_level < p.aging_levels_max
+    next_aging_s = None
+    if ages:
+        threshold = aging_threshold_ms(state, job.eff_level)
+        next_aging_s = round(max(0, threshold - (now - job.level_since_t)) / 1000, 1)
+    quota = team_quota(state, job.team)
+    held_at_level = state.index.level_team_gpus[job.level].get(job.team, 0)
+    holds = reserved_nodes(state)
+    why = explain_queue(state, [job_id]).get(job_id) if waiting else None
+    return {
+        "job": job.id,
+        "team": job.team,
+        "user": job.user,
+        "state": job.state,
+        "gpus": job.gpus,
+        "level": job.level,
+        "requested_level": job.requested_level,
+        "queue_level": job.eff_level,
+        "levels_from_boost": boosted,
+        "levels_from_aging": aged,
+        "next_aging_in_s": next_aging_s,
+        "aging_levels_max": p.aging_levels_max,
+        "queue_policy": p.queue_policy[job.eff_level],
+        "position": len(ahead) + 1 if job_id in order else None,
+        "queued_at_level": len(order),
+        "jobs_ahead": len(ahead),
+        "gpus_ahead": sum(c.jobs[j].gpus for j in ahead),
+        "submit_t": job.submit_t,
+        "wait_s": round(max(0, now - job.queued_since_t) / 1000, 1) if waiting else None,
+        "team_quota": round(quota, 3),
+        "team_gpus_at_level": held_at_level,
+        "team_fair_share_ratio": round(held_at_level / quota, 3) if quota else None,
+        "holds_own_nodes": sorted(n for n, (_, holder) in holds.items() if holder == job_id),
+        "holds_for_others": sorted(
+            {holder: None for _, (_, holder) in sorted(holds.items()) if holder != job_id}
+        ),
+        "reason_code": why.code if why else "",
+        "reason": why.reason if why else "",
+        "start_in_s": None if why is None or why.start_in_ms is None else round(why.start_in_ms / 1000, 1),
+    }
+
+
+def usage_rows(records, half_life_s: float, now_t: int) -> dict[str, dict]:
+    """Per team, GPU-hours run and the same decayed by half every `half_life_s` before
+    `now_t`, with its part of all decayed usage: the projection's `team_usage_decayed`
+    macro over these records."""
+    import duckdb
+
+    from .projector import Projector
+
+    projector = Projector(duckdb.connect())
+    projector.apply((i, T.encode_record(record)) for i, record in enumerate(records, 1))
+    cur = projector.con.execute("SELECT * FROM team_usage_decayed(?, ?)", [half_life_s, now_t])
+    return {
+        team: {
+            "gpu_hours": round(hours, 3),
+            "decayed_gpu_hours": round(decayed, 3),
+            "decayed_part": None if part is None else round(part, 4),
+        }
+        for team, hours, decayed, part in cur.fetchall()
+    }

@@ -30,6 +30,11 @@ from pathlib import Path
 
 from xirang.cmd_live import DATA_DIR_DEFAULT, client_url
 from xirang.errors import UserError
+from xirang.tables import clock, duration, start_estimate, table
+
+
+# How fast a team's past usage fades in `xirang shares` (Slurm's PriorityDecayHalfLife).
+USAGE_HALF_LIFE_S = 7 * 86400.0
 
 
 def register(sub) -> None:
@@ -64,9 +69,25 @@ def register(sub) -> None:
     )
     common(history)
     filters(history)
-    history.add_argument("--since", metavar="T", help="submitted at or after T (ISO datetime or log ms)")
-    history.add_argument("--until", metavar="T", help="submitted at or before T")
+    history.add_argument(
+        "--since", metavar="T", help="submitted at or after T (with --node: ran at or after T); ISO or log ms"
+    )
+    history.add_argument("--until", metavar="T", help="submitted at or before T (with --node: ran until T)")
+    history.add_argument(
+        "--node",
+        metavar="N",
+        help="what ran on node N instead (sacct -N): each run's job, GPUs, start, end and why it ended",
+    )
     history.set_defaults(func=cmd_history)
+
+    prio = sub.add_parser(
+        "prio",
+        help="each factor of a waiting job's place: level, boost, aging, queue position, fair share,"
+        " reservations, expected start (sprio-like)",
+    )
+    common(prio)
+    prio.add_argument("job")
+    prio.set_defaults(func=cmd_prio)
 
     logs = sub.add_parser("logs", help="a job's output on its host (local cluster)")
     common(logs)
@@ -83,6 +104,13 @@ def register(sub) -> None:
         help="teams: quota, fair share, GPUs held, protection, downgrade, compensation (sshare-like)",
     )
     common(shares)
+    shares.add_argument(
+        "--half-life-s",
+        type=float,
+        default=USAGE_HALF_LIFE_S,
+        metavar="S",
+        help="usage decays by half every S seconds (default 604800: 7 days, as Slurm's)",
+    )
     shares.set_defaults(func=cmd_shares)
 
     for name, what in (
@@ -373,23 +401,41 @@ def cmd_jobs(args) -> int:
                 )
             )
             return 0
-        print(
-            f"  {'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'STATE':<10} {'GPUS':>4} {'WHERE':<16} "
-            f"{'PROGRESS':>8} {'PREEMPT':>7} {'START':>8}  REASON"
-        )
+        now = now_ms()
+        body = []
         for r in rows:
             lvl = f"{r['level']}" + (f"^{r['eff_level']}" if r["eff_level"] != r["level"] else "")
-            where = " ".join(r["placement"]) or "-"
-            start = _dur(r["start_in_s"], "in ") if r["reason_code"] else "-"
+            start = start_estimate(r["start_in_s"], now) if r["reason_code"] else "-"
             why = r["reason"] or (
                 f"checkpoint step {r['checkpoint_step']}" if r["checkpoint_step"] is not None else ""
             )
-            mark = "! " if r["unread_notices"] else "  "
-            print(
-                f"{mark}{r['job']:<18} {r['team']:<9} {r['user']:<8} {lvl:>3} {r['state']:<10} {r['gpus']:>4} "
-                f"{where:<16} {_dur(r['progress_s']):>8} {r['preempt_count']:>7} {start:>8}  {why}"
+            body.append(
+                [
+                    "!" if r["unread_notices"] else "",
+                    r["job"],
+                    r["team"],
+                    r["user"],
+                    lvl,
+                    r["state"],
+                    r["gpus"],
+                    " ".join(r["placement"]) or "-",
+                    duration(r["progress_s"]),
+                    r["preempt_count"],
+                    start,
+                    why,
+                ]
             )
-        print(f"{len(rows)} open, {state.canonical.done_count} done")
+        headers = ["", "JOB", "TEAM", "USER", "LVL", "STATE", "GPUS", "WHERE", "PROGRESS", "PREEMPT", "START"]
+        print(table([*headers, "REASON"], body, right=("LVL", "GPUS", "PROGRESS", "PREEMPT")))
+        if any(r["eff_level"] != r["level"] for r in rows):
+            print(
+                "LVL 6^5: level 6 queued at level 5 (aged, or boosted after a preemption): `xirang prio JOB`"
+            )
+        if args.team or args.user or args.level is not None or args.state:
+            # The state keeps no owner for done jobs: the log's history has them.
+            print(f"{len(rows)} open matching; `xirang history` with the same filters lists the done ones")
+        else:
+            print(f"{len(rows)} open, {state.canonical.done_count} done")
         if unread:
             print(
                 f"! = unread notices ({sum(unread.values())}): `xirang notices"
@@ -414,25 +460,63 @@ def cmd_queue(args) -> int:
         shown = {r["job"] for r in rows}
         for lv in levels:
             lv["holding"] = [h for h in lv["holding"] if h["job"] in shown]
+            lv["held"] = [h for h in lv["held"] if h["job"] in shown]
         if args.json:
             print(json.dumps({"t": state.canonical.t, "levels": levels}, sort_keys=True))
             return 0
-        print(
-            f"{'LVL':>3} {'POLICY':<11} {'POS':>3} {'JOB':<18} {'TEAM':<9} {'USER':<8} {'GPUS':>4} "
-            f"{'STATE':<10} {'WAIT':>7} {'START':>8}  REASON"
-        )
+        now = now_ms()
+        body = []
         for lv in levels:
             for pos, q in enumerate(lv["queued"], 1):
-                print(
-                    f"{lv['level']:>3} {lv['policy']:<11} {pos:>3} {q['job']:<18} {q['team']:<9} "
-                    f"{q['user']:<8} {q['gpus']:>4} {'queued':<10} {_dur(q['wait_s']):>7} "
-                    f"{_dur(q['start_in_s'], 'in '):>8}  {q['reason_code']}: {q['reason']}"
+                body.append(
+                    [
+                        lv["level"],
+                        lv["policy"],
+                        pos,
+                        q["job"],
+                        q["team"],
+                        q["user"],
+                        q["gpus"],
+                        "queued",
+                        duration(q["wait_s"]),
+                        start_estimate(q["start_in_s"], now),
+                        f"{q['reason_code']}: {q['reason']}",
+                    ]
+                )
+            for h in lv["held"]:
+                body.append(
+                    [
+                        lv["level"],
+                        lv["policy"],
+                        "-",
+                        h["job"],
+                        h["team"],
+                        h["user"],
+                        h["gpus"],
+                        "held",
+                        duration(h["wait_s"]),
+                        "-",
+                        h["reason"] or f"held until `xirang release {h['job']}`",
+                    ]
                 )
             for h in lv["holding"]:
-                print(
-                    f"{lv['level']:>3} {lv['policy']:<11} {'-':>3} {h['job']:<18} {h['team']:<9} "
-                    f"{h['user']:<8} {h['gpus']:>4} {h['state']:<10} {'':>7} {'':>8}"
+                body.append(
+                    [
+                        lv["level"],
+                        lv["policy"],
+                        "-",
+                        h["job"],
+                        h["team"],
+                        h["user"],
+                        h["gpus"],
+                        h["state"],
+                        "",
+                        "",
+                        "",
+                    ]
                 )
+        headers = ["LVL", "POLICY", "POS", "JOB", "TEAM", "USER", "GPUS", "STATE", "WAIT", "START", "REASON"]
+        print(table(headers, body, right=("LVL", "POS", "GPUS", "WAIT")))
         c = state.canonical
         free = sum(n.holder.count("") for n in c.nodes.values() if n.up)
         total = sum(n.gpus for n in c.nodes.values() if n.up)
@@ -446,37 +530,148 @@ def cmd_queue(args) -> int:
 
 
 def cmd_history(args) -> int:
-    """`xirang history`: every job the log has seen, with how it ended."""
+    """`xirang history`: every job the log has seen, with how it ended; with --node, what
+    ran on that node."""
     from agents.client import records
-    from projections.views import history_rows, keep
+    from projections.views import history_rows, keep, placement_rows
     from xirang.cmd_data import parse_time
 
-    rows = history_rows(record for _, record in records(client_url(args)))
+    since_t, until_t = parse_time(args.since), parse_time(args.until)
+    if since_t is not None and until_t is not None and until_t < since_t:
+        raise UserError("--until must not be before --since")
+    items = [record for _, record in records(client_url(args))]
+    if args.node:
+        return _node_history(args, placement_rows(items, args.node, since_t, until_t))
+    rows = history_rows(items, now_ms())
     rows = keep(
         rows,
         team=args.team,
         user=args.user,
         level=args.level,
         state=args.state,
-        since_t=parse_time(args.since),
-        until_t=parse_time(args.until),
+        since_t=since_t,
+        until_t=until_t,
     )
     if args.json:
         print(json.dumps({"jobs": rows}, sort_keys=True))
         return 0
-    print(
-        f"{'JOB':<18} {'TEAM':<9} {'USER':<8} {'LVL':>3} {'GPUS':>4} {'STATE':<10} {'EXIT':>4} "
-        f"{'WAIT':>7} {'RUN':>7} {'PREEMPT':>7} {'LOST':>7}  COMPENSATION"
-    )
+    body = []
     for r in rows:
         comp = ", ".join(f"{k} {v:g}" for k, v in sorted(r["compensation"].items())) or "-"
         code = "-" if r["exit_code"] is None else str(r["exit_code"])
-        print(
-            f"{r['job']:<18} {r['team']:<9} {r['user']:<8} {r['level']:>3} {r['gpus']:>4} {r['state']:<10} "
-            f"{code:>4} {_dur(r['wait_s']):>7} {_dur(r['run_s']):>7} {r['preemptions']:>7} "
-            f"{_dur(r['lost_progress_s']):>7}  {comp}"
+        body.append(
+            [
+                r["job"],
+                r["team"],
+                r["user"],
+                r["level"],
+                r["gpus"],
+                r["state"],
+                code,
+                duration(r["wait_s"]),
+                duration(r["run_s"]),
+                r["preemptions"],
+                duration(r["lost_progress_s"]),
+                comp,
+            ]
         )
+    headers = ["JOB", "TEAM", "USER", "LVL", "GPUS", "STATE", "EXIT", "WAIT", "RUN", "PREEMPT", "LOST"]
+    print(
+        table(
+            [*headers, "COMPENSATION"], body, right=("LVL", "GPUS", "EXIT", "WAIT", "RUN", "PREEMPT", "LOST")
+        )
+    )
     print(f"{len(rows)} job(s)")
+    return 0
+
+
+def _node_history(args, rows: list[dict]) -> int:
+    if args.json:
+        print(json.dumps({"node": args.node, "placements": rows}, sort_keys=True))
+        return 0
+    now = now_ms()
+    body = [
+        [
+            r["job"],
+            r["run"],
+            r["team"],
+            r["user"],
+            r["gpus"],
+            clock(r["start_t"] or r["requested_t"], now),
+            clock(r["end_t"], now) if r["end_t"] is not None else "(holds it)",
+            duration(((r["end_t"] or now) - (r["start_t"] or r["requested_t"])) / 1000),
+            r["ended"] or "-",
+        ]
+        for r in rows
+    ]
+    headers = ["JOB", "RUN", "TEAM", "USER", "GPUS", "START", "END", "HELD", "ENDED"]
+    print(table(headers, body, right=("RUN", "GPUS", "HELD")))
+    print(f"{len(rows)} run(s) on {args.node}")
+    return 0
+
+
+def cmd_prio(args) -> int:
+    """`xirang prio`: each factor of a waiting job's place."""
+    from projections.views import prio_row
+
+    state = _state(args)
+    row = prio_row(state, args.job, now_ms())
+    if row is None:
+        done = state.canonical.done.get(args.job)
+        raise UserError(
+            f"job {args.job} is {done} (only an open job has a place)"
+            if done
+            else f"no open job {args.job}: `xirang jobs` lists them"
+        )
+    if args.json:
+        print(json.dumps(row, sort_keys=True))
+        return 0
+    now = now_ms()
+    boost = f", {row['levels_from_boost']} from a recovery boost" if row["levels_from_boost"] else ""
+    aged = f", {row['levels_from_aging']} from aging" if row["levels_from_aging"] else ""
+    asked = (
+        f" (asked for {row['requested_level']}: its team is downgraded)"
+        if row["requested_level"] < row["level"]
+        else ""
+    )
+    position = (
+        f"{row['position']} of {row['queued_at_level']} ({row['jobs_ahead']} job(s),"
+        f" {row['gpus_ahead']} GPUs ahead)"
+        if row["position"]
+        else f"not in the queue ({row['state']})"
+    )
+    lines = [
+        ("level", f"{row['level']}{asked}"),
+        ("queues at", f"level {row['queue_level']}{boost}{aged}"),
+        (
+            "next aging",
+            "-"
+            if row["next_aging_in_s"] is None
+            else f"{duration(row['next_aging_in_s'], 'in ')} (up to {row['aging_levels_max']} levels)",
+        ),
+        ("queue policy", row["queue_policy"]),
+        ("position", position),
+        ("waiting", duration(row["wait_s"])),
+        (
+            "fair share",
+            f"team {row['team']} holds {row['team_gpus_at_level']} GPUs at level {row['level']}"
+            f" for quota {row['team_quota']:g} (ratio {row['team_fair_share_ratio']}; lower is served first"
+            " under fair_share)",
+        ),
+        (
+            "reservations",
+            (f"holds {', '.join(row['holds_own_nodes'])}" if row["holds_own_nodes"] else "holds none")
+            + (
+                f"; nodes held for {', '.join(row['holds_for_others'])}"
+                if row["holds_for_others"]
+                else "; none held for others"
+            ),
+        ),
+        ("why it waits", f"{row['reason_code']}: {row['reason']}" if row["reason_code"] else "-"),
+        ("expected start", start_estimate(row["start_in_s"], now)),
+    ]
+    print(f"{row['job']} ({row['team']}/{row['user']}, {row['gpus']} GPUs, {row['state']})")
+    print(table(["FACTOR", "VALUE"], [list(line) for line in lines]))
     return 0
 
 
@@ -560,32 +755,50 @@ def cmd_nodes(args) -> int:
 
 
 def cmd_shares(args) -> int:
-    """`xirang shares`: each team's quota, fair share, GPUs held and limits in force."""
-    from projections.views import share_rows
+    """`xirang shares`: each team's quota, fair share, GPUs held, limits in force, and its
+    usage over time, decayed (sshare)."""
+    from agents.client import records
+    from projections.views import share_rows, usage_rows
 
-    rows = share_rows(_state(args))
-    if args.json:
-        print(json.dumps({"teams": rows}, sort_keys=True))
-        return 0
-    print(
-        f"{'TEAM':<12} {'QUOTA':>6} {'SHARE':>7} {'HELD':>5} {'QUEUED':>6} {'USAGE':>6} "
-        f"{'PROTECTED':>10} {'DOWNGRADED':>10} {'FEE':>7}"
-    )
+    if not args.half_life_s > 0:
+        raise UserError("--half-life-s must be positive")
+    state = _state(args)
+    rows = share_rows(state)
+    usage = usage_rows([r for _, r in records(client_url(args))], args.half_life_s, state.canonical.t)
     for r in rows:
-        usage = "-" if r["usage"] is None else f"{r['usage']:.2f}"
-        print(
-            f"{r['team']:<12} {r['quota']:>6g} {r['fair_share_gpus']:>7.1f} {r['held_gpus']:>5} "
-            f"{r['queued_gpus']:>6} {usage:>6} {_dur(r['protected_for_s'], 'for '):>10} "
-            f"{_dur(r['downgraded_for_s'], 'for '):>10} {r['fee_credit']:>7g}"
+        r.update(usage.pop(r["team"], {"gpu_hours": 0.0, "decayed_gpu_hours": 0.0, "decayed_part": None}))
+    for team, used in sorted(usage.items()):  # teams with past usage and nothing open now
+        rows.append({"team": team, **used})
+    if args.json:
+        print(json.dumps({"teams": rows, "half_life_s": args.half_life_s}, sort_keys=True))
+        return 0
+    body = []
+    for r in rows:
+        part = r.get("decayed_part")
+        body.append(
+            [
+                r["team"],
+                f"{r['quota']:g}" if "quota" in r else "-",
+                f"{r['fair_share_gpus']:.1f}" if "quota" in r else "-",
+                r.get("held_gpus", 0),
+                r.get("queued_gpus", 0),
+                "-" if r.get("usage") is None else f"{r['usage']:.2f}",
+                f"{r['gpu_hours']:.1f}",
+                f"{r['decayed_gpu_hours']:.1f}",
+                "-" if part is None else f"{part * 100:.0f}%",
+                duration(r.get("protected_for_s"), "for "),
+                duration(r.get("downgraded_for_s"), "for "),
+                f"{r.get('fee_credit', 0):g}",
+            ]
         )
+    headers = ["TEAM", "QUOTA", "SHARE", "HELD", "QUEUED", "NOW/SHARE", "GPU-H", "DECAYED", "PART"]
+    right = ("QUOTA", "SHARE", "HELD", "QUEUED", "NOW/SHARE", "GPU-H", "DECAYED", "PART", "FEE")
+    print(table([*headers, "PROTECTED", "DOWNGRADED", "FEE"], body, right=right))
+    print(
+        f"GPU-H: GPU-hours run; DECAYED: the same, halved every {duration(args.half_life_s)} back;"
+        " PART: the team's part of all decayed usage"
+    )
     return 0
 
 
-def _dur(seconds, prefix: str = "") -> str:
-    from core.explain import human_duration
-
-    if seconds is None:
-        return "-"
-    if prefix == "in " and seconds <= 0:
-        return "now"
-    return prefix + human_duration(int(seconds * 1000))
+_dur = duration
