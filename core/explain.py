@@ -9,7 +9,7 @@ set within the fairness limits, naming the limit. The expected start comes from 
 remaining-time estimates the preemption decision uses.
 
 It never changes what `step` decides nor what the log holds: it reads the state (the
-index's memoised release times are caches of that state) and emits nothing. Commands,
+scratch's memoised release times are caches of that state) and emits nothing. Commands,
 the dashboard and the projection call it on a state they folded themselves.
 """
 

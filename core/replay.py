@@ -46,7 +46,7 @@ def apply_record(state: State, record: T.Record) -> None:
         problem = digest_problem(state, record.event)  # as the digest's schema says
         if problem:
             raise DigestMismatch(record.n, problem)
-    if state.index.drain_pending_t >= 0:  # a state stepped before: its holds as they were
+    if state.scratch.drain_pending_t >= 0:  # a state stepped before: its holds as they were
         reserved_nodes(state)
     evolve(state, record.event)
     c.events_n = record.n

@@ -160,7 +160,7 @@ class Audit:
         self.digests += 1
         self.digest_schemas[ev.schema] = self.digest_schemas.get(ev.schema, 0) + 1
         if ev.schema == 1:
-            name = LEGACY_RELEASES[self.state.index.legacy_digest_release].name
+            name = LEGACY_RELEASES[self.state.scratch.legacy_digest_release].name
             if name not in self.legacy_releases:
                 self.legacy_releases.append(name)
 

@@ -89,7 +89,7 @@ def test_a_leader_change_left_out_of_the_log_shows_as_a_difference_when_re_decid
 def test_an_internal_error_rejection_forgets_the_passes_memory_as_the_restored_state_has_none():
     run = full_pool_with_a_gang_holding_both_nodes()
     evolve(run.state, T.InputRejected(t=5 * MIN, reason=T.INTERNAL_ERROR, detail="ValueError: x"))
-    assert reserved_nodes(run.state) == {} and run.state.index.placement_dirty
+    assert reserved_nodes(run.state) == {} and run.state.scratch.placement_dirty
 
 
 def test_only_the_scheduler_or_an_operator_may_record_a_leader_start():

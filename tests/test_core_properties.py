@@ -13,6 +13,7 @@ from core import types as T
 from core.rules.holds import victim_cap
 from core.model.placement import acceptable_models
 from core.rules.shares import fair_shares, holding
+from core.model.scratch import Scratch
 from core.model.state import live_digest, rebuild_index
 
 from random_world import World, run_world
@@ -93,7 +94,7 @@ def test_invariants_hold_after_every_step_of_a_random_workload(seed):
         if isinstance(r.event, (T.PreemptionCommitted, T.PreemptionRolledBack))
     ]
     assert sorted(ended) == sorted(planned), "every saga ends exactly once"
-    assert index_view(rebuild_index(world.state.canonical)) == index_view(world.state.index)
+    assert index_view(rebuild_index(world.state.canonical, Scratch())) == index_view(world.state.index)
     replayed = rebuild(world.records)
     assert state_digest(replayed.canonical) == state_digest(world.state.canonical)
     assert live_digest(world.state) == state_digest(world.state.canonical), "kept job hashes went stale"

@@ -76,7 +76,7 @@ def test_the_oldest_log_really_lacks_what_the_types_have_gained_since():
         for d, line in zip(digests, (x for x in lines if b"StateDigest" in x))
     )
     state = _fold(lines)
-    matched = LEGACY_RELEASES[state.index.legacy_digest_release]
+    matched = LEGACY_RELEASES[state.scratch.legacy_digest_release]
     assert matched.name == "releases from 5d0ba91 (2026-11-29 17:15) until acdb637"
     # Its release's default for fair_share_guarantee differs from today's, and the log's
     # digests before its second set_policy (which sets it) were made under that default.
@@ -87,7 +87,7 @@ def test_the_oldest_log_really_lacks_what_the_types_have_gained_since():
     assert len([n for n in _digest_records(lines) if n < changes[1]]) >= 15
     assert "safe_point_interval_ms" not in matched.fields["Job"]
     newest = _fold(_lines(LOGS[1]))
-    assert LEGACY_RELEASES[newest.index.legacy_digest_release] is LEGACY_RELEASES[0]
+    assert LEGACY_RELEASES[newest.scratch.legacy_digest_release] is LEGACY_RELEASES[0]
 
 
 def _change(line: bytes, old: bytes, new: bytes) -> bytes:

@@ -48,7 +48,7 @@ def _run(monkeypatch, eager: bool):
 
     def placing(ctx, last=False):
         place_queued(ctx, False if eager else last)
-        if ctx.state.index.drain_pending_t >= 0:
+        if ctx.state.scratch.drain_pending_t >= 0:
             counts["deferred"] += 1
 
     settle = PP._settle

@@ -51,13 +51,13 @@ def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkey
     seen = {"calls": 0, "with_moved_forecasts": 0, "with_moved_jobs": 0, "releases": 0}
 
     def checked(state, nodes, need):
-        est_gen = state.index.estimates_gen
+        est_gen = state.scratch.estimates_gen
         if any(
-            (fit := state.index.node_fits.get(node.name)) is not None and fit.estimates_gen != est_gen
+            (fit := state.scratch.node_fits.get(node.name)) is not None and fit.estimates_gen != est_gen
             for node in nodes
         ):
             seen["with_moved_forecasts"] += 1
-        if any((fit := state.index.node_fits.get(node.name)) is not None and fit.moved for node in nodes):
+        if any((fit := state.scratch.node_fits.get(node.name)) is not None and fit.moved for node in nodes):
             seen["with_moved_jobs"] += 1  # a checkpoint's pause moved a job's forecast
         got = kept(state, nodes, need)
         assert got == _from_scratch(state, nodes, need)

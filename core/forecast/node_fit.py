@@ -17,8 +17,8 @@ from ..model.entities import node_free_count
 def earliest_single_fit(state: State, nodes, need: int) -> tuple[int, list[str]] | None:
     """The soonest (wait, node) among the nodes a gang of `need` GPUs fits on alone."""
     t = state.canonical.t
-    fits = state.index.node_fits
-    est_gen = state.index.estimates_gen
+    fits = state.scratch.node_fits
+    est_gen = state.scratch.estimates_gen
     best_wait = -1
     best_name = ""
     # Nodes whose kept line a learned runtime's change left stale: (a bound below their
@@ -70,7 +70,7 @@ def node_fit_ms(state: State, node, need: int) -> int | None:
     now; None: never), as `_first_fit_time` over `node_releases` computes it, but kept
     across time (`NodeFit`)."""
     t = state.canonical.t
-    fits = state.index.node_fits
+    fits = state.scratch.node_fits
     fit = fits.get(node.name)
     if fit is None or fit.t0 > t or not fit.refreshed(state, t):
         fit = fits[node.name] = NodeFit(state, node, t)
@@ -92,8 +92,8 @@ class NodeFit:
     those of the jobs before it) lasts and no other job's line crosses it (the jobs before
     it may swap among themselves, those after it too). `lines[need]` = (intercept, slope,
     end): the fit is `intercept + slope * t` for `t0 <= t < end` (slope None: never fits;
-    (0, 0, ...): fits now). Kept in the index until the node's jobs, their forecasts or
-    its free GPUs change (`Index.node_fits`)."""
+    (0, 0, ...): fits now). Kept in the scratch until the node's jobs, their forecasts or
+    its free GPUs change (`Scratch.node_fits`)."""
 
     __slots__ = (
         "t0",
@@ -115,9 +115,9 @@ class NodeFit:
         self.lines: dict[int, tuple] = {}
         specs = holder_specs(state, node)
         # The holding jobs, in the node's holder order, and the release specs used for them.
-        self.jobs = [job_id for job_id, _ in state.index.node_holders[node.name]]
+        self.jobs = [job_id for job_id, _ in state.scratch.node_holders[node.name]]
         self.specs = [spec for spec, _ in specs]
-        self.estimates_gen = state.index.estimates_gen
+        self.estimates_gen = state.scratch.estimates_gen
         self.moved: list[str] = []  # jobs an event changed the forecast of since
         self.drift_at: tuple[int, int | None] = (-1, None)  # (estimates_gen, `drift_ms`)
         fraction = LINDY_FLOOR_FRACTION
@@ -141,9 +141,9 @@ class NodeFit:
         made from them say themselves until when they hold (a line whose k-th job another
         one crossed before `t` ends before `t`). False when a piece has ended by `t` (a
         fresh forecast is needed)."""
-        ix = state.index
+        sx = state.scratch
         moved = self.moved
-        if self.estimates_gen == ix.estimates_gen:
+        if self.estimates_gen == sx.estimates_gen:
             if not moved:
                 return True
             jobs_moved = [i for i, job_id in enumerate(self.jobs) if job_id in moved]
@@ -156,7 +156,7 @@ class NodeFit:
             ]
         if jobs_moved and not self._remade(state, t, jobs_moved):
             return False
-        self.estimates_gen = ix.estimates_gen
+        self.estimates_gen = sx.estimates_gen
         self.moved = []
         return True
 
@@ -169,7 +169,7 @@ class NodeFit:
         runtime started (or stopped) being the one used."""
         if self.moved:
             return None
-        gen = state.index.estimates_gen
+        gen = state.scratch.estimates_gen
         if self.drift_at[0] != gen:  # (kept until the next change of a learned runtime)
             self.drift_at = (gen, self._drift(state))
         return self.drift_at[1]
@@ -194,9 +194,9 @@ class NodeFit:
     def _remade(self, state: State, t: int, jobs_moved: list[int]) -> bool:
         """Make the pieces of these jobs (by place) again from their release specs now;
         False when a piece has ended by `t`."""
-        ix = state.index
+        sx = state.scratch
         estimates = state.canonical.estimates
-        memo = ix.remaining_memo
+        memo = sx.remaining_memo
         jobs = state.canonical.jobs
         specs = list(self.specs)
         pieces = list(self.pieces)

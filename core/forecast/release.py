@@ -64,16 +64,17 @@ def remaining_at(spec: tuple, t: int) -> int:
 
 def holder_specs(state: State, node) -> list[tuple[tuple, int]]:
     """(release spec, GPUs on the node) of each job holding GPUs on it, the specs memoised
-    in the index (as `core.forecast.waits.remaining_or_runtime` keeps them): what both
+    in the scratch (as `core.forecast.waits.remaining_or_runtime` keeps them): what both
     `core.forecast.waits.node_releases` and `core.forecast.node_fit` read a node's releases from."""
     ix = state.index
-    holders = ix.node_holders.get(node.name)
+    sx = state.scratch
+    holders = sx.node_holders.get(node.name)
     if holders is None:
         jobs = state.canonical.jobs
-        holders = ix.node_holders[node.name] = [
+        holders = sx.node_holders[node.name] = [
             (j, len(gpus_on(jobs[j], node.name))) for j in ix.jobs_by_node.get(node.name, {})
         ]
-    memo = ix.remaining_memo
+    memo = sx.remaining_memo
     estimates = state.canonical.estimates
     specs = []
     for job_id, gpus in holders:

@@ -2,7 +2,7 @@
 per team and kind, Lindy beyond the estimate; core/forecast/release.py, re-exported here), when each node's GPUs will be released,
 the earliest time a gang would fit without preempting, a queued job's natural wait (its
 fit, after the GPUs that jobs served before it take), and how long a victim takes to
-reach a safe point. Memoised in the index for the current time (see `Index`).
+reach a safe point. Memoised in the scratch for the current time (see `Scratch`).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def expected_first_fit_ms(state: State, gpus: int, nodes, soonest_ms: int) -> in
     first = memo.get(key)
     if first is None:
         rate = 0.0
-        kept = state.index.node_releases
+        kept = state.scratch.node_releases
         for node in nodes:
             if node.gpus < gpus:
                 continue
@@ -197,7 +197,7 @@ def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], fl
         releases: list[tuple[int, int]] = []
         free = 0
         # node_releases(state, node), its memo read inline (`fits_memo` moved it to now).
-        kept = state.index.node_releases
+        kept = state.scratch.node_releases
         for node in nodes:
             node_list = kept.get(node.name)
             releases += node_list if node_list is not None else node_releases(state, node)
@@ -215,30 +215,30 @@ def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], fl
 def fits_memo(state: State) -> dict:
     """Forecasts over nodes, kept while no node's releases or free GPUs change (the index's
     `releases_gen`) and the time stays the same."""
-    ix = state.index
+    sx = state.scratch
     node_releases_at(state)
-    if ix.fits_memo_gen != ix.releases_gen:
-        ix.fits_memo.clear()
-        ix.fits_memo_gen = ix.releases_gen
-    return ix.fits_memo
+    if sx.fits_memo_gen != sx.releases_gen:
+        sx.fits_memo.clear()
+        sx.fits_memo_gen = sx.releases_gen
+    return sx.fits_memo
 
 
 def node_releases_at(state: State) -> None:
     """Move the memoised release lists to the current time (they are dropped when it moved)."""
-    ix = state.index
-    if ix.node_releases_t != state.canonical.t:
-        ix.node_releases.clear()
-        ix.node_releases_t = state.canonical.t
-        ix.releases_gen += 1
+    sx = state.scratch
+    if sx.node_releases_t != state.canonical.t:
+        sx.node_releases.clear()
+        sx.node_releases_t = state.canonical.t
+        sx.releases_gen += 1
 
 
 def remaining_or_runtime(state: State, job_id: str) -> int:
     """Until a holding job releases its GPUs: its remaining time when running, else its
-    whole expected runtime. Its `release_spec` is memoised in the index until an event
+    whole expected runtime. Its `release_spec` is memoised in the scratch until an event
     touches the job, its team and kind's learned runtime changes, or the policy changes."""
-    spec = state.index.remaining_memo.get(job_id)
+    spec = state.scratch.remaining_memo.get(job_id)
     if spec is None or state.canonical.estimates.get(spec[4]) is not spec[5]:
-        spec = state.index.remaining_memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
+        spec = state.scratch.remaining_memo[job_id] = release_spec(state, state.canonical.jobs[job_id])
     return remaining_at(spec, state.canonical.t)
 
 
@@ -247,16 +247,16 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
     Memoised for the current time until an event changes the node's jobs (see Index): a
     scheduling pass asks for the same nodes' releases for every job it weighs (natural
     waits, release curves, reservations)."""
-    ix = state.index
+    sx = state.scratch
     t = state.canonical.t
-    if ix.node_releases_t != t:
+    if sx.node_releases_t != t:
         node_releases_at(state)
-    releases = ix.node_releases.get(node.name)
+    releases = sx.node_releases.get(node.name)
     if releases is None:
-        fit = ix.node_fits.get(node.name)  # a kept forecast reads them off its lines
+        fit = sx.node_fits.get(node.name)  # a kept forecast reads them off its lines
         releases = None if fit is None else fit.releases_at(state, t)
         if releases is not None:
-            ix.node_releases[node.name] = releases
+            sx.node_releases[node.name] = releases
             return releases
         releases = []
         for spec, gpus in holder_specs(state, node):
@@ -266,7 +266,7 @@ def node_releases(state: State, node) -> list[tuple[int, int]]:
                 fixed = max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
             releases.append((fixed, gpus))
         releases.sort()
-        ix.node_releases[node.name] = releases
+        sx.node_releases[node.name] = releases
     return releases
 
 

@@ -123,11 +123,11 @@ def digest_problem(state: State, ev: T.StateDigest) -> str:
 
 
 def _legacy_problem(state: State, ev: T.StateDigest) -> str:
-    hint = state.index.legacy_digest_release
+    hint = state.scratch.legacy_digest_release
     order = [hint, *(i for i in range(len(LEGACY_RELEASES)) if i != hint)]
     for i in order:
         if legacy_digest(state.canonical, LEGACY_RELEASES[i]) == ev.digest:
-            state.index.legacy_digest_release = i
+            state.scratch.legacy_digest_release = i
             return ""
     return (
         f"state digest {ev.digest[:16]} (schema 1, written before digest schemas) matches the state "

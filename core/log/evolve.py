@@ -15,20 +15,13 @@ from __future__ import annotations
 import typing
 
 from ..model import types as T
+from ..model.scratch import Scratch
 from .evolve_jobs import JOB_HANDLERS
 from .evolve_sagas import SAGA_HANDLERS
 from ..forecast.waits import release_spec
 from ..model.policy import with_params
-from ..model.state import (
-    State,
-    forget_node,
-    node_known,
-    forget_pass_memory,
-    forget_remaining,
-    touch_job,
-    _index_node_capacity,
-    rebuild_index,
-)
+from ..model.state import State, node_known, touch_job, _index_node_capacity, rebuild_index
+from ..model.scratch import forget_node, forget_pass_memory, forget_remaining
 from ..model.entities import (
     Node,
     node_free_count,
@@ -79,9 +72,9 @@ def _node_joined(s: State, ev: T.NodeJoined) -> None:
         node_known(s.index, known, -1)
     node_known(s.index, node, 1)
     s.canonical.nodes[ev.node] = node
-    s.index.nodes_sorted = None
-    forget_node(s.index, ev.node)
-    _index_node_capacity(s.index, node)
+    s.scratch.nodes_sorted = None
+    forget_node(s.scratch, ev.node)
+    _index_node_capacity(s.index, s.scratch, node)
 
 
 def _node_lost(s: State, ev: T.NodeLost) -> None:
@@ -105,7 +98,7 @@ def _node_lost(s: State, ev: T.NodeLost) -> None:
     node.up = False
     node.holder = [""] * node.gpus
     ix.jobs_by_node.pop(node.name, None)
-    forget_node(ix, node.name)
+    forget_node(s.scratch, node.name)
 
 
 # ---------------------------------------------------------------- jobs
@@ -124,20 +117,23 @@ def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
     before = s.canonical.policy
     s.canonical.policy = with_params(before, ev.params)
     s.canonical.policy_params = {**s.canonical.policy_params, **ev.params}
-    s.index.variant_policies.clear()
-    forget_remaining(s.index)
-    s.index.placement_dirty = True
+    s.scratch.variant_policies.clear()
+    forget_remaining(s.scratch)
+    s.scratch.placement_dirty = True
     if s.canonical.policy.aging_levels_max != before.aging_levels_max:
-        s.index = rebuild_index(s.canonical)  # which jobs may still age changed
+        # Which jobs may still age changed: the index anew, and with it the scratch (as
+        # before the two were apart: the passes' memory and the caches start afresh).
+        s.scratch = Scratch()
+        s.index = rebuild_index(s.canonical, s.scratch)
 
 
 def _scheduler_started(s: State, ev: T.SchedulerStarted) -> None:
-    forget_pass_memory(s.index)
+    forget_pass_memory(s.scratch)
 
 
 def _input_rejected(s: State, ev: T.InputRejected) -> None:
     if ev.reason == T.INTERNAL_ERROR:  # the state was folded back from the log
-        forget_pass_memory(s.index)
+        forget_pass_memory(s.scratch)
 
 
 _HANDLERS: dict[type, typing.Callable[[State, typing.Any], None]] = {

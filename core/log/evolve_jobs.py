@@ -8,16 +8,8 @@ from __future__ import annotations
 import hashlib
 import typing
 from ..model import types as T
-from ..model.state import (
-    State,
-    forget_release_lists,
-    forget_releases,
-    hold_add,
-    hold_remove,
-    queue_add,
-    queue_remove,
-    set_holder,
-)
+from ..model.state import State, hold_add, hold_remove, queue_add, queue_remove, set_holder
+from ..model.scratch import forget_release_lists, forget_releases
 from ..model.entities import (
     FINISHED,
     HELD,
@@ -70,15 +62,15 @@ def _job_submitted(s: State, ev: T.JobSubmitted) -> None:
         level_since_t=ev.t,
     )
     s.canonical.jobs[job.id] = job
-    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
+    queue_add(s.index, s.scratch, job, s.canonical.policy.aging_levels_max)
 
 
 def _occupy(s: State, job: Job, placement: list[T.Slot]) -> None:
     for slot in placement:
         for gpu in slot.gpus:
-            set_holder(s.canonical, s.index, slot.node, gpu, job.id)
+            set_holder(s.canonical, s.index, s.scratch, slot.node, gpu, job.id)
         s.index.jobs_by_node.setdefault(slot.node, {})[job.id] = None
-    forget_releases(s.index, placement)
+    forget_releases(s.scratch, placement)
 
 
 def _free_slots(s: State, slots: list[T.Slot], holder: str) -> None:
@@ -87,7 +79,7 @@ def _free_slots(s: State, slots: list[T.Slot], holder: str) -> None:
         node = s.canonical.nodes[slot.node]
         for gpu in slot.gpus:
             if node.holder[gpu] == holder:
-                set_holder(s.canonical, s.index, slot.node, gpu, "")
+                set_holder(s.canonical, s.index, s.scratch, slot.node, gpu, "")
 
 
 def _vacate(s: State, job: Job) -> None:
@@ -96,13 +88,13 @@ def _vacate(s: State, job: Job) -> None:
         on_node = s.index.jobs_by_node.get(slot.node)
         if on_node is not None:
             on_node.pop(job.id, None)
-    forget_releases(s.index, job.placement)
+    forget_releases(s.scratch, job.placement)
 
 
 def _start_requested(s: State, ev: T.JobStartRequested | T.JobResumeRequested) -> None:
     job = s.canonical.jobs[ev.job]
     if job.state == QUEUED:
-        queue_remove(s.index, job)
+        queue_remove(s.index, s.scratch, job)
         hold_add(s.index, job)
         s.canonical.rr_last_team[job.eff_level] = job.team
     elif job.state == RELEASED:  # a rolled-back victim gets its GPUs back
@@ -141,7 +133,7 @@ def _job_running(s: State, ev: T.JobRunning) -> None:
 def _job_ended(s: State, ev: T.JobFinished | T.JobFailed | T.JobCancelled) -> None:
     job = s.canonical.jobs.pop(ev.job)
     if job.state == QUEUED:
-        queue_remove(s.index, job)
+        queue_remove(s.index, s.scratch, job)
     elif job.state in HOLDING:
         _vacate(s, job)
         hold_remove(s.index, job)
@@ -160,7 +152,7 @@ def _learn_runtime(s: State, job: Job, run_ms: int) -> None:
     s.canonical.estimates[key] = _with_sample(s.canonical.estimates.get(key) or Estimate(), run_ms)
     # The jobs of this team and kind expect other runtimes now: their memoised release
     # specs see the new estimate (core.forecast.waits.release_spec); the release lists go.
-    forget_release_lists(s.index)
+    forget_release_lists(s.scratch)
 
 
 def _with_sample(est: Estimate, value_ms: int) -> Estimate:
@@ -189,12 +181,12 @@ def _job_requeued(s: State, ev: T.JobRequeued) -> None:
     job.level_since_t = ev.t
     job.resume_pending = bool(job.checkpoints)
     job.placement = []
-    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
+    queue_add(s.index, s.scratch, job, s.canonical.policy.aging_levels_max)
 
 
 def _job_held(s: State, ev: T.JobHeld) -> None:
     job = s.canonical.jobs[ev.job]
-    queue_remove(s.index, job)
+    queue_remove(s.index, s.scratch, job)
     job.state = HELD
 
 
@@ -202,7 +194,7 @@ def _job_hold_released(s: State, ev: T.JobHoldReleased) -> None:
     job = s.canonical.jobs[ev.job]
     job.state = QUEUED
     job.level_since_t = ev.t
-    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
+    queue_add(s.index, s.scratch, job, s.canonical.policy.aging_levels_max)
 
 
 def _job_level_set(s: State, ev: T.JobLevelSet) -> None:
@@ -212,7 +204,7 @@ def _job_level_set(s: State, ev: T.JobLevelSet) -> None:
     queued = job.state == QUEUED
     holding = job.state in HOLDING
     if queued:
-        queue_remove(s.index, job)
+        queue_remove(s.index, s.scratch, job)
     if holding:
         hold_remove(s.index, job)
     job.level = job.requested_level = ev.level
@@ -220,17 +212,17 @@ def _job_level_set(s: State, ev: T.JobLevelSet) -> None:
     job.eff_level = max(0, ev.level - job.boost)
     job.level_since_t = ev.t
     if queued:
-        queue_add(s.index, job, s.canonical.policy.aging_levels_max)
+        queue_add(s.index, s.scratch, job, s.canonical.policy.aging_levels_max)
     if holding:
         hold_add(s.index, job)
 
 
 def _priority_aged(s: State, ev: T.PriorityAged) -> None:
     job = s.canonical.jobs[ev.job]
-    queue_remove(s.index, job)
+    queue_remove(s.index, s.scratch, job)
     job.eff_level = ev.to_level
     job.level_since_t = ev.t
-    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
+    queue_add(s.index, s.scratch, job, s.canonical.policy.aging_levels_max)
 
 
 def _checkpoint_began(s: State, ev: T.CheckpointBegan) -> None:

@@ -32,7 +32,7 @@ from ..model.entities import (
 def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
     c = s.canonical
     preemptor = c.jobs[ev.preemptor]
-    queue_remove(s.index, preemptor)
+    queue_remove(s.index, s.scratch, preemptor)
     hold_add(s.index, preemptor)
     preemptor.state = RESERVED
     preemptor.saga = ev.saga
@@ -41,7 +41,7 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
         node = c.nodes[slot.node]
         for gpu in slot.gpus:
             if node.holder[gpu] == "":
-                set_holder(c, s.index, slot.node, gpu, preemptor.id)
+                set_holder(c, s.index, s.scratch, slot.node, gpu, preemptor.id)
     # The fairness windows count what a team or user does to others: reordering one's own
     # work (an urgent job displacing its own team's, or its own user's, batch job) is not
     # counted against either side (in logs that record so: `own_work_counted`).
@@ -110,7 +110,7 @@ def _victim_released(s: State, ev: T.VictimReleased) -> None:
     victim.state = RELEASED
     for slot in victim.placement:
         for gpu in slot.gpus:
-            set_holder(c, s.index, slot.node, gpu, saga.preemptor)
+            set_holder(c, s.index, s.scratch, slot.node, gpu, saga.preemptor)
     wanted = {(slot.node, gpu): None for slot in saga.placement for gpu in slot.gpus}
     for slot in victim.placement:
         extra = [gpu for gpu in slot.gpus if (slot.node, gpu) not in wanted]
@@ -140,7 +140,7 @@ def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
         preemptor.saga = ""
         preemptor.placement = []
         preemptor.preempt_retry_t = retry_t
-        queue_add(s.index, preemptor, s.canonical.policy.aging_levels_max)
+        queue_add(s.index, s.scratch, preemptor, s.canonical.policy.aging_levels_max)
     for victim_id in saga.victims:
         victim = c.jobs.get(victim_id)
         if victim is None:
@@ -169,11 +169,11 @@ def _team_downgraded(s: State, ev: T.TeamDowngraded) -> None:
 
 def _level_restored(s: State, ev: T.JobLevelRestored) -> None:
     job = s.canonical.jobs[ev.job]
-    queue_remove(s.index, job)
+    queue_remove(s.index, s.scratch, job)
     job.level = ev.level
     job.eff_level = min(job.eff_level, ev.level)
     job.level_since_t = ev.t
-    queue_add(s.index, job, s.canonical.policy.aging_levels_max)
+    queue_add(s.index, s.scratch, job, s.canonical.policy.aging_levels_max)
 
 
 def _compensation(s: State, ev: T.CompensationGranted) -> None:

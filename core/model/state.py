@@ -24,6 +24,7 @@ from .entities import (
     queue_key,
 )
 from .policy import Policy
+from .scratch import PASS_MEMORY, Scratch, forget_releases
 from .types import LEVELS
 
 
@@ -71,67 +72,24 @@ class Index:
         # level -> {job id: None} of jobs holding GPUs, to find preemption victims by level
         self.holding_by_level: list[dict[str, None]] = [{} for _ in range(LEVELS)]
         self.total_gpus = 0
-        self.variant_policies: dict[str, Any] = {}
         self.job_hashes: dict[str, int] = {}
-        # Set by anything that could let a queued job start (a queue changed, a GPU freed,
-        # capacity or policy changed); a pass that finds it clear has nothing new to place.
-        self.placement_dirty = True
-        # Nodes the last pass held for blocked jobs -> (when the job is expected to start
-        # there, the job's id).
-        self.reserved_nodes: dict[str, tuple[int, str]] = {}
-        # The time of a step whose urgent head's drain hold (core/passes/placement.py) is not
-        # worked out yet (-1: none): made at the next step's start from the state as that
-        # step left it, unless that step makes it afresh first (read it through
-        # `core.passes.placement.reserved_nodes`).
-        self.drain_pending_t = -1
         self.jobs_sum = 0  # of `job_hashes`; jobs in `hashes_stale` are not in it yet
-        # Which schema-1 release's digests this log's last one matched (core/log/digest.py):
-        # tried first at the next one.
-        self.legacy_digest_release = 0
         # Jobs touched since their hash was last taken: hashed when a digest needs the sum
         # (`jobs_hash_total`), so a job touched many times between digests is hashed once.
         self.hashes_stale: dict[str, None] = {}
-        # Per holding job, how long until it releases its GPUs as a function of the time
-        # (`core.forecast.waits.release_spec`, which names the learned estimate it used): dropped
-        # whenever an event touches the job, all of them when the policy changes.
-        self.remaining_memo: dict[str, tuple] = {}
-        # Per node, [(job id, GPUs there)] of the jobs holding GPUs on it: dropped when a job
-        # joins or leaves the node or an event touches one of its jobs.
-        self.node_holders: dict[str, list[tuple[str, int]]] = {}
-        # Per node, (ms until release, GPUs) of the jobs holding GPUs there, soonest first,
-        # at time `node_releases_t`: dropped with the node's holders, all of them whenever
-        # the time moves or `remaining_memo` is cleared.
-        self.node_releases: dict[str, list[tuple[int, int]]] = {}
-        self.node_releases_t = -1
-        # Per node, its releases as functions of the time (`core.forecast.node_fit.NodeFit`): kept
-        # across time, dropped with the node's release list and whenever its free GPUs change.
-        self.node_fits: dict[str, Any] = {}
-        # Bumped when a learned runtime changes: a node's kept forecast then checks the
-        # estimates its jobs used.
-        self.estimates_gen = 0
-        # Bumped whenever a node's releases or free GPUs may have changed: forecasts over
-        # several nodes (pooled releases, earliest fits) are kept in `fits_memo` while it
-        # stays the same (the jobs weighed in one pass mostly look at the same nodes).
-        self.releases_gen = 0
-        self.fits_memo: dict[tuple, Any] = {}
-        # The nodes (up or not) in name order, as (name, node): what every reservation and
-        # preemption plan walks (`nodes_by_name`); dropped when a node joins.
-        self.nodes_sorted: list[tuple[str, Node]] | None = None
-        # Per level, (policy, level wait, queue depth, aging threshold) last worked out
-        # (`core.passes.queues.aging_threshold_ms`).
-        self.aging_memo: list[tuple | None] = [None] * LEVELS
-        self.fits_memo_gen = -1
 
 
 class State:
     """The scheduler state: `canonical` (the entities a snapshot stores and a digest
-    covers) and `index` (lookups derived from them, rebuilt on load)."""
+    covers) and `index` (lookups derived from them, rebuilt on load, kept by `evolve`);
+    beside it, `scratch` (caches and the passes' memory, not state: core/model/scratch.py)."""
 
-    __slots__ = ("canonical", "index")
+    __slots__ = ("canonical", "index", "scratch")
 
     def __init__(self, canonical: Canonical | None = None) -> None:
         self.canonical = canonical or Canonical()
-        self.index = rebuild_index(self.canonical)
+        self.scratch = Scratch()
+        self.index = rebuild_index(self.canonical, self.scratch)
 
     @property
     def policy(self) -> Policy:
@@ -144,19 +102,19 @@ class State:
         return self.canonical.t
 
 
-def rebuild_index(c: Canonical) -> Index:
-    """The derived lookups of a canonical state, built from scratch (on load and after a
-    snapshot)."""
+def rebuild_index(c: Canonical, sx: Scratch) -> Index:
+    """The derived lookups of a canonical state, built from nothing (on load and after a
+    snapshot); `sx` learns that a pass is due."""
     ix = Index()
     for name in sorted(c.nodes):
         node = c.nodes[name]
         node_known(ix, node, 1)
         if node.up:
-            _index_node_capacity(ix, node)
+            _index_node_capacity(ix, sx, node)
     for job_id in sorted(c.jobs):
         job = c.jobs[job_id]
         if job.state == QUEUED:
-            queue_add(ix, job, c.policy.aging_levels_max)
+            queue_add(ix, sx, job, c.policy.aging_levels_max)
         if job.state in HOLDING:
             hold_add(ix, job)
         for slot in job.placement:
@@ -167,9 +125,9 @@ def rebuild_index(c: Canonical) -> Index:
     return ix
 
 
-def _index_node_capacity(ix: Index, node: Node) -> None:
-    ix.placement_dirty = True
-    ix.releases_gen += 1
+def _index_node_capacity(ix: Index, sx: Scratch, node: Node) -> None:
+    sx.placement_dirty = True
+    sx.releases_gen += 1
     model = node.gpu_model
     ix.capacity_by_model[model] = ix.capacity_by_model.get(model, 0) + node.gpus
     ix.node_size_max_by_model[model] = max(ix.node_size_max_by_model.get(model, 0), node.gpus)
@@ -197,10 +155,10 @@ def teams_with_demand(ix: Index) -> list[str]:
 # ---------------------------------------------------------------- index upkeep
 
 
-def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
+def queue_add(ix: Index, sx: Scratch, job: Job, aging_levels_max: int) -> None:
     """Index a queued job: its level's queue by team, aging, who may preempt first, its team's
     oldest."""
-    ix.placement_dirty = True
+    sx.placement_dirty = True
     ix.queued_count[job.eff_level] += 1
     ix.queued_gpus[job.eff_level] += job.gpus
     ix.queued_gpus_base[job.level] += job.gpus
@@ -218,9 +176,9 @@ def queue_add(ix: Index, job: Job, aging_levels_max: int) -> None:
     bisect.insort(ix.waiting_by_level_team[job.level].setdefault(job.team, []), queue_key(job))
 
 
-def queue_remove(ix: Index, job: Job) -> None:
+def queue_remove(ix: Index, sx: Scratch, job: Job) -> None:
     """Drop a job from every queue index (it started, left or changed level)."""
-    ix.placement_dirty = True
+    sx.placement_dirty = True
     ix.queued_count[job.eff_level] -= 1
     ix.queued_gpus[job.eff_level] -= job.gpus
     ix.queued_gpus_base[job.level] -= job.gpus
@@ -279,14 +237,14 @@ def hold_remove(ix: Index, job: Job) -> None:
         del by_team[job.team]
 
 
-def set_holder(c: Canonical, ix: Index, node_name: str, gpu: int, job_id: str) -> None:
+def set_holder(c: Canonical, ix: Index, sx: Scratch, node_name: str, gpu: int, job_id: str) -> None:
     """Change who holds one GPU, keeping the free counts in step."""
     node = c.nodes[node_name]
     before = node.holder[gpu]
     if before == job_id:
         return
-    ix.releases_gen += 1
-    ix.node_fits.pop(node_name, None)
+    sx.releases_gen += 1
+    sx.node_fits.pop(node_name, None)
     if node.up:
         free_before = node_free_count(node)
     node.holder[gpu] = job_id
@@ -295,7 +253,7 @@ def set_holder(c: Canonical, ix: Index, node_name: str, gpu: int, job_id: str) -
     delta = (1 if job_id == "" else 0) - (1 if before == "" else 0)
     if delta:
         if delta > 0:
-            ix.placement_dirty = True
+            sx.placement_dirty = True
         model = node.gpu_model
         ix.free_by_model[model] += delta
         buckets = ix.free_buckets[model]
@@ -373,24 +331,24 @@ def touch_job(state: "State", job_id: str, release_spec: Callable | None = None)
     """Keep the index in step after an event changed (or removed) a job: its hash is taken
     again when a digest needs it; its release forecast is forgotten. With `release_spec`
     (`core.forecast.waits.release_spec`), a forecast that was memoised is taken again at once.
-    The forecasts of its nodes kept across time (`Index.node_fits`) stay: when the job's
+    The forecasts of its nodes kept across time (`Scratch.node_fits`) stay: when the job's
     forecast did not change (a checkpoint began, a notice was withdrawn...) as they are,
     else with the job marked moved, so that they make its piece again when next read."""
-    ix = state.index
-    old = ix.remaining_memo.pop(job_id, None)
-    ix.hashes_stale[job_id] = None
+    sx = state.scratch
+    old = sx.remaining_memo.pop(job_id, None)
+    state.index.hashes_stale[job_id] = None
     job = state.canonical.jobs.get(job_id)
     if job is None:
         return
     unchanged = False
     if old is not None and release_spec is not None:
-        new = ix.remaining_memo[job_id] = release_spec(state, job)
+        new = sx.remaining_memo[job_id] = release_spec(state, job)
         unchanged = new[:4] == old[:4]
-    forget_releases(ix, job.placement, keep_fits=True)
+    forget_releases(sx, job.placement, keep_fits=True)
     if not unchanged:
         # Its nodes' kept forecasts make its piece again (`NodeFit.refreshed`): its
         # holders and their GPUs are the same (a change of those drops them, `set_holder`).
-        fits = ix.node_fits
+        fits = sx.node_fits
         for slot in job.placement:
             fit = fits.get(slot.node)
             if fit is not None:
@@ -426,72 +384,20 @@ def load_snapshot(data: bytes) -> State:
     return State(msgspec.json.decode(data, type=Canonical))
 
 
-def forget_releases(ix: Index, placement, keep_fits: bool = False) -> None:
-    """Drop the memoised holders and release lists of the nodes a placement covers (and
-    their forecasts kept across time, unless `keep_fits`: the nodes' holders and their GPUs
-    are the same, and a job whose forecast changed is marked moved on them instead)."""
-    for slot in placement:
-        ix.node_releases.pop(slot.node, None)
-        ix.node_holders.pop(slot.node, None)
-        if not keep_fits:
-            ix.node_fits.pop(slot.node, None)
-    if placement:
-        ix.releases_gen += 1
-
-
-# What placement passes keep between steps that no event records (see `Index`): a state
-# folded from the log has a fresh index's values of them.
-PASS_MEMORY = ("reserved_nodes", "placement_dirty", "drain_pending_t")
-
-
-def forget_pass_memory(ix: Index) -> None:
-    """Back to what a state folded from the log has of what placement passes keep between
-    steps without an event (no node held, a pass due): a scheduler that starts leading
-    from a folded state records it (`SchedulerStarted`), and so does the restore after an
-    internal error, so the log's re-decision forgets at the same points."""
-    fresh = Index()
-    for name in PASS_MEMORY:
-        setattr(ix, name, getattr(fresh, name))
-
-
 def copy_state(state: State) -> State:
     """An independent copy that decides as `state` would (a dry run): the canonical state
     through its snapshot encoding, the placement passes' memory copied along."""
     copy = load_snapshot(snapshot_bytes(state.canonical))
     for name in PASS_MEMORY:
-        value = getattr(state.index, name)
-        setattr(copy.index, name, dict(value) if isinstance(value, dict) else value)
+        value = getattr(state.scratch, name)
+        setattr(copy.scratch, name, dict(value) if isinstance(value, dict) else value)
     return copy
 
 
 def nodes_by_name(state: "State") -> list[tuple[str, Node]]:
-    """`sorted(state.canonical.nodes.items())`, kept in the index until a node joins (a
+    """`sorted(state.canonical.nodes.items())`, kept in the scratch until a node joins (a
     node that goes down stays in it, marked not up: callers filter on `node.up`)."""
-    ix = state.index
-    if ix.nodes_sorted is None:
-        ix.nodes_sorted = sorted(state.canonical.nodes.items())
-    return ix.nodes_sorted
-
-
-def forget_node(ix: Index, node_name: str) -> None:
-    """Drop what is memoised about a node's releases (its jobs or GPUs changed)."""
-    ix.node_releases.pop(node_name, None)
-    ix.node_holders.pop(node_name, None)
-    ix.node_fits.pop(node_name, None)
-    ix.releases_gen += 1
-
-
-def forget_release_lists(ix: Index) -> None:
-    """Drop every memoised release list (a learned runtime changed; the jobs' release specs
-    check their estimate themselves)."""
-    ix.node_releases.clear()
-    ix.estimates_gen += 1
-    ix.releases_gen += 1
-
-
-def forget_remaining(ix: Index) -> None:
-    """Drop every memoised release forecast (estimates or policy changed)."""
-    ix.remaining_memo.clear()
-    ix.node_releases.clear()
-    ix.node_fits.clear()
-    ix.releases_gen += 1
+    sx = state.scratch
+    if sx.nodes_sorted is None:
+        sx.nodes_sorted = sorted(state.canonical.nodes.items())
+    return sx.nodes_sorted

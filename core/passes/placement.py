@@ -61,24 +61,25 @@ def place_queued(ctx: Ctx, last: bool = False) -> None:
     the urgent head's drain hold of a full pool may wait for the next step
     (`settle_drain`)."""
     ix = ctx.state.index
-    if not ix.placement_dirty:
+    sx = ctx.state.scratch
+    if not sx.placement_dirty:
         return
     if not any(ix.free_by_model.values()):
         # A hold still pending is superseded here (`settle_drain`): made afresh, now or later.
-        ix.drain_pending_t = ctx.state.canonical.t if last else -1
+        sx.drain_pending_t = ctx.state.canonical.t if last else -1
         if not last:
             _drain_for_the_urgent_head(ctx.state)
         return
     reserved = _serve_the_starving(ctx)
-    ix.reserved_nodes = reserved
-    ix.drain_pending_t = -1  # (none can be: `settle_drain` ran at the step's start)
+    sx.reserved_nodes = reserved
+    sx.drain_pending_t = -1  # (none can be: `settle_drain` ran at the step's start)
     placing = _PlacementPass(ctx, reserved)
     jobs = ctx.state.canonical.jobs
     for job_id, reserves in _placement_order(ctx.state, placing.passes_over):
         if placing.attempts_left <= 0:
             return  # more may fit: the next step goes on (the flag stays set)
         if placing.nothing_more_fits():
-            ix.placement_dirty = False
+            sx.placement_dirty = False
             return
         job = jobs[job_id]
         if job.state != QUEUED:
@@ -90,7 +91,7 @@ def place_queued(ctx: Ctx, last: bool = False) -> None:
             placing.took(placement)
         elif reserves and placing.heads_left > 0:
             placing.maybe_reserve(job)
-    ix.placement_dirty = False
+    sx.placement_dirty = False
 
 
 # Inputs whose events change nothing a full pool's drain reads but a job's own checkpoint
@@ -112,8 +113,8 @@ def settle_drain(state: State, inp: T.Input) -> None:
     head, the same queued jobs and the same free GPUs) and the urgent levels' serving order
     does not read the clock (no fair-share level: quotas' time-limited bonuses); rejected,
     it changes nothing the hold reads, and the hold stays pending."""
-    ix = state.index
-    if ix.drain_pending_t < 0:
+    sx = state.scratch
+    if sx.drain_pending_t < 0:
         return
     if type(inp) in DRAIN_SUPERSEDED_BY and _quiet_at(state, inp.t):
         return
@@ -122,18 +123,18 @@ def settle_drain(state: State, inp: T.Input) -> None:
 
 def reserved_nodes(state: State) -> dict[str, tuple[int, str]]:
     """The holds of the last pass (node -> (expected start, job)), the pending drain hold
-    worked out: what a reader outside `step` must use instead of `Index.reserved_nodes`."""
-    if state.index.drain_pending_t >= 0:
+    worked out: what a reader outside `step` must use instead of `Scratch.reserved_nodes`."""
+    if state.scratch.drain_pending_t >= 0:
         _settle(state)
-    return state.index.reserved_nodes
+    return state.scratch.reserved_nodes
 
 
 def _settle(state: State) -> None:
     c = state.canonical
-    ix = state.index
+    sx = state.scratch
     now = c.t
-    c.t = ix.drain_pending_t
-    ix.drain_pending_t = -1
+    c.t = sx.drain_pending_t
+    sx.drain_pending_t = -1
     try:
         _drain_for_the_urgent_head(state)
     finally:
@@ -168,7 +169,7 @@ def _drain_for_the_urgent_head(state: State) -> None:
     drained node (any one victim frees it a GPU). The other reservations stay as the last
     pass made them."""
     c = state.canonical
-    ix = state.index
+    sx = state.scratch
     head = next(
         (
             job_id
@@ -184,11 +185,11 @@ def _drain_for_the_urgent_head(state: State) -> None:
     # waits best); holds of jobs no longer queued are dropped.
     reserved = {
         name: held
-        for name, held in ix.reserved_nodes.items()
+        for name, held in sx.reserved_nodes.items()
         if held[1] != head and held[1] in c.jobs and c.jobs[held[1]].state == QUEUED
     }
     _reserve(state, c.jobs[head], reserved)
-    ix.reserved_nodes = reserved
+    sx.reserved_nodes = reserved
 
 
 def _placement_order(state: State, passes_over=None) -> Iterator[tuple[str, bool]]:

@@ -11,7 +11,7 @@
 
 A reclaim (`plan_preemption(..., reclaim=True)`) is the same decision for a job whose team
 is below its fair share, over other teams' jobs held above theirs (see core/rules/shares.py).
-Reads the state; writes only the index's memo caches.
+Reads the state; writes only the scratch's caches (core/model/scratch.py).
 """
 
 from __future__ import annotations

@@ -33,11 +33,11 @@ def aging_threshold_ms(state: State, level: int) -> int:
     p = state.canonical.policy
     depth = queue_depth(state.index, level)
     wait = state.canonical.level_wait[level]
-    memo = state.index.aging_memo[level]
+    memo = state.scratch.aging_memo[level]
     if memo is not None and memo[0] is p and memo[1] is wait and memo[2] == depth:
         return memo[3]
     threshold = _aging_threshold_ms(p, level, depth, wait.mean_ms)
-    state.index.aging_memo[level] = (p, wait, depth, threshold)
+    state.scratch.aging_memo[level] = (p, wait, depth, threshold)
     return threshold
 
 

@@ -50,7 +50,7 @@ def variant_policy(state: State, job: Job) -> Policy:
     overrides = base.ab_variants.get(job.variant)
     if not overrides:
         return base
-    cache = state.index.variant_policies
+    cache = state.scratch.variant_policies
     if job.variant not in cache:
         cache[job.variant] = with_params(base, overrides)
     return cache[job.variant]
