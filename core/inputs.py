@@ -243,7 +243,7 @@ def _job_or_reject(ctx: Ctx, inp, states: tuple[str, ...]) -> Job | None:
 
 def _on_cancel(ctx: Ctx, inp: T.Cancel) -> None:
     job = _job_or_reject(ctx, inp, (QUEUED, HELD, STARTING, RUNNING, RESERVED, PREEMPTING, RELEASED))
-    if job is None:
+    if job is None or (inp.by and not _allowed(ctx, inp, job)):
         return
     nodes = placement_nodes(job.placement) if job.state in (STARTING, RUNNING, PREEMPTING) else []
     if job.state == RESERVED:

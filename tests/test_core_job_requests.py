@@ -94,3 +94,13 @@ def test_a_failed_job_keeps_its_exit_code():
     run = busy_pool()
     failed = of(run.at(4000, T.Finished(job="runner", ok=False, exit_code=3)), T.JobFailed)[0]
     assert failed.reason == "exit_code_3"
+
+
+def test_a_cancel_that_names_who_asks_is_its_owners_or_an_operators():
+    run = busy_pool()
+    refused = of(run.at(4000, T.Cancel(job="waiter", by="cy")), T.InputRejected)[0]
+    assert refused.reason == "not_your_job" and run.job_state("waiter") == "queued"
+    assert of(run.at(4100, T.Cancel(job="waiter", by="bo")), T.JobCancelled)
+    assert of(run.at(4200, T.Cancel(job="other", by="root", operator=True)), T.JobCancelled)
+    assert of(run.at(4300, T.Cancel(job="runner")), T.JobCancelled)  # names nobody: as before
+    rebuild(run.records)

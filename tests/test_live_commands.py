@@ -50,7 +50,7 @@ def idle(cluster, capsys):
     alone, in any order and after any other test of the file."""
     url = cluster.url
     for row in as_json(capsys, "jobs", "--nats", url)["jobs"]:
-        code, out, err = xirang(capsys, "cancel", row["job"], "--nats", url)
+        code, out, err = xirang(capsys, "cancel", row["job"], "--nats", url, "--operator")
         assert code == 0, out + err
         cluster.wait_for(T.JobCancelled, job=row["job"])
     nodes = as_json(capsys, "nodes", "--nats", url)["nodes"]
@@ -190,7 +190,7 @@ def test_history_shows_finished_jobs_with_filters(idle, capsys):
     url = idle.url
     fill_pool(capsys, idle, "hist-big")
     submit(capsys, idle, "hist-small", team="nlp", user="bo", level=6, gpus=2, command=HELLO)
-    code, _, _ = xirang(capsys, "cancel", "hist-big", "--nats", url)
+    code, _, _ = xirang(capsys, "cancel", "hist-big", "--nats", url, "--operator")
     assert code == 0
     idle.wait_for(T.JobRunning, job="hist-small")
     rows = {r["job"]: r for r in as_json(capsys, "history", "--nats", url)["jobs"]}

@@ -74,7 +74,7 @@ def story(tmp_path_factory):
             submit(capsys, url, "first", "vision", "ana", 5, 8)
             c.wait_for(T.JobRunning, job="first")
             time.sleep(1.0)
-            assert xirang(capsys, "cancel", "first", "--nats", url)[0] == 0
+            assert xirang(capsys, "cancel", "first", "--nats", url, "--user", "ana")[0] == 0
             c.wait_for(T.JobCancelled, job="first")
             between_ms = int(time.time() * 1000)
             time.sleep(0.5)

@@ -41,9 +41,13 @@ def register(sub) -> None:
     """Add the job (`submit`, `cancel`, `jobs`, `queue`, `history`, `logs`, `nodes`, `shares`,
     `hold`, `release`, `requeue`, `set-level`) command(s) to the CLI's subparsers."""
     _register_submit(sub)
-    cancel = sub.add_parser("cancel", help="cancel a job (scancel)")
+    cancel = sub.add_parser("cancel", help="cancel a job (scancel): yours, or anyone's with --operator")
     common(cancel)
     cancel.add_argument("job")
+    cancel.add_argument(
+        "--user", default=default_user(), help="who asks (default: the user of $XIRANG_IDENTITY, else $USER)"
+    )
+    cancel.add_argument("--operator", action="store_true", help="act as an operator (on anyone's job)")
     cancel.set_defaults(func=cmd_cancel)
 
     jobs = sub.add_parser(
@@ -261,7 +265,7 @@ def cmd_cancel(args) -> int:
     """`xirang cancel`: cancel a job."""
     from core import types as T
 
-    return _send_and_answer(args, T.Cancel(job=args.job))
+    return _send_and_answer(args, T.Cancel(job=args.job, by=args.user, operator=args.operator))
 
 
 def cmd_job_request(args) -> int:

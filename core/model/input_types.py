@@ -83,9 +83,14 @@ class Submit(_Input, tag="submit"):
 
 
 class Cancel(_Input, tag="cancel"):
-    """Input from a user: stop the job for good (queued, running or mid-preemption)."""
+    """Input from a user: stop the job for good (queued, running or mid-preemption). `by`
+    and `operator` as for a job request (`_JobRequest`): a cancel that names who asks is its
+    owner's or an operator's; one that names nobody (tools, files written before `by`) is
+    checked only by the sender's identity, as before."""
 
     job: str
+    by: str = ""
+    operator: bool = False
 
 
 class Started(_RunFact, tag="started"):
