@@ -227,7 +227,18 @@ def resolve(name: str | None) -> JobUser | None:
 
 
 def warn_shared(agent_user: str) -> None:
-    """One line saying that jobs run as the agent's user (and so could read its files)."""
+    """One line saying that jobs run as the agent's user (and so could read its files), and
+    what would change that: for an agent running as root, which named its own user with
+    --job-user (or $XIRANG_JOB_USER, as `xirang up` does), not to run as root."""
+    if os.geteuid() == 0:
+        log.warning(
+            "jobs run as %r, the agent's own user, as --job-user (or $%s) asks: they can read its"
+            " credentials and state folder; leave --job-user out to start each run as its own"
+            " unprivileged uid (--job-uid-range), or name an unprivileged user",
+            agent_user,
+            JOB_USER_ENV,
+        )
+        return
     log.warning(
         "jobs run as the agent's own user %r and can read its credentials and state folder; "
         "run the agent as root to start each run as its own unprivileged uid (--job-uid-range)",

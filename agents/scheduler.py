@@ -23,6 +23,7 @@ from the log and carries on from there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -48,10 +49,16 @@ ODD_HEARTBEATS_NAMED_MAX = 64  # subjects whose heartbeats name another node, lo
 UNKNOWN_NODES_HEARD_MAX = 1024
 
 LEASE_KEY = "scheduler"
+# An input that waited in XR_IN longer than this is dated when the bus received it.
+WAITED_MS = 1000
 # How much of a foreign message's problem a `RecordDisowned` keeps (a name field's bound),
 # and how many of their sequences one alert lists.
 DISOWN_PROBLEM_CHARS_MAX = 200
 DISOWN_ALERT_SEQS_MAX = 100
+# An orderly stop hands the lease back within this; past it (a bus away or slow) it just goes.
+LEAVE_TIMEOUT_S = 3.0
+# A stop waits this long for the step under way before cancelling it.
+STOP_GRACE_S = 1.0
 # Appends unanswered in a row (while reads are answered) before the store is said stuck.
 STORE_STUCK_AFTER_WRITES = 3
 # How long a streaming burst of inputs may wait to share one group commit.
@@ -77,6 +84,26 @@ def bus_authenticates(nc) -> bool:
     `auth_required`): then every input's sender must be one the subject establishes."""
     info = getattr(nc, "_server_info", None) or {}
     return bool(info.get("auth_required"))
+
+
+def received_ms(msg) -> int | None:
+    """When the bus stored an XR_IN message (its server's clock), in ms; None if not said."""
+    stamp = getattr(msg.metadata, "timestamp", None)
+    if stamp is None:
+        return None
+    return int(stamp.timestamp() * 1000)
+
+
+def input_time(now: int, received: int | None) -> int:
+    """The time an input is stamped with: when it is taken, or, for one that waited in XR_IN
+    longer than WAITED_MS (the scheduler was down, or a burst queued), when the bus received
+    it. So a fact sent while the scheduler was away (a job's end, a victim's release) is
+    dated when it happened, and the downtime counts as neither run time nor lost progress.
+    A server clock ahead of ours changes nothing (the input did not wait); the state's
+    time still never goes back (`stamped_input`)."""
+    if received is None or now - received <= WAITED_MS:
+        return now
+    return received
 
 
 class EffectsTooLarge(RuntimeError):
@@ -185,35 +212,59 @@ class Scheduler:
         await self._retry("creating streams", self._open_buckets)
         hb = await self.nc.subscribe(f"{bus.HB_PREFIX}.*", cb=self._on_heartbeat)
         try:
-            while not self.stop_event.is_set():
-                if not await self._acquire_lease():
-                    break
-                try:
-                    await self._lead()
-                except LostLeadership as why:
-                    log.warning("%s: %s; re-reading the log", self.instance, why)
-                except SignatureError as err:
-                    # Never adopt a record we did not sign: stop leading until it is gone.
-                    log.error(
-                        "%s: the log holds a record the scheduler did not sign: %s; refusing "
-                        "to act on it (run `xirang audit`)",
-                        self.instance,
-                        err,
-                    )
-                    await self._sleep(5.0)
-                except Exception:  # noqa: BLE001 - NATS trouble: step down, re-read, try again
-                    log.exception("%s: leading failed; re-reading the log", self.instance)
-                    await self._sleep(1.0)
-                finally:
-                    self.leading.clear()
-                    self.state = None  # may hold steps the log never took: re-read it
+            work = asyncio.ensure_future(self._elect_and_lead())
+            stopped = asyncio.ensure_future(self.stop_event.wait())
+            await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                # The step under way may wait on the bus (an outage: a request's full
+                # timeout): it gets a moment, then is cancelled. An append cut short is
+                # safe: it was fenced, and the next leader re-reads the log.
+                done, _ = await asyncio.wait({work}, timeout=STOP_GRACE_S)
+                if not done:
+                    work.cancel()
+            stopped.cancel()
+            await asyncio.gather(work, stopped, return_exceptions=True)
+            if not work.cancelled() and work.exception() is not None:
+                raise work.exception()
         finally:
             try:
-                await hb.unsubscribe()
-                await self._release_lease()
-                await self.nc.drain()
-            except Exception:  # noqa: BLE001 - stopping while the bus is away
-                await self.nc.close()
+                if not self.nc.is_connected:
+                    raise ConnectionError("the bus is away: nothing to hand back")
+                await asyncio.wait_for(self._leave(hb), timeout=LEAVE_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - stopping while the bus is away: just go
+                with contextlib.suppress(Exception):  # closing a connection that is lost
+                    await self.nc.close()
+
+    async def _elect_and_lead(self) -> None:
+        """Take part in leader election and lead while leader, until stopped."""
+        while not self.stop_event.is_set():
+            if not await self._acquire_lease():
+                break
+            try:
+                await self._lead()
+            except LostLeadership as why:
+                log.warning("%s: %s; re-reading the log", self.instance, why)
+            except SignatureError as err:
+                # Never adopt a record we did not sign: stop leading until it is gone.
+                log.error(
+                    "%s: the log holds a record the scheduler did not sign: %s; refusing "
+                    "to act on it (run `xirang audit`)",
+                    self.instance,
+                    err,
+                )
+                await self._sleep(5.0)
+            except Exception:  # noqa: BLE001 - NATS trouble: step down, re-read, try again
+                log.exception("%s: leading failed; re-reading the log", self.instance)
+                await self._sleep(1.0)
+            finally:
+                self.leading.clear()
+                self.state = None  # may hold steps the log never took: re-read it
+
+    async def _leave(self, hb) -> None:
+        """Hand the lease back (a standby takes over at once) and drain the connection."""
+        await hb.unsubscribe()
+        await self._release_lease()
+        await self.nc.drain()
 
     def stop(self) -> None:
         """Ask the scheduler to stop."""
@@ -341,7 +392,9 @@ class Scheduler:
         try:
             # The state was folded from the log: say so first, so that re-deciding the log
             # forgets the passes' memory here too (core.model.types.SchedulerStart).
-            start = T.SchedulerStart(t=max(now_ms(), self.state.canonical.t), instance=self.instance)
+            # Dated at the state's time, not now: the inputs that waited while no scheduler
+            # led are dated when they arrived, which may be before now (`input_time`).
+            start = T.SchedulerStart(t=self.state.canonical.t, instance=self.instance)
             await self._flush(await self._apply(start, []))
             await self._disown([f for f in foreign if not f.disowned_by])
             await self._ensure_policy()
@@ -469,7 +522,7 @@ class Scheduler:
         pending: list = []
         for item in sorted(foreign, key=lambda f: f.pos):
             inp = T.DisownRecord(
-                t=max(now_ms(), self.state.canonical.t),
+                t=self.state.canonical.t,  # as `SchedulerStart`: inputs that waited come next
                 log_seq=item.pos,
                 digest=item.digest,
                 reason=item.reason,
@@ -527,9 +580,10 @@ class Scheduler:
         seq = msg.metadata.sequence.stream
         if seq <= self.state.canonical.last_input_seq:
             return pending  # applied before a restart: skip, never apply twice
+        taken_t = input_time(now_ms(), received_ms(msg))
         return await self._apply(
             stamped_input(
-                msg.data, seq, now_ms(), self.state.canonical.t, msg.subject, bus_authenticates(self.nc)
+                msg.data, seq, taken_t, self.state.canonical.t, msg.subject, bus_authenticates(self.nc)
             ),
             pending,
         )

@@ -15,7 +15,7 @@ from core import types as T
 
 pytestmark = pytest.mark.timeout(150)
 
-FACTS = 20_000
+FACTS = 5_000
 FLOOD = (
     "import json, os, time\n"
     "box, job = os.environ['XR_OUTBOX'], os.environ['XR_JOB']\n"

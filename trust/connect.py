@@ -15,8 +15,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import ssl
+from urllib.parse import urlparse
 
 from .natsauth import CREDS_ENV, read_creds
 
@@ -28,6 +31,49 @@ TLS_KEY_ENV = "XIRANG_TLS_KEY"
 class CredentialsRefused(ConnectionError):
     """The NATS server answered and refused the credentials (expired, revoked, or not
     signed by a key of the operator it trusts)."""
+
+
+class TlsRequired(ConnectionError):
+    """A plain `nats://` URL names a server that requires TLS (the client would otherwise
+    wait without a word)."""
+
+
+# How long a plain URL's server is given to say, in its INFO line, whether it needs TLS.
+TLS_PROBE_TIMEOUT_S = 2.0
+
+
+def tls_required_problem(urls: list[str], timeout_s: float = TLS_PROBE_TIMEOUT_S) -> str | None:
+    """What to do when plain (`nats://`) URLs name a server that requires TLS: its first
+    line (INFO) says so before any client speaks. None when none of them does, or none
+    answers (the connection's own errors say that)."""
+    for url in urls:
+        parsed = urlparse(url if "://" in url else f"nats://{url}")
+        if parsed.scheme != "nats" or not parsed.hostname:
+            continue
+        try:
+            with socket.create_connection((parsed.hostname, parsed.port or 4222), timeout=timeout_s) as sock:
+                sock.settimeout(timeout_s)
+                first = b""
+                while b"\n" not in first and len(first) < 65536:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    first += chunk
+        except OSError:
+            continue
+        if not first.startswith(b"INFO "):
+            continue
+        try:
+            info = json.loads(first[5:].split(b"\r\n")[0])
+        except ValueError:
+            continue
+        if info.get("tls_required"):
+            tls_url = f"tls://{parsed.hostname}:{parsed.port or 4222}"
+            return (
+                f"the NATS server at {parsed.hostname}:{parsed.port or 4222} requires TLS: use"
+                f" {tls_url} (and ${TLS_CA_ENV} for its CA, from `xirang tls init`)"
+            )
+    return None
 
 
 def credentials_refused(creds: str | None = None) -> str:
@@ -79,6 +125,10 @@ def connect_options(url: str, creds: str | None = None) -> tuple[dict, str]:
     context = tls_context(urls)
     if context is not None:
         options["tls"] = context
+    else:
+        problem = tls_required_problem(urls)
+        if problem:
+            raise TlsRequired(problem)
     identity = ""
     path = creds or os.environ.get(CREDS_ENV)
     if path:

@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from core import ChainError
 from core import types as T
 
-from .durable import PRIVATE_MODE, sync_folder, write_durably
+from .durable import PRIVATE_MODE, make_private_folder, sync_folder, write_durably
 
 KEY_DIR = "keys"
 PRIVATE_FILE = "scheduler.key"
@@ -357,7 +357,7 @@ def create_key(directory: str | os.PathLike, rotate: bool = False) -> tuple[Path
     Refuses to replace an existing key unless `rotate`; a rotation appends the new public
     key to the keyring, so older records still verify."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    make_private_folder(directory)  # 0700: it holds the private key (and, for a data folder, more)
     private_path, public_path = directory / PRIVATE_FILE, directory / PUBLIC_FILE
     if private_path.exists() and not rotate:
         raise KeyFileError(f"{private_path} exists already: `xirang key rotate` replaces it")

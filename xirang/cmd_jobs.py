@@ -21,6 +21,9 @@ the rows come from projections/views.py, the reasons from core/explain.py.
 
 from __future__ import annotations
 
+import argparse
+import math
+
 import json
 import os
 import shlex
@@ -177,6 +180,18 @@ def watch(p) -> None:
     )
 
 
+def finite_seconds(text: str) -> float:
+    """A number of seconds for argparse: finite and not negative (`inf`, `nan` and `1e400`
+    are refused, saying so)."""
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from err
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds >= 0, or leave it out")
+    return value
+
+
 def _register_submit(sub) -> None:
     submit = sub.add_parser("submit", help="submit a job; answers accepted or the rejection reason")
     common(submit)
@@ -188,10 +203,12 @@ def _register_submit(sub) -> None:
     submit.add_argument("--level", type=int, required=True, help="0 (emergency) .. 7 (exploration)")
     submit.add_argument("--gpus", type=int, required=True)
     submit.add_argument("--gpu-model", action="append", default=[], help="acceptable model (repeatable)")
-    submit.add_argument("--est-runtime-s", type=float)
-    submit.add_argument("--ckpt-interval-s", type=float)
-    submit.add_argument("--ckpt-cost-s", type=float)
-    submit.add_argument("--restore-cost-s", type=float)
+    # Finite numbers only: JSON has no inf or nan, so one would reach the scheduler as
+    # "not given" and silently become the default.
+    submit.add_argument("--est-runtime-s", type=finite_seconds)
+    submit.add_argument("--ckpt-interval-s", type=finite_seconds)
+    submit.add_argument("--ckpt-cost-s", type=finite_seconds)
+    submit.add_argument("--restore-cost-s", type=finite_seconds)
     submit.add_argument("--not-preemptible", action="store_true")
     submit.add_argument(
         "--preempt-signal",
@@ -202,7 +219,7 @@ def _register_submit(sub) -> None:
     )
     submit.add_argument(
         "--grace-s",
-        type=float,
+        type=finite_seconds,
         metavar="S",
         help="seconds from the notice to SIGKILL (default: the host's --grace-s)",
     )

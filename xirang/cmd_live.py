@@ -271,13 +271,13 @@ def scheduler_keys(args):
 def checkpoint_secret(path: str | None, data_dir: str) -> bytes:
     """The hosts' checkpoint secret: the named file, else DATA_DIR/keys/checkpoint.secret
     (made on first use, mode 0600)."""
-    from trust.durable import PRIVATE_MODE, write_durably
+    from trust.durable import PRIVATE_MODE, make_private_folder, write_durably
 
     secret_path = Path(path) if path else Path(data_dir) / "keys" / "checkpoint.secret"
     if not secret_path.exists():
         if path:
             raise _user_error(f"no checkpoint secret at {path}")
-        secret_path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_folder(secret_path.parent)  # keys/: the scheduler's signing key lives there too
         try:  # whole or absent, even after a power cut; 0600 from its first moment
             write_durably(secret_path, (os.urandom(32).hex() + "\n").encode(), PRIVATE_MODE, exclusive=True)
         except FileExistsError:

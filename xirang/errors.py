@@ -28,7 +28,7 @@ def explain_failure(err: BaseException, url: str | None = None) -> str:
     where = f" at {url}" if url else ""
     module = type(err).__module__ or ""
     name = type(err).__name__
-    if name in ("CredentialsRefused", "PermanentBusError"):  # each says what to fix
+    if name in ("CredentialsRefused", "PermanentBusError", "TlsRequired"):  # each says what to fix
         return str(err)
     if module.startswith("nats"):
         return _nats_failure(err, name, where)
