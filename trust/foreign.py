@@ -96,7 +96,7 @@ class LogSorter:
         self.disowns_unmatched: list[T.RecordDisowned] = []
         self.signatures = 0
         self.keys_seen: set[str] = set()
-        self._held: list[tuple[T.Record, int, str]] = []  # unsigned, waiting for a signature
+        self._held: list[tuple[T.Record, int, bytes]] = []  # unsigned, waiting for a signature
         self._adopting: list[tuple[T.Record, int]] = []  # up to the adopted history's head
         self._adopt_n, self._adopt_chain = n, chain
 
@@ -121,18 +121,19 @@ class LogSorter:
         self, pos: int, record: T.Record, payload: bytes | None = None
     ) -> list[tuple[T.Record, int]]:
         """`feed` for a record already decoded (`payload`, its bytes, names it if foreign)."""
-        digest = message_digest(payload if payload is not None else T.encode_record(record))
+        # The message's bytes: hashed to name it only if it is set aside.
+        raw = payload if payload is not None else T.encode_record(record)
         if self.keyring is None:
-            return self._by_chain(pos, record, digest)
+            return self._by_chain(pos, record, raw)
         adopted = self.keyring.adopted
         if adopted is not None and self.n < adopted.n:
-            return self._adopt(pos, record, digest, adopted)
+            return self._adopt(pos, record, raw, adopted)
         if not record.sig:
-            self._held.append((record, pos, digest))
+            self._held.append((record, pos, raw))
             return []
         problem = self.keyring.problem(record)
         if problem:
-            self._set_aside(pos, digest, BAD_SIGNATURE, problem, record.n)
+            self._set_aside(pos, raw, BAD_SIGNATURE, problem, record.n)
             return []
         path = self._path_to(record)
         if path is None:
@@ -144,14 +145,14 @@ class LogSorter:
                 # A genuine signature on a record that cannot follow: records before it
                 # were deleted or altered in the store. No append explains that.
                 self._raise_altered(record)
-            self._set_aside(pos, digest, COPY, words, record.n)
+            self._set_aside(pos, raw, COPY, words, record.n)
             return []
         self.signatures += 1
         self.keys_seen.add(record.key)
         on_path = {id(r) for r, _ in path}
-        for held, held_pos, held_digest in self._held:
+        for held, held_pos, held_raw in self._held:
             if id(held) not in on_path:
-                self._set_aside(held_pos, held_digest, UNSIGNED, _UNCOVERED, held.n)
+                self._set_aside(held_pos, held_raw, UNSIGNED, _UNCOVERED, held.n)
         self._held = []
         released = [*path, (record, pos)]
         return self._release(released)
@@ -168,8 +169,8 @@ class LogSorter:
                 f"{self.keyring.adopted.n} that the keyring adopted: records were deleted",
                 pos,
             )
-        for held, held_pos, held_digest in self._held:
-            self._set_aside(held_pos, held_digest, UNSIGNED, _UNCOVERED, held.n)
+        for held, held_pos, held_raw in self._held:
+            self._set_aside(held_pos, held_raw, UNSIGNED, _UNCOVERED, held.n)
         self._held = []
         return []
 
@@ -184,20 +185,20 @@ class LogSorter:
 
     # ------------------------------------------------------------ inside
 
-    def _by_chain(self, pos: int, record: T.Record, digest: str) -> list[tuple[T.Record, int]]:
+    def _by_chain(self, pos: int, record: T.Record, raw: bytes) -> list[tuple[T.Record, int]]:
         problem = chain_problem(record, self.n, self.chain)
         if problem:
             reason = COPY if record.n <= self.n else OFF_CHAIN
-            self._set_aside(pos, digest, reason, problem, record.n)
+            self._set_aside(pos, raw, reason, problem, record.n)
             return []
         return self._release([(record, pos)])
 
-    def _adopt(self, pos: int, record: T.Record, digest: str, adopted) -> list[tuple[T.Record, int]]:
+    def _adopt(self, pos: int, record: T.Record, raw: bytes, adopted) -> list[tuple[T.Record, int]]:
         """Unsigned history a trusted key vouches for (`xirang key adopt`): held while it
         follows the chain, released once its head has the adopted hash."""
         problem = chain_problem(record, self._adopt_n, self._adopt_chain)
         if problem:
-            self._set_aside(pos, digest, OFF_CHAIN, problem, record.n)
+            self._set_aside(pos, raw, OFF_CHAIN, problem, record.n)
             return []
         if record.n == adopted.n and record.hash != adopted.hash:
             raise SignatureError(
@@ -266,11 +267,8 @@ class LogSorter:
             )
         raise ChainError(record.n, chain_problem(record, self.n, self.chain) or "off the chain")
 
-    def _set_aside(self, pos: int, payload_or_digest, reason: str, problem: str, n: int) -> None:
-        digest = (
-            message_digest(payload_or_digest) if isinstance(payload_or_digest, bytes) else payload_or_digest
-        )
-        self.foreign.append(Foreign(pos=pos, digest=digest, reason=reason, problem=problem, n=n))
+    def _set_aside(self, pos: int, raw: bytes, reason: str, problem: str, n: int) -> None:
+        self.foreign.append(Foreign(pos=pos, digest=message_digest(raw), reason=reason, problem=problem, n=n))
 
 
 _UNCOVERED = "not signed by the scheduler: no signature covers it (appended or altered by someone else)"
