@@ -5,6 +5,8 @@ would wait and until when, or why it would be refused."""
 
 from __future__ import annotations
 
+from core.model.words import readable_number
+
 import msgspec
 
 from core import step
@@ -66,9 +68,13 @@ def dry_run(state, inp: T.Submit, now_ms: int) -> dict:
             "reclaim": plan.reclaim,
             "start_in_s": None,
             "deadline_in_s": round(ready_s, 1),
+            "lost_s": round(sum(v["lost_s"] for v in victims), 1),
             "summary": f"would preempt {len(victims)} job(s){level_note} on {', '.join(plan.victim_nodes)}:"
-            f" benefit {plan.benefit:.0f} > cost {plan.cost:.0f} ({plan.reason}); it starts once"
-            f" they release, at the latest in {human_duration(int(ready_s * 1000))}",
+            f" benefit {_weighted_gpu_h(plan.benefit)} > cost {_weighted_gpu_h(plan.cost)}"
+            " level-weighted GPU-hours (the cost counts the victims' lost progress"
+            f" - {human_duration(int(sum(v['lost_s'] for v in victims) * 1000))} in all -, their saves,"
+            f" restores and requeue waits; {plan.reason}); it starts once they release, at the"
+            f" latest in {human_duration(int(ready_s * 1000))}",
         }
     why = explain(copy, inp.job)
     when = (
@@ -88,6 +94,11 @@ def dry_run(state, inp: T.Submit, now_ms: int) -> dict:
         "start_in_s": None if why.start_in_ms is None else round(why.start_in_ms / 1000, 1),
         "summary": f"would wait{level_note} ({why.code}: {why.reason}); expected start {when}",
     }
+
+
+def _weighted_gpu_h(gpu_seconds: float) -> str:
+    """Level-weighted GPU-seconds (the unit of benefit and cost) in GPU-hours, no exponent."""
+    return readable_number(gpu_seconds / 3600)
 
 
 def _victim_row(state, job_id: str) -> dict:

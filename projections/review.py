@@ -24,6 +24,8 @@ log; `deploy/systemd/xirang-review.timer` runs it at the start of each quarter).
 
 from __future__ import annotations
 
+from core.model.words import readable_number
+
 import html
 
 import duckdb
@@ -294,7 +296,7 @@ def _cell(value) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return readable_number(value)
     return str(value)
 
 
@@ -328,7 +330,7 @@ def render(d: dict) -> str:
             "–"
             if r["no_preemption_wait_s_mean"] is None
             else human_duration(r["no_preemption_wait_s_mean"] * 1000),
-            f"{r['speedup']:.3g}x faster"
+            f"{readable_number(r['speedup'])}x faster"
             if r.get("speedup")
             else (
                 f"+{human_duration(r['extra_wait_s_mean'] * 1000)} wait"

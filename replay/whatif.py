@@ -25,6 +25,8 @@ the third against the second.
 
 from __future__ import annotations
 
+from core.model.words import readable_number
+
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -206,11 +208,11 @@ ROWS = [
     ("wait L0-1 p99 s", lambda c: c["wait_s_levels_0_1"]["p99"]),
     ("JCT mean s", lambda c: c["jct_s"]["mean"]),
     ("JCT p99 s", lambda c: c["jct_s"]["p99"]),
-    ("preemptions", lambda c: c["preemptions"]),
+    ("preempted (victims)", lambda c: c["preemptions"]),
     ("jobs preempted", lambda c: c["jobs_preempted"]),
     ("lost GPU-h", lambda c: c["lost_gpu_h"]),
     ("utilisation", lambda c: c["util"]),
-    ("Jain (teams)", lambda c: c["jain_teams"]),
+    ("Jain (teams, service)", lambda c: c["jain_teams"]),
 ]
 
 
@@ -228,9 +230,12 @@ def render(result: dict) -> str:
         cells = []
         for n in names:
             value = get(cards[n])
-            cells.append(
-                f"{'–' if value is None else (f'{value:.4g}' if isinstance(value, float) else value):>28}"
-            )
+            cells.append(f"{readable_number(value):>28}")
         lines.append(f"{label:<18}" + "".join(cells))
     lines.append("read the alternative against simulated_recorded_policy; recorded is what happened")
+    lines.append(
+        "preempted (victims): each job preempted counts once per preemption (the dashboard counts"
+        " preemptions, one per preempting job); Jain (teams, service): over the teams' served/needed"
+        " GPU-time"
+    )
     return "\n".join(lines)

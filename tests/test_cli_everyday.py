@@ -89,3 +89,46 @@ def test_jobs_from_another_folder_than_up_says_to_pass_data_dir(tmp_path, monkey
     monkeypatch.delenv("XIRANG_NATS", raising=False)
     done = xirang("jobs")
     assert done.returncode == 2 and "--data-dir" in done.stderr
+
+
+def test_numbers_and_millisecond_counts_read_as_a_person_says_them():
+    from core.model.words import readable_ms_text, readable_number
+
+    assert [readable_number(v) for v in (8880.3, 10330.0, 12.345, 0.12345, 7)] == [
+        "8,880",
+        "10,330",
+        "12.3",
+        "0.123",
+        "7",
+    ]
+    assert (
+        readable_ms_text("saves 3511776 ms of level-2 wait, 250 ms more")
+        == "saves 58m of level-2 wait, 250 ms more"
+    )
+
+
+def test_whatif_and_its_labels_say_what_they_count_without_exponents(tmp_path):
+    log = write_jsonl(str(tmp_path / "log.jsonl"), workload_records(jobs=120))
+    (tmp_path / "alt.toml").write_text("net_benefit_min = 1e9\n")
+    done = xirang("whatif", "--log", log, "--policy", str(tmp_path / "alt.toml"))
+    assert done.returncode == 0, done.stderr
+    assert "preempted (victims)" in done.stdout and "Jain (teams, service)" in done.stdout
+    assert "e+" not in done.stdout and "e-0" not in done.stdout
+
+
+def test_a_dry_run_that_preempts_gives_its_price_in_gpu_hours_and_the_victims_total_loss():
+    from projections.dryrun import dry_run
+
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("batch", 6, 8, team="x", user="u", est_runtime_s=36000, ckpt_interval_s=3600))
+    run.at(2000, T.Started(job="batch"))
+    run.at(1_800_000, T.Tick())
+    answer = dry_run(
+        run.state, submit("urgent", 0, 8, team="y", user="v", est_runtime_s=600), now_ms=1_800_000
+    )
+    if answer["outcome"] != "preempts":
+        pytest.skip(f"the model chose not to preempt here: {answer['summary']}")
+    assert "level-weighted GPU-hours" in answer["summary"] and "in all" in answer["summary"]
+    assert answer["lost_s"] == sum(v["lost_s"] for v in answer["victims"])
+    assert "e+" not in answer["summary"]

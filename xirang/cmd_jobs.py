@@ -33,6 +33,7 @@ from pathlib import Path
 
 from xirang.cmd_live import DATA_DIR_DEFAULT, client_url
 from xirang.errors import UserError
+from core.model.words import readable_ms_text
 from xirang.tables import clock, duration, start_estimate, table
 
 
@@ -322,7 +323,7 @@ def _dry_run(args, inp) -> int:
     if args.json:
         print(json.dumps(answer, sort_keys=True))
     else:
-        print(answer["summary"])
+        print(readable_ms_text(answer["summary"]))
         for victim in answer.get("victims", []):
             print(
                 f"  would preempt {victim['job']} (team {victim['team']}, level {victim['level']},"
@@ -427,7 +428,7 @@ def cmd_jobs(args) -> int:
         for r in rows:
             lvl = f"{r['level']}" + (f"^{r['eff_level']}" if r["eff_level"] != r["level"] else "")
             start = start_estimate(r["start_in_s"], now) if r["reason_code"] else "-"
-            why = r["reason"] or (
+            why = readable_ms_text(r["reason"]) or (
                 f"checkpoint step {r['checkpoint_step']}" if r["checkpoint_step"] is not None else ""
             )
             body.append(
@@ -501,7 +502,7 @@ def cmd_queue(args) -> int:
                         "queued",
                         duration(q["wait_s"]),
                         start_estimate(q["start_in_s"], now),
-                        f"{q['reason_code']}: {q['reason']}",
+                        f"{q['reason_code']}: {readable_ms_text(q['reason'])}",
                     ]
                 )
             for h in lv["held"]:
@@ -688,7 +689,10 @@ def cmd_prio(args) -> int:
                 else "; none held for others"
             ),
         ),
-        ("why it waits", f"{row['reason_code']}: {row['reason']}" if row["reason_code"] else "-"),
+        (
+            "why it waits",
+            f"{row['reason_code']}: {readable_ms_text(row['reason'])}" if row["reason_code"] else "-",
+        ),
         ("expected start", start_estimate(row["start_in_s"], now)),
     ]
     print(f"{row['job']} ({row['team']}/{row['user']}, {row['gpus']} GPUs, {row['state']})")
