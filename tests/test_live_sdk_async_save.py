@@ -159,3 +159,50 @@ def test_saves_go_on_in_the_background_incrementally_and_a_notice_waits_for_the_
         assert restored["rng"] == out["next_draws"]
     finally:
         nats.stop()
+
+
+OLD_RESTORE = """\
+import json
+from agents import sdk
+
+job = sdk.Job()
+step, state = job.restore()
+print(json.dumps({"step": step, "w": state["w"].tolist()}), flush=True)
+"""
+
+
+def test_a_checkpoint_in_the_earlier_npz_format_still_restores(tmp_path):
+    import random
+
+    import numpy as np
+
+    from agents import ckptfile, sdk
+    from transport import checkpoints as ckptstore
+
+    nats = EmbeddedNats(tmp_path / "nats").start()
+    try:
+        ensure_streams(nats.url)
+        payload = {
+            "step": 7,
+            "state": {"w": np.arange(4.0)},
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state()},
+        }
+        data = ckptfile.encode(payload, None)  # what the SDK of the earlier release wrote
+        digest = sdk.digest_of(data)
+        index = [{"step": 7, "digest": digest, "bytes": len(data), "slot": 0, "node": "h1"}]
+
+        async def store():
+            nc, js = await bus.connect(nats.url, reconnects=3)
+            try:
+                await ckptstore.put(js, "j", "h1", 0, data)
+                await ckptstore.put_index(js, "j", "h1", json.dumps(index).encode())
+            finally:
+                await nc.close()
+
+        run_until_stopped(store())
+        restored = run_job(
+            OLD_RESTORE, nats.url, tmp_path / "run3", 3, XR_RESUME_DIGEST=digest, XR_RESUME_STEP="7"
+        )
+        assert restored == {"step": 7, "w": [0.0, 1.0, 2.0, 3.0]}
+    finally:
+        nats.stop()
