@@ -9,12 +9,19 @@ into OS processes, and the processes' fates into facts on XR_IN.
   carries a marker in its environment, so an agent restarted after a crash re-adopts its
   processes instead of starting them again. Facts are sent with ids derived from the
   run (`<node>:<job>:<n>:finished`), so a repeated report is dropped by XR_IN's dedup.
-- JobStartRequested / JobResumeRequested: start the command in its own process group,
-  under `agents.jobwrap` (which records the exit status), with CUDA_VISIBLE_DEVICES set
-  to the placement's GPUs and XR_* variables for the job SDK.
+- JobStartRequested / JobResumeRequested: start this host's part of the run in its own
+  process group, under `agents.jobwrap` (which records the exit status), with
+  CUDA_VISIBLE_DEVICES set to the placement's GPUs, XR_* variables for the job SDK and a
+  gang's rendezvous variables (agents/rendezvous.py). An older run of the job, and runs
+  still letting go of these GPUs, are gone first. A part that cannot start reports
+  `finished {requeue}` (the whole gang is stopped and queued again); a resume from a
+  checkpoint the job wrote itself is verified here first (agents/ckptpath.py).
 - VictimNotified: an SDK job (it leaves a marker file) gets the notice in a file and
-  SIGUSR1, and reports safe_point/checkpoint/released itself; any other job gets
-  SIGTERM, a grace time, then SIGKILL, and the agent reports `released`.
+  SIGUSR1, and reports safe_point/checkpoint/released itself; any other job gets its own
+  signal (SIGTERM by default), its grace time, then SIGKILL, and the agent reports
+  `released`. Every process of a run goes with it, also those that left its process group.
+- Another node's part of a gang reports only a failure (`finished`, with `requeue` when a
+  signal killed it): the primary's part speaks for the run.
 - NoticeWithdrawn: the notice file goes, the job keeps running.
 - JobCancelled, or the job finished elsewhere: SIGTERM, grace, SIGKILL. NodeLost for this
   host: its jobs were requeued elsewhere, so they are stopped and the host rejoins.
