@@ -59,7 +59,9 @@ FENCING_WINDOW_S = STOP_MAX_S + GRACE_S + 4.0
 SUBMIT_EVERY_S = (1.0, 4.0)
 FAULT_EVERY_S = (3.0, 9.0)
 SETTLE_S_MAX = 180.0
-GANG_SHARE = 0.2  # of the submissions: a 2-node gang
+# Of the submissions, this share are 2-node gangs (12 or 16 GPUs) of 100-500 steps: with the
+# single-host jobs the pool is loaded about 70%, so the backlog drains once the faults stop.
+GANG_SHARE = 0.1
 # What the SDK prints when a run restores (agents/sdk.py `restore`).
 RESTORE_LINE = re.compile(
     r"xirang sdk: (?:restored step (\d+)|no checkpoint verifies; from step 0) \(the resume named step (\d+)\)"
@@ -158,8 +160,12 @@ class Chaos:
         gpus = self.rng.choice([1, 2, 4, 8])
         steps = self.rng.randrange(200, 1200)
         command = train_command(steps, step_ms=10, ckpt_s=2.0)
-        if self.rng.random() < GANG_SHARE:
-            gpus = self.rng.choice([12, 16])  # more than a host: a 2-node gang
+        # Gangs are drawn apart (from the seed and the job), so the rest of a seed's plan is
+        # the same as without them.
+        gang_draw = random.Random(f"{self.seed}:{job}")
+        if gang_draw.random() < GANG_SHARE:
+            gpus = gang_draw.choice([12, 16])  # more than a host: a 2-node gang
+            steps = gang_draw.randrange(100, 500)
             command = [
                 sys.executable,
                 str(REPO / "examples" / "train_ddp.py"),

@@ -860,6 +860,18 @@ class HostAgent:
         if user is not None:
             user.own(path)
 
+    def _hand_over_tree(self, run: Run, folder: Path) -> None:
+        """Give the run's user a folder and all in it, when another user holds it: a job's
+        checkpoint folder outlives its runs, and each run may have a uid of its own (an older
+        run of the job, if one still lives, can then no longer write there)."""
+        user = self.user_of(run)
+        if user is None or folder.stat().st_uid == user.uid:
+            return
+        for parent, dirs, files in os.walk(folder):
+            for name in dirs + files:
+                os.lchown(os.path.join(parent, name), user.uid, user.gid)
+        user.own(folder)
+
     def _job_owner(self, run: Run) -> tuple[int, int] | None:
         user = self.user_of(run)
         return None if user is None else (user.uid, user.gid)
@@ -932,8 +944,13 @@ class HostAgent:
         """The job's own checkpoint folders (agents/ckptpath.py): the first made for it."""
         roots = ckptpath.job_roots(self.ckpt_roots, run.job)
         try:
-            roots[0].mkdir(parents=True, exist_ok=True)
-            self._hand_over(run, roots[0])
+            if not roots[0].parent.exists():
+                # A root the agent makes: jobs under other users reach their own folder by
+                # name, and list nothing (like the runs folder).
+                roots[0].parent.mkdir(parents=True, exist_ok=True)
+                os.chmod(roots[0].parent, 0o711)
+            roots[0].mkdir(exist_ok=True)
+            self._hand_over_tree(run, roots[0])
         except OSError as err:  # e.g. a shared filesystem away: the job can still run
             log.warning("host %s: cannot make checkpoint folder %s: %r", self.node, roots[0], err)
         return {"XR_CKPT_DIR": str(roots[0]), "XR_CKPT_ROOTS": os.pathsep.join(str(r) for r in roots)}
