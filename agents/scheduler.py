@@ -49,6 +49,8 @@ ODD_HEARTBEATS_NAMED_MAX = 64  # subjects whose heartbeats name another node, lo
 UNKNOWN_NODES_HEARD_MAX = 1024
 
 LEASE_KEY = "scheduler"
+# Unhealthy hosts the scheduler remembers (and names in its log) at once.
+UNHEALTHY_NAMED_MAX = 1024
 # An input that waited in XR_IN longer than this is dated when the bus received it.
 WAITED_MS = 1000
 # How much of a foreign message's problem a `RecordDisowned` keeps (a name field's bound),
@@ -193,6 +195,7 @@ class Scheduler:
         self._foreign_in_tail = False
         self.disowned = 0  # foreign messages this instance disowned
         self._writes_unanswered = 0  # appends unanswered in a row while connected
+        self._unhealthy: dict[str, str] = {}  # hosts whose heartbeats say unhealthy: why
 
     # ------------------------------------------------------------ lifecycle
 
@@ -677,6 +680,7 @@ class Scheduler:
                     "%s: ignoring heartbeats on %s: they name another node", self.instance, msg.subject
                 )
             return
+        self._note_health(node, msg.data)
         now = time.monotonic()
         if self.state is not None and node in self.state.canonical.nodes:
             self._heard[node] = now
@@ -691,6 +695,25 @@ class Scheduler:
                 self.unknown_nodes_heard_max,
                 bus.HB_PREFIX,
             )
+
+    def _note_health(self, node: str, data: bytes) -> None:
+        """Say when a host reports itself unhealthy (its disk full: it refuses new runs) and
+        when it is well again; at most UNHEALTHY_NAMED_MAX nodes are remembered."""
+        unhealthy = b'"healthy": false' in data
+        if not unhealthy and node not in self._unhealthy:
+            return
+        if not unhealthy:
+            del self._unhealthy[node]
+            log.warning("%s: host %s is healthy again", self.instance, node)
+            return
+        if node in self._unhealthy or len(self._unhealthy) >= UNHEALTHY_NAMED_MAX:
+            return
+        try:
+            problem = str(json.loads(data).get("problem", ""))[:500]
+        except (ValueError, AttributeError):
+            problem = ""
+        self._unhealthy[node] = problem
+        log.warning("%s: host %s reports itself unhealthy: %s", self.instance, node, problem or "(no reason)")
 
     def _settle_unknown_heard(self, now: float, timeout_s: float) -> None:
         """Nodes the state now knows take their last heartbeat with them; unknown nodes

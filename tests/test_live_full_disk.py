@@ -187,6 +187,10 @@ def test_an_agent_on_a_full_disk_refuses_new_runs_and_still_manages_its_running_
         c.wait_for(T.JobRequeued, job="b")
         log = (c.logs / "h1.log").read_text()
         assert "refusing new runs" in log and "not starting b" in log
+        deadline = time.monotonic() + 10  # its next heartbeats say so
+        while "host h1 reports itself unhealthy: disk almost full" not in (c.logs / "s1.log").read_text():
+            assert time.monotonic() < deadline, (c.logs / "s1.log").read_text()
+            time.sleep(0.2)
         c.send(T.Cancel(job="a"))
         c.wait_for(T.JobCancelled, job="a")
         run = next(disk.glob("hosts/h1/runs/a*"))
