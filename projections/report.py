@@ -110,39 +110,71 @@ def png_uri(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+# A chart needs at least this many points: with fewer it is an empty frame or one dot, and
+# the page says so in words instead.
+CHART_POINTS_MIN = 2
+
+
 def charts(d: dict) -> dict[str, str]:
-    """The report's charts as base64 PNGs, by name."""
+    """The report's charts as base64 PNGs, by name; a chart with too few points to show
+    anything is left out (`missing_charts` names it)."""
     out = {}
-    fig, ax = plt.subplots(figsize=(7, 3))
     committed = [s for s in d["sagas"] if s[3] == "committed"]
-    if committed:
+    if len(committed) >= CHART_POINTS_MIN:
+        fig, ax = plt.subplots(figsize=(7, 3))
         hours = [(s[0] - d["from_t"]) / 3.6e6 for s in committed]
         ax.step(hours, np.cumsum([s[1] - s[2] for s in committed]), where="post", color="#2e7d32")
-    ax.set(
-        title="Cumulative net benefit of committed preemptions",
-        xlabel="hours into window",
-        ylabel="benefit - cost",
-    )
-    out["net_benefit"] = png_uri(fig)
-    fig, ax = plt.subplots(figsize=(7, 3))
+        ax.set(
+            title="Cumulative net benefit of committed preemptions",
+            xlabel="hours into window",
+            ylabel="benefit - cost",
+        )
+        out["net_benefit"] = png_uri(fig)
     teams = list(d["team_gpu_h"])
-    ax.bar(teams, [d["team_gpu_h"][t] for t in teams], color="#1565c0")
-    ax.set(title="GPU-hours served per team (finished jobs)", ylabel="GPU-hours")
-    out["fairness"] = png_uri(fig)
-    fig, ax = plt.subplots(figsize=(7, 3))
-    data = [d["slowdown_others"] or [np.nan], d["slowdown_victims"] or [np.nan]]
-    ax.boxplot(data, showfliers=False)
-    ax.set_xticks([1, 2], ["not preempted", "preempted"])
-    ax.set(title="Slowdown (JCT / training time)", ylabel="slowdown")
-    out["slowdown"] = png_uri(fig)
-    fig, ax = plt.subplots(figsize=(7, 3))
+    if len(teams) >= CHART_POINTS_MIN:
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.bar(teams, [d["team_gpu_h"][t] for t in teams], color="#1565c0")
+        ax.set(title="GPU-hours served per team (finished jobs)", ylabel="GPU-hours")
+        out["fairness"] = png_uri(fig)
+    groups = [
+        (name, xs)
+        for name, xs in (("not preempted", d["slowdown_others"]), ("preempted", d["slowdown_victims"]))
+        if xs
+    ]
+    if sum(len(xs) for _, xs in groups) >= CHART_POINTS_MIN:
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.boxplot([xs for _, xs in groups], showfliers=False)
+        ax.set_xticks(range(1, len(groups) + 1), [name for name, _ in groups])
+        ax.set(title="Slowdown (JCT / training time)", ylabel="slowdown")
+        out["slowdown"] = png_uri(fig)
     levels = [w[0] for w in d["waits"]]
-    ax.bar([level - 0.2 for level in levels], [w[1] / 60000 for w in d["waits"]], width=0.4, label="mean")
-    ax.bar([level + 0.2 for level in levels], [w[2] / 60000 for w in d["waits"]], width=0.4, label="p95")
-    ax.set(title="Queue wait per level", xlabel="level", ylabel="minutes")
-    ax.legend()
-    out["waits"] = png_uri(fig)
+    if len(levels) >= CHART_POINTS_MIN:
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.bar([level - 0.2 for level in levels], [w[1] / 60000 for w in d["waits"]], width=0.4, label="mean")
+        ax.bar([level + 0.2 for level in levels], [w[2] / 60000 for w in d["waits"]], width=0.4, label="p95")
+        ax.set(title="Queue wait per level", xlabel="level", ylabel="minutes")
+        ax.legend()
+        out["waits"] = png_uri(fig)
     return out
+
+
+CHART_NAMES = {
+    "net_benefit": "net benefit over time",
+    "fairness": "GPU-hours per team",
+    "slowdown": "slowdown",
+    "waits": "queue wait per level",
+}
+
+
+def missing_charts(shown: dict[str, str]) -> str:
+    """A sentence naming the charts left out for want of data ('' when none was)."""
+    missing = [CHART_NAMES[k] for k in CHART_NAMES if k not in shown]
+    if not missing:
+        return ""
+    return (
+        f"<p class='no-chart'>Not charted, fewer than {CHART_POINTS_MIN} points in this window:"
+        f" {html.escape(', '.join(missing))}.</p>"
+    )
 
 
 def _f(value, digits: int = 3) -> str:
@@ -177,7 +209,7 @@ def render(d: dict) -> str:
         ),
     ]
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
-    imgs = "".join(f'<figure><img alt="{k}" src="{v}"></figure>' for k, v in c.items())
+    imgs = "".join(f'<figure><img alt="{k}" src="{v}"></figure>' for k, v in c.items()) + missing_charts(c)
     title = f"xirang review {fmt_t(d['from_t'])} – {fmt_t(d['to_t'])}"
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"

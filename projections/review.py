@@ -42,7 +42,7 @@ from replay import whatif  # noqa: E402
 from . import tuner  # noqa: E402
 from core.explain import human_duration  # noqa: E402
 from .projector import Projector  # noqa: E402
-from .report import png_uri  # noqa: E402
+from .report import CHART_POINTS_MIN, png_uri  # noqa: E402
 from .windows import Span  # noqa: E402
 
 URGENT_LEVEL_MAX = tuner.URGENT_LEVEL_MAX
@@ -80,7 +80,7 @@ def gather(
             "no_preemption": baseline.as_dict(),
         },
         "levels": _levels(recorded, baseline),
-        "fairness": _fairness(con, span),
+        "fairness": _fairness(con, span, recorded),
         "satisfaction": _satisfaction(con, span),
         "applied_changes": _applied(con, span),
     }
@@ -119,7 +119,7 @@ def _levels(recorded: tuner.Score, baseline: tuner.Score) -> list[dict]:
     return rows
 
 
-def _fairness(con, span: Span) -> dict:
+def _fairness(con, span: Span, recorded: tuner.Score) -> dict:
     w = [span.from_t, span.to_t]
     teams = con.execute(
         """
@@ -156,7 +156,9 @@ def _fairness(con, span: Span) -> dict:
                 "protections": r[3],
                 "downgrades": r[4],
                 "fee_credit": round(r[5], 3),
-                "lost_gpu_h": round(r[6] or 0.0, 3),
+                # As the net benefit's total counts it (progress lost plus the preemptions'
+                # saves and restores), so the teams' figures add up to that total.
+                "lost_gpu_h": round(recorded.per_team.get(r[0], {}).get("lost_gpu_h", 0.0), 3),
                 "wait_s_mean": round(r[7] or 0.0, 1),
             }
             for r in teams
@@ -245,8 +247,22 @@ def charts(d: dict) -> dict[str, str]:
     ax.set(title="Preemption against no preemption (GPU-hours)", ylabel="GPU-hours")
     ax.legend()
     out["net_benefit"] = png_uri(fig)
-    fig, ax = plt.subplots(figsize=(7.5, 3))
     levels = [r["level"] for r in d["levels"]]
+    teams = d["fairness"]["teams"]
+    sat: dict[str, list] = {}
+    for row in d["satisfaction"]["by_team_level"]:
+        sat.setdefault(row["team"], []).extend([row["score_mean"]] * row["answers"])
+    if len(levels) >= CHART_POINTS_MIN:
+        out["levels"] = _levels_chart(d, levels)
+    if len(teams) >= CHART_POINTS_MIN and any(t["preempted"] or t["preempting"] for t in teams):
+        out["fairness"] = _teams_chart(teams)
+    if len(sat) >= CHART_POINTS_MIN:
+        out["satisfaction"] = _satisfaction_chart(sat)
+    return out
+
+
+def _levels_chart(d: dict, levels: list[int]) -> str:
+    fig, ax = plt.subplots(figsize=(7.5, 3))
     ax.bar(
         [lv - 0.2 for lv in levels],
         [r["wait_s_mean"] / 3600 for r in d["levels"]],
@@ -261,8 +277,10 @@ def charts(d: dict) -> dict[str, str]:
     )
     ax.set(title="Mean queue wait per level", xlabel="level", ylabel="hours")
     ax.legend()
-    out["levels"] = png_uri(fig)
-    teams = d["fairness"]["teams"]
+    return png_uri(fig)
+
+
+def _teams_chart(teams: list[dict]) -> str:
     fig, ax = plt.subplots(figsize=(7.5, 3))
     x = np.arange(len(teams))
     ax.bar(x - 0.2, [t["preempted"] for t in teams], width=0.4, label="preempted")
@@ -270,17 +288,16 @@ def charts(d: dict) -> dict[str, str]:
     ax.set_xticks(x, [t["team"] for t in teams])
     ax.set(title="Preemptions per team", ylabel="count")
     ax.legend()
-    out["fairness"] = png_uri(fig)
-    sat: dict[str, list] = {}
-    for row in d["satisfaction"]["by_team_level"]:
-        sat.setdefault(row["team"], []).extend([row["score_mean"]] * row["answers"])
+    return png_uri(fig)
+
+
+def _satisfaction_chart(sat: dict[str, list]) -> str:
     fig, ax = plt.subplots(figsize=(7.5, 3))
     names = sorted(sat)
     ax.bar(names, [float(np.mean(sat[n])) for n in names], color="#6a1b9a")
     ax.set_ylim(0, 5)
     ax.set(title="Satisfaction per team (mean score, 1..5)", ylabel="score")
-    out["satisfaction"] = png_uri(fig)
-    return out
+    return png_uri(fig)
 
 
 def _table(headers: list[str], rows: list[list], table_id: str = "") -> str:
@@ -372,7 +389,15 @@ def render(d: dict) -> str:
     applied = (
         "".join(f"<li>{html.escape(a['summary'])}</li>" for a in d["applied_changes"]) or "<li>none</li>"
     )
-    img = lambda key: f'<figure><img alt="{key}" src="{c[key]}"></figure>'  # noqa: E731
+
+    def img(key: str) -> str:
+        if key in c:
+            return f'<figure><img alt="{key}" src="{c[key]}"></figure>'
+        return (
+            f"<p class='no-chart' data-chart='{key}'>No chart: fewer than {CHART_POINTS_MIN}"
+            " points in this period.</p>"
+        )
+
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         "<style>body{font:14px system-ui,sans-serif;margin:24px;max-width:980px}"

@@ -132,3 +132,37 @@ def test_a_dry_run_that_preempts_gives_its_price_in_gpu_hours_and_the_victims_to
     assert "level-weighted GPU-hours" in answer["summary"] and "in all" in answer["summary"]
     assert answer["lost_s"] == sum(v["lost_s"] for v in answer["victims"])
     assert "e+" not in answer["summary"]
+
+
+def test_a_report_of_a_quiet_window_charts_nothing_it_has_too_few_points_for(tmp_path):
+    import duckdb
+
+    from projections import report
+    from projections.projector import Projector
+
+    records = workload_records(jobs=3)
+    proj = Projector(duckdb.connect())
+    proj.apply([(i, T.encode_record(r)) for i, r in enumerate(records, 1)])
+    data = report.gather(proj.con, records[0].event.t, records[-1].event.t)
+    shown = report.charts(data)
+    assert "net_benefit" not in shown  # no committed preemption in three jobs
+    page = report.render(data)
+    assert page.count("<img") == len(shown) and "Not charted, fewer than 2 points" in page
+
+
+def test_the_reviews_charts_leave_out_what_has_a_single_point():
+    from projections import review
+
+    parts = {
+        "urgent_wait_saved_gpu_h": 1.0,
+        "lost_gpu_h": 0.5,
+        "fairness_penalty_gpu_h": 0.0,
+        "objective_gpu_h": 0.5,
+    }
+    d = {
+        "net_benefit": {"recorded": parts, "simulated_policy_in_force": parts},
+        "levels": [{"level": 1, "wait_s_mean": 60.0, "no_preemption_wait_s_mean": 120.0}],
+        "fairness": {"teams": [{"team": "a", "preempted": 1, "preempting": 0}]},
+        "satisfaction": {"by_team_level": []},
+    }
+    assert sorted(review.charts(d)) == ["net_benefit"]

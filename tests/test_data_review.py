@@ -64,6 +64,9 @@ def test_the_review_shows_fairness_satisfaction_and_a_recommendation_with_eviden
     teams = {t["team"]: t for t in review["fairness"]["teams"]}
     planned = [r.event for r in records if isinstance(r.event, T.PreemptionPlanned)]
     assert sum(t["preempting"] for t in teams.values()) == len(planned) and teams["ops"]["preempting"] > 0
+    # The teams' work lost adds up to the total the net benefit weighs.
+    total = review["net_benefit"]["recorded"]["lost_gpu_h"]
+    assert total > 0 and sum(t["lost_gpu_h"] for t in teams.values()) == pytest.approx(total, abs=0.01)
     answers = [r.event for r in records if isinstance(r.event, T.FeedbackRecorded)]
     assert review["satisfaction"]["answers"] == len(answers) > 0
     assert {row["team"] for row in review["satisfaction"]["by_team_level"]} >= {"vision", "lm", "search"}
