@@ -30,7 +30,7 @@ def remaining_ms(state: State, job: Job) -> int:
     nears its estimate only to jump back up once past it. (Without it, among hundreds of
     running jobs some are always seconds from their estimates, and a blocked urgent job
     expected releases within seconds that came minutes later, declining every preemption
-    meanwhile: issue 19.)"""
+    meanwhile.)"""
     total = expected_runtime_ms(state, job)
     done = job_progress_ms(job, state.canonical.t)
     return max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)

@@ -41,8 +41,8 @@ def natural_wait_ms(state: State, job: Job, nodes, curve: "ReleaseCurve | None" 
     gang ahead cannot start on the releases that would start this job before it has
     gathered more, and the placement pass starts this job on them meanwhile (backfill).
     (Counting them forecast less urgent jobs behind queued gangs to wait weeks, and such
-    forecasts priced preemptions of never-checkpointing jobs days into their runs: issue
-    19.) At the urgent levels every job ahead counts: the urgent head gang gets its nodes
+    forecasts priced preemptions of never-checkpointing jobs days into their runs.) At the
+    urgent levels every job ahead counts: the urgent head gang gets its nodes
     drained for it (a drain hold, core/passes/placement.py), so a larger urgent gang ahead
     does take the releases; and an urgent job's wait past its target is priced explicitly
     (core/rules/pricing.py `overdue_premium`). Below the urgent levels the releases are uncertain:
@@ -74,9 +74,9 @@ def expected_first_fit_ms(state: State, gpus: int, nodes, soonest_ms: int) -> in
     (the one that assumes nothing more, of greatest entropy) is the exponential, so the job
     releases at rate 1/m, and the first of independent releases comes after 1 / (the sum of
     their rates): always sooner than the soonest expectation, and much sooner among
-    hundreds of running jobs. (The soonest expectation of ~1,000 running jobs forecast
-    350-1,400 s where the first release came in ~12 s, and urgent jobs preempted instead of
-    waiting: issue 19.) A node fits the job when one of its holders that frees enough on
+    hundreds of running jobs. (The soonest expectation among many running jobs is far
+    later than the first release, and urgent jobs would preempt instead of waiting.) A node
+    fits the job when one of its holders that frees enough on
     its own releases (rate 1/m each) or, if sooner, at its own point fit T (rate 1/T): so
     never later than `soonest_ms`. A gang larger than a node needs several releases at
     once: its point fit stands. Memoised (see `fits_memo`)."""
@@ -161,13 +161,12 @@ class ReleaseCurve:
     The median release counts each running job once; but the jobs running at any moment
     are the long ones (length-biased), and the GPUs the short ones free are freed again
     when the short jobs that take them end, so it understates how fast a full pool turns
-    over for the jobs queued below the urgent levels: their natural waits were forecast at
-    a median of 7 times their real waits on Philly's first 10,000 jobs on 256 GPUs (50
-    times on 128), and jobs forecast to wait hundreds of hours threw away hundreds of
-    GPU-hours of never-checkpointed work (issue 19). The urgent levels keep the median
-    pace: the GPUs that free are taken first by the urgent jobs queued ahead, which the
-    turnover of the whole pool does not tell (with the turnover their forecasts fell under
-    the wait target and their p99 rose 2-17x on the 256-GPU pools: docs/EXPERIMENTS.md)."""
+    over for the jobs queued below the urgent levels: their natural waits would be forecast
+    many times too long, and jobs forecast to wait hundreds of hours would throw away
+    never-checkpointed work to save them. The urgent levels keep the median pace: the GPUs
+    that free are taken first by the urgent jobs queued ahead, which the turnover of the
+    whole pool does not tell (with the turnover their forecasts fall under the wait target
+    and they wait longer: docs/EXPERIMENTS.md)."""
 
     def __init__(self, state: State, nodes, beyond_ms: int) -> None:
         self.free, self.times, self.freed, self.pace, self.turnover = _pooled_releases(state, nodes)

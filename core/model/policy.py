@@ -78,9 +78,8 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Besides, the oldest starving jobs of this many teams, those furthest below their quota
     # (GPUs held / quota) first: a small team's job does not wait behind a big team's
     # backlog for its turn to be the oldest of all. Off by default: each reservation holds
-    # nodes that urgent jobs can neither start on nor preempt on (on Philly, 512 GPUs, one
-    # such reservation raised Jain's index over teams' fair-share use from 0.67 to 0.72 and
-    # the level 0-1 p99 wait by 13-40%).
+    # nodes that urgent jobs can neither start on nor preempt on, so it buys fairness
+    # between teams with the urgent levels' tail wait (docs/EXPERIMENTS.md).
     starvation_team_reservations_max: int = 0
     # Opt-in (off by default): the cross-pool team guarantee with reclaim, as Kueue's cohorts
     # do it. By default team fair share works only inside levels 3-5 (who gets a level's next
@@ -198,9 +197,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # How many levels a downgraded job enters below the level it asked for. One: a level-1
     # job enters at level 2, which is served after levels 0-1 and may preempt only levels
     # 4-7 (`preempts_from_level`), and its preemptions still count toward the team's
-    # allowance. Two (level 3, which may preempt only levels 6-7) kept one team's burst of
-    # level-1 jobs waiting 30-45 minutes for its quota on full Philly (level 0-1 p99 1.7x
-    # k8s-style); one gave 1.2-1.3x with the same allowance (0.97x with issue 19's changes).
+    # allowance. Two (level 3, which may preempt only levels 6-7) leaves a downgraded
+    # team's urgent burst nothing it may preempt, so it waits out its quota in full
+    # (docs/EXPERIMENTS.md).
     downgrade_levels: int = 1
     downgrade_applies_below_level: int = 3  # jobs submitted at levels < this are downgraded
     # An operator's opt-in (0: off, the model's rule): a downgraded job gets its requested

@@ -139,8 +139,8 @@ def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> flo
         # would have been placed first). Without the cap the backlog, not the trade, decides.
         # A less urgent preemptor's wait is itself a product of the backlog: under overload
         # its natural wait grows without bound, so its throwing work away must pay the
-        # queue's whole pressure (capped, it threw away most of the lost GPU-hours on
-        # overloaded pools: issue 19).
+        # queue's whole pressure (capped, it would throw away most of the work lost on an
+        # overloaded pool).
         pressure = min(pressure, p.level_weight[preemptor.level])
     return pressure
 
