@@ -33,7 +33,14 @@ from ..rules.pricing import LazyPrices, Pricing, VictimCost, price_victims, pric
 from ..rules.rights import DEPTH, depth_refusal
 from ..rules.substitutes import substitute_penalty, substitutes
 from .placement import reserved_nodes
-from .victims import NegativeCost, cannot_free_enough, choose_on_one_node_lazily, choose_victims, no_set_rule
+from .victims import (
+    NegativeCost,
+    SetSearch,
+    cannot_free_enough,
+    choose_on_one_node_lazily,
+    choose_victims,
+    no_set_rule,
+)
 
 
 class Plan(msgspec.Struct, kw_only=True):
@@ -110,7 +117,9 @@ def plan_preemption(
             return Decline(reason="user_preempting_limit", limit=USER_PREEMPTING)
         return _diagnosed(d, guard, Decline(reason="no_eligible_victims"), models, scope, None, diagnose)
     cap = victim_cap(state, p, job, scope.models)
-    if not stand_ins and cannot_free_enough(state, job, scope.models, scope.nodes, eligible, guard, cap):
+    if not stand_ins and cannot_free_enough(
+        SetSearch(state, job, guard, cap), scope.models, scope.nodes, eligible
+    ):
         # Whatever the prices: skip them.
         return _diagnosed(
             d, guard, Decline(reason="no_victim_set_within_limits"), models, scope, eligible, diagnose
@@ -170,9 +179,8 @@ def _choose_priced(
         try:
             cap = victim_cap(state, p, job, scope.models)
             out_at = priced_out_at(job, p, pricing, natural_wait) if known_decline == BELOW_COST else None
-            choice = choose_on_one_node_lazily(
-                state, job, scope.nodes, prices, pricing, guard, cap, priced_out_at=out_at
-            )
+            search = SetSearch(state, job, guard, cap, pricing)
+            choice = choose_on_one_node_lazily(search, scope.nodes, prices, priced_out_at=out_at)
             if isinstance(choice, str):  # victims.PRICED_OUT
                 return Decline(reason="benefit_below_cost", limit=NET_BENEFIT_MIN)
             return choice, 0.0, prices.exact_costs()
@@ -190,9 +198,9 @@ def _choose_with_substitutes(
     """The cheapest victim set on the job's own models or, priced with the extra run time
     (core/rules/substitutes.py), on a compatible model; (choice, that extra cost)."""
     state, job, p = d.state, d.job, d.policy
-    cap = victim_cap(state, p, job, scope.models)
+    search = SetSearch(state, job, guard, victim_cap(state, p, job, scope.models), pricing)
     if not stand_ins:
-        return choose_victims(state, job, scope.models, scope.nodes, costs, pricing, guard, cap), 0.0
+        return choose_victims(search, scope.models, scope.nodes, costs), 0.0
     c = state.canonical
     nodes_of = {
         model: [
@@ -207,7 +215,7 @@ def _choose_with_substitutes(
     for models, nodes, slowdown in groups:
         if not nodes:
             continue
-        choice = choose_victims(state, job, models, nodes, costs, pricing, guard, cap)
+        choice = choose_victims(search, models, nodes, costs)
         if choice is None:
             continue
         penalty = substitute_penalty(p, job, scope.runtime_ms, slowdown) if slowdown else 0.0

@@ -25,26 +25,43 @@ from ..rules.holds import VICTIM_CAP
 READY_BOUNDS_MAX = 8
 
 
+class SetSearch:
+    """What one search for a victim set reads: the state, the preemptor, the `Guard` and the
+    victim cap a set keeps, and what a set is priced against (None where prices are not
+    looked at)."""
+
+    __slots__ = ("state", "job", "guard", "cap", "pricing")
+
+    def __init__(
+        self, state: State, job: Job, guard: Guard, cap: int, pricing: Pricing | None = None
+    ) -> None:
+        self.state = state
+        self.job = job
+        self.guard = guard
+        self.cap = cap
+        self.pricing = pricing
+
+    @property
+    def priced(self) -> Pricing:
+        """What a set is priced against: a search that compares prices is given it."""
+        assert self.pricing is not None, "a search comparing set prices needs its Pricing"
+        return self.pricing
+
+
 def choose_victims(
-    state: State,
-    job: Job,
-    models: list[str],
-    nodes,
-    costs: dict[str, VictimCost],
-    pricing: Pricing,
-    guard: Guard,
-    cap: int,
+    search: SetSearch, models: list[str], nodes, costs: dict[str, VictimCost]
 ) -> tuple[list[str], list[Slot]] | None:
     """The victim set and the preemptor's placement, or None when no set within the guard
     and the cap frees enough GPUs. Between two sets, in order (README, "How a preemption
     is decided"): 1. the lower `set_price`; 2. fewer victims; 3. the node's (for a gang,
     the GPU model's) name."""
+    state = search.state
     c = state.canonical
     victim_nodes = dict.fromkeys(slot.node for v in costs for slot in c.jobs[v].placement)
     candidate_nodes = [node for node in nodes if node.name in victim_nodes]
-    if job.gpus <= node_size_max(models, state.index):
-        return _cheapest_single_node(state, job, candidate_nodes, costs, pricing, guard, cap)
-    return _cheapest_across_nodes_of_one_model(state, job, nodes, costs, pricing, guard, cap)
+    if search.job.gpus <= node_size_max(models, state.index):
+        return _cheapest_single_node(search, candidate_nodes, costs)
+    return _cheapest_across_nodes_of_one_model(search, nodes, costs)
 
 
 def set_price(costs: dict[str, VictimCost], victims: list[str], pricing: Pricing) -> float:
@@ -68,35 +85,26 @@ def _ready_bounds(costs: dict[str, VictimCost], victims, most: int) -> list[int]
 
 
 def _cheapest_single_node(
-    state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing, guard: Guard, cap: int
+    search: SetSearch, nodes, costs: dict[str, VictimCost]
 ) -> tuple[list[str], list[Slot]] | None:
     """Per node, for each bound on the slowest victim's release: the victims that let go by
     then, cheapest first, until the job fits; the best set of all."""
+    job = search.job
+    jobs_by_node = search.state.index.jobs_by_node
     best = None
     for node in nodes:
         free = free_indices(node)
         need = job.gpus - len(free)
         if need <= 0 or node.gpus < job.gpus:
             continue
-        on_node = [v for v in state.index.jobs_by_node.get(node.name, {}) if v in costs]
-        best = _best_on_node(state, job, node, free, need, on_node, costs, pricing, guard, cap, best)
+        on_node = [v for v in jobs_by_node.get(node.name, {}) if v in costs]
+        best = _best_on_node(search, node, free, need, on_node, costs, best)
     return None if best is None else (best[1], best[2])
 
 
-def _best_on_node(
-    state: State,
-    job: Job,
-    node,
-    free: list[int],
-    need: int,
-    on_node: list[str],
-    costs,
-    pricing: Pricing,
-    guard: Guard,
-    cap: int,
-    best,
-):
+def _best_on_node(search: SetSearch, node, free: list[int], need: int, on_node: list[str], costs, best):
     """`best` ((key, victims, placement) or None), or a set on this node that beats it."""
+    state, job, cap, pricing = search.state, search.job, search.cap, search.priced
     tried: set[tuple[str, ...]] = set()
     for bound in _ready_bounds(costs, on_node, READY_BOUNDS_MAX):
         units = sorted(
@@ -104,7 +112,7 @@ def _best_on_node(
             for v in on_node
             if costs[v].ready_ms <= bound
         )
-        chosen = _greedy_minimal(state, units, need, guard)
+        chosen = _greedy_minimal(search, units, need)
         if chosen is None or len(chosen) > cap or tuple(sorted(chosen)) in tried:
             continue
         tried.add(tuple(sorted(chosen)))
@@ -119,14 +127,7 @@ PRICED_OUT = "priced_out"  # `choose_on_one_node_lazily`: whatever set wins, it 
 
 
 def choose_on_one_node_lazily(
-    state: State,
-    job: Job,
-    nodes,
-    prices,
-    pricing: Pricing,
-    guard: Guard,
-    cap: int,
-    priced_out_at: float | None = None,
+    search: SetSearch, nodes, prices, priced_out_at: float | None = None
 ) -> tuple[list[str], list[Slot]] | str | None:
     """`choose_victims` for a job that fits one node, over `prices` (core.rules.pricing.LazyPrices
     of the eligible victims) instead of every victim's exact cost: the same set. A node's
@@ -140,7 +141,7 @@ def choose_on_one_node_lazily(
     `PRICED_OUT` as soon as the set that would be chosen is sure to cost that much (every
     node left bounded at it or above, and the best set so far too, or, with none yet, a
     set sure to be found on a node left: `surely_has_set`), without pricing the rest."""
-    candidates = one_node_candidates(state, job, nodes, prices, pricing)
+    candidates = one_node_candidates(search, nodes, prices)
     best = None
     # Once no node left is sure to hold a set, none after it is (the nodes left only shrink).
     sure_set_left = True
@@ -152,18 +153,19 @@ def choose_on_one_node_lazily(
                 if best[0][0] >= priced_out_at:
                     return PRICED_OUT
             elif sure_set_left:
-                if any(surely_has_set(state, c[2], c[4], c[5], guard, cap) for c in candidates[i:]):
+                if any(surely_has_set(search, c[2], c[4], c[5]) for c in candidates[i:]):
                     return PRICED_OUT
                 sure_set_left = False
         costs = {v: prices.exact(v) for v in on_node}
-        best = _best_on_node(state, job, node, free, need, on_node, costs, pricing, guard, cap, best)
+        best = _best_on_node(search, node, free, need, on_node, costs, best)
     return None if best is None else (best[1], best[2])
 
 
-def one_node_candidates(state: State, job: Job, nodes, prices, pricing: Pricing) -> list[tuple]:
+def one_node_candidates(search: SetSearch, nodes, prices) -> list[tuple]:
     """The nodes where victims could free the job a place, cheapest bound first: (the bound
     below every set's `set_price` there, node name, node, its free GPUs, GPUs it lacks,
     the eligible victims on it). Raises `NegativeCost` when a bound does not hold."""
+    state, job, pricing = search.state, search.job, search.priced
     c = state.canonical
     victims = prices.victims
     victim_nodes = dict.fromkeys(slot.node for v in victims for slot in c.jobs[v].placement)
@@ -190,14 +192,15 @@ def one_node_candidates(state: State, job: Job, nodes, prices, pricing: Pricing)
     return candidates
 
 
-def surely_has_set(state: State, node, need: int, on_node: list[str], guard: Guard, cap: int) -> bool:
+def surely_has_set(search: SetSearch, node, need: int, on_node: list[str]) -> bool:
     """Whether `_best_on_node` is sure to find a set on the node, whatever the victims'
     prices: the guard spares no team, and every victim there may join any set (taking all
     of a level's victims on the node keeps its guaranteed share), so at the latest release
     bound (always tried) greedy takes victims until the GPUs the job lacks are freed; the
     set left after dropping those not needed has at most `need` victims (each frees one
     GPU or more), within the cap when `need` is. (A sufficient condition only.)"""
-    if guard.guarantees_teams or need > cap:
+    state, guard = search.state, search.guard
+    if guard.guarantees_teams or need > search.cap:
         return False
     jobs = state.canonical.jobs
     freed = 0
@@ -220,25 +223,26 @@ class NegativeCost(Exception):
 
 
 def _cheapest_across_nodes_of_one_model(
-    state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing, guard: Guard, cap: int
+    search: SetSearch, nodes, costs: dict[str, VictimCost]
 ) -> tuple[list[str], list[Slot]] | None:
     """A gang is of one GPU model: the cheapest victim set over the models the job accepts."""
     best = None
     for model in sorted(dict.fromkeys(node.gpu_model for node in nodes)):
         of_model = [node for node in nodes if node.gpu_model == model]
-        choice = _cheapest_across_nodes(state, job, of_model, costs, pricing, guard, cap)
+        choice = _cheapest_across_nodes(search, of_model, costs)
         if choice is not None:
-            key = (set_price(costs, choice[0], pricing), len(choice[0]), model)
+            key = (set_price(costs, choice[0], search.priced), len(choice[0]), model)
             if best is None or key < best[0]:
                 best = (key, choice)
     return None if best is None else best[1]
 
 
 def _cheapest_across_nodes(
-    state: State, job: Job, nodes, costs: dict[str, VictimCost], pricing: Pricing, guard: Guard, cap: int
+    search: SetSearch, nodes, costs: dict[str, VictimCost]
 ) -> tuple[list[str], list[Slot]] | None:
     """For each bound on the slowest victim's release: the victims that let go by then,
     cheapest per GPU they free on these nodes first, until the gang fits; the best set."""
+    state, job, cap, pricing = search.state, search.job, search.cap, search.priced
     free_total = sum(node_free_count(node) for node in nodes)
     need = job.gpus - free_total
     node_names = {node.name: None for node in nodes}
@@ -250,7 +254,7 @@ def _cheapest_across_nodes(
     units.sort()
     best = None
     for bound in _ready_bounds(costs, costs, READY_BOUNDS_MAX):
-        chosen = _greedy_minimal(state, [u for u in units if costs[u[1]].ready_ms <= bound], need, guard)
+        chosen = _greedy_minimal(search, [u for u in units if costs[u[1]].ready_ms <= bound], need)
         if chosen is None or len(chosen) > cap:
             continue
         key = (set_price(costs, chosen, pricing), len(chosen))
@@ -273,17 +277,16 @@ def _cheapest_across_nodes(
     return None
 
 
-def _greedy_minimal(
-    state: State, units: list[tuple[float, str, int]], need: int, guard: Guard
-) -> list[str] | None:
+def _greedy_minimal(search: SetSearch, units: list[tuple[float, str, int]], need: int) -> list[str] | None:
     """Cheapest-first until `need` GPUs are freed, then drop any victim not needed."""
     if need <= 0:
         return []
+    jobs, guard = search.state.canonical.jobs, search.guard
     chosen: list[tuple[float, str, int]] = []
     taken: dict = {}
     freed = 0
     for unit in units:
-        victim = state.canonical.jobs[unit[1]]
+        victim = jobs[unit[1]]
         if guard.refusal(taken, victim):
             continue
         chosen.append(unit)
@@ -300,14 +303,13 @@ def _greedy_minimal(
     return [unit[1] for unit in chosen]
 
 
-def cannot_free_enough(
-    state: State, job: Job, models: list[str], nodes, eligible: list[Job], guard: Guard, cap: int
-) -> bool:
+def cannot_free_enough(search: SetSearch, models: list[str], nodes, eligible: list[Job]) -> bool:
     """Whether `choose_victims` is sure to find no set, whatever the victims' prices: on no
     node (for a gang, no GPU model) could even the `cap` largest of the victims the guard
     allows one at a time, and no more than each level's guaranteed share leaves, free the
     GPUs the job lacks there. A plan that would end `no_victim_set_within_limits` then skips
     pricing. (Only a necessary condition of a set: prices never make a set possible.)"""
+    state, job, guard = search.state, search.job, search.guard
     allowed = [victim for victim in eligible if not guard.refusal({}, victim)]
     if job.gpus <= node_size_max(models, state.index):
         victim_nodes = dict.fromkeys(slot.node for victim in eligible for slot in victim.placement)
@@ -319,7 +321,7 @@ def cannot_free_enough(
             if node.name not in victim_nodes or node.gpus < job.gpus:
                 continue
             need = job.gpus - node_free_count(node)
-            if need <= 0 or _may_free(state, by_node.get(node.name, []), need, guard, cap):
+            if need <= 0 or _may_free(search, by_node.get(node.name, []), need):
                 return False
         return True
     for model in sorted(dict.fromkeys(node.gpu_model for node in nodes)):
@@ -329,21 +331,22 @@ def cannot_free_enough(
             (sum(len(slot.gpus) for slot in victim.placement if slot.node in of_model), victim)
             for victim in allowed
         ]
-        if need <= 0 or _may_free(state, units, need, guard, cap):
+        if need <= 0 or _may_free(search, units, need):
             return False
     return True
 
 
-def _may_free(state: State, units: list[tuple[int, Job]], need: int, guard: Guard, cap: int) -> bool:
+def _may_free(search: SetSearch, units: list[tuple[int, Job]], need: int) -> bool:
     """Whether victims of `units` ((GPUs freed here, victim)) might free `need` GPUs: the
     `cap` largest together, and each level's no more than its guaranteed share leaves."""
-    largest = sorted((gpus for gpus, _ in units), reverse=True)[:cap]
+    guard = search.guard
+    largest = sorted((gpus for gpus, _ in units), reverse=True)[: search.cap]
     if sum(largest) < need:
         return False
     by_level: dict[int, int] = {}
     for gpus, victim in units:
         by_level[victim.level] = by_level.get(victim.level, 0) + gpus
-    level_gpus = state.index.level_gpus
+    level_gpus = search.state.index.level_gpus
     bound = 0
     for level in sorted(by_level):
         floor = guard.level_floor[level]
@@ -361,7 +364,7 @@ def no_set_rule(
     lifted: the guarantee that refuses eligible victims. Else the victim cap."""
     state, job = d.state, d.job
     unbounded = len(eligible) + 1
-    if cannot_free_enough(state, job, models, nodes, eligible, guard.opened(), unbounded):
+    if cannot_free_enough(SetSearch(state, job, guard.opened(), unbounded), models, nodes, eligible):
         names = {
             node.name: None
             for node in nodes
@@ -375,7 +378,7 @@ def no_set_rule(
             )
         ]
         return first_refusal(refusals(d, guard, holders, models, held))
-    if cannot_free_enough(state, job, models, nodes, eligible, guard, unbounded):
+    if cannot_free_enough(SetSearch(state, job, guard, unbounded), models, nodes, eligible):
         refused = {v.id: guard.refusal({}, v) for v in eligible}
         rule = TEAM_SHARE if TEAM_SHARE in refused.values() else LEVEL_SHARE
         return rule, [v for v in eligible if refused[v.id] == rule]
