@@ -166,3 +166,15 @@ def test_the_reviews_charts_leave_out_what_has_a_single_point():
         "satisfaction": {"by_team_level": []},
     }
     assert sorted(review.charts(d)) == ["net_benefit"]
+
+
+def test_table_columns_are_as_wide_as_their_widest_cell():
+    from xirang.tables import start_estimate, table
+
+    rows = [["a-job-with-a-very-long-name", "node-a:0,1,2,3,4,5,6,7 node-b:0,1", 8], ["b", "-", 16]]
+    lines = table(["JOB", "WHERE", "GPUS"], rows, right=("GPUS",)).splitlines()
+    where = lines[0].index("WHERE")
+    assert all(line[where - 2 : where] == "  " for line in lines)  # no cell runs into the next column
+    assert lines[1][where:].startswith("node-a:0,1,2,3,4,5,6,7 node-b:0,1")
+    assert len({len(line) for line in lines}) == 1  # the numbers right-aligned to one edge
+    assert start_estimate(7080, 0).startswith("in 1h58m (")

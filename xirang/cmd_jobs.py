@@ -770,12 +770,15 @@ def cmd_nodes(args) -> int:
     if args.json:
         print(json.dumps({"nodes": rows}, sort_keys=True))
         return 0
-    print(f"{'NODE':<14} {'MODEL':<8} {'GPUS':>4} {'USED':>4} {'FREE':>4} {'STATE':<9}  JOBS")
-    for r in rows:
-        print(
-            f"{r['node']:<14} {r['gpu_model']:<8} {r['gpus']:>4} {r['used']:>4} {r['free']:>4} "
-            f"{r['state']:<9}  {' '.join(r['jobs']) or '-'}"
+    body = [
+        [r["node"], r["gpu_model"], r["gpus"], r["used"], r["free"], r["state"], " ".join(r["jobs"]) or "-"]
+        for r in rows
+    ]
+    print(
+        table(
+            ["NODE", "MODEL", "GPUS", "USED", "FREE", "STATE", "JOBS"], body, right=("GPUS", "USED", "FREE")
         )
+    )
     return 0
 
 
