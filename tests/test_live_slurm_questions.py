@@ -158,6 +158,13 @@ def test_prio_gives_each_factor_of_a_waiting_jobs_place(story, capsys):
     assert code == 2 and "first is cancelled" in err
 
 
+def test_jobs_of_one_team_does_not_count_every_teams_done_jobs(story, capsys):
+    cluster, _ = story
+    code, out, _ = xirang(capsys, "jobs", "--team", "nlp", "--nats", cluster.url)
+    assert code == 0 and "third" in out and "second" not in out
+    assert out.strip().splitlines()[-1] == "1 open matching; `xirang history` with the same filters lists the done ones"
+
+
 def test_a_held_job_stays_in_the_queue_with_its_reason(story, capsys):
     cluster, _ = story
     levels = as_json(capsys, "queue", "--nats", cluster.url)["levels"]
