@@ -162,7 +162,10 @@ def test_jobs_of_one_team_does_not_count_every_teams_done_jobs(story, capsys):
     cluster, _ = story
     code, out, _ = xirang(capsys, "jobs", "--team", "nlp", "--nats", cluster.url)
     assert code == 0 and "third" in out and "second" not in out
-    assert out.strip().splitlines()[-1] == "1 open matching; `xirang history` with the same filters lists the done ones"
+    assert (
+        out.strip().splitlines()[-1]
+        == "1 open matching; `xirang history` with the same filters lists the done ones"
+    )
 
 
 def test_a_held_job_stays_in_the_queue_with_its_reason(story, capsys):
