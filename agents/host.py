@@ -217,12 +217,11 @@ class HostAgent:
         self.actions = 0
         self.nc = self.js = None
         self._children: dict[int, object] = {}
-        self._keepers: list = []
+        self._keepers: list = []  # output keepers' first processes, reaped as they detach
         # Facts the outbox could not keep (a full disk): sent from memory, in order.
         self._undurable: list[T.Input] = []
-        self._refusals: list[
-            tuple[float, T.Input, str]
-        ] = []  # (when, fact, id): runs refused  # output keepers' first processes, reaped as they detach
+        self._refusals: list[tuple[float, T.Input, str]] = []  # (when, fact, id): runs refused
+        self.facts_dropped: dict[str, int] = {}  # job -> facts of its runs dropped so far
         self.disk = DiskWatch(str(self.dir.parent), disk_floor_bytes)
 
     # ------------------------------------------------------------ state folder
@@ -328,16 +327,21 @@ class HostAgent:
             len(self.runs),
             self.runs_dir,
         )
-        alert = {"kind": "node_unhealthy", "node": self.node, "problem": self.disk.problem}
-        if self.nc is not None:
-            asyncio.ensure_future(self._publish_alert("node_unhealthy", alert))
+        self._alert("node_unhealthy", {"problem": self.disk.problem})
 
     def _facts_dropped(self, job: str, dropped: int, why: str) -> None:
         """A run wrote facts beyond its bounds (agents/outbox.py): they are dropped."""
         log.warning("host %s: dropped %d fact(s) of job %s so far: %s", self.node, dropped, job, why)
-        alert = {"kind": "job_facts_dropped", "node": self.node, "job": job, "dropped": dropped, "why": why}
-        if self.nc is not None:
-            asyncio.ensure_future(self._publish_alert("job_facts_dropped", alert))
+        self.facts_dropped[job] = dropped
+        self._alert("job_facts_dropped", {"job": job, "dropped": dropped, "why": why})
+
+    def _alert(self, kind: str, fields: dict) -> None:
+        """An alert on `xr.alert.<kind>` where this agent may publish one (an open bus); on a
+        secured bus a host may not, and its heartbeats carry the news to the scheduler,
+        which raises the alert (agents/scheduler.py)."""
+        if self.nc is not None and not bus.default_sender():
+            alert = {"kind": kind, "node": self.node, **fields}
+            asyncio.ensure_future(self._publish_alert(kind, alert))
 
     async def _publish_alert(self, kind: str, alert: dict) -> None:
         try:
@@ -569,6 +573,8 @@ class HostAgent:
             body = {
                 "healthy": not self.disk.low,
                 "problem": self.disk.problem if self.disk.low else "",
+                # Facts dropped so far, per job still running here (agents/outbox.py).
+                "facts_dropped": {job: n for job, n in self.facts_dropped.items() if job in self.runs},
                 "node": self.node,
                 "gpu_model": self.inventory.model,
                 "gpus": len(self.inventory.gpus),

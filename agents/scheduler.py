@@ -51,6 +51,8 @@ UNKNOWN_NODES_HEARD_MAX = 1024
 LEASE_KEY = "scheduler"
 # Unhealthy hosts the scheduler remembers (and names in its log) at once.
 UNHEALTHY_NAMED_MAX = 1024
+# A job's dropped facts are said again after this many more.
+FACTS_DROPPED_SAID_EVERY = 1000
 # An input that waited in XR_IN longer than this is dated when the bus received it.
 WAITED_MS = 1000
 # How much of a foreign message's problem a `RecordDisowned` keeps (a name field's bound),
@@ -196,6 +198,7 @@ class Scheduler:
         self.disowned = 0  # foreign messages this instance disowned
         self._writes_unanswered = 0  # appends unanswered in a row while connected
         self._unhealthy: dict[str, str] = {}  # hosts whose heartbeats say unhealthy: why
+        self._facts_dropped_said: dict[str, int] = {}  # node/job -> facts dropped, as last said
 
     # ------------------------------------------------------------ lifecycle
 
@@ -698,7 +701,11 @@ class Scheduler:
 
     def _note_health(self, node: str, data: bytes) -> None:
         """Say when a host reports itself unhealthy (its disk full: it refuses new runs) and
-        when it is well again; at most UNHEALTHY_NAMED_MAX nodes are remembered."""
+        when it is well again, and when a job's facts are dropped there (agents/outbox.py),
+        with an alert each: a host may not raise alerts on a secured bus, its heartbeats
+        (on its own subject) may. At most UNHEALTHY_NAMED_MAX nodes are remembered."""
+        if b'"facts_dropped": {"' in data:
+            self._note_facts_dropped(node, data)
         unhealthy = b'"healthy": false' in data
         if not unhealthy and node not in self._unhealthy:
             return
@@ -714,6 +721,37 @@ class Scheduler:
             problem = ""
         self._unhealthy[node] = problem
         log.warning("%s: host %s reports itself unhealthy: %s", self.instance, node, problem or "(no reason)")
+        self._alert("node_unhealthy", {"node": node, "problem": problem})
+
+    def _note_facts_dropped(self, node: str, data: bytes) -> None:
+        try:
+            dropped = json.loads(data).get("facts_dropped", {})
+        except (ValueError, AttributeError):
+            return
+        if not isinstance(dropped, dict):
+            return
+        for job, count in sorted(dropped.items())[:UNHEALTHY_NAMED_MAX]:
+            if not isinstance(count, int) or not isinstance(job, str):
+                continue
+            key = f"{node}/{job}"[:400]
+            said = self._facts_dropped_said.get(key, 0)
+            if count <= said or (said and count - said < FACTS_DROPPED_SAID_EVERY):
+                continue
+            if key not in self._facts_dropped_said and len(self._facts_dropped_said) >= UNHEALTHY_NAMED_MAX:
+                return
+            self._facts_dropped_said[key] = count
+            log.warning("%s: host %s dropped %d fact(s) of job %s so far", self.instance, node, count, job)
+            self._alert("job_facts_dropped", {"node": node, "job": job[:200], "dropped": count})
+
+    def _alert(self, kind: str, fields: dict) -> None:
+        """Publish `xr.alert.<kind>` (plain NATS, not stored), without waiting."""
+        alert = {"kind": kind, "instance": self.instance, **fields}
+
+        async def publish() -> None:
+            with contextlib.suppress(Exception):  # the log line says it too
+                await self.nc.publish(f"{bus.ALERT_PREFIX}.{kind}", json.dumps(alert).encode())
+
+        asyncio.ensure_future(publish())
 
     def _settle_unknown_heard(self, now: float, timeout_s: float) -> None:
         """Nodes the state now knows take their last heartbeat with them; unknown nodes

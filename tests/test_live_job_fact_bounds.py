@@ -69,3 +69,8 @@ def test_a_job_flooding_its_outbox_is_bounded_and_delays_no_other_start(tmp_path
         facts_taken = len({r.input_seq for r in about(c.records(), "flood")})
         assert facts_taken <= JOB_FACTS_BURST + JOB_FACTS_PER_S * elapsed_s + 5, facts_taken
         assert "dropped 1 fact(s) of job flood so far" in (c.logs / "h1.log").read_text()
+        # The scheduler hears it in the host's heartbeats (a host may not alert on a secured bus).
+        deadline = time.monotonic() + 10
+        while "host h1 dropped" not in (c.logs / "s1.log").read_text():
+            assert time.monotonic() < deadline, (c.logs / "s1.log").read_text()
+            time.sleep(0.2)
