@@ -161,8 +161,6 @@ def test_links_between_the_docs_lead_somewhere():
 
 LAB_NOTEBOOK = re.compile(r"[Ii]ssue ?#?[0-9]+|\b[Ss]ession [0-9]+\b")
 COMMIT_ID = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
-# The core's comments are rewritten with its restructure; drop this once they are clean.
-NOT_YET_CHECKED = ("core/",)
 
 
 def test_the_guides_and_the_code_carry_no_issue_numbers_or_commit_ids():
@@ -188,7 +186,7 @@ def test_the_guides_and_the_code_carry_no_issue_numbers_or_commit_ids():
     ):
         for path in sorted(REPO.rglob(pattern)):
             name = path.relative_to(REPO).as_posix()
-            if name.startswith((".venv/", ".git/", *NOT_YET_CHECKED)) or "/." in f"/{name}":
+            if name.startswith((".venv/", ".git/")) or "/." in f"/{name}":
                 continue
             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                 if LAB_NOTEBOOK.search(line):
