@@ -20,6 +20,7 @@ import msgspec
 from .model.placement import acceptable_models, place
 from .forecast.waits import expected_runtime_ms, natural_wait_ms
 from .model.words import human_duration
+from .passes.placement import reserved_nodes
 from .passes.plan import Decline, plan_preemption
 from .rules import guarantees, rights, shields
 from .rules.benefit import describe as benefit_words
@@ -27,7 +28,7 @@ from .rules.decision import Decision
 from .rules.eligibility import HELD_NODE
 from .rules.rights import may_preempt
 from .rules.fairness import USER_PREEMPTING, describe_user_preempting
-from .rules.holds import VICTIM_CAP, describe_cap
+from .rules.holds import VICTIM_CAP, binding_holds, describe_cap
 from .rules.shares import fair_shares, holding, lent_gpus, reclaim_refusal, within_share
 from .model.entities import HELD as HELD_STATE
 from .model.state import State
@@ -158,18 +159,22 @@ def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pe
     """Why its gang does not start now, preemption aside."""
     c = state.canonical
     ix = state.index
-    p = c.policy
     free = sum(ix.free_by_model.get(m, 0) for m in models)
     what = f"{job.gpus} GPU{'s' if job.gpus != 1 else ''} of {'/'.join(models)}"
-    if place(job.gpus, models, c.nodes, ix, ends_t=c.t + expected_runtime_ms(state, job)) is not None:
-        holder = _starving_holder(state)
-        if holder and holder != job.id:
+    # The holds are the last pass's own (`reserved_nodes`), those that bind this job as they
+    # bind it in the pass (`binding_holds`): what it is told is what the pass decided.
+    reserved = reserved_nodes(state)
+    ends_t = c.t + expected_runtime_ms(state, job)
+    if place(job.gpus, models, c.nodes, ix, ends_t=ends_t) is not None:
+        binding = binding_holds(state, job, reserved)
+        held = {name: start for name, (start, holder) in binding.items() if holder != job.id}
+        if held and place(job.gpus, models, c.nodes, ix, held, ends_t) is None:
+            holders = [c.jobs[h] for h in sorted({binding[name][1] for name in held}) if h in c.jobs]
             return Pending(
                 job=job.id,
                 code=RESERVATION,
                 start_in_ms=start_in,
-                reason=f"{what} are free but held for {holder}, which has waited past"
-                f" starvation_wait_ms ({_human(p.starvation_wait_ms)})",
+                reason=f"{what} are free but held for {_holders_words(state, holders)}",
             )
         return Pending(
             job=job.id,
@@ -177,14 +182,13 @@ def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pe
             start_in_ms=0,
             reason=f"{what} are free: it starts at the scheduler's next pass",
         )
-    if _starving_holder(state) == job.id:
+    if any(holder == job.id for _, holder in reserved.values()):
         return Pending(
             job=job.id,
             code=RESERVATION,
             start_in_ms=start_in,
-            reason=f"waiting for its reservation: it has waited past starvation_wait_ms"
-            f" ({_human(p.starvation_wait_ms)}), so the nodes where it fits soonest"
-            f" are held for it ({free} free now)",
+            reason=f"waiting for its reservation: the nodes where it fits soonest are held for it"
+            f" ({free} free now)",
         )
     if _team_at_share(state, job):
         shares = fair_shares(state)
@@ -216,16 +220,21 @@ def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pe
     )
 
 
-def _starving_holder(state: State) -> str:
-    """The oldest queued job past `starvation_wait_ms`, for which the scheduler holds nodes."""
+def _holders_words(state: State, holders: list[Job]) -> str:
+    """Who the last pass held nodes for, and why: past `starvation_wait_ms`, or at the head
+    of its level's queue."""
     c = state.canonical
-    oldest = min(
-        ((waiting[0][0], waiting[0][1]) for waiting in state.index.waiting_by_level if waiting), default=None
-    )
-    if oldest is None:
-        return ""
-    job = c.jobs[oldest[1]]
-    return job.id if c.t - job.queued_since_t >= c.policy.starvation_wait_ms else ""
+    p = c.policy
+    words = []
+    for holder in holders:
+        starving = c.t - holder.queued_since_t >= p.starvation_wait_ms
+        why = (
+            f"waited past starvation_wait_ms ({_human(p.starvation_wait_ms)})"
+            if starving
+            else "heads its level"
+        )
+        words.append(f"{holder.id} (which {why})")
+    return ", ".join(words) or "another job"
 
 
 def _team_at_share(state: State, job: Job) -> bool:

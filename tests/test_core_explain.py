@@ -238,3 +238,20 @@ def test_victims_beyond_the_levels_down_limit_are_named_by_that_limit():
     # not "their users were preempted too often": no one was preempted
     assert why.limit == "preemption_levels_down_max" and why.decline == "no_eligible_victims"
     assert "preempted too often" not in why.reason and "level(s) 6" in why.reason
+
+
+def test_a_job_on_gpus_the_last_pass_holds_for_another_is_told_whom_for():
+    # The level-3 gang heads its level and may preempt nothing on a1: the pass holds a1 for
+    # it. A long level-6 job that would fit on the 4 free GPUs does not start there.
+    run = Run()
+    run.at(0, node("a1"))
+    run.at(1000, submit("run4", 5, 4, team="r", user="r", est_runtime_s=3600))
+    start_all(run, 2000)
+    run.at(MIN, submit("big", 3, 8, team="b", user="b", est_runtime_s=3600))
+    run.at(2 * MIN, submit("small", 6, 4, team="s", user="s", est_runtime_s=10 * 3600))
+    run.at(3 * MIN, T.Tick(t=0))
+    assert run.job_state("small") == "queued"
+    why = explain(run.state, "small")
+    # not "free: it starts at the scheduler's next pass"
+    assert why.code == "reservation" and "held for big" in why.reason
+    assert "waiting for its reservation" in explain(run.state, "big").reason
