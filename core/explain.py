@@ -192,13 +192,13 @@ def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pe
         )
     if _team_at_share(state, job):
         shares = fair_shares(state)
-        held = holding(state).get(job.team, 0)
+        team_held = holding(state).get(job.team, 0)
         return Pending(
             job=job.id,
             code=TEAM_AT_SHARE,
             limit="fair_share_guarantee",
             start_in_ms=start_in,
-            reason=f"team {job.team} holds {held} GPUs, its fair share is"
+            reason=f"team {job.team} holds {team_held} GPUs, its fair share is"
             f" {shares.get(job.team, 0.0):.1f}: teams below their shares are served"
             " first",
         )
