@@ -18,7 +18,8 @@ from .log.seal import Ctx, reject
 from .model.placement import placement_nodes
 from .preempt_contract import preempt_contract_problem, signal_name
 from .model.policy import PolicyError, assign_variant, check_experiment, with_params
-from .passes.saga import commit_if_complete, release_victim, requeue, rollback
+from .passes.saga import commit_if_complete, release_late, release_victim, requeue, rollback
+from .rules.notices import late_release_counts
 from .model.state import State
 from .model.entities import (
     HELD,
@@ -336,8 +337,12 @@ def _on_released(ctx: Ctx, inp: T.Released) -> None:
     if job.state == RUNNING:
         # Its saga was rolled back while the victim was letting go (the withdrawal came too
         # late): the run has ended all the same. It queues again, from its newest
-        # checkpoint, instead of being held by a run that no longer exists.
-        requeue(ctx, job, "released_after_rollback", counts_as_preemption=False)
+        # checkpoint, instead of being held by a run that no longer exists. Past its saga's
+        # deadline it was preempted all the same (see core/rules/notices.py).
+        if late_release_counts(ctx.state.canonical.policy, job)[0]:
+            release_late(ctx, job)
+        else:
+            requeue(ctx, job, "released_after_rollback", counts_as_preemption=False)
         return
     saga_id = job.saga
     release_victim(ctx, job)

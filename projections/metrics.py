@@ -55,14 +55,14 @@ def by_group(con, group: str, now: int) -> list[dict]:
             WHERE t > ? - {RECENT_WAIT_MS} GROUP BY 1
         ), v AS (
             SELECT {victim_g} AS k, count(*) AS preempted,
-                   count(*) FILTER (outcome = 'committed') AS preempted_committed,
+                   count(*) FILTER (outcome IN ('committed', 'released_late')) AS preempted_committed,
                    count(*) FILTER (outcome = 'rolled_back') AS preempted_rolled_back,
                    avg(recovery_ms) AS victim_recovery_ms_mean,
                    sum(coalesce(requeue_lost_ms, 0) * victim_gpus) / 3600000.0 AS lost_gpu_hours
             FROM preemptions GROUP BY 1
         ), s AS (
             SELECT {pre_g} AS k, count(*) AS preemptions_started,
-                   count(*) FILTER (outcome = 'committed') AS preemptions_committed,
+                   count(*) FILTER (outcome IN ('committed', 'released_late')) AS preemptions_committed,
                    count(*) FILTER (outcome = 'rolled_back') AS preemptions_rolled_back,
                    avg(wait_ms) FILTER (outcome = 'committed') AS preemption_wait_ms_mean
             FROM sagas GROUP BY 1

@@ -788,6 +788,37 @@ def _saga_ended(p: Projector, seq: int, n: int, ev) -> None:
             p.job(ev.preemptor)["state"] = "queued"
 
 
+def _released_late(p: Projector, seq: int, n: int, ev: T.VictimReleasedLate) -> None:
+    # Rolled back at its deadline, yet the victim let go: it was preempted after all, so the
+    # saga and the victim's row say so, and it recovers when it runs again.
+    saga = p.saga(ev.saga)
+    if saga is not None:
+        saga["outcome"] = "released_late"
+    pre = p.preemption(ev.saga, ev.job)
+    if pre is None:  # its rollback was already written and set aside: read it back
+        found = p.con.execute(
+            "SELECT * FROM preemptions WHERE saga = ? AND victim = ?", [ev.saga, ev.job]
+        ).fetchone()
+        if found is not None:
+            pre = dict(zip(p._cols["preemptions"], found))
+            p.preemptions[(ev.saga, ev.job)] = pre
+            p.dirty["preemptions"][(ev.saga, ev.job)] = pre
+    if pre is not None:
+        pre.update(
+            outcome="released_late", released_t=ev.t, release_lost_ms=ev.lost_progress_ms,
+            resumed_t=None, recovery_ms=None,
+        )  # fmt: skip
+    p.job_event(
+        seq,
+        n,
+        ev,
+        ev.job,
+        f"released its GPUs after its deadline, {ev.lost_progress_ms / 1000:.0f} s since its last"
+        " checkpoint: preempted after all",
+        ev.saga,
+    )
+
+
 def _withdrawn(p: Projector, seq: int, n: int, ev: T.NoticeWithdrawn) -> None:
     p.job(ev.job)["state"] = "running"
     p.job_event(seq, n, ev, ev.job, "preemption notice withdrawn, keeps running", ev.saga)
@@ -927,6 +958,7 @@ _HANDLERS = {
     T.PreemptionCommitted: _saga_ended,
     T.PreemptionRolledBack: _saga_ended,
     T.NoticeWithdrawn: _withdrawn,
+    T.VictimReleasedLate: _released_late,
     T.VictimNotified: _notified,
     T.CheckpointRecorded: _ckpt,
     T.CheckpointFallback: _fallback,

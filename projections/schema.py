@@ -22,7 +22,8 @@ Tables
   preempt_count, lost_progress_ms (from requeues and checkpoint fallbacks), aged (level
   rises), last_ckpt_step, compensation fee_credit, est_runtime_ms.
 - `sagas`: one row per preemption saga: planned_t, preemptor (+ team, user, level),
-  victims, benefit, cost, reason, deadline_t, outcome (open, committed, rolled_back),
+  victims, benefit, cost, reason, deadline_t, outcome (open, committed, rolled_back,
+  released_late: rolled back at its deadline, yet a victim let go after it),
   end_t, wait_ms (planned to committed or rolled back), rollback_reason, reclaim (taken
   back for a team below its fair share rather than by priority).
 - `preemptions`: one row per (saga, victim), with the saga's benefit, cost and reason:
@@ -143,7 +144,8 @@ CREATE OR REPLACE VIEW preemption_stats AS
            count(*) FILTER (reclaim) AS reclaims,
            count(*) FILTER (outcome = 'committed') AS committed,
            count(*) FILTER (outcome = 'rolled_back') AS rolled_back,
-           count(*) FILTER (outcome = 'committed') / greatest(1, count(*) FILTER (outcome <> 'open'))
+           count(*) FILTER (outcome IN ('committed', 'released_late'))
+               / greatest(1, count(*) FILTER (outcome <> 'open'))
                AS success_rate,
            avg(recovery_ms) AS recovery_ms_mean,
            sum(coalesce(requeue_lost_ms, 0) * victim_gpus) / 3600000.0 AS lost_gpu_hours

@@ -171,6 +171,7 @@ def _job_requeued(s: State, ev: T.JobRequeued) -> None:
     job.frozen_t = 0
     job.ckpt_started_t = 0
     job.saga = ""
+    job.overdue_saga = ""
     job.state = QUEUED
     job.preempt_count = ev.preempt_count
     if ev.reason == "preempted":

@@ -50,6 +50,7 @@ def _preemption_planned(s: State, ev: T.PreemptionPlanned) -> None:
         victim = c.jobs[victim_id]
         victim.state = PREEMPTING
         victim.saga = ev.saga
+        victim.overdue_saga = ""
         victim.cascade_depth = ev.depth
         if ev.own_work_counted or victim.team != preemptor.team:
             other_team = True
@@ -155,6 +156,10 @@ def _preemption_rolled_back(s: State, ev: T.PreemptionRolledBack) -> None:
             victim.protected_until_t = max(victim.protected_until_t, retry_t)
 
 
+def _notice_overdue(s: State, ev: T.NoticeOverdue) -> None:
+    s.canonical.jobs[ev.job].overdue_saga = ev.saga
+
+
 def _declined(s: State, ev: T.PreemptionDeclined) -> None:
     s.canonical.jobs[ev.job].last_decline = ev.reason
 
@@ -201,6 +206,7 @@ SAGA_HANDLERS: dict[type, typing.Callable[[State, typing.Any], None]] = {
     T.VictimReleased: _victim_released,
     T.PreemptionCommitted: _preemption_committed,
     T.PreemptionRolledBack: _preemption_rolled_back,
+    T.NoticeOverdue: _notice_overdue,
     T.PreemptionDeclined: _declined,
     T.TeamProtected: _team_protected,
     T.TeamDowngraded: _team_downgraded,

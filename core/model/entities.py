@@ -112,6 +112,9 @@ class Job(msgspec.Struct, kw_only=True, omit_defaults=True):
     waited_total_ms: int = 0  # queue wait borne over all its starts (the recovery boost grows with it)
     lost_total_ms: int = 0  # progress lost to every preemption (compensation pays for all of it)
     raisable_by_owner: int = 0  # levels its owner lowered it by and may take back (JobLevelSet)
+    # The saga whose deadline passed while the job was still letting go (NoticeOverdue), until
+    # it lets go, queues again or is a victim anew: a release then is a late one.
+    overdue_saga: str = ""
     # The current run: the record n of the start that began it (facts of other runs are
     # stale). Outside the state digest (job_hash leaves it out), so logs written before
     # runs were fenced keep their digests.

@@ -244,6 +244,24 @@ class PreemptionRolledBack(_Event, tag="PreemptionRolledBack"):
     victims: list[str] = []
 
 
+class NoticeOverdue(_Event, tag="NoticeOverdue"):
+    """A victim still held its GPUs at its saga's deadline (the saga rolls back next). Should
+    it let go all the same, it counts as preempted (`late_release_counts_as_preemption`)."""
+
+    saga: str
+    job: str
+    deadline_t: int
+
+
+class VictimReleasedLate(_Event, tag="VictimReleasedLate"):
+    """A victim let go after its saga's deadline, the saga already rolled back: it was
+    preempted all the same, and is counted (preemption count, boost, compensation) as one."""
+
+    saga: str
+    job: str
+    lost_progress_ms: int
+
+
 class NoticeWithdrawn(_Event, tag="NoticeWithdrawn"):
     """Host-directed: a victim that had not released keeps running."""
 
@@ -444,6 +462,8 @@ Event = Union[
     PreemptionCommitted,
     PreemptionRolledBack,
     NoticeWithdrawn,
+    NoticeOverdue,
+    VictimReleasedLate,
     PreemptionDeclined,
     TeamProtected,
     TeamDowngraded,

@@ -156,6 +156,16 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Extra time on top of the expected safe point + checkpoint before a saga rolls back.
     deadline_slack_ms: int = 120_000
     deadline_min_ms: int = 180_000
+    # Whether a notice's deadline also covers a checkpoint the victim is writing when the
+    # notice comes (it lets go only once the write ends), plus the slack: off, a write longer
+    # than the deadline rolls the saga back while the victim is about to let go
+    # (core/rules/notices.py `notice_deadline`).
+    notice_covers_save_in_progress: bool = False
+    # Whether a victim that lets go after its saga's deadline (the saga was rolled back, the
+    # withdrawal came too late) counts as preempted: its preemption count, recovery boost and
+    # compensation, and the saga's record (`VictimReleasedLate`). Off, it requeues uncounted
+    # (core/rules/notices.py `late_release_counts`).
+    late_release_counts_as_preemption: bool = False
     # After a rollback the preemptor waits this long before planning again, and victims that
     # failed to release are left alone as long, so a broken job cannot start a loop.
     preemption_retry_ms: int = 300_000
@@ -225,6 +235,11 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     requeue_boost_wait_ms: int = 4 * 3_600_000
     checkpoints_kept: int = 3
     compensation_after_preemptions: int = 3
+    # Off: a job is compensated from the preemption that brings its count to
+    # `compensation_after_preemptions`; on: from the one that takes the count past it, as
+    # the model's spec words the trigger (the count exceeds the threshold). See
+    # core/rules/compensation.py.
+    compensation_when_exceeded: bool = False
     compensation_quota_gpu_hours_per_lost: float = 1.0
     compensation_priority_boost: int = 1
     # The quota bonus of a compensation raises the team's fair-share weight for this long.

@@ -77,6 +77,8 @@ from .event_types import (  # the vocabulary is read as one namespace: `types.Su
     PreemptionCommitted as PreemptionCommitted,
     PreemptionRolledBack as PreemptionRolledBack,
     NoticeWithdrawn as NoticeWithdrawn,
+    NoticeOverdue as NoticeOverdue,
+    VictimReleasedLate as VictimReleasedLate,
     PreemptionDeclined as PreemptionDeclined,
     TeamProtected as TeamProtected,
     TeamDowngraded as TeamDowngraded,

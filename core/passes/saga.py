@@ -14,6 +14,8 @@ from ..log.seal import Ctx
 from ..model.placement import placement_nodes, resume_points, run_details
 from .placement import request_start
 from ..rules.pricing import recovery_boost
+from ..rules.compensation import compensation_due, first_compensation
+from ..rules.notices import notice_deadline
 from ..model.entities import (
     PREEMPTING,
     RELEASED,
@@ -95,11 +97,33 @@ def rollback(ctx: Ctx, saga_id: str, reason: str, lost_node: str = "") -> None:
 
 
 def expire_sagas(ctx: Ctx) -> None:
-    """Roll back every saga past its deadline."""
+    """Roll back every saga past its deadline. Victims still letting go are marked overdue
+    first (when late releases count), so that one letting go after all counts as preempted."""
     c = ctx.state.canonical
     for saga_id in sorted(c.sagas):
-        if c.sagas[saga_id].deadline_t < ctx.inp.t:
+        saga = c.sagas[saga_id]
+        if saga.deadline_t < ctx.inp.t:
+            if c.policy.late_release_counts_as_preemption:
+                for victim_id in saga.victims:
+                    victim = c.jobs.get(victim_id)
+                    if victim is not None and victim.state == PREEMPTING:
+                        ctx.emit(
+                            T.NoticeOverdue(
+                                t=ctx.inp.t, saga=saga_id, job=victim_id, deadline_t=saga.deadline_t
+                            )
+                        )
             rollback(ctx, saga_id, "deadline_passed")
+
+
+def release_late(ctx: Ctx, job: Job) -> None:
+    """A victim let go after its saga's deadline: the saga's record says so, and the job
+    queues again counted as preempted."""
+    last = last_checkpoint(job)
+    lost = job_progress_ms(job, ctx.inp.t) - (last.progress_ms if last else 0)
+    ctx.emit(
+        T.VictimReleasedLate(t=ctx.inp.t, saga=job.overdue_saga, job=job.id, lost_progress_ms=max(0, lost))
+    )
+    requeue(ctx, job, "preempted", counts_as_preemption=True)
 
 
 def requeue(ctx: Ctx, job: Job, reason: str, counts_as_preemption: bool) -> None:
@@ -112,7 +136,7 @@ def requeue(ctx: Ctx, job: Job, reason: str, counts_as_preemption: bool) -> None
     boost = recovery_boost(p, count, job.waited_total_ms)
     last = last_checkpoint(job)
     lost = job_progress_ms(job, t) - (last.progress_ms if last else 0)
-    if counts_as_preemption and count >= p.compensation_after_preemptions:
+    if counts_as_preemption and compensation_due(p, count)[0]:
         boost = min(LEVELS - 1, boost + p.compensation_priority_boost)
         _compensate(ctx, job, count, max(0, lost))
     ctx.emit(
@@ -128,7 +152,7 @@ def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
     after it, what each further preemption loses. The quota bonus is for a while."""
     p = ctx.state.canonical.policy
     t = ctx.inp.t
-    at_threshold = count == p.compensation_after_preemptions
+    at_threshold = count == first_compensation(p)
     basis_ms = lost_ms + (job.lost_total_ms if at_threshold else 0)
     overhead_ms = (job.ckpt_cost_ms + job.restore_cost_ms) * (count if at_threshold else 1)
     lost_gpu_hours = job.gpus * (basis_ms + overhead_ms) / 3_600_000
@@ -161,9 +185,7 @@ def start_saga(ctx: Ctx, job: Job, plan) -> None:
     p = c.policy
     t = ctx.inp.t
     saga_id = f"saga-{c.saga_count + 1}"
-    # A victim with a grace time of its own (a job without the SDK) is given it in full.
-    grace_ms = max((c.jobs[v].grace_ms for v in plan.victims), default=0)
-    deadline = t + max(p.deadline_min_ms, plan.ready_ms + p.deadline_slack_ms, grace_ms + p.deadline_slack_ms)
+    deadline, _ = notice_deadline(p, t, [c.jobs[v] for v in plan.victims], plan.ready_ms)
     victim_nodes = sorted(dict.fromkeys(s.node for v in plan.victims for s in c.jobs[v].placement))
     ctx.emit(
         T.PreemptionPlanned(
