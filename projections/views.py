@@ -163,13 +163,19 @@ def share_rows(state) -> list[dict]:
     """Each team with demand or a ledger: quota, fair share, GPUs held and asked for,
     whether it is protected or downgraded and until when, compensation (Slurm's sshare)."""
     from core.rules.fairness import team_downgrade_ends_t
+    from core.model.policy import FAIR_SHARE
     from core.rules.shares import fair_shares, holding, team_quota
 
     c = state.canonical
     ix = state.index
+    p = c.policy
     shares = fair_shares(state)
+    fair_levels = [level for level, name in enumerate(p.queue_policy) if name == FAIR_SHARE]
     held = holding(state)
-    teams = sorted(dict.fromkeys([*shares, *c.ledger, *c.team_protected_until, *c.team_downgraded_until]))
+    used = [key.split("/", 1)[1] for key in c.usage]  # teams that ran lately (with a half-life)
+    teams = sorted(
+        dict.fromkeys([*shares, *c.ledger, *c.team_protected_until, *c.team_downgraded_until, *used])
+    )
     rows = []
     for team in teams:
         ledger = c.ledger.get(team)
@@ -191,9 +197,34 @@ def share_rows(state) -> list[dict]:
                 "quota_gpu_hours": round(ledger.quota_gpu_hours, 3) if ledger else 0.0,
                 "fee_credit": round(ledger.fee_credit, 3) if ledger else 0.0,
                 "priority_boosts": ledger.priority_boosts if ledger else 0,
+                # Inside each fair-share level: the GPUs held there on average lately (with
+                # fair_share_half_life_s), and the standing the queue serves it by (lowest first).
+                "levels": {
+                    str(level): _level_standing(state, level, team)
+                    for level in fair_levels
+                    if ix.level_team_gpus[level].get(team) or c.usage.get(f"{level}/{team}")
+                },
             }
         )
     return rows
+
+
+def _level_standing(state, level: int, team: str) -> dict:
+    """A team inside one fair-share level: GPUs held there now and on average lately, and
+    the standing the level's queue serves it by (`level_share_used`, lowest first)."""
+    from core.rules.shares import level_share_used, level_used_gpus, team_quota
+
+    p = state.canonical.policy
+
+    held = state.index.level_team_gpus[level].get(team, 0)
+    lately = level_used_gpus(state, level, team)
+    standing, why = level_share_used(p, held, lately, team_quota(state, team))
+    return {
+        "held_gpus": held,
+        "used_gpus_lately": round(lately, 6),
+        "standing": round(standing, 3),
+        "by": why,
+    }
 
 
 def _left_s(until_t: int, t: int) -> float | None:
@@ -350,7 +381,7 @@ def prio_row(state, job_id: str, now_ms: int | None = None) -> dict | None:
     team's fair-share standing at that level, the holds (reservations) in force - its own
     and those for others - and why it waits, with the expected start."""
     from core.passes.queues import aging_threshold_ms, queue_order
-    from core.rules.shares import team_quota
+    from core.rules.shares import level_share_used, level_used_gpus, team_quota
 
     c = state.canonical
     job = c.jobs.get(job_id)
@@ -370,6 +401,8 @@ def prio_row(state, job_id: str, now_ms: int | None = None) -> dict | None:
         next_aging_s = round(max(0, threshold - (now - job.level_since_t)) / 1000, 1)
     quota = team_quota(state, job.team)
     held_at_level = state.index.level_team_gpus[job.level].get(job.team, 0)
+    used_lately = level_used_gpus(state, job.level, job.team)
+    standing, _ = level_share_used(p, held_at_level, used_lately, quota)
     holds = reserved_nodes(state)
     why = explain_queue(state, [job_id]).get(job_id) if waiting else None
     return {
@@ -394,7 +427,8 @@ def prio_row(state, job_id: str, now_ms: int | None = None) -> dict | None:
         "wait_s": round(max(0, now - job.queued_since_t) / 1000, 1) if waiting else None,
         "team_quota": round(quota, 3),
         "team_gpus_at_level": held_at_level,
-        "team_fair_share_ratio": round(held_at_level / quota, 3) if quota else None,
+        "team_gpus_lately_at_level": round(used_lately, 6),
+        "team_fair_share_ratio": round(standing, 3) if quota else None,
         "holds_own_nodes": sorted(n for n, (_, holder) in holds.items() if holder == job_id),
         "holds_for_others": sorted(
             {holder: None for _, (_, holder) in sorted(holds.items()) if holder != job_id}

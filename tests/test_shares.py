@@ -9,10 +9,13 @@ import pytest
 from core.model.entities import Job
 from core.model.policy import Policy
 from core.rules.shares import (
+    HELD_AND_USED,
+    HELD_NOW,
     BEYOND_SHARE,
     NOTHING_LENT,
     RECLAIM_OFF,
     above_share,
+    level_share_used,
     lent_gpus,
     max_min_shares,
     reclaim_refusal,
@@ -70,3 +73,20 @@ def test_reclaim_refusal_table(p, level, gpus, held_a, held_b, refusal):
     shares = {"a": 8.0, "b": 8.0}
     held = {"a": held_a, "b": held_b}
     assert reclaim_refusal(p, job(level, gpus), shares, held, lent_gpus(shares, held)) == refusal
+
+
+DECAYS = msgspec.structs.replace(Policy(), fair_share_half_life_s=7 * 24 * 3600.0)
+
+
+@pytest.mark.parametrize(
+    ("policy", "held", "used", "quota", "verdict"),
+    [
+        (Policy(), 6, 0.0, 3.0, (2.0, HELD_NOW)),
+        (Policy(), 0, 5.0, 1.0, (0.0, HELD_NOW)),  # no half-life: past use does not count
+        (DECAYS, 0, 5.0, 1.0, (5.0, HELD_AND_USED)),
+        (DECAYS, 6, 3.0, 3.0, (3.0, HELD_AND_USED)),
+        (DECAYS, 0, 0.0, 2.0, (0.0, HELD_AND_USED)),
+    ],
+)
+def test_level_share_used_table(policy, held, used, quota, verdict):
+    assert level_share_used(policy, held, used, quota) == verdict

@@ -115,9 +115,10 @@ def register(sub) -> None:
     shares.add_argument(
         "--half-life-s",
         type=float,
-        default=USAGE_HALF_LIFE_S,
+        default=None,
         metavar="S",
-        help="usage decays by half every S seconds (default 604800: 7 days, as Slurm's)",
+        help="usage decays by half every S seconds (default: the policy's fair_share_half_life_s"
+        " when set, else 604800: 7 days, as Slurm's)",
     )
     shares.set_defaults(func=cmd_shares)
 
@@ -677,7 +678,12 @@ def cmd_prio(args) -> int:
         (
             "fair share",
             f"team {row['team']} holds {row['team_gpus_at_level']} GPUs at level {row['level']}"
-            f" for quota {row['team_quota']:g} (ratio {row['team_fair_share_ratio']}; lower is served first"
+            + (
+                f" and held {row['team_gpus_lately_at_level']:g} on average lately"
+                if row.get("team_gpus_lately_at_level")
+                else ""
+            )
+            + f" for quota {row['team_quota']:g} (ratio {row['team_fair_share_ratio']}; lower is served first"
             " under fair_share)",
         ),
         (
@@ -788,9 +794,11 @@ def cmd_shares(args) -> int:
     from agents.client import records
     from projections.views import share_rows, usage_rows
 
-    if not args.half_life_s > 0:
+    if args.half_life_s is not None and not args.half_life_s > 0:
         raise UserError("--half-life-s must be positive")
     state = _state(args)
+    if args.half_life_s is None:
+        args.half_life_s = state.canonical.policy.fair_share_half_life_s or USAGE_HALF_LIFE_S
     rows = share_rows(state)
     usage = usage_rows([r for _, r in records(client_url(args))], args.half_life_s, state.canonical.t)
     for r in rows:
@@ -826,6 +834,16 @@ def cmd_shares(args) -> int:
         f"GPU-H: GPU-hours run; DECAYED: the same, halved every {duration(args.half_life_s)} back;"
         " PART: the team's part of all decayed usage"
     )
+    if state.canonical.policy.fair_share_half_life_s > 0:
+        standings = [
+            f"{r['team']} L{level} {s['standing']:g} ({s['held_gpus']} held, {s['used_gpus_lately']:g} lately)"
+            for r in rows
+            for level, s in sorted(r.get("levels", {}).items())
+        ]
+        print(
+            "fair share inside levels (GPUs held now plus held on average lately, per quota; lowest"
+            f" served first): {'; '.join(standings) or 'none yet'}"
+        )
     return 0
 
 

@@ -172,6 +172,14 @@ class LevelWait(msgspec.Struct, kw_only=True, omit_defaults=True):
     mean_ms: float = 0.0
 
 
+class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A team's GPU use at one level, decayed by half every `fair_share_half_life_s`: the
+    decayed GPU-milliseconds up to `t` (core/model/usage.py)."""
+
+    gpu_ms: float = 0.0
+    t: int = 0
+
+
 class Ledger(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A team's compensation: quota GPU-hours (lasting and time-limited) and fee credit."""
 
@@ -207,6 +215,9 @@ class Canonical(msgspec.Struct, kw_only=True):
     level_wait: list[LevelWait] = msgspec.field(default_factory=lambda: [LevelWait() for _ in range(LEVELS)])
     rr_last_team: list[str] = msgspec.field(default_factory=lambda: [""] * LEVELS)
     ledger: dict[str, Ledger] = {}
+    # "level/team" -> the team's decayed GPU use at that level, kept only while
+    # `fair_share_half_life_s` is set (core/model/usage.py).
+    usage: dict[str, Usage] = {}
     # Every set_policy param the log has set (merged, as recorded): what the log determines
     # of `policy`; the rest are the defaults of the release that folds it. A digest covers
     # these, not `policy` (core/log/digest.py).

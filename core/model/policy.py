@@ -43,6 +43,12 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     # Team weights for fair share; a team not listed weighs 1.
     team_quota: dict[str, float] = {}
+    # Fair share inside a level weighs each team's GPUs held at the level now plus its use of
+    # the level over time, decayed by half every this many seconds (as Slurm's
+    # PriorityDecayHalfLife and Kueue's admission fair sharing do), against its quota: a team
+    # that ran much lately waits behind one that did not, even while neither holds GPUs.
+    # 0: only the GPUs held now count (core/rules/shares.py `level_share_used`).
+    fair_share_half_life_s: float = 0.0
     # Fraction of the pool each level keeps, counted in whole GPUs (rounded down): while a
     # level with queued jobs holds less, placement serves it first up to that many GPUs,
     # and its jobs are not preempted below it. A level-0 job is never kept waiting by a
@@ -294,6 +300,11 @@ def validate(policy: Policy) -> Policy:
                 f"preempts_from_level[{level}]={first}: a level may only preempt lower"
                 f" levels, so it must be > {level}"
             )
+    if not 0 <= policy.fair_share_half_life_s < 1e9:
+        raise PolicyError(
+            f"fair_share_half_life_s must be >= 0 seconds (0: only GPUs held now count), got"
+            f" {policy.fair_share_half_life_s}"
+        )
     if not 0 <= policy.fair_share_from_level <= LEVELS:
         raise PolicyError(f"fair_share_from_level must be 0..{LEVELS} ({LEVELS}: no level is covered)")
     if (

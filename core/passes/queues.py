@@ -16,7 +16,7 @@ from typing import Iterator
 from ..model import types as T
 from ..log.seal import Ctx
 from ..rules.fairness import team_downgrade_ends_t
-from ..rules.shares import team_quota
+from ..rules.shares import level_share_used, level_used_gpus, team_quota
 from ..model.state import State, queue_depth
 from ..model.types import LEVELS
 
@@ -201,22 +201,30 @@ def _order(state: State, level: int, policy: str, teams, names: list[str]) -> It
 
 def _fair_share_order(state: State, level: int, teams, names: list[str]) -> Iterator[str]:
     """Next from the team furthest below its quota inside the level (GPUs its jobs of this
-    level hold / quota, counting the jobs already offered in this pass: fair share decides
+    level hold / quota, counting the jobs already offered in this pass, and with a half-life
+    the GPUs the team held there lately: `level_share_used`): fair share decides
     who gets the level's next GPUs, whatever the teams hold at other levels), ties to the
     older submit, then the team name. Jobs aged into the level queue behind the jobs that
     belong there, as at the first-come-first-served levels, and among themselves by the same
     fair share inside their own level: a team's aged job is weighed by what the team holds
     at the level the job belongs to."""
     c = state.canonical
+    p = c.policy
     held = state.index.level_team_gpus
     quotas = {name: team_quota(state, name) for name in names}
     offered: dict[tuple[str, int], int] = {}
+    lately: dict[tuple[str, int], float] = {}  # GPUs held on average lately (with a half-life)
+    decays = p.fair_share_half_life_s > 0
 
     def entry(name: str, cursor: int) -> tuple:
         queued = teams[name][cursor]
         own_level = queued[0]
-        used = held[own_level].get(name, 0) + offered.get((name, own_level), 0)
-        return (own_level, used / quotas[name], queued[1], name, cursor)
+        key = (name, own_level)
+        used = held[own_level].get(name, 0) + offered.get(key, 0)
+        if decays and key not in lately:
+            lately[key] = level_used_gpus(state, own_level, name)
+        standing, _ = level_share_used(p, used, lately.get(key, 0.0), quotas[name])
+        return (own_level, standing, queued[1], name, cursor)
 
     heap = [entry(name, 0) for name in names]
     heapq.heapify(heap)

@@ -10,8 +10,10 @@ theirs, and no team's jobs preempt a team that is not above its share (see
 
 from __future__ import annotations
 
+from ..model.policy import Policy
 from ..model.state import State, teams_with_demand
 from ..model.entities import PREEMPTING, Job
+from ..model.usage import decayed_gpu_ms, mean_gpus, usage_key
 
 SHARE_EPSILON = 1e-6  # shares are fractions of GPUs; a held count equal to one is at it
 
@@ -64,6 +66,36 @@ def max_min_shares(
         left -= shares[name]
         weight_left -= weights[name]
     return shares
+
+
+HELD_NOW = "held_now"  # only the GPUs the team holds at the level now count
+HELD_AND_USED = "held_and_used"  # and its use of the level over time, decayed
+
+
+def level_share_used(p: Policy, held_gpus: int, used_gpus: float, quota: float) -> tuple[float, str]:
+    """(how far into its quota, why): a team's standing inside a level, by which fair share
+    serves the team furthest below its quota first. The GPUs its jobs of the level hold now
+    (and those a pass has just offered them), plus, with `fair_share_half_life_s`, the GPUs
+    it held there on average lately (`used_gpus`, see `level_used_gpus`), per unit of quota.
+    Without the half-life the order is first come first served whenever jobs run one at a
+    time (no team holds anything when the next is chosen); with it a team that ran much
+    lately waits behind one that did not, so over time each is served by its quota."""
+    if p.fair_share_half_life_s <= 0:
+        return held_gpus / quota, HELD_NOW
+    return (held_gpus + used_gpus) / quota, HELD_AND_USED
+
+
+def level_used_gpus(state: State, level: int, team: str) -> float:
+    """The GPUs `team` held at `level` on average lately: its use decayed by half every
+    `fair_share_half_life_s`, up to now (0 when the half-life is 0)."""
+    c = state.canonical
+    half_life_ms = c.policy.fair_share_half_life_s * 1000.0
+    if half_life_ms <= 0:
+        return 0.0
+    held = state.index.level_team_gpus[level].get(team, 0)
+    return mean_gpus(
+        decayed_gpu_ms(c.usage.get(usage_key(level, team)), held, c.t, half_life_ms), half_life_ms
+    )
 
 
 def holding(state: State) -> dict[str, int]:
