@@ -400,7 +400,7 @@ class Scheduler:
             # forgets the passes' memory here too (core.model.types.SchedulerStart).
             # Dated at the state's time, not now: the inputs that waited while no scheduler
             # led are dated when they arrived, which may be before now (`input_time`).
-            start = T.SchedulerStart(t=self.state.canonical.t, instance=self.instance)
+            start = T.SchedulerStart(t=self.state.canonical.t or now_ms(), instance=self.instance)
             await self._flush(await self._apply(start, []))
             await self._disown([f for f in foreign if not f.disowned_by])
             await self._ensure_policy()
@@ -528,7 +528,7 @@ class Scheduler:
         pending: list = []
         for item in sorted(foreign, key=lambda f: f.pos):
             inp = T.DisownRecord(
-                t=self.state.canonical.t,  # as `SchedulerStart`: inputs that waited come next
+                t=self.state.canonical.t or now_ms(),  # as `SchedulerStart`: inputs that waited come next
                 log_seq=item.pos,
                 digest=item.digest,
                 reason=item.reason,
