@@ -340,8 +340,13 @@ class Scheduler:
     async def _renew_lease(self) -> None:
         try:
             self._lease_rev = await self.kv.update(LEASE_KEY, self._lease_value(), last=self._lease_rev)
+            self._writes_unanswered = 0
         except (KeyValueError, BadRequestError) as err:
             raise LostLeadership(f"lease lost ({err})") from err
+        except Exception as err:
+            if "timeout" in repr(err).lower() and self.nc.is_connected:
+                await self._write_unanswered()  # a lease write is a write too
+            raise
 
     async def _release_lease(self) -> None:
         if not self._lease_rev:

@@ -156,9 +156,16 @@ def test_up_restarts_its_bus_once_a_full_disk_has_room_again(tmp_path):
             url, lambda rs: any(isinstance(r.event, T.JobRunning) and r.event.job == "before" for r in rs)
         )
         filler = fill(disk)
-        deadline = time.monotonic() + 60
-        while "cannot store anything" not in (tmp_path / "up.log").read_text():
-            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+        deadline = time.monotonic() + 90
+        scheduler_log = data / "logs" / "scheduler.log"
+        # `xirang up` says the disk is full; the scheduler, that its appends go unanswered.
+        while (
+            "cannot store anything" not in (tmp_path / "up.log").read_text()
+            or "its JetStream store cannot write" not in scheduler_log.read_text()
+        ):
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text() + scheduler_log.read_text()[
+                -2000:
+            ]
             time.sleep(0.5)
         filler.unlink()
         while "restarting the embedded nats-server" not in (tmp_path / "up.log").read_text():
