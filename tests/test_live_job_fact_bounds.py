@@ -15,7 +15,7 @@ from core import types as T
 
 pytestmark = pytest.mark.timeout(150)
 
-FACTS = 5_000
+FACTS = 10_000
 FLOOD = (
     "import json, os, time\n"
     "box, job = os.environ['XR_OUTBOX'], os.environ['XR_JOB']\n"
@@ -63,7 +63,7 @@ def test_a_job_flooding_its_outbox_is_bounded_and_delays_no_other_start(tmp_path
             r for r in records if isinstance(r.event, T.JobStartRequested) and r.event.job == "other"
         )
         running = next(r for r in records if isinstance(r.event, T.JobRunning) and r.event.job == "other")
-        assert running.event.t - started.event.t < 3000, running.event.t - started.event.t
+        assert running.event.t - started.event.t < 5000, running.event.t - started.event.t
         time.sleep(2)
         elapsed_s = time.monotonic() - flooded_at + 60
         facts_taken = len({r.input_seq for r in about(c.records(), "flood")})
