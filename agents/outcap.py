@@ -14,6 +14,10 @@ can neither fill the host's disk nor stop printing.
 - It runs as the agent's user in a session of its own, so the job can neither signal nor
   stop it; it detaches at once (the agent does not wait for it) and ends when every
   writer of the pipe is gone (the job and whatever it started).
+- The run's folder belongs to the job's user, who may put a link where `output.log` goes:
+  the file is opened without following a symlink, a fresh one after a rotation only if
+  none is there (`O_EXCL`), and only a plain file with one link is written to, so the
+  keeper never writes where the job points it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import stat
 import sys
 import time
 
@@ -47,12 +52,22 @@ class Keeper:
         self._room = True
         self._open()
 
-    def _open(self) -> None:
+    def _open(self, fresh: bool = False) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        if fresh:
+            flags |= os.O_EXCL
         try:
-            self.fh = open(self.path, "ab")
-            self.size = self.fh.tell()
+            fd = os.open(self.path, flags, 0o600)
         except OSError:
             self.fh = None
+            return
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)  # a device, a fifo or a hard link someone planted: not ours to write
+            self.fh = None
+            return
+        self.fh = os.fdopen(fd, "ab")
+        self.size = st.st_size
 
     def _has_room(self) -> bool:
         now = time.monotonic()
@@ -107,7 +122,7 @@ class Keeper:
             os.replace(self.path, self.path + ".1")
         except OSError:
             pass
-        self._open()
+        self._open(fresh=True)
         if self.fh is not None:
             self._raw(
                 f"[xirang: output rotated; {self.rotated_bytes} bytes before this point, the last"

@@ -207,3 +207,56 @@ def test_an_agent_on_a_full_disk_refuses_new_runs_and_still_manages_its_running_
         assert agent.poll() is None and "Traceback" not in (c.logs / "h1.log").read_text()
         filler.unlink()
         c.wait_for(T.JobFinished, job="b", timeout_s=60)
+
+
+def test_the_output_keeper_never_writes_where_a_job_points_its_output_file(tmp_path):
+    """The run's folder is the job's: a job that replaces `output.log` with a symlink to
+    another file, then prints past a rotation, gets its output kept in a fresh file; the
+    file it pointed at is untouched."""
+    target = tmp_path / "not-the-jobs"
+    target.write_text("keep me\n")
+    code = (
+        "import os, sys; d = os.environ['XR_JOB_DIR']; out = os.path.join(d, 'output.log'); "
+        f"os.remove(out); os.symlink({str(target)!r}, out); "
+        "[sys.stdout.write('x' * 1000 + chr(10)) for _ in range(400)]; sys.stdout.flush()"
+    )
+    with Cluster(tmp_path / "c") as c:
+        c.scheduler()
+        c.wait(lambda rs: (tmp_path / "c" / "keys" / "scheduler.pub").exists(), 20, "the key")
+        c._spawn(
+            [
+                "agent",
+                "--nats",
+                c.url,
+                "--node",
+                "h1",
+                "--simulate",
+                "1xH100",
+                "--data-dir",
+                str(tmp_path / "c"),
+            ]
+            + ["--job-output-max-mb", "0.1"],
+            "h1.log",
+        )
+        c.wait_for(T.NodeJoined, node="h1")
+        c.send(T.Submit(job="sly", team="t", user="u", level=5, gpus=1, command=[sys.executable, "-c", code]))
+        c.wait_for(T.JobFinished, job="sly")
+        time.sleep(1)  # the keeper writes what is left, then ends
+        assert target.read_text() == "keep me\n"
+        kept = next((tmp_path / "c" / "hosts").glob("h1/runs/sly*/output.log"))
+        assert not kept.is_symlink() and "output rotated" in kept.read_text()
+
+
+def test_the_output_keeper_refuses_a_symlink_or_a_hard_link_planted_before_it_opens(tmp_path):
+    from agents.outcap import Keeper
+
+    target = tmp_path / "not-the-jobs"
+    target.write_text("keep me\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "output.log").symlink_to(target)
+    Keeper(str(run / "output.log"), max_bytes=2**20, floor_bytes=0).write(b"evil\n")
+    (run / "output.log").unlink()
+    os.link(target, run / "output.log")
+    Keeper(str(run / "output.log"), max_bytes=2**20, floor_bytes=0).write(b"evil\n")
+    assert target.read_text() == "keep me\n"
