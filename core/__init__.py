@@ -3,6 +3,23 @@
 One entry point, `step(state, input) -> (state, records)`, used live, in replay and in the
 simulator. Imports only the standard library and msgspec; time, ids and randomness arrive
 in inputs.
+
+Its sub-packages, lowest first (each imports only those below it: tests/test_layers.py):
+
+- `model`: the inputs and events (`types`), the policy, the state's entities, the state
+  and its index, the scratch beside it (caches, the passes' memory), where a gang fits;
+- `forecast`: when running jobs release their GPUs, when a gang fits, a job's natural wait;
+- `log`: `evolve` (the only code that changes a state), the seal, the state digests;
+- `rules`: each rule of the decision model in a module named after it (`rights`,
+  `shields`, `guarantees`, `fairness`, `shares`, `pricing`, `benefit`, `holds`,
+  `substitutes`; `eligibility` combines them per victim; `decision` is one decision's
+  context), each a pure function giving "" or the name of the rule that refuses, and the
+  module's own sentence for it; each has tests/test_<module>.py with its table of cases;
+- `passes`: aging, placement, the preemption plan and its victim search, the saga.
+
+At the top: `machine` (`step`), `inputs` (each input's handler), `identity` (who may send
+what), `explain` (why a job waits: it asks the plan which rule blocks, `diagnose=True`),
+`replay`.
 """
 
 from .machine import new_state, next_due_t, step
