@@ -29,7 +29,7 @@ from .rules.eligibility import HELD_NODE
 from .rules.rights import may_preempt
 from .rules.fairness import USER_PREEMPTING, describe_user_preempting
 from .rules.holds import VICTIM_CAP, binding_holds, describe_cap
-from .rules.shares import fair_shares, holding, lent_gpus, reclaim_refusal, within_share
+from .rules.shares import fair_shares, holding, lent_gpus, reclaim_refusal, teams_below_share, within_share
 from .model.entities import HELD as HELD_STATE
 from .model.state import State
 from .model.entities import QUEUED, RESERVED, Job
@@ -238,17 +238,16 @@ def _holders_words(state: State, holders: list[Job]) -> str:
 
 
 def _team_at_share(state: State, job: Job) -> bool:
+    """Whether the placement pass serves other teams' jobs first: the guarantee covers the
+    job's level, its team would go beyond its share, and another team waits below its own
+    (`teams_below_share`, the list the pass serves first)."""
     p = state.canonical.policy
     if not p.fair_share_guarantee or job.level < p.fair_share_from_level:
         return False
-    shares = fair_shares(state)
-    held = holding(state)
+    shares, held, below = teams_below_share(state)
     if within_share(held.get(job.team, 0), job.gpus, shares.get(job.team, 0.0)):
         return False
-    return any(
-        team != job.team and within_share(held.get(team, 0), 1, shares.get(team, 0.0))
-        for team in sorted(state.index.waiting_by_team)
-    )
+    return any(team != job.team for team in below)
 
 
 def _why_no_preemption(state: State, job: Job) -> tuple[Pending | None, str]:
