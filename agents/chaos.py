@@ -58,7 +58,10 @@ STOP_MAX_S = 6.0  # SIGSTOP lasts up to this: past the node timeout about half t
 FENCING_WINDOW_S = STOP_MAX_S + GRACE_S + 4.0
 SUBMIT_EVERY_S = (1.0, 4.0)
 FAULT_EVERY_S = (3.0, 9.0)
-SETTLE_S_MAX = 180.0
+# After the faults, the cluster works off its backlog: settling goes on while jobs still end
+# (a job is lost when nothing ends for SETTLE_IDLE_S with it unended), at most SETTLE_S_MAX.
+SETTLE_IDLE_S = 120.0
+SETTLE_S_MAX = 900.0
 # Of the submissions, this share are 2-node gangs (12 or 16 GPUs) of 100-500 steps: with the
 # single-host jobs the pool is loaded about 70%, so the backlog drains once the faults stop.
 GANG_SHARE = 0.1
@@ -256,9 +259,11 @@ class Chaos:
                 self._start_agent(name)
 
     def _settle(self) -> None:
-        """Until every accepted job has ended (or the settling time is up)."""
+        """Until every accepted job has ended, or no job has ended for SETTLE_IDLE_S (the rest
+        are stuck), or SETTLE_S_MAX is up: a long storm leaves a backlog that takes time."""
         deadline = time.monotonic() + SETTLE_S_MAX
-        while time.monotonic() < deadline:
+        last_progress, ended_before = time.monotonic(), -1
+        while time.monotonic() < deadline and time.monotonic() - last_progress < SETTLE_IDLE_S:
             try:
                 records = self.c.records()
             except Exception:  # noqa: BLE001 - the bus may still be electing
@@ -271,6 +276,8 @@ class Chaos:
             }
             if all(job in ended for job in self.accepted):
                 return
+            if len(ended) != ended_before:
+                last_progress, ended_before = time.monotonic(), len(ended)
             time.sleep(1.0)
 
     # ------------------------------------------------------------ invariants
