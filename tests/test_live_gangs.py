@@ -4,6 +4,7 @@ preempted and resumed as one, and stop as one when a part is killed or cannot st
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -153,13 +154,15 @@ def test_every_part_gets_the_rendezvous_variables_of_its_run(two_hosts, tmp_path
     start = starts(records, "env")[0]
     order = [slot.node for slot in start.event.placement]
     seen = {}
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 40
     while len(seen) < 2 and time.monotonic() < deadline:
         for node in ("h1", "h2"):
             text = part_output(two_hosts.root, node, "env", start.n)
-            if text.strip():
-                seen[node] = eval(text.strip().splitlines()[-1])  # noqa: S307 - our own dict literal
+            lines = [ln for ln in text.splitlines() if ln.startswith("{'MASTER_ADDR'") and ln.endswith("}")]
+            if lines:  # a whole line (the output reaches the file through a pipe)
+                seen[node] = ast.literal_eval(lines[-1])
         time.sleep(0.2)
+    assert sorted(seen) == ["h1", "h2"], f"outputs seen: {seen}"
     port = str(20000 + start.n % 10000)
     for rank, node in enumerate(order):
         got = seen[node]
