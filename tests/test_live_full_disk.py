@@ -216,7 +216,8 @@ def test_the_output_keeper_never_writes_where_a_job_points_its_output_file(tmp_p
     target = tmp_path / "not-the-jobs"
     target.write_text("keep me\n")
     code = (
-        "import os, sys; d = os.environ['XR_JOB_DIR']; out = os.path.join(d, 'output.log'); "
+        "import os, sys, time; d = os.environ['XR_JOB_DIR']; out = os.path.join(d, 'output.log'); "
+        "[time.sleep(0.05) for _ in range(200) if not os.path.exists(out)]; "  # the keeper's file
         f"os.remove(out); os.symlink({str(target)!r}, out); "
         "[sys.stdout.write('x' * 1000 + chr(10)) for _ in range(400)]; sys.stdout.flush()"
     )
