@@ -181,7 +181,8 @@ def train(args, rank: int, world: int, job) -> int:
     step = int(start[0])
     params, velocity = start[1 : FEATURES + 2].copy(), start[FEATURES + 2 :].copy()
     if rank == 0:
-        print(f"rank 0: {world} ranks met at step {step}", flush=True)
+        where = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '-')}"
+        print(f"rank 0: {world} ranks met at step {step} at {where}", flush=True)
     while step < args.steps:
         control = STOP if rank == 0 and job is not None and job.preempting() else GO
         grad, control = group.all_reduce_mean(gradient(params, x, y, args.seed, step, rank), control)

@@ -129,6 +129,10 @@ def test_a_16_gpu_gang_preempted_by_a_level_0_job_resumes_to_the_parameters_of_a
         primary = resumed.event.placement[0].node
         text = part_output(root, primary, "ddp", resumed.n)
         assert f"resumed at step {resumed.event.ckpt_step}" in text and "16 ranks met" in text, text
+        # A new run, a new rendezvous: its own port (and the first node of its placement).
+        assert f"at 127.0.0.1:{20000 + resumed.n % 10000}" in text
+        first_text = part_output(root, first.event.placement[0].node, "ddp", first.n)
+        assert f"16 ranks met at step 0 at 127.0.0.1:{20000 + first.n % 10000}" in first_text
         assert not matching(records, T.JobFailed, job="ddp")
     params = np.load(final)["params"]
     assert int(np.load(final)["step"]) == steps
