@@ -28,7 +28,6 @@ from ..model.entities import (
     node_free_count,
 )
 from ..model.policy import FAIR_SHARE
-from ..model.types import LEVELS
 from ..model.usage import decayed_gpu_ms, usage_key
 
 
@@ -36,43 +35,37 @@ def evolve(state: State, ev: T.Event) -> None:
     """Apply one event to the state: the only code that changes a State (the clock moves to the
     event's time)."""
     handler = _HANDLERS.get(type(ev))
-    if handler is not None and state.canonical.policy.fair_share_half_life_s > 0:
-        held_before = _fair_share_holdings(state)
-        state.canonical.t = ev.t
+    state.canonical.t = ev.t
+    if handler is None:
+        return
+    if state.canonical.policy.fair_share_half_life_s > 0:
+        state.index.hold_changes = []
         handler(state, ev)
-        _note_usage(state, held_before, ev.t)
+        _note_usage(state, ev.t)
     else:
-        state.canonical.t = ev.t
-        if handler is None:
-            return
         handler(state, ev)
     for job_id in touched_jobs(ev):
         touch_job(state, job_id, release_spec)
 
 
-def _fair_share_holdings(state: State) -> list[tuple[int, dict[str, int]]]:
-    """The GPUs each team holds at each fair-share level (a copy)."""
+def _note_usage(state: State, t: int) -> None:
+    """Bring a team's decayed use of a fair-share level up to `t` where the GPUs it holds
+    there changed: until now it held what it held before the event."""
     ix = state.index
-    policies = state.canonical.policy.queue_policy
-    return [
-        (level, dict(ix.level_team_gpus[level])) for level in range(LEVELS) if policies[level] == FAIR_SHARE
-    ]
-
-
-def _note_usage(state: State, held_before: list[tuple[int, dict[str, int]]], t: int) -> None:
-    """Bring a team's decayed use at a level up to `t` where the GPUs it holds there changed:
-    until now it held what it held before."""
+    changes, ix.hold_changes = ix.hold_changes or [], None
     c = state.canonical
+    if not changes:
+        return
+    policies = c.policy.queue_policy
     half_life_ms = c.policy.fair_share_half_life_s * 1000.0
-    ix = state.index
-    for level, before in held_before:
-        after = ix.level_team_gpus[level]
-        for team in sorted(before.keys() | after.keys()):
-            if before.get(team, 0) == after.get(team, 0):
-                continue
-            key = usage_key(level, team)
-            gpu_ms = decayed_gpu_ms(c.usage.get(key), before.get(team, 0), t, half_life_ms)
-            c.usage[key] = Usage(gpu_ms=gpu_ms, t=t)
+    first: dict[tuple[int, str], int] = {}
+    for level, team, before in changes:
+        first.setdefault((level, team), before)
+    for (level, team), before in sorted(first.items()):
+        if policies[level] != FAIR_SHARE or ix.level_team_gpus[level].get(team, 0) == before:
+            continue
+        key = usage_key(level, team)
+        c.usage[key] = Usage(gpu_ms=decayed_gpu_ms(c.usage.get(key), before, t, half_life_ms), t=t)
 
 
 def touched_jobs(ev: T.Event) -> list[str]:

@@ -72,6 +72,9 @@ class Index:
         # level -> {job id: None} of jobs holding GPUs, to find preemption victims by level
         self.holding_by_level: list[dict[str, None]] = [{} for _ in range(LEVELS)]
         self.total_gpus = 0
+        # While evolve keeps decayed usage (a fair-share half-life is set): each change of the
+        # GPUs a team holds at a level, as (level, team, GPUs held before); None otherwise.
+        self.hold_changes: list[tuple[int, str, int]] | None = None
         self.job_hashes: dict[str, int] = {}
         self.jobs_sum = 0  # of `job_hashes`; jobs in `hashes_stale` are not in it yet
         # Jobs touched since their hash was last taken: hashed when a digest needs the sum
@@ -220,6 +223,8 @@ def hold_add(ix: Index, job: Job) -> None:
     ix.team_gpus[job.team] = ix.team_gpus.get(job.team, 0) + job.gpus
     ix.level_gpus[job.level] += job.gpus
     by_team = ix.level_team_gpus[job.level]
+    if ix.hold_changes is not None:
+        ix.hold_changes.append((job.level, job.team, by_team.get(job.team, 0)))
     by_team[job.team] = by_team.get(job.team, 0) + job.gpus
     ix.holding_by_level[job.level][job.id] = None
 
@@ -232,6 +237,8 @@ def hold_remove(ix: Index, job: Job) -> None:
         del ix.team_gpus[job.team]
     ix.level_gpus[job.level] -= job.gpus
     by_team = ix.level_team_gpus[job.level]
+    if ix.hold_changes is not None:
+        ix.hold_changes.append((job.level, job.team, by_team[job.team]))
     by_team[job.team] -= job.gpus
     if by_team[job.team] == 0:
         del by_team[job.team]
