@@ -12,18 +12,19 @@ from core.rules.compensation import BELOW, DUE, compensation_due, first_compensa
 
 from scenario import MIN, Run, node, of, start_all, submit
 
+REACHES = msgspec.structs.replace(Policy(), compensation_when_exceeded=False)
 EXCEEDS = msgspec.structs.replace(Policy(), compensation_when_exceeded=True)
 
 
 @pytest.mark.parametrize(
     ("policy", "count", "verdict"),
     [
-        (Policy(), 2, (False, BELOW)),
-        (Policy(), 3, (True, DUE)),  # the count reaches the threshold (3)
-        (Policy(), 4, (True, DUE)),
+        (REACHES, 2, (False, BELOW)),
+        (REACHES, 3, (True, DUE)),  # the count reaches the threshold (3)
+        (REACHES, 4, (True, DUE)),
         (EXCEEDS, 3, (False, BELOW)),  # the spec: the count exceeds it
         (EXCEEDS, 4, (True, DUE)),
-        (msgspec.structs.replace(Policy(), compensation_after_preemptions=0), 1, (True, DUE)),
+        (msgspec.structs.replace(REACHES, compensation_after_preemptions=0), 1, (True, DUE)),
     ],
 )
 def test_compensation_due_table(policy, count, verdict):
@@ -31,7 +32,7 @@ def test_compensation_due_table(policy, count, verdict):
 
 
 def test_first_compensation_and_its_words():
-    assert (first_compensation(Policy()), first_compensation(EXCEEDS)) == (3, 4)
+    assert (first_compensation(REACHES), first_compensation(EXCEEDS)) == (3, 4)
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st",
     ]  # fmt: skip
@@ -57,6 +58,6 @@ def preempted_times(count: int, **params) -> list[T.CompensationGranted]:
 
 
 def test_compensation_starts_at_the_threshold_by_default_and_past_it_with_the_switch():
-    assert {e.preempt_count for e in preempted_times(3)} == {3}
+    assert {e.preempt_count for e in preempted_times(3, compensation_when_exceeded=False)} == {3}
     assert preempted_times(3, compensation_when_exceeded=True) == []
     assert {e.preempt_count for e in preempted_times(4, compensation_when_exceeded=True)} == {4}

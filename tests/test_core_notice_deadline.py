@@ -48,7 +48,7 @@ def finish_write_and_let_go(run: Run) -> list[T.Event]:
 
 
 def test_the_deadline_covers_a_checkpoint_being_written_and_the_saga_commits():
-    run, plan = writing_victim(notice_covers_save_in_progress=True)
+    run, plan = writing_victim(notice_covers_save_in_progress=True, late_release_counts_as_preemption=False)
     assert plan.deadline_t >= SAVE_ENDS_T + run.state.canonical.policy.deadline_slack_ms
     events = finish_write_and_let_go(run)
     assert not of(events, T.PreemptionRolledBack)
@@ -59,7 +59,7 @@ def test_the_deadline_covers_a_checkpoint_being_written_and_the_saga_commits():
 
 
 def test_without_it_the_saga_rolls_back_during_the_write_and_the_release_goes_uncounted():
-    run, plan = writing_victim()
+    run, plan = writing_victim(notice_covers_save_in_progress=False, late_release_counts_as_preemption=False)
     assert plan.deadline_t - NOTICE_T == run.state.canonical.policy.deadline_min_ms
     events = finish_write_and_let_go(run)
     assert [e.reason for e in of(events, T.PreemptionRolledBack)] == ["deadline_passed"]
@@ -71,7 +71,7 @@ def test_without_it_the_saga_rolls_back_during_the_write_and_the_release_goes_un
 
 
 def test_a_victim_that_lets_go_after_its_deadline_counts_as_preempted_and_its_saga_says_so():
-    run, plan = writing_victim(late_release_counts_as_preemption=True)
+    run, plan = writing_victim(notice_covers_save_in_progress=False, late_release_counts_as_preemption=True)
     events = finish_write_and_let_go(run)
     overdue = of(events, T.NoticeOverdue)
     assert [(e.saga, e.job, e.deadline_t) for e in overdue] == [(plan.saga, "batch", plan.deadline_t)]
@@ -85,7 +85,11 @@ def test_a_victim_that_lets_go_after_its_deadline_counts_as_preempted_and_its_sa
 
 
 def test_a_late_release_that_reaches_the_threshold_is_compensated():
-    run, plan = writing_victim(late_release_counts_as_preemption=True)
+    run, plan = writing_victim(
+        notice_covers_save_in_progress=False,
+        late_release_counts_as_preemption=True,
+        compensation_when_exceeded=False,
+    )
     run.job("batch").preempt_count = 2  # as if preempted twice before
     events = finish_write_and_let_go(run)
     granted = of(events, T.CompensationGranted)
@@ -98,7 +102,9 @@ def test_the_projection_counts_a_late_release_as_a_successful_preemption(tmp_pat
 
     outcomes = {}
     for counted in (False, True):
-        run, plan = writing_victim(late_release_counts_as_preemption=counted)
+        run, plan = writing_victim(
+            notice_covers_save_in_progress=False, late_release_counts_as_preemption=counted
+        )
         finish_write_and_let_go(run)
         proj = Projector(str(tmp_path / f"p{counted}.duckdb"))
         proj.apply([(i, T.encode(r)) for i, r in enumerate(run.records, 1)])

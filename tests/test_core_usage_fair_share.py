@@ -33,7 +33,20 @@ def start_order(jobs: int = 12, **params) -> list[str]:
 
 
 def test_without_a_half_life_one_job_at_a_time_is_first_come_first_served():
-    assert start_order() == ["b1", "b2", "b3", "b4", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8"]
+    assert start_order(fair_share_half_life_s=0) == [
+        "b1",
+        "b2",
+        "b3",
+        "b4",
+        "a1",
+        "a2",
+        "a3",
+        "a4",
+        "a5",
+        "a6",
+        "a7",
+        "a8",
+    ]
 
 
 def test_with_a_half_life_a_is_served_three_times_for_each_of_bs():

@@ -75,14 +75,15 @@ def test_reclaim_refusal_table(p, level, gpus, held_a, held_b, refusal):
     assert reclaim_refusal(p, job(level, gpus), shares, held, lent_gpus(shares, held)) == refusal
 
 
+INSTANT = msgspec.structs.replace(Policy(), fair_share_half_life_s=0.0)
 DECAYS = msgspec.structs.replace(Policy(), fair_share_half_life_s=7 * 24 * 3600.0)
 
 
 @pytest.mark.parametrize(
     ("policy", "held", "used", "quota", "verdict"),
     [
-        (Policy(), 6, 0.0, 3.0, (2.0, HELD_NOW)),
-        (Policy(), 0, 5.0, 1.0, (0.0, HELD_NOW)),  # no half-life: past use does not count
+        (INSTANT, 6, 0.0, 3.0, (2.0, HELD_NOW)),
+        (INSTANT, 0, 5.0, 1.0, (0.0, HELD_NOW)),  # no half-life: past use does not count
         (DECAYS, 0, 5.0, 1.0, (5.0, HELD_AND_USED)),
         (DECAYS, 6, 3.0, 3.0, (3.0, HELD_AND_USED)),
         (DECAYS, 0, 0.0, 2.0, (0.0, HELD_AND_USED)),

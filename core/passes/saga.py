@@ -185,7 +185,9 @@ def start_saga(ctx: Ctx, job: Job, plan) -> None:
     p = c.policy
     t = ctx.inp.t
     saga_id = f"saga-{c.saga_count + 1}"
-    deadline, _ = notice_deadline(p, t, [c.jobs[v] for v in plan.victims], plan.ready_ms)
+    deadline, _ = notice_deadline(
+        p, t, [c.jobs[v] for v in plan.victims], plan.ready_ms, p.release_wait_max_ms[job.level]
+    )
     victim_nodes = sorted(dict.fromkeys(s.node for v in plan.victims for s in c.jobs[v].placement))
     ctx.emit(
         T.PreemptionPlanned(

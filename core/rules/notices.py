@@ -6,7 +6,9 @@ plan asked for) plus `deadline_slack_ms`, never less than `deadline_min_ms`, and
 with a grace time of its own that grace plus the slack. A victim already writing a
 checkpoint when the notice comes lets go only once that write ends: with
 `notice_covers_save_in_progress` the deadline covers the rest of the write too, so a long
-save does not roll the saga back just before the victim lets go.
+save does not roll the saga back just before the victim lets go (where the preemptor's level
+waits for saves: an urgent level's bound, `release_wait_max_ms`, has its victims let go from
+their last checkpoint instead).
 
 A victim can still let go after the deadline (the withdrawal reaches it too late): its run
 has ended all the same. With `late_release_counts_as_preemption` it counts as preempted, as
@@ -40,11 +42,15 @@ def save_left_ms(victim: Job, t: int) -> int:
     return max(0, victim.ckpt_started_t + victim.ckpt_cost_ms - t)
 
 
-def notice_deadline(p: Policy, t: int, victims: list[Job], ready_ms: int) -> tuple[int, str]:
+def notice_deadline(
+    p: Policy, t: int, victims: list[Job], ready_ms: int, release_wait_max_ms: int = 0
+) -> tuple[int, str]:
     """(deadline time, why): when a saga notified at `t` with `victims`, the slowest expected
     to let go in `ready_ms`, rolls back if a victim still holds its GPUs. The reason names
     what sets it (`DEADLINE_MIN`, `DEADLINE_RELEASE`, `DEADLINE_GRACE` or
-    `DEADLINE_SAVE_IN_PROGRESS`)."""
+    `DEADLINE_SAVE_IN_PROGRESS`). A write in progress is covered only where the preemptor's
+    level waits for it (`release_wait_max_ms`, the level's bound on a victim's release: 0
+    is none): an urgent level's victim lets go from its last checkpoint instead."""
     slack = p.deadline_slack_ms
     options = [
         (p.deadline_min_ms, DEADLINE_MIN),
@@ -53,9 +59,9 @@ def notice_deadline(p: Policy, t: int, victims: list[Job], ready_ms: int) -> tup
         (max((v.grace_ms for v in victims), default=0) + slack, DEADLINE_GRACE),
     ]
     if p.notice_covers_save_in_progress:
-        options.append(
-            (max((save_left_ms(v, t) for v in victims), default=0) + slack, DEADLINE_SAVE_IN_PROGRESS)
-        )
+        left = [save_left_ms(v, t) for v in victims]
+        waited = [ms for ms in left if not release_wait_max_ms or ms <= release_wait_max_ms]
+        options.append((max(waited, default=0) + slack, DEADLINE_SAVE_IN_PROGRESS))
     # The first of the longest: the reason of a tie is the earlier (plainer) one.
     wait_ms, reason = max(options, key=lambda option: option[0])
     return t + wait_ms, reason
