@@ -7,12 +7,13 @@ in inputs.
 Its sub-packages, lowest first (each imports only those below it: tests/test_layers.py):
 
 - `model`: the inputs and events (`types`), the policy, the state's entities, the state
-  and its index, the scratch beside it (caches, the passes' memory), where a gang fits;
+  and its index, the scratch beside it (caches, the passes' memory), where a gang fits,
+  each team's decayed use of a level (`usage`);
 - `forecast`: when running jobs release their GPUs, when a gang fits, a job's natural wait;
 - `log`: `evolve` (the only code that changes a state), the seal, the state digests;
 - `rules`: each rule of the decision model in a module named after it (`rights`,
   `shields`, `guarantees`, `fairness`, `shares`, `pricing`, `benefit`, `holds`,
-  `substitutes`; `eligibility` combines them per victim; `decision` is one decision's
+  `substitutes`, `notices`, `compensation`; `eligibility` combines them per victim; `decision` is one decision's
   context), each a pure function giving "" or the name of the rule that refuses, and the
   module's own sentence for it; each has tests/test_<module>.py with its table of cases;
 - `passes`: aging, placement, the preemption plan and its victim search, the saga.
