@@ -347,6 +347,13 @@ class Audit:
             )
         if isinstance(ev, T.NoticeWithdrawn):
             return "preemption notice withdrawn: keeps running"
+        if isinstance(ev, T.NoticeOverdue):
+            return f"still holding its GPUs at the deadline of {ev.saga} ({fmt_t(ev.deadline_t)})"
+        if isinstance(ev, T.VictimReleasedLate):
+            return (
+                f"released its GPUs after the deadline of {ev.saga}, losing"
+                f" {human_duration(ev.lost_progress_ms)} of progress: preempted after all"
+            )
         if isinstance(ev, T.JobRequeued):
             return (
                 f"requeued ({ev.reason}) with a priority boost of {ev.boost}, preempted"

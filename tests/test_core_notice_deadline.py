@@ -117,3 +117,19 @@ def test_the_projection_counts_a_late_release_as_a_successful_preemption(tmp_pat
         )
     assert outcomes[False] == ("rolled_back", [("rolled_back", False)], 0.0, 0)
     assert outcomes[True] == ("released_late", [("released_late", True)], 1.0, 1)
+
+
+def test_the_audits_story_of_the_job_tells_a_late_release():
+    from projections.audit import Audit
+
+    run, plan = writing_victim(notice_covers_save_in_progress=False, late_release_counts_as_preemption=True)
+    finish_write_and_let_go(run)
+    audit = Audit(job="batch")
+    for pos, record in enumerate(run.records, 1):
+        audit.feed(pos, T.encode(record))
+    audit.finish()
+    assert audit.problem is None
+    assert any(f"still holding its GPUs at the deadline of {plan.saga}" in line for line in audit.story), (
+        audit.story
+    )
+    assert any("after the deadline" in line and "preempted after all" in line for line in audit.story)
