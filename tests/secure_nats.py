@@ -156,6 +156,15 @@ def spawn(root: Path, env: dict, *args: str) -> subprocess.Popen:
     )
 
 
+def spawn_scheduler(nats: SecureNats, root: Path, *extra: str) -> subprocess.Popen:
+    """A scheduler process with the scheduler's credentials, its data under `root`/sched,
+    ticking every 200 ms (`extra` adds options)."""
+    return spawn(
+        root, nats.env("scheduler"), "scheduler", "--nats", nats.url, "--data-dir", str(root / "sched"),
+        "--tick-ms", "200", *extra,
+    )  # fmt: skip
+
+
 def run_cli(env: dict, *args: str, timeout_s: float = 60) -> tuple[int, dict | str]:
     done = subprocess.run(
         [sys.executable, "-m", "xirang.cli", *args],

@@ -25,7 +25,7 @@ from transport import checkpoints as ckptstore
 from trust import natsjwt
 from trust.natsauth import JobMinter, read_creds
 from core import types as T
-from tests.secure_nats import SecureNats, run_cli, running_cluster, spawn
+from tests.secure_nats import SecureNats, run_cli, running_cluster, spawn, spawn_scheduler
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -118,21 +118,7 @@ async def _attack_log(nc, js) -> list[str]:
 def test_shipped_config_runs_sdk_jobs_and_keeps_everyone_but_the_scheduler_off_the_log(secure, tmp_path):
     nats, procs = secure
     (tmp_path / "policy.toml").write_text(FAST_POLICY)
-    procs.append(
-        spawn(
-            tmp_path,
-            nats.env("scheduler"),
-            "scheduler",
-            "--nats",
-            nats.url,
-            "--data-dir",
-            str(tmp_path / "sched"),
-            "--tick-ms",
-            "200",
-            "--policy",
-            str(tmp_path / "policy.toml"),
-        )
-    )
+    procs.append(spawn_scheduler(nats, tmp_path, "--policy", str(tmp_path / "policy.toml")))
     wait_for_streams(nats)
     procs.append(
         spawn(

@@ -12,7 +12,7 @@ import pytest
 
 from agents.scheduler import bus_authenticates
 from core import types as T
-from tests.secure_nats import run_cli, running_cluster, spawn
+from tests.secure_nats import run_cli, running_cluster, spawn_scheduler
 from tests.test_live_deploy import _records, _run, wait_for_streams
 from transport import bus
 
@@ -82,19 +82,7 @@ def _in_subjects(nats) -> dict[str, int]:
 
 def test_no_role_may_publish_an_input_on_a_subject_with_a_token_more_or_fewer(secure, tmp_path):
     nats, procs = secure
-    procs.append(
-        spawn(
-            tmp_path,
-            nats.env("scheduler"),
-            "scheduler",
-            "--nats",
-            nats.url,
-            "--data-dir",
-            str(tmp_path / "sched"),
-            "--tick-ms",
-            "200",
-        )  # fmt: skip
-    )
+    procs.append(spawn_scheduler(nats, tmp_path))
     wait_for_streams(nats)
     refused = [subject for user, subject, inp in ATTACKS if _publish_refused(nats, user, subject, inp)]
     assert refused == [subject for _, subject, _ in ATTACKS]
