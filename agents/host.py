@@ -928,7 +928,7 @@ class HostAgent:
         )
         import subprocess
 
-        out = self._output_pipe(Path(run.dir) / "output.log")
+        out = self._output_pipe(Path(run.dir) / "output.log", self._output_cap(ev))
         as_user = user.popen_kwargs() if user is not None else {}
         try:
             proc = subprocess.Popen(
@@ -961,10 +961,19 @@ class HostAgent:
             log.warning("host %s: cannot make checkpoint folder %s: %r", self.node, roots[0], err)
         return {"XR_CKPT_DIR": str(roots[0]), "XR_CKPT_ROOTS": os.pathsep.join(str(r) for r in roots)}
 
-    def _output_pipe(self, path: Path) -> int:
-        """The write end of a pipe whose reader keeps the run's output in `path`, capped and
-        rotated (agents/outcap.py), as the agent's user: the job can neither stop it nor
-        make it write more."""
+    def _output_cap(self, ev) -> int:
+        """The output a run may keep here: the policy's cap carried by its start
+        (`job_output_max_mb`), never more than this host's own (`--job-output-max-mb`), which
+        stays the machine's floor whatever the policy says."""
+        policy_cap = getattr(ev, "output_max_bytes", msgspec.UNSET)
+        if isinstance(policy_cap, int) and policy_cap > 0:
+            return min(self.output_max_bytes, policy_cap)
+        return self.output_max_bytes
+
+    def _output_pipe(self, path: Path, max_bytes: int) -> int:
+        """The write end of a pipe whose reader keeps the run's output in `path`, capped at
+        `max_bytes` and rotated (agents/outcap.py), as the agent's user: the job can neither
+        stop it nor make it write more."""
         import subprocess
 
         read_end, write_end = os.pipe()
@@ -976,7 +985,7 @@ class HostAgent:
                     "agents.outcap",
                     str(path),
                     "--max-bytes",
-                    str(self.output_max_bytes),
+                    str(max_bytes),
                     "--floor-bytes",
                     str(self.disk_floor_bytes),
                 ],

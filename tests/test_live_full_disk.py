@@ -261,3 +261,48 @@ def test_the_output_keeper_refuses_a_symlink_or_a_hard_link_planted_before_it_op
     os.link(target, run / "output.log")
     Keeper(str(run / "output.log"), max_bytes=2**20, floor_bytes=0).write(b"evil\n")
     assert target.read_text() == "keep me\n"
+
+
+def test_the_policys_output_cap_holds_on_a_host_whose_own_cap_is_larger(tmp_path):
+    """`job_output_max_mb` is a policy parameter: it reaches the host with the job's start,
+    and a job printing past it (but not past the host's own `--job-output-max-mb`, the
+    machine's floor) keeps at most the policy's cap, and runs to its end all the same."""
+    printed = 800 * 1000  # past the policy's 256 KiB, short of the host's 2 MiB
+    code = "import sys; [sys.stdout.write('y' * 999 + chr(10)) for _ in range(800)]; sys.stdout.flush()"
+    with Cluster(tmp_path / "c", policy="job_output_max_mb = 0.25\n") as c:
+        c.scheduler()
+        c.wait(lambda rs: (tmp_path / "c" / "keys" / "scheduler.pub").exists(), 20, "the key")
+        c._spawn(
+            [
+                "agent",
+                "--nats",
+                c.url,
+                "--node",
+                "h1",
+                "--simulate",
+                "1xH100",
+                "--data-dir",
+                str(tmp_path / "c"),
+            ]
+            + ["--job-output-max-mb", "2"],
+            "h1.log",
+        )
+        c.wait_for(T.NodeJoined, node="h1")
+        c.send(
+            T.Submit(job="loud", team="t", user="u", level=5, gpus=1, command=[sys.executable, "-c", code])
+        )
+        records = c.wait_for(T.JobFinished, job="loud")
+        start = next(
+            r.event for r in records if isinstance(r.event, T.JobStartRequested) and r.event.job == "loud"
+        )
+        assert start.output_max_bytes == 2**18
+        kept_files = sorted((tmp_path / "c" / "hosts").glob("h1/runs/loud*/output.log*"))
+        deadline = time.monotonic() + 10  # the keeper writes what is left, then ends
+        sizes = None
+        while sizes != [p.stat().st_size for p in kept_files] and time.monotonic() < deadline:
+            sizes = [p.stat().st_size for p in kept_files]
+            time.sleep(0.5)
+        kept = sum(p.stat().st_size for p in kept_files)
+        assert printed > 2**18 and 0 < kept <= 2**18 + 1024, kept  # two halves and their notice lines
+        assert "output rotated" in kept_files[0].read_text()[:200]
+        assert "Traceback" not in (c.logs / "h1.log").read_text()

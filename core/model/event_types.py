@@ -8,19 +8,8 @@ from __future__ import annotations
 from typing import Any, Union
 import msgspec
 
-from .input_types import SCHEMA_VERSION, Input
-
-
-class Slot(msgspec.Struct, array_like=False, frozen=True):
-    """GPUs of one node in a placement."""
-
-    node: str
-    gpus: list[int]
-
-
-class _Event(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
-    t: int
-    v: int = SCHEMA_VERSION
+from .event_base import OUTPUT_CAP_UNSET, ResumePoint, Slot, _Event
+from .input_types import Input
 
 
 class InputAccepted(_Event, tag="InputAccepted"):
@@ -85,14 +74,6 @@ class JobSubmitted(_Event, tag="JobSubmitted"):
     grace_s: float = 0.0  # 0: the host's grace time
 
 
-class ResumePoint(msgspec.Struct, kw_only=True, frozen=True):
-    """A checkpoint a resume may start from: its step, digest and where it lies."""
-
-    step: int
-    digest: str
-    path: str
-
-
 class JobStartRequested(_Event, tag="JobStartRequested"):
     """Host-directed: start the job from scratch on `placement`. `addrs` are the advertised
     addresses of `nodes` (a gang's rendezvous: the first is its master); `preempt_signal`
@@ -105,6 +86,9 @@ class JobStartRequested(_Event, tag="JobStartRequested"):
     addrs: list[str] = []
     preempt_signal: str = ""
     grace_s: float = 0.0
+    # The policy's cap on the output each part keeps on its host (`job_output_max_mb`):
+    # absent while the policy sets none, so logs from before read the same.
+    output_max_bytes: int | msgspec.UnsetType = OUTPUT_CAP_UNSET
 
 
 class JobResumeRequested(_Event, tag="JobResumeRequested"):
@@ -123,6 +107,7 @@ class JobResumeRequested(_Event, tag="JobResumeRequested"):
     # The job's checkpoints that name where they lie, newest first: the first that verifies
     # is resumed from (the one recorded, else the one before it).
     resume_points: list[ResumePoint] = []
+    output_max_bytes: int | msgspec.UnsetType = OUTPUT_CAP_UNSET  # as JobStartRequested's
 
 
 class JobRunning(_Event, tag="JobRunning"):

@@ -7,13 +7,13 @@ level, 0 (most urgent) to 7. Names end with their unit.
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from typing import Any
 
 import msgspec
 
 from .types import LEVELS
+from .variants import assign_variant, assignment_unit, job_group  # noqa: F401 (policy names)
 
 FCFS = "fcfs"
 FAIR_SHARE = "fair_share"
@@ -261,6 +261,12 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ab_variants: dict[str, dict[str, Any]] = {}
     ab_split_by: str = "team"
 
+    # --- hosts
+    # Output (stdout and stderr) each job run keeps on its host's disk, rotated beyond it
+    # (agents/outcap.py): told to the hosts with every start, each keeps the smaller of this
+    # and its own --job-output-max-mb (a machine's floor). 0: each host's own cap alone.
+    job_output_max_mb: float = 0.0
+
     # --- audit
     digest_every_events: int = 500
 
@@ -270,6 +276,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 # NODE_GPUS_MAX) and the pass after it may start and back-fill up to 2 x scan_jobs_max
 # jobs, so a larger scan would have its every tick refused as too big to record.
 SCAN_JOBS_LIMIT = 256
+JOB_OUTPUT_MB_MIN, JOB_OUTPUT_MB_MAX = 0.01, float(2**20)  # 0.01 MiB .. 1 TiB
 
 
 class PolicyError(ValueError):
@@ -334,6 +341,14 @@ def validate(policy: Policy) -> Policy:
         raise PolicyError(
             f"scan_jobs_max must be 1..{SCAN_JOBS_LIMIT} (the records of one scheduling pass must fit"
             f" one atomic batch), got {policy.scan_jobs_max}"
+        )
+    if (
+        policy.job_output_max_mb != 0
+        and not JOB_OUTPUT_MB_MIN <= policy.job_output_max_mb <= JOB_OUTPUT_MB_MAX
+    ):
+        raise PolicyError(
+            f"job_output_max_mb must be 0 (each host's own cap) or {JOB_OUTPUT_MB_MIN}..{JOB_OUTPUT_MB_MAX}"
+            f" MiB, got {policy.job_output_max_mb}"
         )
     if policy.victims_per_preemption_max < 1:
         raise PolicyError("victims_per_preemption_max must be at least 1")
@@ -428,36 +443,6 @@ def check_experiment(policy: Policy) -> None:
             f" {AB_CONTROL!r} (an empty [ab_variants.{AB_CONTROL}] table), so reports compare"
             " against it"
         )
-
-
-def job_group(job: str) -> str:
-    """A job's group: its id without a trailing index (`sweep-lr-12` -> `sweep-lr`)."""
-    head = job.rstrip("0123456789")
-    if head != job and head[-1:] in ("-", "_", "."):
-        return head[:-1]
-    return job
-
-
-def assignment_unit(split_by: str, team: str, user: str, job: str) -> str:
-    """The key a job is assigned to a variant by."""
-    if split_by == "team":
-        return team
-    if split_by == "user":
-        return user
-    if split_by == "job_group":
-        return job_group(job)
-    return job
-
-
-def assign_variant(policy: Policy, team: str, job: str, user: str = "") -> str:
-    """Deterministic A/B assignment: the same team (user, job group, job) always lands in
-    the same variant."""
-    if not policy.ab_variants:
-        return ""
-    names = sorted(policy.ab_variants)
-    key = assignment_unit(policy.ab_split_by, team, user, job)
-    bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
-    return names[bucket % len(names)]
 
 
 def with_params(policy: Policy, params: dict[str, Any]) -> Policy:
