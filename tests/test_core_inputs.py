@@ -153,3 +153,16 @@ def test_ab_variant_assignment_is_stable_and_uses_the_variant_policy():
     declined = of(run.at(3_600_000, submit("b-job", 1, 8, team=b_team)), T.PreemptionDeclined)
     assert declined[0].reason == "benefit_below_cost"
     assert of(run.at(3_600_001, submit("a-job", 1, 8, team=a_team)), T.PreemptionPlanned)
+
+
+def test_the_policys_output_cap_rides_on_each_start_only_when_the_policy_sets_one():
+    run = Run()
+    run.at(1, node("a1"))
+    start = of(run.at(2, submit("plain", 3, 1)), T.JobStartRequested)[0]
+    assert b"output_max_bytes" not in T.encode(start)  # records as before the parameter
+    run.at(3, T.SetPolicy(params={"job_output_max_mb": 0.5}))
+    start = of(run.at(4, submit("capped", 3, 1)), T.JobStartRequested)[0]
+    assert start.output_max_bytes == 2**19
+    for bad in (-1.0, 0.001, float("inf"), 2.0**21):
+        refused = of(run.at(5, T.SetPolicy(params={"job_output_max_mb": bad})), T.InputRejected)
+        assert refused and "job_output_max_mb" in refused[0].detail, bad
