@@ -10,6 +10,15 @@ Philly (`replay/traces/philly.csv.gz`, part of the project: see replay/traces/SO
 where it comes from and its licence; columns `timestamp,duration,num_gpus,gpu_time,cluster`): rows are sorted by timestamp (ties by file order), t=0 is the first
 submit, `cluster` (the Philly virtual cluster) is the team, jobs are named `ph-<row>`.
 
+Alibaba GPU v2023 (`replay/traces/alibaba-gpu-v2023.csv.gz`, `alibaba` or
+`alibaba:gpu-v2023`; converted by scripts/convert_alibaba_gpu_v2023.py, source and licence
+in replay/traces/SOURCE.md): a canonical CSV (`job,submit_s,duration_s,gpus`) with the
+pod's Kubernetes-style QoS class in `qos`. The class sets a band of levels
+(ALIBABA_QOS_LEVELS: Guaranteed 0-1, LS 0-4, Burstable 3-5, BE 5-7) and the seed draws the
+level inside the band with DEFAULT_LEVEL_WEIGHTS restricted to it, so each class keeps its
+rank against the others and the whole keeps about the default mix. Team and user are
+seeded defaults (the trace names neither).
+
 Missing columns get these seeded defaults (one `random.Random(seed)` stream per column,
 drawn in job order, so the same seed gives the same workload, and adding a column to a
 trace does not shift the draws of the others):
@@ -44,6 +53,19 @@ CKPT_INTERVALS_S = (600.0, 1200.0, 1800.0, 3600.0)
 CKPT_INTERVAL_WEIGHTS = (0.2, 0.3, 0.3, 0.2)
 NO_CHECKPOINT_FRACTION = 0.10
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "cluster")
+# Kubernetes-style QoS class of an Alibaba pod -> the levels it may be drawn at. Guaranteed
+# pods have their resources reserved (the most protected class); LS pods are latency-
+# sensitive services with an SLO, the upper half of the ladder; Burstable pods are the
+# ordinary middle; BE (best effort) pods are the ones a cluster throttles or evicts first,
+# xirang's preemptible bottom.
+ALIBABA_QOS_LEVELS: dict[str, tuple[int, ...]] = {
+    "Guaranteed": (0, 1),
+    "LS": (0, 1, 2, 3, 4),
+    "Burstable": (3, 4, 5),
+    "BE": (5, 6, 7),
+}
+ALIBABA_TRACES = {"gpu-v2023": "alibaba-gpu-v2023.csv.gz"}
+ALIBABA_COLUMNS = ("job", "submit_s", "duration_s", "gpus", "qos")
 CANONICAL_REQUIRED = ("job", "submit_s", "duration_s", "gpus")
 CANONICAL_OPTIONAL = (
     "gpu_model",
@@ -172,13 +194,70 @@ def load_canonical(path: str, seed: int = 0, limit: int | None = None) -> Worklo
     return _complete(path, raw, seed, path)
 
 
+def load_alibaba(path: str, seed: int = 0, limit: int | None = None, name: str = "alibaba") -> Workload:
+    """The converted Alibaba GPU trace as a workload: a canonical CSV whose `qos` column sets
+    each job's band of levels (ALIBABA_QOS_LEVELS); the level inside the band is drawn from
+    the seed (see the module docstring)."""
+    rows = _read_rows(path)
+    if not rows:
+        raise TraceError(f"{path}: no jobs")
+    missing = [c for c in ALIBABA_COLUMNS if c not in rows[0][1]]
+    if missing:
+        raise TraceError(f"{path}: not a converted Alibaba trace, missing columns {', '.join(missing)}")
+    raw = []
+    for line_no, row in rows:
+        qos = row["qos"]
+        if qos not in ALIBABA_QOS_LEVELS:
+            raise TraceError(
+                f"{path}:{line_no}: qos must be one of {', '.join(ALIBABA_QOS_LEVELS)}, got {qos!r}"
+            )
+        try:
+            item = _canonical_row(row)
+        except (ValueError, TypeError) as err:
+            raise TraceError(f"{path}:{line_no}: {err}") from err
+        item["qos"] = qos
+        raw.append(item)
+    order = sorted(range(len(raw)), key=lambda i: (raw[i]["submit_s"], i))
+    raw = [raw[i] for i in order]
+    if limit is not None:
+        raw = raw[:limit]
+    # Drawn in job order from one stream of its own, so a limit keeps the first jobs' levels.
+    draw = random.Random(f"{seed}/alibaba-qos-level")
+    for item in raw:
+        band = ALIBABA_QOS_LEVELS[item.pop("qos")]
+        if item.get("level") is None:
+            item["level"] = draw.choices(band, [DEFAULT_LEVEL_WEIGHTS[lv] for lv in band])[0]
+    t0 = raw[0]["submit_s"] if raw else 0.0
+    for item in raw:
+        item["submit_s"] -= t0
+    return _complete(name, raw, seed, path)
+
+
+def alibaba_path(spec: str) -> str:
+    """The project's copy of the Alibaba trace that `spec` (`alibaba` or `alibaba:<name>`)
+    names."""
+    import os
+
+    which = spec.partition(":")[2] or "gpu-v2023"
+    if which not in ALIBABA_TRACES:
+        raise TraceError(f"{spec}: unknown Alibaba trace {which!r}; known: {', '.join(ALIBABA_TRACES)}")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces", ALIBABA_TRACES[which])
+    if not os.path.exists(path):
+        raise TraceError(f"the project's Alibaba trace is missing ({path}); restore it from git")
+    return path
+
+
 def load_trace(
     spec: str, seed: int = 0, limit: int | None = None, philly_path: str | None = None
 ) -> Workload:
-    """`philly` (the project's copy of the Philly trace), `bursts:<gpus>[:<load>]` (generated: urgent bursts over
-    an overloaded background, see replay/generate.py) or the path of a canonical CSV."""
+    """`philly` (the project's copy of the Philly trace), `alibaba` or `alibaba:gpu-v2023`
+    (the project's copy of Alibaba's GPU trace of 2023), `bursts:<gpus>[:<load>]`
+    (generated: urgent bursts over an overloaded background, see replay/generate.py) or the
+    path of a canonical CSV."""
     if spec == "philly":
         return load_philly(philly_path or default_philly_path(), seed, limit)
+    if spec == "alibaba" or spec.startswith("alibaba:"):
+        return load_alibaba(alibaba_path(spec), seed, limit, name=spec)
     if spec.startswith("bursts:"):
         from .generate import bursts_rows, parse_bursts_spec
 

@@ -77,6 +77,13 @@ BAD_ARGUMENTS = {
         ["sweep", "--out", "o", "--windows", "x"],
         ["sweep", "--bogus"],
     ],
+    "panel": [
+        ["panel", "--out", "o", "--pools", "missing.csv@8"],
+        ["panel", "--out", "o", "--pools", "philly@-8"],
+        ["panel", "--out", "o", "--pools", "alibaba:gpu-v1999@40"],
+        ["panel", "--out", "o", "--seeds", "x"],
+        ["panel", "--out", "o", "--jobs", "0"],
+    ],
     "project": [["project", "--log", "missing.jsonl"], ["project", "--batch", "0", "--log", "x"]],
     "sql": [["sql", "SELEKT nonsense"]],
     "export": [["export"]],

@@ -85,3 +85,42 @@ def test_bad_canonical_csv_says_what_to_fix(tmp_path, text, words):
 def test_missing_file_is_a_trace_error(tmp_path):
     with pytest.raises(TraceError, match="cannot read"):
         load_canonical(str(tmp_path / "nope.csv"))
+
+
+def test_the_alibaba_trace_loads_by_name_with_levels_inside_each_qos_band():
+    from replay.workload import ALIBABA_QOS_LEVELS, alibaba_path, load_trace
+
+    # replay/traces/SOURCE.md names the converted file by this sha256 (decompressed).
+    with gzip.open(alibaba_path("alibaba"), "rb") as fh:
+        rows = fh.read()
+    assert (
+        hashlib.sha256(rows).hexdigest() == "087cc0209fcd110db3089bb5842705a7acf321a37774c68bf3c960f677023f1a"
+    )
+    qos = {line.split(",")[0]: line.split(",")[4] for line in rows.decode().splitlines()[1:]}
+    wl = load_trace("alibaba", seed=0)
+    assert wl.name == "alibaba" and len(wl.jobs) == 6203
+    assert [j.id for j in load_trace("alibaba:gpu-v2023", seed=0, limit=50).jobs] == [
+        j.id for j in wl.jobs[:50]
+    ]
+    submits = [j.submit_ms for j in wl.jobs]
+    assert submits[0] == 0 and submits == sorted(submits)
+    assert all(j.duration_ms >= 1000 and j.gpus in (1, 2, 4, 8) for j in wl.jobs)
+    assert all(j.level in ALIBABA_QOS_LEVELS[qos[j.id]] for j in wl.jobs)
+    levels = [j.level for j in wl.jobs]
+    assert set(levels) == set(range(8))
+    assert 0.15 < levels.count(4) / len(levels) < 0.35  # about the default mix
+    assert "level" not in wl.defaulted and "team" in wl.defaulted
+    other = load_trace("alibaba", seed=1)
+    assert [j.level for j in other.jobs] != levels
+    assert [j.duration_ms for j in other.jobs] == [j.duration_ms for j in wl.jobs]
+
+
+def test_an_alibaba_trace_with_an_unknown_qos_or_name_is_refused(tmp_path):
+    from replay.workload import load_alibaba, load_trace
+
+    path = tmp_path / "ali.csv"
+    path.write_text("job,submit_s,duration_s,gpus,qos\na,0,60,1,LS\nb,5,60,1,Platinum\n")
+    with pytest.raises(TraceError, match=r"ali.csv:3: qos must be one of Guaranteed, LS, Burstable, BE"):
+        load_alibaba(str(path))
+    with pytest.raises(TraceError, match="unknown Alibaba trace 'gpu-v1999'"):
+        load_trace("alibaba:gpu-v1999")

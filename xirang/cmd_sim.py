@@ -49,7 +49,9 @@ def register(sub) -> None:
     sim.add_argument(
         "--trace",
         default="philly",
-        help="'philly' (the project's replay/traces/philly.csv.gz) or a canonical CSV: "
+        help="'philly' (the project's replay/traces/philly.csv.gz), 'alibaba' (Alibaba's GPU "
+        "trace of 2023, replay/traces/alibaba-gpu-v2023.csv.gz; its QoS class sets the level band) "
+        "or a canonical CSV: "
         "job,submit_s,duration_s,gpus[,gpu_model,team,user,level,ckpt_interval_s,"
         "ckpt_cost_s,restore_cost_s,est_runtime_s]",
     )

@@ -1,5 +1,7 @@
 """`xirang sweep`: the scorecard over several pool sizes, trace windows and seeds, one table
 (replay/sweep.py). For checking a rule at every operating point, overloaded pools included.
+`xirang panel`: the project's panel of pools (replay/panel.py), default policy, every
+acceptance check per pool and seed, one table with the misses marked.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ def register(sub) -> None:
     sweep.add_argument(
         "--trace",
         default="philly",
-        help="'philly', 'bursts' (generated for each pool size: urgent bursts over "
-        "an overloaded background) or a canonical CSV",
+        help="'philly', 'alibaba' (Alibaba's GPU trace of 2023, replay/traces/SOURCE.md), "
+        "'bursts' (generated for each pool size: urgent bursts over an overloaded background) "
+        "or a canonical CSV",
     )
     sweep.add_argument("--gpus", default="64,256,512", help="comma-separated pool sizes")
     sweep.add_argument(
@@ -40,6 +43,41 @@ def register(sub) -> None:
         "reuse: they do not change with xirang's rules",
     )
     sweep.set_defaults(func=cmd_sweep)
+
+    from replay.panel import DEFAULT_POOLS, DEFAULT_SEEDS
+
+    panel = sub.add_parser(
+        "panel",
+        help="run the panel of pools (none, k8s-style, xirang's default policy); one table",
+        description="Run no preemption, Kubernetes-style preemption and xirang's default policy "
+        "on every pool of the panel with every seed, and write panel.json and panel.md: per pool "
+        "and seed, each of levels 3-7's mean wait over no preemption's (at most 1.25), team "
+        "fairness inside levels 3-5 against no preemption's (at least as fair), the level 0-1 p99 "
+        "wait over Kubernetes-style's (at most 1.5), lost GPU-hours over Kubernetes-style's (at "
+        "most a third) and whether every job started; a miss is marked !. Progress goes to "
+        "stderr, the table to stdout. Heavy: the default panel takes tens of minutes of CPU.",
+    )
+    panel.add_argument(
+        "--pools",
+        default=",".join(p.spec() for p in DEFAULT_POOLS),
+        help="comma-separated TRACE@GPUS[/START:COUNT] (a trace as --trace of `xirang sweep` takes "
+        "it; START:COUNT a window of its jobs); default: %(default)s",
+    )
+    panel.add_argument(
+        "--seeds",
+        default=",".join(str(s) for s in DEFAULT_SEEDS),
+        help="comma-separated seeds (default %(default)s)",
+    )
+    panel.add_argument("--out", required=True, help="folder for panel.json and panel.md")
+    panel.add_argument(
+        "--cache",
+        help="folder keeping the peers' results (none, k8s) for reuse, as `xirang sweep --cache` "
+        "(default: OUT/cache)",
+    )
+    panel.add_argument(
+        "--jobs", type=int, default=1, help="cases run at once, each in its own process (default 1)"
+    )
+    panel.set_defaults(func=cmd_panel)
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -114,4 +152,29 @@ def cmd_sweep(args) -> int:
         with open(os.path.join(args.out, "sweep.json"), "w", encoding="utf-8") as fh:
             json.dump(rows, fh, indent=1, sort_keys=True, default=str)
     print(sweep_table(rows))
+    return 0
+
+
+def cmd_panel(args) -> int:
+    """`xirang panel`: the panel of pools and seeds, default policy, one table."""
+    from replay.panel import panel_cases, panel_table, parse_pools, run_panel
+    from replay.sweep import Case, case_workload
+    from replay.workload import TraceError
+    from xirang.errors import UserError
+
+    try:
+        pools = parse_pools(args.pools)
+    except ValueError as err:
+        raise UserError(f"--pools: {err}") from None
+    seeds = _ints(args.seeds, "seeds")
+    if args.jobs < 1:
+        raise UserError(f"--jobs: at least 1, got {args.jobs}")
+    cases = panel_cases(pools, seeds)
+    try:
+        for pool in pools:  # a bad trace or window is told before the long run, not after
+            case_workload(Case(pool.trace, pool.gpus, seeds[0], pool.window))
+    except (TraceError, ValueError) as err:
+        raise UserError(str(err)) from err
+    entries = run_panel(cases, args.out, args.cache or os.path.join(args.out, "cache"), workers=args.jobs)
+    print(panel_table(entries))
     return 0
