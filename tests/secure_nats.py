@@ -25,6 +25,7 @@ USERS = [
     ["client", "vision", "li"],
     ["client", "safety", "kim"],
     ["op", "alice"],
+    ["reader", "auditor"],
 ]
 
 

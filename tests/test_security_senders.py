@@ -7,13 +7,15 @@ subject of the same user still works."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import pytest
 
 from agents.scheduler import bus_authenticates
 from core import types as T
 from tests.secure_nats import run_cli, running_cluster, spawn_scheduler
-from tests.test_live_deploy import _records, _run, wait_for_streams
+from tests.test_live_deploy import _attack_log, _records, _run, wait_for_streams
 from transport import bus
 
 pytestmark = pytest.mark.timeout(150)
@@ -105,6 +107,50 @@ def test_no_role_may_publish_an_input_on_a_subject_with_a_token_more_or_fewer(se
     assert [i.origin for i in accepted if isinstance(i, T.Submit)] == ["client:vision:li"]
 
 
+def _wait_for_submitted(nats, job: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(isinstance(r.event, T.JobSubmitted) and r.event.job == job for r in _records(nats)):
+        assert time.monotonic() < deadline, f"{job} never submitted"
+        time.sleep(0.2)
+
+
+def test_a_reader_audits_the_log_and_can_send_nothing(secure, tmp_path):
+    nats, procs = secure
+    procs.append(spawn_scheduler(nats, tmp_path))
+    wait_for_streams(nats)
+    code, answer = run_cli(
+        nats.env("client-vision-li"),
+        "submit", "mine", "--team", "vision", "--user", "li", "--level", "6", "--gpus", "1",
+        "--nats", nats.url, "--json",
+    )  # fmt: skip
+    assert code == 0 and answer["outcome"] == "accepted", answer
+    _wait_for_submitted(nats, "mine")
+
+    async def read_all(nc, js):
+        return [r for _, r in await bus.all_records(js)]
+
+    read = _run(nats, "reader-auditor", read_all, timeout_s=10)
+    assert any(isinstance(r.event, T.JobSubmitted) and r.event.job == "mine" for r in read)
+    public_key = str(tmp_path / "sched" / "keys" / "scheduler.pub")
+    code, audit = run_cli(
+        nats.env("reader-auditor"), "audit", "--nats", nats.url, "--public-key", public_key, "--json"
+    )
+    assert code == 0 and audit["ok"] and audit["records_verified"] >= len(read), audit
+    assert "verified" in audit["signatures"], audit
+
+    inputs = [
+        (
+            "xr.in.reader.auditor.submit",
+            T.Submit(id="r-1", job="r1", team="vision", user="li", level=0, gpus=1),
+        ),
+        ("xr.in.op.auditor.set_policy", T.SetPolicy(id="r-2", params={})),
+        ("xr.in.client.vision.li.cancel", T.Cancel(id="r-3", job="mine")),
+    ]
+    assert all(_publish_refused(nats, "reader-auditor", subject, inp) for subject, inp in inputs)
+    assert _run(nats, "reader-auditor", _attack_log) == []
+    assert not set(_in_subjects(nats)) & {subject for subject, _ in inputs}
+
+
 def test_an_open_embedded_bus_is_not_taken_for_an_authenticated_one(tmp_path):
     from transport.natsd import EmbeddedNats
 
@@ -117,3 +163,36 @@ def test_an_open_embedded_bus_is_not_taken_for_an_authenticated_one(tmp_path):
 
     with EmbeddedNats(tmp_path / "nats") as server:
         assert asyncio.run(go(server.url)) is False
+
+
+def _account_claims(accounts_conf: str, authority) -> str:
+    """The xirang account's JWT claims in an accounts.conf, as text."""
+    from trust import natsjwt
+
+    account = authority.public("account")
+    token = next(
+        line.split(": ", 1)[1] for line in accounts_conf.splitlines() if line.strip().startswith(account)
+    )
+    return json.dumps(natsjwt.decode(token.strip(), verify=False))
+
+
+def test_a_role_newer_than_the_operators_folder_enters_its_account_when_first_added(tmp_path):
+    from trust.natsauth import Authority, add_user
+
+    folder = tmp_path / "nats"
+    authority = Authority(folder)
+    authority.init()
+    # A folder made before the reader role existed: no key for it, none in accounts.conf.
+    (folder / "keys" / "role-reader.nk").unlink()
+    authority.write_accounts()
+    (folder / "keys" / "role-reader.nk").unlink()
+    before = (folder / "accounts.conf").read_text()
+    entry, _ = add_user(folder, "reader", ["auditor"])
+    after = (folder / "accounts.conf").read_text()
+    reader_key = authority.public("role-reader")
+    assert entry["account_changed"]
+    assert reader_key not in _account_claims(before, authority) and reader_key in _account_claims(
+        after, authority
+    )
+    entry, _ = add_user(folder, "reader", ["second"])
+    assert not entry["account_changed"] and (folder / "accounts.conf").read_text() == after

@@ -52,7 +52,8 @@ KEYS_DIR = "keys"
 CREDS_DIR = "creds"
 CREDS_SUFFIX = ".creds"
 CREDS_ENV = "XIRANG_CREDS"
-ROLES = {"scheduler": 0, "host": 1, "client": 2, "op": 1}
+# "reader": an auditor or a review job: reads the log and the snapshots, sends nothing.
+ROLES = {"scheduler": 0, "host": 1, "client": 2, "op": 1, "reader": 1}
 ACCOUNT = "XIRANG"
 OPERATOR = "xirang"
 SYSTEM = "SYS"
@@ -200,6 +201,8 @@ def role_permissions(role: str, roster: list[dict], node_name: str = "") -> dict
             [own_inbox, "xr.job.*.metrics"],
             deny,
         )
+    if role == "reader":
+        return natsjwt.permissions([*STREAM_INFO, *LOG_READER], [own_inbox], deny)
     raise RosterError(f"no permissions for role {role!r}")
 
 
@@ -335,6 +338,8 @@ class Authority:
             raise RosterError("names must be non-empty and without ':'")
         if not self.initialised:
             self.init()
+        # A role newer than this folder's account (its key made now) must enter the account.
+        role_is_new = not (self.keys / f"role-{role}.nk").exists()
         roster = self.roster()
         name = user_name(role, names)
         if any(entry["name"] == name and not entry.get("revoked_at") for entry in roster):
@@ -354,8 +359,9 @@ class Authority:
         )
         roster.append(entry)
         write_durably(self.dir / ROSTER_FILE, (json.dumps(roster, indent=1) + "\n").encode())
-        if role == "host":
+        if role == "host" or role_is_new:
             self.write_accounts()
+        entry = {**entry, "account_changed": role == "host" or role_is_new}
         return entry, creds_path
 
     def revoke(self, name: str, now_s: int | None = None) -> dict:

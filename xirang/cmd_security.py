@@ -63,10 +63,13 @@ def register(sub) -> None:
     init_p.set_defaults(func=cmd_nats_init)
     add = nats_sub.add_parser(
         "add-user",
-        help="add a user: scheduler | host NODE | client TEAM USER | op USER (jobs: by their host)",
+        help=(
+            "add a user: scheduler | host NODE | client TEAM USER | op USER | reader USER (reads the"
+            " log, sends nothing: auditors, the review) (jobs: by their host)"
+        ),
     )
-    add.add_argument("role", choices=["scheduler", "job", "host", "client", "op"])
-    add.add_argument("names", nargs="*", help="host: NODE; client: TEAM USER; op: USER")
+    add.add_argument("role", choices=["scheduler", "job", "host", "client", "op", "reader"])
+    add.add_argument("names", nargs="*", help="host: NODE; client: TEAM USER; op or reader: USER")
     add.add_argument(
         "--dir",
         default="deploy/nats",
@@ -191,7 +194,17 @@ def cmd_nats_add_user(args) -> int:
     except RosterError as err:
         raise UserError(str(err)) from err
     if args.json:
-        print(json.dumps({"user": entry["name"], "nkey": entry["nkey"], "creds": str(creds)}, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "user": entry["name"],
+                    "nkey": entry["nkey"],
+                    "creds": str(creds),
+                    "account_changed": entry["account_changed"],
+                },
+                sort_keys=True,
+            )
+        )
     else:
         print(
             f"user {entry['name']} ({entry['role']}) added; credentials in {creds} (give them to that user "
@@ -200,6 +213,8 @@ def cmd_nats_add_user(args) -> int:
                 "; the account changed (this node's job signing key): copy accounts.conf to the servers "
                 "and reload them (nats-server --signal reload)"
                 if entry["role"] == "host"
+                else "; the account changed (a role new to it): copy accounts.conf to the servers and reload them"
+                if entry["account_changed"]
                 else ""
             )
         )
