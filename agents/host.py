@@ -54,7 +54,7 @@ from .diskwatch import DiskWatch, no_space
 from trust.natsauth import CREDS_ENV, JobMinter
 from trust.signing import KeyRing, verify_one
 
-from . import ckptfile, ckptpath, rendezvous
+from . import ckptcopy, ckptfile, ckptpath, rendezvous
 from transport import bus
 from transport.locks import AlreadyRunning, InstanceLock
 from .gpus import Inventory
@@ -207,6 +207,8 @@ class HostAgent:
         roots = ckpt_roots or [Path(state_dir).resolve().parent / "ckpt"]
         self.ckpt_roots = [Path(root).resolve() for root in roots]
         self.outbox.path_roots = lambda job: ckptpath.job_roots(self.ckpt_roots, job)
+        # The second copies of this host's jobs' SDK checkpoints (agents/ckptcopy.py).
+        self.copies_root = self.dir / ckptcopy.COPIES_DIR
         self.outbox.on_dropped = self._facts_dropped
         self._outbox_wake: asyncio.Event | None = None
         self.grace_s = grace_s
@@ -397,6 +399,7 @@ class HostAgent:
         # wait in the outbox, the consumer's fetches are retried.
         self.nc, self.js = await bus.connect_forever(self.url, name=f"host-{self.node}", stop=self.stop_event)
         await self._refuse_if_node_taken()
+        await self._serve_copies()
         sub = await self._retry("opening the decision consumer", self._open)
         await self._report(self._node_up(), f"up-{uuid.uuid4().hex}")
         log.info(
@@ -552,6 +555,13 @@ class HostAgent:
             await self.nc.subscribe(subject, cb=answer)
         except Exception as err:  # noqa: BLE001 - a role without the subject: no claim check
             log.warning("host %s: cannot answer node claims (%r)", self.node, err)
+
+    async def _serve_copies(self) -> None:
+        """Serve this node's second copies of its jobs' checkpoints to their later runs."""
+        try:
+            await ckptcopy.serve(self.nc, self.node, self.copies_root)
+        except Exception as err:  # noqa: BLE001 - a role without the subject: the bus's copy only
+            log.warning("host %s: cannot serve checkpoint copies (%r)", self.node, err)
 
     async def _heartbeats(self) -> None:
         subject = f"{bus.HB_PREFIX}.{self.token}"
@@ -922,6 +932,7 @@ class HostAgent:
                 "XR_PREEMPT_SIGNAL": run.preempt_signal or "SIGTERM",
                 "XR_GRACE_S": str(self._grace_of(run)),
                 **self._ckpt_env(run),
+                **self._copies_env(run, getattr(ev, "ckpt_copies", 1)),
                 **rendezvous.gang_env(self.node, run.n, ev),
                 **resume_env,
             }
@@ -960,6 +971,24 @@ class HostAgent:
         except OSError as err:  # e.g. a shared filesystem away: the job can still run
             log.warning("host %s: cannot make checkpoint folder %s: %r", self.node, roots[0], err)
         return {"XR_CKPT_DIR": str(roots[0]), "XR_CKPT_ROOTS": os.pathsep.join(str(r) for r in roots)}
+
+    def _copies_env(self, run: Run, copies: int) -> dict[str, str]:
+        """How many verified copies the job's SDK checkpoints need, and the folder on this
+        host's disk for the second (agents/ckptcopy.py): the job's own, in a folder of the
+        agent's that lists nothing to others."""
+        if copies < 2:
+            return {"XR_CKPT_COPIES": "1"}
+        folder = ckptcopy.job_folder(self.copies_root, run.job)
+        try:
+            if not self.copies_root.exists():
+                self.copies_root.mkdir(parents=True, exist_ok=True)
+                os.chmod(self.copies_root, 0o711)
+            folder.mkdir(exist_ok=True)
+            self._hand_over_tree(run, folder)
+        except OSError as err:  # the bus's copy alone: the SDK says so
+            log.warning("host %s: cannot make checkpoint copy folder %s: %r", self.node, folder, err)
+            return {"XR_CKPT_COPIES": str(copies)}
+        return {"XR_CKPT_COPIES": str(copies), "XR_CKPT_COPY_DIR": str(folder)}
 
     def _output_cap(self, ev) -> int:
         """The output a run may keep here: the policy's cap carried by its start

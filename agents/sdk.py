@@ -13,7 +13,11 @@ Checkpoints go to the JetStream stream XR_CKPT under the job's own subjects
 `random` global RNG states, in a format that cannot run code (agents/ckptfile.py:
 npz without pickle plus a JSON manifest, sealed with the job's own key), under a SHA-256
 digest (`sha256:<hex>`) that is reported to the scheduler and checked again on restore; the
-newest K are kept. The job reaches them with its run's own short-lived NATS credentials
+newest K are kept. With the policy's two copies (`XR_CKPT_COPIES`, the default) each object
+is also written to this host's disk (`XR_CKPT_COPY_DIR`, agents/ckptcopy.py) while it
+uploads, both copies are read back before the checkpoint is reported, and a restore reads
+an object the bus has lost or spoiled from the copy on the disk of the host that wrote it
+(its agent serves it) before it falls back to an older checkpoint. The job reaches them with its run's own short-lived NATS credentials
 ($XIRANG_CREDS, minted by its host agent), which allow its own checkpoints and nothing
 else. On a resume the SDK restores the checkpoint the scheduler's signed
 resume order names; if its digest does not verify it reports `checkpoint_failed {reason:
@@ -52,7 +56,7 @@ from transport import bus
 from transport import checkpoints as ckptstore
 from trust.durable import write_durably
 from trust.natsauth import CREDS_ENV, job_token
-from . import ckptfile
+from . import ckptcopy, ckptfile
 from .ckptpath import SDK_SCHEME
 from .outbox import Outbox
 
@@ -63,6 +67,8 @@ CHECKPOINTS_KEPT = 3
 # is away (a full set of unreported slots makes further saves wait).
 SLOTS_PER_RUN_MAX = 8
 CALL_TIMEOUT_S = 30.0
+# What a restore says it read, by copy number.
+COPY_NAMES = {1: "copy 1 (the bus's store)", 2: "copy 2 (the disk of the host that wrote it)"}
 # A fact sent while the bus answers slowly goes to the outbox after this long.
 REPORT_TIMEOUT_S = 5.0
 # A checkpoint that could not be uploaded is retried after this, doubling up to the max.
@@ -108,6 +114,17 @@ class Job:
         self._saved_step: int = -1
         self._saved_at: tuple[str, int] | None = None
         self.last_upload_bytes = 0
+        # Verified copies a checkpoint needs before it is reported saved (the scheduler's
+        # policy, via the host): the bus's store, then this host's disk (agents/ckptcopy.py).
+        self.copies = min(2, max(1, int(os.environ.get("XR_CKPT_COPIES", "1") or 1)))
+        self.copy_dir = Path(os.environ["XR_CKPT_COPY_DIR"]) if os.environ.get("XR_CKPT_COPY_DIR") else None
+        if self.copies > 1 and self.copy_dir is None:
+            print(
+                "xirang sdk: no host folder for second copies (XR_CKPT_COPY_DIR): one copy", file=sys.stderr
+            )
+            self.copies = 1
+        # Which copy the restore read: 0 none, 1 the bus's, 2 a host's (some object of it).
+        self.restored_copy = 0
         if not self.active:
             return
         self._loop = asyncio.new_event_loop()
@@ -314,7 +331,7 @@ class Job:
             if at is None:
                 data = ckptfile.seal(ckptfile.tensor_bytes(kind, tensor), key)
                 at = (self.node, f"{slot}_{i}", n)
-                self._call(ckptstore.put(self.js, self.job, self.node, at[1], data))
+                self._put_copies(at[1], data)
                 uploaded += len(data)
                 self._objects[content] = at
             refs.add(at[2])
@@ -322,7 +339,7 @@ class Job:
         manifest = {"format": ckptfile.FORMAT_2, "step": step, "tree": snapshot["tree"], "tensors": entries}
         data = ckptfile.seal(json.dumps(manifest).encode(), key)
         digest = digest_of(data)
-        self._call(ckptstore.put(self.js, self.job, self.node, slot, data))
+        self._put_copies(slot, data)
         uploaded += len(data)
         self._saved = [e for e in self._saved if e["n"] != n] + [
             {"n": n, "slot": slot, "fact": None, "refs": refs}
@@ -343,6 +360,23 @@ class Job:
         self._saved_step, self._saved_at = step, (digest, uploaded)
         self._ckpt_retry_s = CKPT_RETRY_FIRST_S
         return digest, uploaded
+
+    def _put_copies(self, name: str, data: bytes) -> None:
+        """Store object `name` in every copy the policy asks for, each read back and checked:
+        the bus's (the upload runs while this host's copy is written to its disk)."""
+        upload = asyncio.run_coroutine_threadsafe(
+            ckptstore.put(self.js, self.job, self.node, name, data), self._loop
+        )
+        try:
+            if self.copies > 1 and self.copy_dir is not None:
+                ckptcopy.write_verified(self.copy_dir, name, data)
+            upload.result(CALL_TIMEOUT_S)
+        except BaseException:
+            upload.cancel()
+            raise
+        stored = self._call(ckptstore.get(self.js, self.job, name, self.node))
+        if stored is None or digest_of(stored) != digest_of(data):
+            raise RuntimeError(f"the bus's copy of {name} does not read back as written")
 
     def _free_slot(self) -> int | None:
         """A slot of this run that no checkpoint a resume may name depends on: not one that
@@ -403,11 +437,14 @@ class Job:
                     f"bad-{entry['digest'][7:23]}",
                 )
         if os.environ.get("XR_REPORT_STARTED") == "1":
-            self._report(T.Started(job=self.job), "started")
+            self._report(
+                T.Started(job=self.job, restored_copy=self.restored_copy if restored else 0), "started"
+            )
         self._last_ckpt = time.monotonic()
         if want_digest:
             told = f"restored step {restored['step']}" if restored else "no checkpoint verifies; from step 0"
-            print(f"xirang sdk: {told} (the resume named step {want_step})", flush=True)
+            copy = f" from {COPY_NAMES[self.restored_copy]}" if restored else ""
+            print(f"xirang sdk: {told} (the resume named step {want_step}){copy}", flush=True)
         if restored is None:
             return None
         _set_rng_states(restored["rng"])
@@ -415,32 +452,64 @@ class Job:
         return restored["step"], restored["state"]
 
     def _load_verified(self, entry: dict) -> dict | None:
+        """The checkpoint `entry` names, each of its objects read from the bus's copy, else
+        from the copy on the disk of the host that wrote it; None when neither verifies."""
         # A checkpoint the index does not place (e.g. only the resume order names it) is
         # looked for in every slot, newest write on any node; missing fails verification.
         slots = [entry["slot"]] if entry.get("slot") is not None else list(range(self.keep))
         node = entry.get("node") or ckptstore.ANY_NODE
+        copies_used: list[int] = []
         data = None
         for slot in slots:
-            data = self._retry_forever(
-                f"fetching checkpoint step {entry['step']}",
-                lambda slot=slot: self._call(ckptstore.get(self.js, self.job, slot, node)),
+            data = self._read_object(
+                f"checkpoint step {entry['step']}",
+                str(slot),
+                node,
+                lambda d: d if digest_of(d) == entry["digest"] else None,
             )
-            if data is not None and digest_of(data) == entry["digest"]:
+            if data is not None:
                 break
         if data is None:
+            print(f"xirang sdk: checkpoint step {entry['step']}: no copy verifies", file=sys.stderr)
             return None
-        if digest_of(data) != entry["digest"]:
-            print(f"xirang sdk: checkpoint step {entry['step']} fails its digest check", file=sys.stderr)
-            return None
+        copies_used.append(data[0])
         try:
-            return self._decode(data)
+            payload = self._decode(data[1], copies_used)
         except ckptfile.CheckpointError as err:
             print(f"xirang sdk: checkpoint step {entry['step']} refused: {err}", file=sys.stderr)
             return None
+        self.restored_copy = max(copies_used)
+        return payload
 
-    def _decode(self, data: bytes) -> dict:
+    def _read_object(self, what: str, name: str, node: str, verified) -> tuple[int, Any] | None:
+        """(which copy, `verified(bytes)`): object `name` from the bus's copy, else from the
+        copy on `node`'s disk (served by its agent), the first that `verified` accepts (not
+        None); None when neither is."""
+        data = self._retry_forever(
+            f"fetching {what}", lambda: self._call(ckptstore.get(self.js, self.job, name, node))
+        )
+        value = None if data is None else verified(data)
+        if value is not None:
+            return 1, value
+        why = "is missing" if data is None else "fails its digest check"
+        if self.copies < 2 or node == ckptstore.ANY_NODE:
+            print(f"xirang sdk: {what}: the bus's copy {why}", file=sys.stderr, flush=True)
+            return None
+        copy = self._call(ckptcopy.fetch(self.nc, node, self.job, name), timeout_s=None)
+        value = None if copy is None else verified(copy)
+        if value is not None:
+            print(f"xirang sdk: {what}: the bus's copy {why}; read the copy on {node}'s disk", flush=True)
+            return 2, value
+        its = "is missing" if copy is None else "fails its digest check"
+        print(
+            f"xirang sdk: {what}: the bus's copy {why}, and {node}'s copy {its}", file=sys.stderr, flush=True
+        )
+        return None
+
+    def _decode(self, data: bytes, copies_used: list[int] | None = None) -> dict:
         """A checkpoint's payload: format 2 (a manifest and its tensors' objects, each checked
-        against the manifest's digest) or the npz format of earlier releases."""
+        against the manifest's digest, each from the first copy that verifies) or the npz
+        format of earlier releases."""
         key = ckptfile.key_from_env()
         plain = ckptfile.unseal(data, key)
         if not ckptfile.is_format_2(plain):
@@ -448,18 +517,20 @@ class Job:
         manifest = ckptfile.read_manifest(data, key)
         tensors = {}
         for name, entry in manifest["tensors"].items():
-            stored = self._retry_forever(
-                f"fetching tensor {name}",
-                lambda entry=entry: self._call(
-                    ckptstore.get(self.js, self.job, entry["slot"], entry["node"])
-                ),
-            )
-            if stored is None:
-                raise ckptfile.CheckpointError(f"tensor {name} is missing from the store")
-            tensor = ckptfile.load_tensor(entry["kind"], ckptfile.unseal(stored, key))
-            if ckptfile.tensor_digest(entry["kind"], tensor) != entry["digest"]:
-                raise ckptfile.CheckpointError(f"tensor {name} does not match its digest")
-            tensors[name] = tensor
+
+            def verified(stored: bytes, entry=entry) -> Any:
+                try:
+                    tensor = ckptfile.load_tensor(entry["kind"], ckptfile.unseal(stored, key))
+                except ckptfile.CheckpointError:
+                    return None
+                return tensor if ckptfile.tensor_digest(entry["kind"], tensor) == entry["digest"] else None
+
+            found = self._read_object(f"tensor {name}", entry["slot"], entry["node"], verified)
+            if found is None:
+                raise ckptfile.CheckpointError(f"tensor {name}: no copy matches its digest")
+            if copies_used is not None:
+                copies_used.append(found[0])
+            tensors[name] = found[1]
         return ckptfile.join_tensors(manifest["tree"], tensors)
 
     # ------------------------------------------------------------ the safe point

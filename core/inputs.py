@@ -34,12 +34,11 @@ from .model.entities import (
     job_progress_ms,
 )
 from .model.types import LEVELS
-
+from .model.event_types import copy_said
 
 JOB_ID_LENGTH_MAX = 200
 ADDR_LENGTH_MAX = 255
 CKPT_PATH_LENGTH_MAX = 4096
-
 
 KIND_SUFFIX = re.compile(r"[-_.]?\d+$")
 
@@ -260,7 +259,8 @@ def _on_started(ctx: Ctx, inp: T.Started) -> None:
     job = _job_or_reject(ctx, inp, (STARTING,))
     if job is None:
         return
-    ctx.emit(T.JobRunning(t=inp.t, job=job.id, waited_ms=inp.t - job.queued_since_t))
+    waited_ms, copy = inp.t - job.queued_since_t, copy_said(inp.restored_copy)
+    ctx.emit(T.JobRunning(t=inp.t, job=job.id, waited_ms=waited_ms, restored_copy=copy))
 
 
 def _on_checkpoint_started(ctx: Ctx, inp: T.CheckpointStarted) -> None:

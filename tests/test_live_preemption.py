@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from transport import checkpoints as ckptstore
-from agents import sdk
+from agents import ckptcopy, sdk
 from agents.local_cluster import Cluster, matching, sleep_command, train_command
 from live_helpers import metrics, run_folder, stuck_command
 from core import rebuild
@@ -142,7 +142,7 @@ def test_victim_that_never_releases_rolls_everything_back(cluster):
     assert state.canonical.jobs["good"].state == "running"
 
 
-def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
+def test_a_checkpoint_corrupted_in_both_copies_falls_back_to_the_previous_one(cluster):
     cluster.send(low("c1", 8, train_command(100_000, ckpt_s=0.5, step_ms=20)))
     cluster.wait_for(T.CheckpointRecorded, count=2, job="c1")
     cluster.send(urgent(seconds=2))
@@ -160,6 +160,9 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(cluster):
         data = bytearray(found[1])
         data[len(data) // 2] ^= 0xFF
         await ckptstore.put(js, "c1", found[0], slot, bytes(data))
+        # and its second copy, on the disk of the host that wrote it
+        copy = ckptcopy.job_folder(cluster.root / "hosts" / node / ckptcopy.COPIES_DIR, "c1") / slot
+        copy.write_bytes(bytes(data))
 
     cluster._run(corrupt)
 

@@ -75,7 +75,7 @@ def test_a_write_in_progress_is_covered_only_where_the_preemptors_level_waits_fo
     ("started", "left"), [(0, 0), (T0, 300_000), (T0 - 100_000, 200_000), (T0 - 301_000, 0)]
 )
 def test_save_left_table(started, left):
-    assert save_left_ms(victim(ckpt_started_t=started), T0) == left
+    assert save_left_ms(victim(ckpt_started_t=started), T0, Policy()) == left
 
 
 COUNTS = msgspec.structs.replace(OFF, late_release_counts_as_preemption=True)

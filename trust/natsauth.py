@@ -21,7 +21,9 @@ let it publish on, see core/identity.py; each input subject ends in exactly one 
   the node's job signing key (in its creds file), a key scoped to the job template;
 - job (minted by its host for one run, expiring): its own checkpoints, written only under
   its node's subjects (`xr.ckpt.<job>.<node>.>`), read by direct get of `xr.ckpt.<job>.>`
-  (from whichever node wrote them), its metrics (`xr.job.<job>.metrics`), its own inbox; no input at all: its facts go through its run's outbox, which the host agent
+  (from whichever node wrote them), their second copies from the agent of the node that
+  holds them (`xr.ckptcopy.<node>.<job>`, agents/ckptcopy.py), its metrics
+  (`xr.job.<job>.metrics`), its own inbox; no input at all: its facts go through its run's outbox, which the host agent
   delivers after checking they are that job's own (agents/outbox.py);
 - client `<team>` `<user>`: submits, cancels, gives feedback as itself
   (`xr.in.client.<team>.<user>.<type>`), reads the log through its own consumers and only its
@@ -64,6 +66,8 @@ JOB_ACCOUNT_BLOCK = "XIRANG ACCOUNT"
 JOB_CREDS_TTL_S = 3600
 CKPT_STREAM = "XR_CKPT"
 CKPT_PREFIX = "xr.ckpt"
+# Where a host's agent serves the second copies of its jobs' checkpoints (agents/ckptcopy.py).
+COPY_PREFIX = "xr.ckptcopy"
 
 # Read-only stream facts every client library asks for before it uses a stream.
 STREAM_INFO = [
@@ -168,8 +172,15 @@ def role_permissions(role: str, roster: list[dict], node_name: str = "") -> dict
                 "xr.agent.claim.{{tag(node)}}",
                 own_inbox,
             ],
-            # Its own heartbeat subject too: an agent listens there for a second agent of its node.
-            [own_inbox, "xr.hb.{{tag(node)}}", "xr.agent.claim.{{tag(node)}}"],
+            # Its own heartbeat subject too: an agent listens there for a second agent of its
+            # node; and its jobs' later runs ask it for their checkpoints' second copies.
+            [
+                own_inbox,
+                "xr.hb.{{tag(node)}}",
+                "xr.agent.claim.{{tag(node)}}",
+                f"{COPY_PREFIX}.{{{{tag(node)}}}}.*",
+            ],
+            responses=True,  # one answer to each request it receives, to the asker's inbox
         )
     if role == "job":
         # Writes only under its node's subjects (a host's key cannot mint a job that writes
@@ -180,6 +191,8 @@ def role_permissions(role: str, roster: list[dict], node_name: str = "") -> dict
                 f"{CKPT_PREFIX}.{job}.{node}.>",
                 f"$JS.API.DIRECT.GET.{CKPT_STREAM}.{CKPT_PREFIX}.{job}.>",
                 f"xr.job.{job}.metrics",
+                # its checkpoints' second copies, from whichever node's agent holds them
+                f"{COPY_PREFIX}.*.{job}",
             ],
             [f"_INBOX.job-{job}.>"],
         )

@@ -125,12 +125,19 @@ def account_claims(
     return {"sub": account_public, "name": name, "nats": nats}
 
 
-def permissions(publish: list[str], subscribe: list[str], publish_deny: list[str] | None = None) -> dict:
-    """Publish and subscribe permissions in JWT form."""
+def permissions(
+    publish: list[str], subscribe: list[str], publish_deny: list[str] | None = None, responses: bool = False
+) -> dict:
+    """Publish and subscribe permissions in JWT form. `responses`: the user may also publish
+    one reply to the reply subject of each request it receives, within a minute (NATS's
+    allow_responses), whatever its publish permissions."""
     pub: dict = {"allow": publish}
     if publish_deny:
         pub["deny"] = publish_deny
-    return {"pub": pub, "sub": {"allow": subscribe}}
+    perms: dict = {"pub": pub, "sub": {"allow": subscribe}}
+    if responses:
+        perms["resp"] = {"max": 1, "ttl": 60 * 1_000_000_000}
+    return perms
 
 
 def user_scope(signing_public: str, role: str, perms: dict) -> dict:

@@ -62,6 +62,8 @@ JOB_GPUS_MAX = 65_536
 # Checkpoint step numbers and sizes.
 CKPT_STEP_MAX = 2**53
 CKPT_BYTES_MAX = 2**50  # a pebibyte
+# Copies of one checkpoint: the bus's store and the writing host's disk.
+CKPT_COPIES_MAX = 2
 # Any number in a set_policy (ms thresholds, weights, shares): 1e15 ms is 31,000 years.
 POLICY_NUMBER_MAX = 1e15
 # Sequence numbers and other counters.
@@ -83,6 +85,7 @@ _INT_RANGES = {
     "step": (-COUNTER_MAX, CKPT_STEP_MAX),
     "bytes": (-COUNTER_MAX, CKPT_BYTES_MAX),
     "attempt": (0, COUNTER_MAX),
+    "restored_copy": (0, CKPT_COPIES_MAX),
 }
 
 _INT_RANGE_DEFAULT = (-COUNTER_MAX, COUNTER_MAX)

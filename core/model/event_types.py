@@ -89,6 +89,7 @@ class JobStartRequested(_Event, tag="JobStartRequested"):
     # The policy's cap on the output each part keeps on its host (`job_output_max_mb`):
     # absent while the policy sets none, so logs from before read the same.
     output_max_bytes: int | msgspec.UnsetType = OUTPUT_CAP_UNSET
+    ckpt_copies: int = 1  # verified copies an SDK checkpoint needs to count as saved
 
 
 class JobResumeRequested(_Event, tag="JobResumeRequested"):
@@ -108,13 +109,21 @@ class JobResumeRequested(_Event, tag="JobResumeRequested"):
     # is resumed from (the one recorded, else the one before it).
     resume_points: list[ResumePoint] = []
     output_max_bytes: int | msgspec.UnsetType = OUTPUT_CAP_UNSET  # as JobStartRequested's
+    ckpt_copies: int = 1  # verified copies an SDK checkpoint needs to count as saved
 
 
 class JobRunning(_Event, tag="JobRunning"):
-    """The job's host reported it started; it had waited `waited_ms` in the queue."""
+    """The job's host reported it started; it had waited `waited_ms` in the queue. A resume
+    says which copy of its checkpoint it read (`restored_copy`, 0: not said; see `Started`)."""
 
     job: str
     waited_ms: int
+    restored_copy: int | msgspec.UnsetType = msgspec.UNSET
+
+
+def copy_said(copy: int) -> int | msgspec.UnsetType:
+    """A resume's copy number as `JobRunning` records it: left out of its bytes when unsaid."""
+    return copy or msgspec.UNSET
 
 
 class JobFinished(_Event, tag="JobFinished"):

@@ -97,6 +97,9 @@ class Started(_RunFact, tag="started"):
     """Fact from a host: the job's process is running (after a start or resume request)."""
 
     job: str
+    # Which copy of its checkpoint a resume read (1: the bus's store, 2: the disk of the host
+    # that wrote it); 0: not said (a start, or a resume without the SDK).
+    restored_copy: int = 0
 
 
 class CheckpointStarted(_RunFact, tag="checkpoint_started"):

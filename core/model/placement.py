@@ -115,12 +115,14 @@ def placement_nodes(placement: list[Slot]) -> list[str]:
 def run_details(c: Canonical, job: Job, nodes: list[str]) -> dict[str, Any]:
     """What every part of a run is told besides its GPUs: the advertised addresses of its
     `nodes` (in their order; [] when none advertised one) and the job's own preemption
-    contract; the policy's cap on the output each part keeps, when it sets one."""
+    contract; the verified copies its SDK checkpoints need (`checkpoint_copies`); the
+    policy's cap on the output each part keeps, when it sets one."""
     addrs = [c.nodes[name].addr if name in c.nodes else "" for name in nodes]
     details: dict[str, Any] = {
         "addrs": addrs if any(addrs) else [],
         "preempt_signal": job.preempt_signal,
         "grace_s": job.grace_ms / 1000,
+        "ckpt_copies": c.policy.checkpoint_copies,
     }
     if c.policy.job_output_max_mb > 0:
         details["output_max_bytes"] = int(c.policy.job_output_max_mb * 2**20)

@@ -240,6 +240,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # already borne: one more level per this much time it has queued in all.
     requeue_boost_wait_ms: int = 4 * 3_600_000
     checkpoints_kept: int = 3
+    # Verified copies of an SDK checkpoint (the bus's, then its host's disk), and how long the
+    # second takes to write per unit of the first's (core/rules/copies.py, docs/TRAINING.md).
+    checkpoint_copies: int = 2
+    checkpoint_copy_cost_ratio: float = 0.5
     compensation_after_preemptions: int = 3
     # Off: a job is compensated from the preemption that brings its count to
     # `compensation_after_preemptions`; on: from the one that takes the count past it, as
@@ -312,6 +316,8 @@ def validate(policy: Policy) -> Policy:
             f"fair_share_half_life_s must be >= 0 seconds (0: only GPUs held now count), got"
             f" {policy.fair_share_half_life_s}"
         )
+    if policy.checkpoint_copies not in (1, 2) or not 0 <= policy.checkpoint_copy_cost_ratio <= 100:
+        raise PolicyError("checkpoint_copies must be 1 or 2, checkpoint_copy_cost_ratio 0..100")
     if not 0 <= policy.fair_share_from_level <= LEVELS:
         raise PolicyError(f"fair_share_from_level must be 0..{LEVELS} ({LEVELS}: no level is covered)")
     if (

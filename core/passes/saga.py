@@ -16,6 +16,7 @@ from .placement import request_start
 from ..rules.pricing import recovery_boost
 from ..rules.compensation import compensation_due, first_compensation
 from ..rules.notices import notice_deadline
+from ..rules.copies import checkpoint_save_ms
 from ..model.entities import (
     PREEMPTING,
     RELEASED,
@@ -154,7 +155,7 @@ def _compensate(ctx: Ctx, job: Job, count: int, lost_ms: int) -> None:
     t = ctx.inp.t
     at_threshold = count == first_compensation(p)
     basis_ms = lost_ms + (job.lost_total_ms if at_threshold else 0)
-    overhead_ms = (job.ckpt_cost_ms + job.restore_cost_ms) * (count if at_threshold else 1)
+    overhead_ms = (checkpoint_save_ms(job, p) + job.restore_cost_ms) * (count if at_threshold else 1)
     lost_gpu_hours = job.gpus * (basis_ms + overhead_ms) / 3_600_000
     grants = [
         ("quota_gpu_hours", round(lost_gpu_hours * p.compensation_quota_gpu_hours_per_lost, 6)),

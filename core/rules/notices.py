@@ -23,6 +23,7 @@ from __future__ import annotations
 from ..model.entities import RUNNING, Job
 from ..model.policy import Policy
 from ..model.words import human_duration
+from .copies import checkpoint_save_ms
 
 # Why a deadline is what it is: the longest of these.
 DEADLINE_MIN = "deadline_min_ms"
@@ -35,11 +36,12 @@ LATE_NOT_COUNTED = "late_release_counts_as_preemption"  # off: a late release is
 NOT_LATE = "not_overdue"  # the job was not a victim past its deadline
 
 
-def save_left_ms(victim: Job, t: int) -> int:
-    """How much of a checkpoint write in progress is left at `t` (0: none under way)."""
+def save_left_ms(victim: Job, t: int, p: Policy) -> int:
+    """How much of a checkpoint write in progress is left at `t` (0: none under way), every
+    copy the policy asks for included (core/rules/copies.py)."""
     if not victim.ckpt_started_t:
         return 0
-    return max(0, victim.ckpt_started_t + victim.ckpt_cost_ms - t)
+    return max(0, victim.ckpt_started_t + checkpoint_save_ms(victim, p) - t)
 
 
 def notice_deadline(
@@ -59,7 +61,7 @@ def notice_deadline(
         (max((v.grace_ms for v in victims), default=0) + slack, DEADLINE_GRACE),
     ]
     if p.notice_covers_save_in_progress:
-        left = [save_left_ms(v, t) for v in victims]
+        left = [save_left_ms(v, t, p) for v in victims]
         waited = [ms for ms in left if not release_wait_max_ms or ms <= release_wait_max_ms]
         options.append((max(waited, default=0) + slack, DEADLINE_SAVE_IN_PROGRESS))
     # The first of the longest: the reason of a tie is the earlier (plainer) one.

@@ -16,6 +16,8 @@ from ..forecast.waits import ReleaseCurve, RequeueFit, queued_ahead, safe_point_
 from ..model.policy import Policy
 from ..model.state import State
 from ..model.entities import QUEUED, Job, job_progress_ms, last_checkpoint
+from .copies import checkpoint_save_ms
+from .notices import save_left_ms
 
 
 class VictimCost(msgspec.Struct, kw_only=True):
@@ -73,9 +75,9 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy, pric
     options = [(since_ckpt, 0, False)]
     if victim.ckpt_started_t:
         # A checkpoint is being written: waiting for it loses nothing.
-        options.append((0, max(0, victim.ckpt_started_t + victim.ckpt_cost_ms - t), False))
+        options.append((0, save_left_ms(victim, t, p), False))
     elif can_checkpoint(victim):
-        options.append((0, victim.ckpt_cost_ms, True))
+        options.append((0, checkpoint_save_ms(victim, p), True))
     bound = pricing.release_wait_max_ms
     if (
         bound
