@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from replay.panel import Pool, judge, panel_cases, panel_table, parse_pools, run_panel
+from replay.panel import Pool, judge, panel_cases, panel_short_table, panel_table, parse_pools, run_panel
 from xirang.cli import main
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,6 +40,8 @@ def test_a_tiny_panel_runs_every_pool_and_seed_and_writes_its_table_and_json(tmp
     checks = data["cases"][0]["panel"]["checks"]
     assert {"L0-1 p99 / k8s", "lost GPU-h / k8s", "every job started"} <= set(checks)
     assert all(f"L{lv} mean wait / none" in checks for lv in (3, 4, 5, 6, 7))
+    short = (tmp_path / "out" / "panel-short.md").read_text().splitlines()
+    assert short[0].startswith("| pool |") and len([line for line in short if line.startswith("| ")]) == 5
     table = (tmp_path / "out" / "panel.md").read_text()
     assert table.splitlines()[0].startswith("| pool | GPUs | seed | jobs |")
     assert len([line for line in table.splitlines() if line.startswith("| ")]) == 5
@@ -67,6 +69,13 @@ def test_a_miss_is_marked_with_its_pool_level_and_figure(tmp_path):
     row = table.splitlines()[2]
     assert row.count(" !") >= 3 and "-0.100 !" in row and "| no ! |" in row
     assert f"- {entry['label']}: L6 mean wait / none " in table and "(target <= 1.25)" in table
+    # the short form names the worst level of each kind, its miss marked
+    checks = entry["panel"]["checks"]
+    worst = max((c["value"], n) for n, c in checks.items() if n.endswith("mean wait / none"))
+    lowest = min((c["value"], n) for n, c in checks.items() if n.endswith("Jain - none"))
+    short = panel_short_table([entry]).splitlines()[2]
+    assert f"{worst[0]:.2f} ! ({worst[1].split()[0]})" in short
+    assert f"{lowest[0]:+.3f} ! ({lowest[1].split()[0]})" in short and "| no ! |" in short
 
 
 def test_pools_are_read_from_trace_gpus_and_window_and_bad_ones_say_what_to_fix():
