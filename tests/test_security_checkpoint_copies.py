@@ -1,7 +1,8 @@
 """The second copies of checkpoints under the shipped permissions (TLS, JWT auth from
 `xirang nats init`/`add-user`): a job run's own credentials fetch its copies from the agent
 of the host that holds them (the agent answers its requests, and only those), never another
-job's; and the agent never serves a job anything but plain files of its own folder."""
+job's; a real agent serves a resumed SDK job its copy when the bus's is spoiled; and the
+agent never serves a job anything but plain files of its own folder."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import os
 
 import pytest
 
-from agents import ckptcopy
-from tests.secure_nats import running_cluster
+from agents import ckptcopy, sdk
+from agents.local_cluster import FAST_POLICY, REPO, matching
+from core import types as T
+from tests.secure_nats import run_cli, running_cluster, spawn, spawn_scheduler
+from tests.test_live_deploy import _wait, wait_for_streams
 from tests.test_security_job_creds import _session, _settle, _streams
 from transport import bus
+from transport import checkpoints as ckptstore
 from trust.natsauth import JobMinter
 
 pytestmark = pytest.mark.timeout(90)
@@ -73,3 +78,64 @@ def test_the_agent_serves_only_plain_files_of_the_jobs_own_folder(tmp_path):
     for name in ("1-0", "1-1", "../secret", ".hidden", "1-9"):
         head = ask(name).partition(b"\n")[0]
         assert b"error" in head and b"the host's own" not in ask(name), name
+
+
+def test_on_the_shipped_config_a_resumed_job_reads_its_hosts_copy_through_the_real_agent(
+    tmp_path, monkeypatch
+):
+    with running_cluster(tmp_path, monkeypatch) as (nats, procs):
+        (tmp_path / "policy.toml").write_text(FAST_POLICY)
+        procs.append(spawn_scheduler(nats, tmp_path, "--policy", str(tmp_path / "policy.toml")))
+        wait_for_streams(nats)
+        procs.append(
+            spawn(tmp_path, nats.env("host-h1"), "agent", "--nats", nats.url, "--node", "h1",
+                  "--simulate", "1xH100", "--data-dir", str(tmp_path / "host"), "--grace-s", "2",
+                  "--public-key", str(tmp_path / "sched" / "keys" / "scheduler.pub"))
+        )  # fmt: skip
+        _wait(nats, lambda rs: matching(rs, T.NodeJoined, node="h1"), 30, "h1 joined")
+        train = f"python {REPO}/examples/train_numpy.py --steps 100000 --step-ms 20 --checkpoint-every-s 0.5"
+        submit = [
+            "submit",
+            "t1",
+            "--team",
+            "vision",
+            "--user",
+            "li",
+            "--gpus",
+            "1",
+            "--nats",
+            nats.url,
+            "--json",
+        ]
+        code, answer = run_cli(nats.env("client-vision-li"), *submit, "--level", "6", "--command", train)
+        assert code == 0 and answer["outcome"] == "accepted", answer
+        _wait(nats, lambda rs: len(matching(rs, T.CheckpointRecorded, job="t1")) >= 2, 60, "t1 saved twice")
+        # An urgent job holds the node while the bus's copy of t1's newest checkpoint is spoiled.
+        urgent = ["submit", "u1", "--team", "safety", "--user", "kim", "--gpus", "1", "--nats", nats.url]
+        code, answer = run_cli(
+            nats.env("client-safety-kim"), *urgent, "--json", "--level", "0", "--command", "sleep 8"
+        )
+        assert code == 0 and answer["outcome"] == "accepted", answer
+        records = _wait(nats, lambda rs: matching(rs, T.PreemptionCommitted), 60, "t1 preempted")
+        newest = matching(records, T.CheckpointRecorded, job="t1")[-1].event
+        node, _, slot = newest.path[len("xr-ckpt:") :].rpartition("/")
+        minter = JobMinter.from_creds(nats.creds("host-h1"), ttl_s=60)
+        creds = str(minter.write("t1", tmp_path / "spoiler.creds"))
+
+        async def spoil():
+            nc, js = await bus.connect(nats.url, creds=creds, reconnects=1)
+            try:
+                data = bytearray(await ckptstore.get(js, "t1", slot, node))
+                data[len(data) // 2] ^= 0xFF
+                await ckptstore.put(js, "t1", node, slot, bytes(data))
+            finally:
+                await nc.close()
+
+        asyncio.run(spoil())
+        records = _wait(nats, lambda rs: len(matching(rs, T.JobRunning, job="t1")) >= 2, 60, "t1 resumed")
+        resume = matching(records, T.JobResumeRequested, job="t1")[0].event
+        assert resume.ckpt_digest == newest.digest and resume.ckpt_copies == 2
+        assert not matching(records, T.CheckpointFallback, job="t1")
+        assert matching(records, T.JobRunning, job="t1")[-1].event.restored_copy == 2
+        copy = ckptcopy.job_folder(tmp_path / "host" / "hosts" / "h1" / ckptcopy.COPIES_DIR, "t1") / slot
+        assert sdk.digest_of(copy.read_bytes()) == newest.digest
