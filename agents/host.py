@@ -317,7 +317,10 @@ class HostAgent:
             self._disk_changed()
 
     def _disk_changed(self) -> None:
-        """Say so when the disk becomes low (log, alert) or good again."""
+        """Say so when the disk becomes low (log, alert) or good again; tell the scheduler,
+        which cordons the node while it is low (no new work is placed here)."""
+        if self.nc is not None:
+            asyncio.ensure_future(self._report(self._node_health(), f"health-{uuid.uuid4().hex}"))
         if not self.disk.low:
             log.warning("host %s: the disk has room again: taking new runs", self.node)
             return
@@ -401,7 +404,7 @@ class HostAgent:
         await self._refuse_if_node_taken()
         await self._serve_copies()
         sub = await self._retry("opening the decision consumer", self._open)
-        await self._report(self._node_up(), f"up-{uuid.uuid4().hex}")
+        await self._report_up()
         log.info(
             "host %s: %d x %s up, %d runs adopted, last acted record %d",
             self.node,
@@ -1084,7 +1087,20 @@ class HostAgent:
         deadline = time.monotonic() + self.grace_s + 5
         while self.runs and time.monotonic() < deadline:
             await asyncio.sleep(MONITOR_S)
+        await self._report_up()
+
+    async def _report_up(self) -> None:
+        """`node_up`, then the node's health as it is now: the scheduler cordons a node that
+        says it is unhealthy, and a node that restarted healthy lifts a cordon of its own
+        that outlived the agent."""
         await self._report(self._node_up(), f"up-{uuid.uuid4().hex}")
+        self.disk.look()
+        await self._report(self._node_health(), f"health-{uuid.uuid4().hex}")
+
+    def _node_health(self) -> T.NodeHealth:
+        return T.NodeHealth(
+            node=self.node, healthy=not self.disk.low, reason=self.disk.problem if self.disk.low else ""
+        )
 
     def _node_up(self) -> T.NodeUp:
         return T.NodeUp(

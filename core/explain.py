@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
+from .model.cordon import NODE_CORDONED, cordon_words, schedulable, takes_work
 from .model.placement import acceptable_models, place
 from .forecast.waits import expected_runtime_ms, natural_wait_ms
 from .model.words import human_duration
@@ -32,12 +33,13 @@ from .rules.holds import VICTIM_CAP, binding_holds, describe_cap
 from .rules.shares import fair_shares, holding, lent_gpus, reclaim_refusal, teams_below_share, within_share
 from .model.entities import HELD as HELD_STATE
 from .model.state import State
-from .model.entities import QUEUED, RESERVED, Job
+from .model.entities import QUEUED, RESERVED, Job, node_free_count
 from .model.types import LEVELS
 
 # Reason codes, most specific first. `limit` names the policy parameter behind a
 # fairness or guarantee reason.
 NO_NODE_OF_MODEL = "no_node_of_model"
+# NODE_CORDONED (core/model/cordon.py): the nodes it could start on take no new work.
 GANG_TOO_LARGE = "gang_too_large"
 HELD = "held"
 PREEMPTING = "preempting"
@@ -129,6 +131,18 @@ def _impossible(state: State, job: Job) -> Pending | None:
     ix = state.index
     models = acceptable_models(job.gpu_models, ix)
     up = [m for m in models if ix.capacity_by_model.get(m, 0) > 0]
+    cordoned = _cordoned_of(state, models)
+    capacity = max((ix.capacity_by_model.get(m, 0) for m in up), default=0)  # a gang stays on one model
+    capacity_uncordoned = {m: ix.capacity_by_model.get(m, 0) for m in models}
+    for node in cordoned:
+        capacity_uncordoned[node.gpu_model] += node.gpus
+    if job.gpus > capacity and any(gpus >= job.gpus for gpus in capacity_uncordoned.values()):
+        return Pending(
+            job=job.id,
+            code=NODE_CORDONED,
+            reason=f"the nodes of its models that could hold its {job.gpus} GPUs are cordoned:"
+            f" {_cordon_words(cordoned)}; no new work lands there until they are uncordoned",
+        )
     if not up:
         have = ", ".join(sorted(m for m, n in ix.capacity_by_model.items() if n)) or "none"
         return Pending(
@@ -137,7 +151,6 @@ def _impossible(state: State, job: Job) -> Pending | None:
             reason=f"no node of model {' or '.join(job.gpu_models) or 'any'} is up"
             f" (models up: {have}): it starts when one joins",
         )
-    capacity = max(ix.capacity_by_model.get(m, 0) for m in up)  # a gang stays on one model
     if job.gpus > capacity:
         return Pending(
             job=job.id,
@@ -151,8 +164,24 @@ def _impossible(state: State, job: Job) -> Pending | None:
 def _nodes_of(state: State, models: list[str]) -> list:
     c = state.canonical
     return [
-        c.nodes[name] for name in sorted(c.nodes) if c.nodes[name].up and c.nodes[name].gpu_model in models
+        c.nodes[name]
+        for name in sorted(c.nodes)
+        if takes_work(c.nodes[name]) and c.nodes[name].gpu_model in models
     ]
+
+
+def _cordoned_of(state: State, models: list[str]) -> list:
+    """The nodes of these models that are up but take no new work (`cordon.schedulable`)."""
+    c = state.canonical
+    return [
+        c.nodes[name]
+        for name in sorted(c.nodes)
+        if schedulable(c.nodes[name])[1] == NODE_CORDONED and c.nodes[name].gpu_model in models
+    ]
+
+
+def _cordon_words(nodes: list) -> str:
+    return ", ".join(cordon_words(node) for node in nodes)
 
 
 def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pending:
@@ -181,6 +210,15 @@ def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pe
             code=STARTS_NEXT_PASS,
             start_in_ms=0,
             reason=f"{what} are free: it starts at the scheduler's next pass",
+        )
+    cordoned = [node for node in _cordoned_of(state, models) if node_free_count(node)]
+    if cordoned and free + sum(node_free_count(node) for node in cordoned) >= job.gpus:
+        return Pending(
+            job=job.id,
+            code=NODE_CORDONED,
+            start_in_ms=start_in,
+            reason=f"needs {what}, {free} free; the free GPUs it could use are on cordoned nodes,"
+            f" where no new work lands: {_cordon_words(cordoned)}",
         )
     if any(holder == job.id for _, holder in reserved.values()):
         return Pending(

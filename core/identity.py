@@ -8,9 +8,11 @@ decides, purely, whether that sender may send this input:
 - `client:<team>:<user>`: submits as that team and user only; cancels, holds, releases,
   requeues, lowers the level of (core/inputs.py: raising one takes an operator) and answers
   for only that user's own jobs; never node or policy changes;
-- `host:<node>`: its own node's `node_up`/`node_down`, and job facts of jobs placed on it;
+- `host:<node>`: its own node's `node_up`/`node_down`/`node_health` (a host cordons and
+  uncordons only itself: core/node_inputs.py), and job facts of jobs placed on it;
 - `job:<job>`: its own job's facts only;
-- `op:<user>` (operators) and `sched:<instance>` (the scheduler): anything.
+- `op:<user>` (operators) and `sched:<instance>` (the scheduler): anything (`cordon`,
+  `uncordon` and `set_policy` only they may send).
 
 A claimed identity that does not match is `identity_mismatch`; an input type the role may
 not send is `not_permitted_for_role`. On a bus that authenticates its users, the scheduler
@@ -38,7 +40,7 @@ JOB_FACTS = (
     "released",
     "finished",
 )
-HOST_INPUTS = ("node_up", "node_down", *JOB_FACTS)
+HOST_INPUTS = ("node_up", "node_down", "node_health", *JOB_FACTS)
 ANY_INPUT_ROLES = ("op", "sched")
 # The role the scheduler stamps on an input from an authenticated bus whose subject names
 # no sender it can read (for example one token too many after the sender's name).
@@ -93,7 +95,7 @@ def _client_problem(state: State, inp: T.Input, who: str) -> tuple[str, str] | N
 
 
 def _host_problem(state: State, inp: T.Input, node: str) -> tuple[str, str] | None:
-    if isinstance(inp, (T.NodeUp, T.NodeDown)):
+    if isinstance(inp, (T.NodeUp, T.NodeDown, T.NodeHealth)):
         if inp.node != node:
             return "identity_mismatch", f"host {node} reported on node {inp.node}; a host speaks for itself"
         return None

@@ -17,6 +17,7 @@ from .model.bounds import input_problem
 from .rules.rights import may_preempt
 from .identity import identity_problem
 from .inputs import HANDLERS, common_problem
+from .node_inputs import NODE_HANDLERS
 from .log.seal import Ctx, reject
 from .passes.placement import place_queued, settle_drain
 from .passes.preemption import (
@@ -70,7 +71,7 @@ def step(state: State, inp: T.Input, sealed: bool = True) -> tuple[State, list[T
     # leaves it where it was.
     recorded_t = state.canonical.t
     state.canonical.t = inp.t
-    handler = HANDLERS[type(inp)]
+    handler = HANDLERS.get(type(inp)) or NODE_HANDLERS[type(inp)]
     handler(ctx, inp)
     if not (ctx.records and isinstance(ctx.records[-1].event, T.InputRejected) and not ctx.accepted):
         if isinstance(inp, PREEMPTION_TRIGGERS):

@@ -146,6 +146,8 @@ def node_rows(state) -> list[dict]:
                 "free": node.gpus - used if node.up else 0,
                 "jobs": jobs,
                 "state": _node_state(node, used, reserved_nodes(state)),
+                "cordoned_by": node.cordoned_by,
+                "cordon_reason": node.cordon_reason,
             }
         )
     return rows
@@ -154,6 +156,8 @@ def node_rows(state) -> list[dict]:
 def _node_state(node, used: int, reserved: dict) -> str:
     if not node.up:
         return "down"
+    if node.cordoned_by:
+        return "cordoned"  # Slurm's drained / draining: no new work, running jobs go on
     if node.name in reserved:
         return "reserved"
     return "idle" if used == 0 else "allocated" if used == node.gpus else "mixed"

@@ -178,6 +178,7 @@ def test_durations_read_as_people_say_them():
 CODES = {
     "no_node_of_model",
     "gang_too_large",
+    "node_cordoned",
     "held",
     "preempting",
     "retry_backoff",

@@ -163,3 +163,47 @@ def test_a_subject_of_the_parsed_shape_names_its_sender_on_any_bus(subject, orig
 
     assert origin_of_subject(subject, senders_required=True) == origin
     assert origin_of_subject(subject) == origin
+
+
+def test_a_host_cordons_and_uncordons_only_itself(state):
+    other = T.NodeHealth(t=10, node="h1", healthy=False, reason="full", origin="host:h2")
+    reason, detail = _rejection(state, other)
+    assert reason == "identity_mismatch" and "a host speaks for itself" in detail
+    assert state.canonical.nodes["h1"].cordoned_by == ""
+    assert (
+        _rejection(state, T.NodeHealth(t=11, node="h2", healthy=False, reason="full", origin="host:h2"))
+        is None
+    )
+    assert state.canonical.nodes["h2"].cordoned_by == "host:h2"
+    healthy_other = T.NodeHealth(t=12, node="h2", healthy=True, origin="host:h1")
+    assert _rejection(state, healthy_other)[0] == "identity_mismatch"
+    assert state.canonical.nodes["h2"].cordoned_by == "host:h2"
+    # Nor may a host use the operator's command, on itself or another node.
+    for node in ("h1", "h2"):
+        assert (
+            _rejection(state, T.UncordonNode(t=20, node=node, origin="host:h2"))[0]
+            == "not_permitted_for_role"
+        )
+        assert _rejection(state, T.CordonNode(t=20, node=node, reason="x", origin="host:h2"))[0] == (
+            "not_permitted_for_role"
+        )
+    assert state.canonical.nodes["h2"].cordoned_by == "host:h2"
+
+
+def test_only_an_operator_cordons_a_node_and_is_recorded_as_the_one_who_did(state):
+    for origin in ("client:vision:li", "job:mine"):
+        assert _rejection(state, T.CordonNode(t=10, node="h1", reason="x", origin=origin))[0] == (
+            "not_permitted_for_role"
+        )
+        assert _rejection(state, T.NodeHealth(t=10, node="h1", healthy=False, origin=origin))[0] == (
+            "not_permitted_for_role"
+        )
+    assert state.canonical.nodes["h1"].cordoned_by == ""
+    # The operator the bus authenticated, not the name the body claims.
+    assert (
+        _rejection(state, T.CordonNode(t=11, node="h1", reason="PSU", by="mallory", origin="op:alice"))
+        is None
+    )
+    assert state.canonical.nodes["h1"].cordoned_by == "op:alice"
+    assert _rejection(state, T.UncordonNode(t=12, node="h1", origin="op:bob")) is None
+    assert state.canonical.nodes["h1"].cordoned_by == ""

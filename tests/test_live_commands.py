@@ -169,8 +169,28 @@ def test_nodes_shares_and_logs(idle, capsys):
             "free": 0,
             "jobs": ["nodes-big"],
             "state": "allocated",
+            "cordoned_by": "",
+            "cordon_reason": "",
         }
     ]
+    # An operator cordons the node (Slurm's drain): its job runs on, the node says why.
+    code, out, _ = xirang(
+        capsys, "node", "cordon", "h1", "--reason", "PSU swap", "--nats", url, "--user", "ana"
+    )
+    assert code == 0 and out.startswith("accepted: cordon"), out
+    (row,) = as_json(capsys, "nodes", "--nats", url)["nodes"]
+    assert (row["state"], row["cordoned_by"], row["cordon_reason"], row["jobs"]) == (
+        "cordoned",
+        "op:ana",
+        "PSU swap",
+        ["nodes-big"],
+    )
+    code, out, _ = xirang(capsys, "nodes", "--nats", url)
+    assert "h1 cordoned by op:ana: PSU swap" in out
+    code, out, _ = xirang(capsys, "node", "cordon", "h9", "--reason", "x", "--nats", url)
+    assert code == 1 and "rejected: unknown_node" in out
+    code, out, _ = xirang(capsys, "node", "uncordon", "h1", "--nats", url)
+    assert code == 0 and as_json(capsys, "nodes", "--nats", url)["nodes"][0]["state"] == "allocated"
     teams = {r["team"]: r for r in as_json(capsys, "shares", "--nats", url)["teams"]}
     assert teams["vision"]["held_gpus"] == 8 and teams["nlp"]["queued_gpus"] == 2
     assert teams["vision"]["fair_share_gpus"] + teams["nlp"]["fair_share_gpus"] == pytest.approx(8)

@@ -306,3 +306,86 @@ def test_the_policys_output_cap_holds_on_a_host_whose_own_cap_is_larger(tmp_path
         assert printed > 2**18 and 0 < kept <= 2**18 + 1024, kept  # two halves and their notice lines
         assert "output rotated" in kept_files[0].read_text()[:200]
         assert "Traceback" not in (c.logs / "h1.log").read_text()
+
+
+def test_a_host_whose_disk_fills_is_cordoned_new_work_goes_elsewhere_and_it_is_uncordoned_with_room(tmp_path):
+    """The host agent's health is a scheduler input: a full disk cordons its node (no new
+    work is offered it, so no start waits on its refusal), a job that fits either host lands
+    on the other one at once, the running job there goes on; once there is room the node
+    is uncordoned and takes work again."""
+    with tmpfs(tmp_path / "disk", 16) as disk, Cluster(tmp_path / "c") as c:
+        c.scheduler()
+        c.wait(lambda rs: (tmp_path / "c" / "keys" / "scheduler.pub").exists(), 20, "the key")
+        key = ["--public-key", str(tmp_path / "c" / "keys" / "scheduler.pub")]
+        c._spawn(
+            ["agent", "--nats", c.url, "--node", "h1", "--simulate", "2xA100", "--data-dir", str(disk)]
+            + key
+            + ["--disk-floor-mb", "4"],
+            "h1.log",
+        )
+        c._spawn(
+            [
+                "agent",
+                "--nats",
+                c.url,
+                "--node",
+                "h2",
+                "--simulate",
+                "2xH100",
+                "--data-dir",
+                str(tmp_path / "c"),
+            ]
+            + key,
+            "h2.log",
+        )
+        c.wait_for(T.NodeJoined, node="h1")
+        c.wait_for(T.NodeJoined, node="h2")
+        c.send(
+            T.Submit(
+                job="a", team="t", user="u", level=5, gpus=1, gpu_models=["A100"], command=["sleep", "300"]
+            )
+        )
+        c.wait_for(T.JobRunning, job="a")
+        filler = fill(disk)
+        cordoned = c.wait_for(T.NodeCordoned, node="h1", timeout_s=30)
+        event = next(r.event for r in cordoned if isinstance(r.event, T.NodeCordoned))
+        assert event.by == "host:h1" and "disk almost full" in event.reason
+        # A job that fits either host (h1 has a GPU free) lands on h2, never offered to h1.
+        c.send(T.Submit(job="b", team="t", user="u", level=5, gpus=1, command=["sleep", "1"]))
+        records = c.wait_for(T.JobFinished, job="b", timeout_s=30)
+        starts = [
+            r.event.nodes for r in records if isinstance(r.event, T.JobStartRequested) and r.event.job == "b"
+        ]
+        assert starts == [["h2"]]
+        assert not any(isinstance(r.event, T.JobRequeued) and r.event.job == "b" for r in records)
+        assert not any(
+            isinstance(r.event, (T.JobRequeued, T.JobStopRequested)) and r.event.job == "a" for r in records
+        )
+        # A job only h1 fits waits, and is told why.
+        c.send(
+            T.Submit(
+                job="c", team="t", user="u", level=5, gpus=1, gpu_models=["A100"], command=["sleep", "1"]
+            )
+        )
+        c.wait(
+            lambda rs: any(isinstance(r.event, T.JobSubmitted) and r.event.job == "c" for r in rs), 20, "c"
+        )
+        why = subprocess.run(
+            [sys.executable, "-m", "xirang.cli", "jobs", "--nats", c.url, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert "cordoned" in why.stdout and "h1 (by host:h1: disk almost full" in why.stdout, (
+            why.stdout + why.stderr
+        )
+        filler.unlink()
+        c.wait_for(T.NodeUncordoned, node="h1", timeout_s=30)
+        records = c.wait_for(T.JobFinished, job="c", timeout_s=30)
+        assert [
+            r.event.nodes for r in records if isinstance(r.event, T.JobStartRequested) and r.event.job == "c"
+        ] == [["h1"]]
+        assert not any(
+            isinstance(r.event, T.JobFinished) and r.event.job == "a" for r in records
+        )  # still running

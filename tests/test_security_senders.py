@@ -196,3 +196,35 @@ def test_a_role_newer_than_the_operators_folder_enters_its_account_when_first_ad
     )
     entry, _ = add_user(folder, "reader", ["second"])
     assert not entry["account_changed"] and (folder / "accounts.conf").read_text() == after
+
+
+def test_a_host_cordons_only_itself_and_only_an_operator_cordons_a_node(secure, tmp_path):
+    """On the shipped config: a host's health report naming another node, and a `cordon` from
+    a host or a client, each reach the scheduler on the sender's own subject and are refused
+    with the reason; an operator's `xirang node cordon` is recorded as that operator's."""
+    nats, procs = secure
+    procs.append(spawn_scheduler(nats, tmp_path))
+    wait_for_streams(nats)
+
+    def send_as(user: str, sender: str, inp: T.Input) -> None:
+        async def go(nc, js):
+            await bus.send_input(js, inp, sender=sender)
+
+        _run(nats, user, go, timeout_s=5)
+
+    send_as("host-h1", "host:h1", T.NodeUp(id="up-h1", node="h1", gpu_model="H100", gpus=8))
+    send_as("host-h1", "host:h1", T.NodeHealth(id="h-1", node="h2", healthy=False, reason="full"))
+    send_as("host-h1", "host:h1", T.CordonNode(id="h-2", node="h1", reason="mine"))
+    send_as("client-vision-li", "client:vision:li", T.CordonNode(id="c-1", node="h1", reason="theirs"))
+    code, answer = run_cli(
+        nats.env("op-alice"), "node", "cordon", "h1", "--reason", "PSU swap", "--nats", nats.url, "--json"
+    )
+    assert code == 0 and answer["outcome"] == "accepted", answer
+    records = _records(nats)
+    refused = {r.event.input_type: r.event.reason for r in records if isinstance(r.event, T.InputRejected)}
+    assert refused == {"node_health": "identity_mismatch", "cordon": "not_permitted_for_role"}, refused
+    assert sum(isinstance(r.event, T.InputRejected) for r in records) == 3
+    cordons = [
+        (r.event.node, r.event.by, r.event.reason) for r in records if isinstance(r.event, T.NodeCordoned)
+    ]
+    assert cordons == [("h1", "op:alice", "PSU swap")]

@@ -7,6 +7,7 @@
     xirang history [filters] [--since T] [--until T]   every job the log has seen (sacct)
     xirang logs JOB [--follow]             the job's output on its host (slurm-N.out)
     xirang nodes                           nodes: model, GPUs free/used, jobs, state (sinfo)
+    xirang node cordon|uncordon NODE       no new work on a node, or again (scontrol drain/resume)
     xirang shares                          teams: quota, fair share, held, limits (sshare)
     xirang hold|release|requeue JOB        keep from scheduling, let go, stop and queue again
     xirang set-level JOB LEVEL             (scontrol hold/release/requeue, update Priority)
@@ -106,6 +107,7 @@ def register(sub) -> None:
     nodes = sub.add_parser("nodes", help="nodes: GPU model, GPUs free and used, jobs, state (sinfo-like)")
     common(nodes)
     nodes.set_defaults(func=cmd_nodes)
+    _register_node(sub)
 
     shares = sub.add_parser(
         "shares",
@@ -140,6 +142,43 @@ def register(sub) -> None:
         )
         p.add_argument("--operator", action="store_true", help="act as an operator (on anyone's job)")
         p.set_defaults(func=cmd_job_request, request=name)
+
+
+def _register_node(sub) -> None:
+    node = sub.add_parser(
+        "node", help="an operator's node changes: cordon (no new work; Slurm's drain) and uncordon"
+    )
+    verbs = node.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+    cordon = verbs.add_parser(
+        "cordon",
+        help="place no new work on NODE, nor choose preemption victims or reservations there;"
+        " its running jobs go on (operators only)",
+    )
+    uncordon = verbs.add_parser(
+        "uncordon", help="NODE takes new work again, whoever cordoned it (operators only)"
+    )
+    for p in (cordon, uncordon):
+        common(p)
+        p.add_argument("node")
+        p.add_argument(
+            "--user",
+            default=default_user(),
+            help="who asks (default: the user of $XIRANG_IDENTITY, else $USER)",
+        )
+    cordon.add_argument("--reason", required=True, help="why (told to whoever asks why a job waits)")
+    cordon.set_defaults(func=cmd_node_cordon)
+    uncordon.set_defaults(func=cmd_node_cordon)
+
+
+def cmd_node_cordon(args) -> int:
+    """`xirang node cordon NODE --reason TEXT` / `xirang node uncordon NODE`: send it (an
+    operator's input: the bus lets only operators publish it) and print the outcome."""
+    from core import types as T
+
+    if args.verb == "cordon":
+        return _send_and_answer(args, T.CordonNode(node=args.node, reason=args.reason, by=args.user))
+    return _send_and_answer(args, T.UncordonNode(node=args.node, by=args.user))
 
 
 def default_user() -> str:
@@ -780,11 +819,16 @@ def cmd_nodes(args) -> int:
         [r["node"], r["gpu_model"], r["gpus"], r["used"], r["free"], r["state"], " ".join(r["jobs"]) or "-"]
         for r in rows
     ]
+    cordons = [
+        f"{r['node']} cordoned by {r['cordoned_by']}: {r['cordon_reason']}" for r in rows if r["cordoned_by"]
+    ]
     print(
         table(
             ["NODE", "MODEL", "GPUS", "USED", "FREE", "STATE", "JOBS"], body, right=("GPUS", "USED", "FREE")
         )
     )
+    for line in cordons:
+        print(line)
     return 0
 
 

@@ -22,6 +22,7 @@ from ..forecast.waits import release_spec
 from ..model.policy import with_params
 from ..model.state import State, node_known, touch_job, _index_node_capacity, rebuild_index
 from ..model.scratch import forget_node, forget_pass_memory, forget_remaining
+from ..model.cordon import OPERATOR_PREFIX, takes_work
 from ..model.entities import (
     Node,
     Usage,
@@ -99,15 +100,46 @@ def _node_joined(s: State, ev: T.NodeJoined) -> None:
     known = s.canonical.nodes.get(ev.node)
     if known is not None:
         node_known(s.index, known, -1)
+        if known.cordoned_by.startswith(OPERATOR_PREFIX):
+            # An operator's cordon outlasts a restart of the node; the node's own report
+            # of its health is made again by the agent that joins.
+            node.cordoned_by, node.cordon_reason = known.cordoned_by, known.cordon_reason
     node_known(s.index, node, 1)
     s.canonical.nodes[ev.node] = node
     s.scratch.nodes_sorted = None
     forget_node(s.scratch, ev.node)
-    _index_node_capacity(s.index, s.scratch, node)
+    if takes_work(node):
+        _index_node_capacity(s.index, s.scratch, node)
 
 
 def _node_lost(s: State, ev: T.NodeLost) -> None:
     node = s.canonical.nodes[ev.node]
+    if takes_work(node):
+        _unindex_node_capacity(s, node)
+    node.up = False
+    node.holder = [""] * node.gpus
+    s.index.jobs_by_node.pop(node.name, None)
+    forget_node(s.scratch, node.name)
+
+
+def _node_cordoned(s: State, ev: T.NodeCordoned) -> None:
+    node = s.canonical.nodes[ev.node]
+    if takes_work(node):
+        _unindex_node_capacity(s, node)
+    node.cordoned_by, node.cordon_reason = ev.by, ev.reason
+    forget_node(s.scratch, node.name)
+
+
+def _node_uncordoned(s: State, ev: T.NodeUncordoned) -> None:
+    node = s.canonical.nodes[ev.node]
+    node.cordoned_by, node.cordon_reason = "", ""
+    forget_node(s.scratch, node.name)
+    if takes_work(node):
+        _index_node_capacity(s.index, s.scratch, node)
+
+
+def _unindex_node_capacity(s: State, node: Node) -> None:
+    """Take a node that no longer takes work (lost, cordoned) out of the free-GPU index."""
     ix = s.index
     model = node.gpu_model
     free = node_free_count(node)
@@ -121,13 +153,9 @@ def _node_lost(s: State, ev: T.NodeLost) -> None:
     sizes = [
         n.gpus
         for name, n in sorted(s.canonical.nodes.items())
-        if n.up and n.gpu_model == model and name != node.name
+        if takes_work(n) and n.gpu_model == model and name != node.name
     ]
     ix.node_size_max_by_model[model] = max(sizes, default=0)
-    node.up = False
-    node.holder = [""] * node.gpus
-    ix.jobs_by_node.pop(node.name, None)
-    forget_node(s.scratch, node.name)
 
 
 # ---------------------------------------------------------------- jobs
@@ -170,6 +198,8 @@ _HANDLERS: dict[type, typing.Callable[[State, typing.Any], None]] = {
     T.SchedulerStarted: _scheduler_started,
     T.NodeJoined: _node_joined,
     T.NodeLost: _node_lost,
+    T.NodeCordoned: _node_cordoned,
+    T.NodeUncordoned: _node_uncordoned,
     T.PolicyChanged: _policy_changed,
     **JOB_HANDLERS,
     **SAGA_HANDLERS,

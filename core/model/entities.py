@@ -130,6 +130,10 @@ class Node(msgspec.Struct, kw_only=True, omit_defaults=True):
     holder: list[str]  # job id per GPU index, "" when free
     up: bool = True
     addr: str = ""  # where its jobs reach it (a gang's master address)
+    # Who cordoned it ('' : nobody; `host:<node>`, `op:<user>`) and why: while cordoned it
+    # takes no new work (core/model/cordon.py), its running jobs go on.
+    cordoned_by: str = ""
+    cordon_reason: str = ""
 
 
 class Saga(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -50,6 +50,23 @@ class NodeLost(_Event, tag="NodeLost"):
     jobs: list[str]
 
 
+class NodeCordoned(_Event, tag="NodeCordoned"):
+    """No new work is placed on the node, nor are preemption victims or reservations chosen
+    there, until `NodeUncordoned`; its running jobs go on. `by`: `host:<node>` when the node
+    reported itself unhealthy, `op:<user>` when an operator cordoned it."""
+
+    node: str
+    by: str
+    reason: str
+
+
+class NodeUncordoned(_Event, tag="NodeUncordoned"):
+    """The node takes new work again (`by` as for `NodeCordoned`)."""
+
+    node: str
+    by: str
+
+
 class JobSubmitted(_Event, tag="JobSubmitted"):
     """A job entered its level's queue (`level` may be below `requested_level` when its team is
     downgraded)."""
@@ -477,4 +494,6 @@ Event = Union[
     JobStopRequested,
     SchedulerStarted,
     RecordDisowned,
+    NodeCordoned,
+    NodeUncordoned,
 ]

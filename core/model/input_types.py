@@ -55,6 +55,34 @@ class NodeDown(_Input, tag="node_down"):
     reason: str = "reported_down"
 
 
+class NodeHealth(_Input, tag="node_health"):
+    """Input from a host: whether its node can take new work (`healthy`), and when not why
+    (`reason`, e.g. its disk is almost full). An unhealthy node is cordoned (no new work, its
+    running jobs go on), and uncordoned when it reports healthy again, unless an operator
+    cordoned it."""
+
+    node: str
+    healthy: bool
+    reason: str = ""
+
+
+class CordonNode(_Input, tag="cordon"):
+    """Input from an operator: place no new work on `node` (Slurm's drain, Kubernetes'
+    cordon): its running jobs keep running and are managed as before. `reason` is told to
+    whoever asks why a job waits."""
+
+    node: str
+    reason: str
+    by: str = ""
+
+
+class UncordonNode(_Input, tag="uncordon"):
+    """Input from an operator: `node` takes new work again, whoever cordoned it."""
+
+    node: str
+    by: str = ""
+
+
 class Submit(_Input, tag="submit"):
     """Input from a user: a job to schedule at `level` (0 most urgent) with its size, GPU
     models, runtime estimate and checkpoint costs."""
@@ -266,4 +294,7 @@ Input = Union[
     SetLevel,
     SchedulerStart,
     DisownRecord,
+    NodeHealth,
+    CordonNode,
+    UncordonNode,
 ]

@@ -23,6 +23,7 @@ from .entities import (
     node_free_count,
     queue_key,
 )
+from .cordon import takes_work
 from .policy import Policy
 from .scratch import PASS_MEMORY, Scratch, forget_releases
 from .types import LEVELS
@@ -112,7 +113,7 @@ def rebuild_index(c: Canonical, sx: Scratch) -> Index:
     for name in sorted(c.nodes):
         node = c.nodes[name]
         node_known(ix, node, 1)
-        if node.up:
+        if takes_work(node):
             _index_node_capacity(ix, sx, node)
     for job_id in sorted(c.jobs):
         job = c.jobs[job_id]
@@ -252,10 +253,12 @@ def set_holder(c: Canonical, ix: Index, sx: Scratch, node_name: str, gpu: int, j
         return
     sx.releases_gen += 1
     sx.node_fits.pop(node_name, None)
-    if node.up:
+    # Only the free GPUs of nodes that take work are indexed (a cordoned node's are not).
+    indexed = takes_work(node)
+    if indexed:
         free_before = node_free_count(node)
     node.holder[gpu] = job_id
-    if not node.up:
+    if not indexed:
         return
     delta = (1 if job_id == "" else 0) - (1 if before == "" else 0)
     if delta:
@@ -403,7 +406,7 @@ def copy_state(state: State) -> State:
 
 def nodes_by_name(state: "State") -> list[tuple[str, Node]]:
     """`sorted(state.canonical.nodes.items())`, kept in the scratch until a node joins (a
-    node that goes down stays in it, marked not up: callers filter on `node.up`)."""
+    node that goes down or is cordoned stays in it: callers filter on `cordon.takes_work`)."""
     sx = state.scratch
     if sx.nodes_sorted is None:
         sx.nodes_sorted = sorted(state.canonical.nodes.items())

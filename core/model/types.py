@@ -50,6 +50,9 @@ from .input_types import (  # the vocabulary is read as one namespace: `types.Su
     Feedback as Feedback,
     SchedulerStart as SchedulerStart,
     DisownRecord as DisownRecord,
+    NodeHealth as NodeHealth,
+    CordonNode as CordonNode,
+    UncordonNode as UncordonNode,
     Malformed as Malformed,
     Input as Input,
 )
@@ -97,6 +100,8 @@ from .event_types import (  # the vocabulary is read as one namespace: `types.Su
     JobStopRequested as JobStopRequested,
     SchedulerStarted as SchedulerStarted,
     RecordDisowned as RecordDisowned,
+    NodeCordoned as NodeCordoned,
+    NodeUncordoned as NodeUncordoned,
     StateDigest as StateDigest,
     Event as Event,
 )

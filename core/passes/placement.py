@@ -23,6 +23,7 @@ from ..model import placement as P
 from ..model.placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .queues import TEAM_OLDEST_LOOKED_AT, aging_threshold_ms, serving_count, serving_order
 from ..rules.shares import team_quota, teams_below_share, within_share
+from ..model.cordon import takes_work
 from ..model.state import State, nodes_by_name
 from ..model.entities import QUEUED, Job, last_checkpoint, node_free_count
 from ..model.types import LEVELS
@@ -394,7 +395,7 @@ def _starts_by_node(reserved: dict[str, tuple[int, str]]) -> dict[str, int]:
 
 
 def _free_on(c, nodes) -> int:
-    return sum(node_free_count(c.nodes[name]) for name in nodes if c.nodes[name].up)
+    return sum(node_free_count(c.nodes[name]) for name in nodes if takes_work(c.nodes[name]))
 
 
 def _serve_the_starving(ctx: Ctx) -> dict[str, tuple[int, str]]:
@@ -474,7 +475,7 @@ def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bo
     nodes = [
         node
         for name, node in nodes_by_name(state)
-        if node.up and node.gpu_model in models and name not in reserved
+        if takes_work(node) and node.gpu_model in models and name not in reserved
     ]
     fit = None
     if job.level < c.policy.urgent_levels and job.gpus <= node_size_max(models, state.index):

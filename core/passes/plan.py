@@ -20,6 +20,7 @@ import msgspec
 
 from ..forecast.waits import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
 from ..model.placement import acceptable_models, node_size_max, place
+from ..model.cordon import takes_work
 from ..model.state import State, nodes_by_name
 from ..model.entities import QUEUED, Job, Node
 from ..model.types import Slot
@@ -206,7 +207,7 @@ def _choose_with_substitutes(
         model: [
             c.nodes[name]
             for name in sorted(c.nodes)
-            if c.nodes[name].up and c.nodes[name].gpu_model == model and name not in scope.held
+            if takes_work(c.nodes[name]) and c.nodes[name].gpu_model == model and name not in scope.held
         ]
         for model in stand_ins
     }
@@ -231,7 +232,7 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     c = state.canonical
     ix = state.index
     models = acceptable_models(job.gpu_models, ix)
-    nodes = [node for _, node in nodes_by_name(state) if node.up and node.gpu_model in models]
+    nodes = [node for _, node in nodes_by_name(state) if takes_work(node) and node.gpu_model in models]
     if not nodes:
         return Decline(reason="no_node_of_model")
     runtime = expected_runtime_ms(state, job)

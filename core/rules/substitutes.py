@@ -10,6 +10,7 @@ preemptor's level weight, against the sets on its own models.
 from __future__ import annotations
 
 from ..forecast.waits import earliest_fit, expected_runtime_ms
+from ..model.cordon import takes_work
 from ..model.placement import place
 from ..model.policy import Policy
 from ..model.state import State
@@ -54,7 +55,7 @@ def substitute_placement(state: State, job: Job, reserved: dict[str, int]) -> li
     own_nodes = [
         c.nodes[name]
         for name in sorted(c.nodes)
-        if c.nodes[name].up and c.nodes[name].gpu_model in job.gpu_models
+        if takes_work(c.nodes[name]) and c.nodes[name].gpu_model in job.gpu_models
     ]
     fit = earliest_fit(state, job, own_nodes)
     own_wait = fit[0] if fit is not None else None
