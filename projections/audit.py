@@ -50,6 +50,16 @@ def fmt_t(t: int) -> str:
     return f"T+{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s"
 
 
+# What a resume's `JobRunning.restored_copy` says, in a job's story.
+RESTORED_FROM = {
+    1: "; its checkpoint read from copy 1 (the bus's store)",
+    2: (
+        "; its checkpoint read from copy 2 (the disk of the host that wrote it):"
+        " the bus's copy was missing or corrupt"
+    ),
+}
+
+
 @dataclass
 class Problem:
     """Where an audited log goes wrong: the record, its position, and what is wrong."""
@@ -307,7 +317,8 @@ class Audit:
             )
             return f"resumed {why} on {_where(ev.placement)}, restoring {ckpt}"
         if isinstance(ev, T.JobRunning):
-            return f"running, after waiting {human_duration(ev.waited_ms)} in the queue"
+            copy = RESTORED_FROM.get(ev.restored_copy, "") if isinstance(ev.restored_copy, int) else ""
+            return f"running, after waiting {human_duration(ev.waited_ms)} in the queue{copy}"
         if isinstance(ev, T.PreemptionPlanned):
             if ev.preemptor == job:
                 victims = ", ".join(self._who(v) for v in ev.victims)

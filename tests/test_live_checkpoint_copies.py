@@ -16,6 +16,7 @@ import pytest
 from agents import ckptcopy, sdk
 from agents.local_cluster import Cluster, matching, sleep_command, train_command
 from core import types as T
+from data_helpers import write_jsonl, xirang
 from live_helpers import metrics, run_folder
 from transport import checkpoints as ckptstore
 
@@ -128,7 +129,9 @@ def test_by_default_every_checkpoint_has_two_verified_copies_the_bus_and_the_hos
             assert bus_copy(cluster, "c2", node, name) == host_copy(cluster, node, "c2", name).read_bytes()
 
 
-def test_a_lost_bus_copy_restores_the_same_step_from_the_writing_hosts_copy_on_another_host(cluster):
+def test_a_lost_bus_copy_restores_the_same_step_from_the_writing_hosts_copy_on_another_host(
+    cluster, tmp_path
+):
     cluster.send(trainer("c1"))
     cluster.wait_for(T.CheckpointRecorded, count=2, job="c1")
     # The urgent job takes h1 for long enough that c1 resumes on h2, once h2 is there.
@@ -156,6 +159,9 @@ def test_a_lost_bus_copy_restores_the_same_step_from_the_writing_hosts_copy_on_a
         -800:
     ]
     assert "the bus's copy fails its digest check; read the copy on h1's disk" in text
+    # ... and the job's story, from this real log
+    story = xirang("audit", "--log", write_jsonl(str(tmp_path / "log.jsonl"), records), "--job", "c1").stdout
+    assert "its checkpoint read from copy 2 (the disk of the host that wrote it)" in story, story
 
 
 def test_both_copies_lost_fall_back_to_the_previous_checkpoint_and_say_so(cluster):
