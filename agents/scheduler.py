@@ -40,7 +40,7 @@ from core import types as T
 
 from trust.signing import SignatureError
 
-from transport import bus
+from transport import bus, checkpoints
 
 log = logging.getLogger("xirang.scheduler")
 ODD_HEARTBEATS_NAMED_MAX = 64  # subjects whose heartbeats name another node, logged once each
@@ -67,6 +67,9 @@ STOP_GRACE_S = 1.0
 STORE_STUCK_AFTER_WRITES = 3
 # How long a streaming burst of inputs may wait to share one group commit.
 LINGER_MS = 5.0
+# Ended jobs' checkpoints are looked for at least this often (ended_job_checkpoints_kept_s).
+CHECKPOINT_SWEEP_S = 60.0
+ENDED_EVENTS = (T.JobFinished, T.JobFailed, T.JobCancelled)
 
 
 def stamped_input(
@@ -199,6 +202,11 @@ class Scheduler:
         self._writes_unanswered = 0  # appends unanswered in a row while connected
         self._unhealthy: dict[str, str] = {}  # hosts whose heartbeats say unhealthy: why
         self._facts_dropped_said: dict[str, int] = {}  # node/job -> facts dropped, as last said
+        # Ended jobs whose checkpoints may still be in XR_CKPT: when each ended (ms), as this
+        # instance saw it (a job that ended before it led counts from when it first looked).
+        self._ended_t: dict[str, int] = {}
+        self._next_checkpoint_sweep = 0.0
+        self.checkpoints_purged = 0  # ended jobs whose checkpoints this instance purged
 
     # ------------------------------------------------------------ lifecycle
 
@@ -474,6 +482,8 @@ class Scheduler:
                 pending = await self._apply(T.Tick(t=max(now_ms(), self.state.canonical.t)), pending)
                 await self._watch_hosts()
             await self._flush(pending)
+            if time.monotonic() >= self._next_checkpoint_sweep:
+                await self._purge_ended_checkpoints()
             if time.monotonic() >= next_renew:
                 await self._renew_lease()
                 next_renew = time.monotonic() + self.lease_ms / 3000
@@ -485,6 +495,42 @@ class Scheduler:
             ):
                 await bus.save_snapshot(self.js, self.state, self.ev_seq, self.signer)
                 last_snapshot_n, last_snapshot_at = n, time.monotonic()
+
+    async def _purge_ended_checkpoints(self) -> None:
+        """Purge from XR_CKPT the checkpoints of every job that ended at least the policy's
+        `ended_job_checkpoints_kept_s` ago (none while it is 0): without it, each short job
+        that checkpoints leaves its objects in the bus's store for good. Looked at every
+        half of that time, at most every CHECKPOINT_SWEEP_S."""
+        kept_s = self.state.canonical.policy.ended_job_checkpoints_kept_s
+        self._next_checkpoint_sweep = time.monotonic() + min(CHECKPOINT_SWEEP_S, max(kept_s / 2, 0.5))
+        if kept_s <= 0:
+            return
+        done = self.state.canonical.done
+        now = now_ms()
+        kept_ms = kept_s * 1000
+        purged: list[str] = []
+        try:
+            stored = dict.fromkeys(await checkpoints.stored_jobs(self.js))
+            for job in stored:
+                if job in done and now - self._ended_t.setdefault(job, now) >= kept_ms:
+                    await checkpoints.purge_job(self.js, job)
+                    purged.append(job)
+        except Exception as err:  # noqa: BLE001 - the next sweep tries again
+            log.warning("%s: purging ended jobs' checkpoints failed: %r", self.instance, err)
+            return
+        for job in [j for j, t in self._ended_t.items() if j not in stored and now - t >= kept_ms]:
+            del self._ended_t[job]  # past its time with nothing stored: nothing left to purge
+        for job in purged:
+            self._ended_t.pop(job, None)
+        if purged:
+            self.checkpoints_purged += len(purged)
+            log.info(
+                "%s: purged the checkpoints of %d job(s) ended over %g s ago (ended_job_checkpoints_kept_s): %s",
+                self.instance,
+                len(purged),
+                kept_s,
+                ", ".join(purged[:20]) + (" ..." if len(purged) > 20 else ""),
+            )
 
     async def _write_unanswered(self) -> None:
         """An append went unanswered while connected. Several in a row while the server
@@ -602,6 +648,9 @@ class Scheduler:
     async def _apply(self, inp: T.Input, pending: list) -> list:
         try:
             _, records = step(self.state, inp)
+            for record in records:
+                if isinstance(record.event, ENDED_EVENTS):
+                    self._ended_t[record.event.job] = record.event.t
             messages = bus.record_messages(records, self.signer) if records else []
             if len(messages) > bus.BATCH_MESSAGES_MAX:
                 # One input's records never split, and the server refuses a bigger batch:

@@ -28,6 +28,7 @@ import json
 from nats.js import api
 from nats.js.errors import NotFoundError
 
+from core.identity import name_of_token
 from trust.natsauth import CKPT_PREFIX, CKPT_STREAM, bus_node_token, job_token
 
 CHUNK_BYTES = 512 * 1024
@@ -109,3 +110,16 @@ async def get_index(js, job: str) -> bytes | None:
     """The job's newest checkpoint index (written on any node), or None before its first."""
     found = await _last(js, subject(job, ANY_NODE, "index"))
     return None if found is None else found[1]
+
+
+async def stored_jobs(js) -> list[str]:
+    """The jobs that have anything in XR_CKPT, by name, sorted."""
+    info = await js.stream_info(CKPT_STREAM, subjects_filter=f"{CKPT_PREFIX}.>")
+    at = len(CKPT_PREFIX.split("."))
+    tokens = {subj.split(".")[at] for subj in (info.state.subjects or {}) if subj.count(".") > at}
+    return sorted(name_of_token(token) for token in tokens)
+
+
+async def purge_job(js, job: str) -> None:
+    """Remove every checkpoint of `job`, on every node (the scheduler's, once it has ended)."""
+    await js.purge_stream(CKPT_STREAM, subject=f"{CKPT_PREFIX}.{job_token(job)}.>")

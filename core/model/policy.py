@@ -240,6 +240,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # already borne: one more level per this much time it has queued in all.
     requeue_boost_wait_ms: int = 4 * 3_600_000
     checkpoints_kept: int = 3
+    # How long an ended job's (finished, failed, cancelled) checkpoints stay in the bus's
+    # store (XR_CKPT) before the scheduler purges them, so short jobs cannot fill it over
+    # time. 0: kept for good (as before this parameter).
+    ended_job_checkpoints_kept_s: float = 86_400.0
     # Verified copies of an SDK checkpoint (the bus's, then its host's disk), and how long the
     # second takes to write per unit of the first's (core/rules/copies.py, docs/TRAINING.md).
     checkpoint_copies: int = 2
