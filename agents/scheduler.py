@@ -33,7 +33,8 @@ import msgspec
 from nats.js import api
 from nats.js.errors import KeyNotFoundError, KeyValueError, BadRequestError
 
-from core import parse_input, step, with_params
+from core import parse_input, step
+from core.model.policy_defaults import log_policy, older_defaults_note
 from core.machine import reject_input
 from core.identity import origin_of_subject
 from core import types as T
@@ -450,9 +451,13 @@ class Scheduler:
         return on_msg
 
     async def _ensure_policy(self) -> None:
+        c = self.state.canonical
+        note = older_defaults_note(c.policy_params, self.policy)
+        if note:  # an upgrade never changes the defaults a running log decides under
+            log.warning("%s: %s", self.instance, note)
         if not self.policy:
             return
-        if with_params(self.state.canonical.policy, self.policy) == self.state.canonical.policy:
+        if log_policy({**c.policy_params, **self.policy}) == c.policy:
             return
         tag = uuid.uuid5(uuid.NAMESPACE_URL, json.dumps(self.policy, sort_keys=True)).hex
         await bus.send_input(

@@ -24,7 +24,8 @@ what), `explain` (why a job waits: it asks the plan which rule blocks, `diagnose
 """
 
 from .machine import new_state, next_due_t, step
-from .model.policy import Policy, PolicyError, load_policy_toml, with_params
+from .model.policy import Policy, PolicyError, with_params
+from .model.policy_defaults import load_policy_toml
 from .replay import ChainError, DigestMismatch, apply_record, rebuild, run_inputs
 from .model.state import State, load_snapshot, snapshot_bytes, state_digest
 from .model import types

@@ -17,7 +17,8 @@ from .level_requests import level_request_problem, raisable_by_owner_after
 from .log.seal import Ctx, reject
 from .model.placement import placement_nodes
 from .preempt_contract import preempt_contract_problem, signal_name
-from .model.policy import PolicyError, assign_variant, check_experiment, with_params
+from .model.policy import assign_variant
+from .model.policy_defaults import set_policy_problem
 from .passes.saga import commit_if_complete, release_late, release_victim, requeue, rollback
 from .rules.notices import late_release_counts
 from .model.state import State
@@ -447,12 +448,9 @@ def _on_disown_record(ctx: Ctx, inp: T.DisownRecord) -> None:
 
 
 def _on_set_policy(ctx: Ctx, inp: T.SetPolicy) -> None:
-    try:
-        new = with_params(ctx.state.canonical.policy, inp.params)
-        if "ab_variants" in inp.params or "ab_split_by" in inp.params:
-            check_experiment(new)
-    except PolicyError as err:
-        return reject(ctx, "invalid_policy", str(err))
+    problem = set_policy_problem(ctx.state.canonical.policy_params, inp.params)
+    if problem:
+        return reject(ctx, "invalid_policy", problem)
     ctx.emit(T.PolicyChanged(t=inp.t, params=inp.params, by=inp.by, reason=inp.reason))
 
 

@@ -27,17 +27,18 @@ from core import types as T
 from core.log.digest import LEGACY_RELEASES
 from core.log.evolve import evolve
 from core.model.policy import Policy, with_params
+from core.model.policy_defaults import DEFAULTS_VERSION_KEY, LEGACY_DEFAULTS_VERSION, defaults_of, is_pin
 
-THIS_RELEASE = "this release"
+UNNAMED = f"version {LEGACY_DEFAULTS_VERSION} (the log names none)"
 
 
 def legacy_policy(release_name: str) -> Policy:
     """The default policy of a schema-1 release (core/log/digest.py), for the fields it had;
-    fields added since keep this release's defaults."""
+    fields added since keep the legacy defaults version's (core/model/policy_defaults.py)."""
     release = next(r for r in LEGACY_RELEASES if r.name == release_name)
     known = set(Policy.__struct_fields__)
     return with_params(
-        Policy(),
+        defaults_of(LEGACY_DEFAULTS_VERSION),
         {k: v for k, v in release.policy_defaults.items() if k in known and k in release.fields["Policy"]},
     )
 
@@ -46,8 +47,10 @@ class Redecide:
     """Feed a log's records in order (`feed`), then `finish()`; `summary()` says whether this
     release decides every accepted input as recorded, or where it first does not."""
 
-    def __init__(self, policy: Policy | None = None, policy_from: str = THIS_RELEASE) -> None:
-        self.state = new_state(policy)
+    def __init__(self, policy: Policy | None = None, policy_from: str = UNNAMED) -> None:
+        # A log that names no defaults version was decided under the legacy ones; one that
+        # names its version says so in its first record, folded before the first decision.
+        self.state = new_state(policy or defaults_of(LEGACY_DEFAULTS_VERSION))
         self.policy_from = policy_from
         self.batch: list[T.Record] = []
         self.inputs = 0
@@ -77,9 +80,12 @@ class Redecide:
                 self._fold(record)
             return
         self.inputs += 1
+        opens_log = self.state.canonical.events_n == 0
         self.state, records = step(self.state, first.input)
         recorded = [r for r in batch if not isinstance(r.event, T.StateDigest)]
         decided = [r.event for r in records if not isinstance(r.event, T.StateDigest)]
+        if opens_log:
+            decided = decided[1:]  # the policy it starts under, which a log that names none lacks
         for i, record in enumerate(recorded):
             mine = decided[i] if i < len(decided) else None
             if mine != record.event:
@@ -95,6 +101,8 @@ class Redecide:
 
     def _fold(self, record: T.Record) -> None:
         c = self.state.canonical
+        if c.events_n == 0 and isinstance(record.event, T.PolicyChanged) and is_pin(record.event.params):
+            self.policy_from = f"version {record.event.params[DEFAULTS_VERSION_KEY]} (named by the log)"
         evolve(self.state, record.event)
         c.events_n, c.chain = record.n, record.hash
 

@@ -52,6 +52,7 @@ import numpy as np
 from core import types as T
 from core.model.bounds import TEXT_CHARS_MAX
 from core.model.policy import Policy, PolicyError, with_params
+from core.model.policy_defaults import log_policy
 from replay.scorecard import policy_card
 from replay.peers.xirang import TICK_MS as XIRANG_TICK_MS
 from replay.sim import Cluster, SimResult, simulate
@@ -477,19 +478,21 @@ class Change:
 
 
 def last_tuner_change(records) -> Change | None:
-    """The newest PolicyChanged the tuner made, with the policy before and after it."""
-    policy = Policy()
+    """The newest PolicyChanged the tuner made, with the policy before and after it (as the
+    core folds them: core/model/policy_defaults.py)."""
+    params: dict = {}
+    policy = log_policy(params)
     last = None
     for record in records:
         ev = record.event
         if isinstance(ev, T.PolicyChanged):
             try:
-                new = with_params(policy, ev.params)
+                new = log_policy({**params, **ev.params})
             except PolicyError:
                 continue
             if ev.by == "tuner":
                 last = Change(ev.t, dict(ev.params), policy, new, ev.reason)
-            policy = new
+            policy, params = new, {**params, **ev.params}
     return last
 
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from core import types as T
-from core.model.policy import Policy, PolicyError, with_params
+from core.model.policy import Policy, PolicyError
+from core.model.policy_defaults import log_policy
 
 from .scorecard import policy_card
 from .sim import Cluster, JobOutcome, SimResult, simulate
@@ -46,7 +47,10 @@ class Window:
     from_t: int
     to_t: int
     nodes: dict[str, tuple[str, int]] = field(default_factory=dict)
-    policy: Policy = field(default_factory=Policy)
+    # As the core folds it: the log's defaults version (the legacy one if it names none)
+    # with the parameters it set up to the window's start (core/model/policy_defaults.py).
+    policy: Policy = field(default_factory=lambda: log_policy({}))
+    policy_params: dict = field(default_factory=dict)
     submits: dict[str, T.Submit] = field(default_factory=dict)
     outcomes: dict[str, JobOutcome] = field(default_factory=dict)
     run_ms: dict[str, int] = field(default_factory=dict)
@@ -67,7 +71,8 @@ def scan(records: Iterable[T.Record], from_t: int | None, to_t: int | None) -> W
             win.nodes[ev.node] = (ev.gpu_model, ev.gpus)
         elif isinstance(ev, T.PolicyChanged) and ev.t <= win.from_t:
             try:
-                win.policy = with_params(win.policy, ev.params)
+                win.policy = log_policy({**win.policy_params, **ev.params})
+                win.policy_params = {**win.policy_params, **ev.params}
             except PolicyError:
                 pass
         elif isinstance(ev, T.InputAccepted) and isinstance(ev.input, T.Submit) and ev.t >= win.from_t:

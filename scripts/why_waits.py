@@ -19,7 +19,7 @@ import collections
 from core import new_state, step
 from core import types as T
 from core.explain import explain
-from core.model.policy import load_policy_toml
+from core.model.policy_defaults import load_policy_toml
 from core.passes.placement import reserved_nodes
 from replay.peers import make_policy
 from replay.sim import Cluster, Simulator

@@ -98,7 +98,9 @@ def test_integers_beyond_64_bits_and_nan_are_refused_not_raised():
 def test_a_node_with_more_gpus_than_a_node_can_hold_is_refused():
     state = new_state()
     raw = json.dumps({"type": "node_up", "node": "n", "gpu_model": "H100", "gpus": 10**6}).encode()
-    assert rejection(fed(state, raw, 1))[0] == "gpus_too_many"
+    pin, *refused = fed(state, raw, 1)  # a log's first record names its policy, refused input or not
+    assert isinstance(pin.event, T.PolicyChanged) and "defaults_version" in pin.event.params
+    assert rejection(refused)[0] == "gpus_too_many"
 
 
 def test_a_checkpoint_larger_than_a_pebibyte_is_refused():

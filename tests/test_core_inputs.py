@@ -3,7 +3,7 @@
 import msgspec
 import pytest
 
-from core import PolicyError, load_policy_toml, parse_input, state_digest
+from core import Policy, PolicyError, load_policy_toml, parse_input, state_digest
 from core import types as T
 
 from scenario import Run, node, of, submit
@@ -95,8 +95,9 @@ def test_a_quiet_tick_changes_nothing_and_logs_nothing():
 def test_set_policy_changes_the_policy_through_an_event():
     run = Run()
     events = run.at(1, T.SetPolicy(params={"victims_per_preemption_max": 3}, by="tuner"))
-    changed = of(events, T.PolicyChanged)
-    assert changed and changed[0].by == "tuner"
+    pin, changed = of(events, T.PolicyChanged)  # the log's first record names its policy
+    assert pin.by == "xirang" and pin.params == {"defaults_version": Policy().defaults_version}
+    assert changed.by == "tuner" and changed.params == {"victims_per_preemption_max": 3}
     assert run.state.canonical.policy.victims_per_preemption_max == 3
 
 

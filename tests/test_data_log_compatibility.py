@@ -338,18 +338,23 @@ def test_redecide_makes_every_decision_of_a_log_this_release_wrote_again(tmp_pat
     assert summary["ok"] and summary["redecide"] == {
         "inputs_redecided": accepted,
         "same": True,
-        "policy_defaults": "this release",
+        "policy_defaults": f"version {Policy().defaults_version} (named by the log)",
     }
 
 
 def test_redecide_names_the_first_decision_that_other_rules_made_differently(tmp_path):
-    """A log decided under other policy defaults (which the log does not pin) verifies, and
-    re-deciding says where this release's defaults first decide otherwise."""
-    from core.model.policy import with_params
+    """A log decided under other policy defaults than this release has for the version it
+    names (a branch that edited a defaults table) verifies, and re-deciding says where this
+    release's defaults first decide otherwise."""
+    from core.model import policy_defaults
     from core.replay import run_inputs
 
-    writer = new_state(with_params(Policy(), {"net_benefit_min": 1e12}))  # never worth preempting
-    records = list(run_inputs(_inputs(), writer))
+    version = Policy().defaults_version
+    with pytest.MonkeyPatch.context() as patch:  # the writer's table: never worth preempting
+        table = {**policy_defaults.DEFAULTS_BY_VERSION[version], "net_benefit_min": 1e12}
+        patch.setitem(policy_defaults.DEFAULTS_BY_VERSION, version, table)
+        records = list(run_inputs(_inputs(), new_state(policy_defaults.defaults_of(version))))
+    assert records[0].event.params == {"defaults_version": version}
     assert not any(isinstance(r.event, T.PreemptionPlanned) for r in records)
     summary = _audit(_write(tmp_path / "other-defaults.jsonl", records), "--redecide")
     assert summary["ok"], summary.get("problem")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from core.model.policy import Policy, deprecation_notes, read_policy_toml, with_params
+from core.model.policy_defaults import DEFAULTS_VERSION_KEY, defaults_of
 
 
 def read_policy_file(path: str) -> dict:
@@ -20,5 +21,7 @@ def read_policy_file(path: str) -> dict:
 
 
 def load_policy_file(path: str) -> Policy:
-    """The policy the file describes (the defaults with its keys), notes printed as above."""
-    return with_params(Policy(), read_policy_file(path))
+    """The policy the file describes (the defaults of the version it names, this release's if
+    none, with its keys), notes printed as above."""
+    params = read_policy_file(path)
+    return with_params(defaults_of(params.get(DEFAULTS_VERSION_KEY, Policy().defaults_version)), params)

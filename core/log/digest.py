@@ -9,10 +9,10 @@ jobs through `done_hash`). Folding the log must rebuild a state with the same di
 
 - Schema 2 (`core.model.state.DIGEST_SCHEMA`, written since 2026-12-01): every entity with its
   fields at their default left out, and the policy as the params the log's `set_policy`
-  inputs set (`Canonical.policy_params`), not the policy in force. So a field added to
-  Job, Node, Saga, Ledger, ... with a default leaves every older digest as it was, and so
-  does a changed policy default (a rule of the release that folds the log: the log pins
-  only what it set). What whoever changes the state's types must keep to:
+  inputs set (`Canonical.policy_params`, with the defaults version the log names), not the
+  policy in force. So a field added to Job, Node, Saga, Ledger, ... with a default leaves
+  every older digest as it was, and so does a changed policy default (a new defaults
+  version: a log folds under the version it names, core/model/policy_defaults.py). What whoever changes the state's types must keep to:
     * add a field only with a default, and leave it at its default for everything that
       events written before it produce (evolve must not derive it for old events);
     * never change the default of a state field, never reuse a field's name for a new

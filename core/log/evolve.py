@@ -19,7 +19,7 @@ from ..model.scratch import Scratch
 from .evolve_jobs import JOB_HANDLERS
 from .evolve_sagas import SAGA_HANDLERS
 from ..forecast.waits import release_spec
-from ..model.policy import with_params
+from ..model.policy_defaults import log_policy
 from ..model.state import State, node_known, touch_job, _index_node_capacity, rebuild_index
 from ..model.scratch import forget_node, forget_pass_memory, forget_remaining
 from ..model.cordon import OPERATOR_PREFIX, takes_work
@@ -36,6 +36,8 @@ def evolve(state: State, ev: T.Event) -> None:
     """Apply one event to the state: the only code that changes a State (the clock moves to the
     event's time)."""
     handler = _HANDLERS.get(type(ev))
+    if state.canonical.events_n == 0 and handler is not _policy_changed:
+        _log_begins(state)
     state.canonical.t = ev.t
     if handler is None:
         return
@@ -170,10 +172,19 @@ def _unindex_node_capacity(s: State, node: Node) -> None:
 # ---------------------------------------------------------------- fairness, ledger, policy
 
 
+def _log_begins(s: State) -> None:
+    """The first record of a log that does not name its defaults version (one written before
+    versions existed): the log was decided under the legacy defaults, whatever this release's
+    are (core/model/policy_defaults.py)."""
+    s.canonical.policy = log_policy(s.canonical.policy_params)
+
+
 def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
     before = s.canonical.policy
-    s.canonical.policy = with_params(before, ev.params)
+    # The policy in force is always the log's defaults version with what the log set on top:
+    # recomputed, so a change of `defaults_version` moves every parameter the log never set.
     s.canonical.policy_params = {**s.canonical.policy_params, **ev.params}
+    s.canonical.policy = log_policy(s.canonical.policy_params)
     s.scratch.variant_policies.clear()
     forget_remaining(s.scratch)
     s.scratch.placement_dirty = True

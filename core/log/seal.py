@@ -1,6 +1,7 @@
 """Sealing one step's events into the log: `Ctx` collects the records of one step, applies
 each event to the state at once (`evolve`) and chains it into the hash chain, with a
-`StateDigest` every `digest_every_events`. `reject` records a bad input's reason.
+`StateDigest` every `digest_every_events`. `reject` records a bad input's reason. A log's
+first record names the policy it starts under (`pin_event`).
 
 A simulation that keeps no log steps with `sealed=False`: every event is still applied and
 numbered (a run's fencing token is its record's `n`), but nothing is hashed: records carry
@@ -17,6 +18,7 @@ import hashlib
 from ..model import types as T
 from ..model.bounds import NAME_CHARS_MAX, T_MS_MAX, TEXT_CHARS_MAX
 from .evolve import evolve
+from ..model.policy_defaults import is_pin, pin_params
 from ..model.state import DIGEST_SCHEMA, State, live_digest
 
 
@@ -42,6 +44,8 @@ class Ctx:
 
     def _seal(self, ev: T.Event) -> None:
         c = self.state.canonical
+        if c.events_n == 0 and not (isinstance(ev, T.PolicyChanged) and is_pin(ev.params)):
+            self._seal(pin_event(self.state, ev.t))
         evolve(self.state, ev)
         n = c.events_n + 1
         c.events_n = n
@@ -58,6 +62,18 @@ class Ctx:
         if n % c.policy.digest_every_events == 0 and not isinstance(ev, T.StateDigest):
             state_digest = live_digest(self.state) if self.sealed else ""
             self._seal(T.StateDigest(t=c.t, digest=state_digest, events=n, schema=DIGEST_SCHEMA))
+
+
+def pin_event(state: State, t: int) -> T.PolicyChanged:
+    """A log's first record: the defaults version its policy starts from, and every parameter
+    in which it differs from that version's table, so the log folds back to the same policy
+    whichever release folds it (core/model/policy_defaults.py)."""
+    return T.PolicyChanged(
+        t=t,
+        params=pin_params(state.canonical.policy),
+        by="xirang",
+        reason="the policy this log starts under: its defaults version and what differs from it",
+    )
 
 
 def reject(ctx: Ctx, reason: str, detail: str = "") -> None:

@@ -222,9 +222,9 @@ class Canonical(msgspec.Struct, kw_only=True):
     # "level/team" -> the team's decayed GPU use at that level, kept only while
     # `fair_share_half_life_s` is set (core/model/usage.py).
     usage: dict[str, Usage] = {}
-    # Every set_policy param the log has set (merged, as recorded): what the log determines
-    # of `policy`; the rest are the defaults of the release that folds it. A digest covers
-    # these, not `policy` (core/log/digest.py).
+    # Every set_policy param the log has set (merged, as recorded), its first record's
+    # `defaults_version` among them: `policy` is that version's defaults with these on top
+    # (core/model/policy_defaults.py). A digest covers these, not `policy` (core/log/digest.py).
     policy_params: dict[str, Any] = {}
 
 

@@ -1,7 +1,8 @@
 """Every tunable of the scheduler in one typed config, with documented defaults.
 
-Loaded from TOML (`load_policy_toml`), changed at run time by `set_policy` inputs (which
-become `PolicyChanged` events so replay stays exact). Per-level lists have one entry per
+Loaded from TOML (`core.model.policy_defaults.load_policy_toml`), changed at run time by
+`set_policy` inputs (which become `PolicyChanged` events so replay stays exact); the defaults
+are versioned per log (core/model/policy_defaults.py). Per-level lists have one entry per
 level, 0 (most urgent) to 7. Names end with their unit.
 """
 
@@ -278,6 +279,11 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # --- audit
     digest_every_events: int = 500
 
+    # The table of defaults this policy starts from (core/model/policy_defaults.py): every log
+    # names the version it was decided under, so a later release's defaults never change
+    # what it means. Set it (`set_policy`) to move a running log to a newer table.
+    defaults_version: int = 1
+
 
 # One input's records go to the log as one atomic batch of at most 800 messages
 # (transport.bus.BATCH_MESSAGES_MAX): a node's loss requeues up to 256 jobs (core.model.bounds
@@ -364,6 +370,8 @@ def validate(policy: Policy) -> Policy:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:
         raise PolicyError("digest_every_events must be at least 1")
+    if policy.defaults_version < 1:
+        raise PolicyError("defaults_version must be at least 1 (core/model/policy_defaults.py)")
     if policy.ab_split_by not in AB_SPLITS:
         raise PolicyError(f"ab_split_by must be one of {', '.join(AB_SPLITS)}")
     for name in sorted(policy.ab_variants):
@@ -482,8 +490,3 @@ def read_policy_toml(path: str) -> dict[str, Any]:
     except PolicyError as err:
         raise PolicyError(f"{path}: {err}") from err
     return data
-
-
-def load_policy_toml(path: str) -> Policy:
-    """The policy a TOML file describes: the defaults with the file's keys."""
-    return with_params(Policy(), read_policy_toml(path))

@@ -25,6 +25,7 @@ from .entities import (
 )
 from .cordon import takes_work
 from .policy import Policy
+from .policy_defaults import DEFAULTS_VERSION_KEY, LEGACY_DEFAULTS_VERSION
 from .scratch import PASS_MEMORY, Scratch, forget_releases
 from .types import LEVELS
 
@@ -391,7 +392,12 @@ def snapshot_bytes(c: Canonical) -> bytes:
 
 def load_snapshot(data: bytes) -> State:
     """A State from snapshot bytes, its index rebuilt."""
-    return State(msgspec.json.decode(data, type=Canonical))
+    canonical = msgspec.json.decode(data, type=Canonical)
+    if canonical.events_n and DEFAULTS_VERSION_KEY not in canonical.policy_params:
+        # A log that names no defaults version runs under the legacy table; a snapshot from
+        # before versions existed has the table's values but not its number.
+        canonical.policy.defaults_version = LEGACY_DEFAULTS_VERSION
+    return State(canonical)
 
 
 def copy_state(state: State) -> State:
