@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -220,6 +221,7 @@ class HostAgent:
         self.nc = self.js = None
         self._children: dict[int, object] = {}
         self._keepers: list = []  # output keepers' first processes, reaped as they detach
+        self._cleanups: set = set()  # removals of ended jobs' checkpoint copies under way
         # Facts the outbox could not keep (a full disk): sent from memory, in order.
         self._undurable: list[T.Input] = []
         self._refusals: list[tuple[float, T.Input, str]] = []  # (when, fact, id): runs refused
@@ -559,6 +561,15 @@ class HostAgent:
         except Exception as err:  # noqa: BLE001 - a role without the subject: no claim check
             log.warning("host %s: cannot answer node claims (%r)", self.node, err)
 
+    def _forget_copies(self, job: str) -> None:
+        """A job that has ended resumes no more: its checkpoints' second copies here go.
+        (Copies on hosts where earlier runs of it saved stay, as its bus copies do.)"""
+        folder = ckptcopy.job_folder(self.copies_root, job)
+        if folder.exists():
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(shutil.rmtree, folder, True))
+            self._cleanups.add(task)  # a task nobody holds may be collected before it ends
+            task.add_done_callback(self._cleanups.discard)
+
     async def _serve_copies(self) -> None:
         """Serve this node's second copies of its jobs' checkpoints to their later runs."""
         try:
@@ -693,10 +704,12 @@ class HostAgent:
             self._withdraw(ev.job)
         elif isinstance(ev, T.JobCancelled):
             self._stop_run(ev.job, "cancelled")
+            self._forget_copies(ev.job)
         elif isinstance(ev, T.JobStopRequested):
             self._stop_run(ev.job, ev.reason)
         elif isinstance(ev, (T.JobFinished, T.JobFailed)):
             self._stop_run(ev.job, "finished_elsewhere")
+            self._forget_copies(ev.job)
         elif isinstance(ev, T.NodeLost) and ev.node == self.node:
             asyncio.create_task(self._rejoin())
 

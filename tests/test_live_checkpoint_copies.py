@@ -11,6 +11,7 @@ import hashlib
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from agents import ckptcopy, sdk
@@ -192,3 +193,17 @@ def test_both_copies_lost_fall_back_to_the_previous_checkpoint_and_say_so(cluste
         in text
     )
     assert f"restored step {previous.step} (the resume named step {newest.step}) from copy 1" in text
+
+
+def test_a_job_that_ends_leaves_no_copies_on_its_hosts_disk(cluster):
+    short = msgspec.structs.replace(trainer("c4"), command=train_command(250, ckpt_s=0.3, step_ms=20))
+    cluster.send(short)
+    records = cluster.wait_for(T.CheckpointRecorded, job="c4")
+    node, slot = located(matching(records, T.CheckpointRecorded, job="c4")[0].event)
+    folder = host_copy(cluster, node, "c4", slot).parent
+    assert (folder / slot).exists()
+    cluster.wait_for(T.JobFinished, job="c4", timeout_s=60)
+    deadline = time.monotonic() + 15
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not folder.exists(), sorted(p.name for p in folder.iterdir())
