@@ -1107,8 +1107,10 @@ class HostAgent:
         says it is unhealthy, and a node that restarted healthy lifts a cordon of its own
         that outlived the agent."""
         await self._report(self._node_up(), f"up-{uuid.uuid4().hex}")
-        self.disk.look()
-        await self._report(self._node_health(), f"health-{uuid.uuid4().hex}")
+        if self.disk.look():
+            self._disk_changed()  # says so (log, alert) and reports the node's health
+        else:
+            await self._report(self._node_health(), f"health-{uuid.uuid4().hex}")
 
     def _node_health(self) -> T.NodeHealth:
         return T.NodeHealth(

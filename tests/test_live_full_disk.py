@@ -389,3 +389,24 @@ def test_a_host_whose_disk_fills_is_cordoned_new_work_goes_elsewhere_and_it_is_u
         assert not any(
             isinstance(r.event, T.JobFinished) and r.event.job == "a" for r in records
         )  # still running
+
+
+def test_a_host_cordoned_for_its_disk_is_uncordoned_by_its_restarted_agent_once_there_is_room(tmp_path):
+    """The node's own cordon does not outlive the problem: an agent killed while its disk was
+    full, restarted once there is room, says it is healthy at start (it saw no change of
+    its disk to report), and the node takes work again."""
+    with tmpfs(tmp_path / "disk", 16) as disk, Cluster(tmp_path / "c") as c:
+        c.scheduler()
+        c.wait(lambda rs: (tmp_path / "c" / "keys" / "scheduler.pub").exists(), 20, "the key")
+        args = ["agent", "--nats", c.url, "--node", "h1", "--simulate", "1xH100", "--data-dir", str(disk)]
+        args += ["--public-key", str(tmp_path / "c" / "keys" / "scheduler.pub"), "--disk-floor-mb", "4"]
+        agent = c._spawn(args, "h1.log")
+        c.wait_for(T.NodeJoined, node="h1")
+        filler = fill(disk)
+        c.wait_for(T.NodeCordoned, node="h1", timeout_s=30)
+        c.kill(agent)
+        filler.unlink()
+        c._spawn(args, "h1.log")
+        c.wait_for(T.NodeUncordoned, node="h1", timeout_s=30)
+        c.send(T.Submit(job="after", team="t", user="u", level=5, gpus=1, command=["sleep", "0.1"]))
+        c.wait_for(T.JobFinished, job="after", timeout_s=30)
