@@ -38,6 +38,11 @@ def index_view(ix) -> tuple:
         ix.level_gpus,
         ix.total_gpus,
         ix.known_by_model,
+        {m: v for m, v in ix.capacity_by_model.items() if v},
+        {m: v for m, v in ix.node_size_max_by_model.items() if v},
+        {m: v for m, v in ix.node_sizes_by_model.items() if v},
+        ix.up_nodes_by_model,
+        {k: sorted(v) for k, v in ix.holders_by_kind.items()},
     )
 
 

@@ -290,8 +290,9 @@ def test_a_standby_scheduler_and_the_projector_fold_an_old_log_from_jetstream(tm
 
 
 def test_a_log_an_upgraded_scheduler_went_on_writing_audits_across_the_upgrade(tmp_path):
-    """The old release's records (schema-1 digests) and then this release's (schema 2),
+    """The old release's records (schema-1 digests) and then this release's (its schema),
     as after a scheduler upgrade that folded the old log and went on deciding."""
+    from core.model.state import DIGEST_SCHEMA
     from core.replay import run_inputs
 
     lines = _lines(LOGS[0])
@@ -311,7 +312,7 @@ def test_a_log_an_upgraded_scheduler_went_on_writing_audits_across_the_upgrade(t
         for i in range(6)
     ] + [T.Tick(t=t + 5000)]
     appended = [T.encode_record(r) for r in run_inputs(more, state)]
-    assert any(b'"schema":2' in line for line in appended)
+    assert any(f'"schema":{DIGEST_SCHEMA}'.encode() in line for line in appended)
     path = tmp_path / "upgraded.jsonl"
     path.write_bytes(b"\n".join(lines + appended) + b"\n")
     summary = _audit(path)

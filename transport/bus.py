@@ -553,6 +553,11 @@ async def fold_records(
     return folded
 
 
+# Snapshots of digest schemas 2 and 3 hold the same state (schema 3 changed only how a
+# digest sums the nodes): a release writing schema 3 loads both.
+SNAPSHOT_SCHEMA_MIN = 2
+
+
 async def load_snapshot_obj(js, keyring=None) -> tuple[State | None, int]:
     """The newest snapshot and the XR_EV sequence it covers; with a keyring, only one the
     scheduler sealed (anyone else's is ignored: the log is folded from the start)."""
@@ -565,7 +570,7 @@ async def load_snapshot_obj(js, keyring=None) -> tuple[State | None, int]:
         return None, 0
     head, _, body = bytes(result.data).partition(b"\n")
     meta = json.loads(head)
-    if meta.get("digest_schema", 1) != DIGEST_SCHEMA:
+    if not SNAPSHOT_SCHEMA_MIN <= meta.get("digest_schema", 1) <= DIGEST_SCHEMA:
         # Written by another release: its state may lack what this one's digests cover
         # (Canonical.policy_params); folding the log from the start rebuilds all of it.
         return None, 0

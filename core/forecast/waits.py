@@ -12,6 +12,7 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
+from .fit_order import ordered_single_fit
 from .node_fit import earliest_single_fit
 from ..model.policy import Policy
 from .release import LINDY_FLOOR_FRACTION as LINDY_FLOOR_FRACTION  # re-exported (X as X)
@@ -22,6 +23,7 @@ from .release import remaining_ms as remaining_ms
 from .release import holder_specs
 from ..model.state import State
 from ..model.entities import Job, node_free_count, queue_key
+from ..model.up_nodes import UpNodes, nodes_key, size_max
 
 
 def safe_point_ms(state: State, p: Policy) -> int:
@@ -80,10 +82,10 @@ def expected_first_fit_ms(state: State, gpus: int, nodes, soonest_ms: int) -> in
     its own releases (rate 1/m each) or, if sooner, at its own point fit T (rate 1/T): so
     never later than `soonest_ms`. A gang larger than a node needs several releases at
     once: its point fit stands. Memoised (see `fits_memo`)."""
-    if soonest_ms <= 0 or gpus > max((node.gpus for node in nodes), default=0):
+    if soonest_ms <= 0 or gpus > size_max(nodes):
         return soonest_ms
     memo = fits_memo(state)
-    key = ("first", gpus, tuple(node.name for node in nodes))
+    key = ("first", gpus, nodes_key(nodes))
     first = memo.get(key)
     if first is None:
         rate = 0.0
@@ -190,7 +192,7 @@ def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], fl
     free now: the sum of GPUs / time to release; see `ReleaseCurve`; both None when nothing
     runs). Memoised (see `fits_memo`)."""
     memo = fits_memo(state)
-    key = ("pooled", tuple(node.name for node in nodes))
+    key = ("pooled", nodes_key(nodes))
     pooled = memo.get(key)
     if pooled is None:
         releases: list[tuple[int, int]] = []
@@ -274,7 +276,7 @@ def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     as running jobs finish as estimated; None if it never would on these nodes. Memoised
     (see `fits_memo`): it depends on the nodes and the job's size only."""
     memo = fits_memo(state)
-    key = ("earliest", job.gpus, tuple(node.name for node in nodes))
+    key = ("earliest", job.gpus, nodes_key(nodes))
     if key not in memo:
         memo[key] = _earliest_fit(state, job, nodes)
     fit = memo[key]
@@ -283,7 +285,11 @@ def earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
 
 def _earliest_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     need = job.gpus
-    if need <= max((n.gpus for n in nodes), default=0):
+    if need <= size_max(nodes):
+        if isinstance(nodes, UpNodes):
+            answered, fit = ordered_single_fit(state, nodes, need)
+            if answered:
+                return fit
         return earliest_single_fit(state, nodes, need)
     best: tuple[int, list[str]] | None = None
     by_model: dict[str, list[tuple[str, int, list[tuple[int, int]]]]] = {}
@@ -346,7 +352,7 @@ class RequeueFit:
         self.preemptor_runtime_ms = preemptor_runtime_ms
         self.node_size_max = max((node.gpus for node in nodes), default=0)
         self._by_name = {node.name: node for node in nodes}
-        self._names = tuple(node.name for node in nodes)
+        self._names = nodes_key(nodes)  # (what the memos tell these nodes by)
         # Per victim size, the nodes ranked by when it fits there (see `_soonest_elsewhere`):
         # the nodes do not change while one plan is priced.
         self._ranked: dict[int, list[tuple[int, str]]] = {}

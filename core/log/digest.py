@@ -7,7 +7,11 @@ over the canonical state (sorted keys; jobs through the sum of their own hashes,
 jobs through `done_hash`). Folding the log must rebuild a state with the same digest.
 `StateDigest.schema` says how the digest was computed:
 
-- Schema 2 (`core.model.state.DIGEST_SCHEMA`, written since 2026-12-01): every entity with its
+- Schema 3 (`core.model.digests.DIGEST_SCHEMA`, written since 2026-12-04): as schema 2, but
+  the nodes enter as the sum of their own hashes (as jobs do), not encoded in the digest:
+  a digest no longer reads every node of the pool. Older logs' schema-2 digests are checked
+  as schema 2 computed them (`state_digest_schema_2`).
+- Schema 2 (written from 2026-12-01 to 2026-12-04): every entity with its
   fields at their default left out, and the policy as the params the log's `set_policy`
   inputs set (`Canonical.policy_params`, with the defaults version the log names), not the
   policy in force. So a field added to Job, Node, Saga, Ledger, ... with a default leaves
@@ -50,10 +54,12 @@ import msgspec
 from ..model import types as T
 from .digest_legacy import LEGACY_CHANGES, LEGACY_FIELDS, LEGACY_POLICY_DEFAULTS
 from ..model import entities as S
+from ..model.digests import jobs_hash_total, state_digest_schema_2
 from ..model.state import DIGEST_MODULUS, DIGEST_SCHEMA, State, live_digest
 from ..model.entities import Canonical
 
 LEGACY_SCHEMA = 1
+NODES_ENCODED_SCHEMA = 2  # the nodes encoded in the digest, not summed
 # Where the digest took its present form: schema-1 digests of releases before it are not known.
 FIRST_COMMIT, FIRST_DATE = "e3726a4", "2026-11-29 08:58"
 
@@ -103,8 +109,11 @@ LEGACY_RELEASES = _legacy_releases()
 def digest_problem(state: State, ev: T.StateDigest) -> str:
     """Why the state folded so far does not match a recorded `StateDigest` ("" if it
     does), computed the way the digest's schema says."""
-    if ev.schema == DIGEST_SCHEMA:
-        mine = live_digest(state)
+    if ev.schema in (DIGEST_SCHEMA, NODES_ENCODED_SCHEMA):
+        if ev.schema == DIGEST_SCHEMA:
+            mine = live_digest(state)
+        else:
+            mine = state_digest_schema_2(state.canonical, jobs_hash_total(state))
         if mine == ev.digest:
             return ""
         return (

@@ -20,13 +20,19 @@ from .evolve_jobs import JOB_HANDLERS
 from .evolve_sagas import SAGA_HANDLERS
 from ..forecast.waits import release_spec
 from ..model.policy_defaults import log_policy
-from ..model.state import State, node_known, touch_job, _index_node_capacity, rebuild_index
+from ..model.state import (
+    State,
+    node_known,
+    touch_job,
+    _index_node_capacity,
+    rebuild_index,
+    unindex_node_capacity,
+)
 from ..model.scratch import forget_node, forget_pass_memory, forget_remaining
 from ..model.cordon import OPERATOR_PREFIX, takes_work
 from ..model.entities import (
     Node,
     Usage,
-    node_free_count,
 )
 from ..model.policy import FAIR_SHARE
 from ..model.usage import decayed_gpu_ms, usage_key
@@ -108,6 +114,7 @@ def _node_joined(s: State, ev: T.NodeJoined) -> None:
             node.cordoned_by, node.cordon_reason = known.cordoned_by, known.cordon_reason
     node_known(s.index, node, 1)
     s.canonical.nodes[ev.node] = node
+    s.index.nodes_stale[ev.node] = None
     s.scratch.nodes_sorted = None
     forget_node(s.scratch, ev.node)
     if takes_work(node):
@@ -117,9 +124,10 @@ def _node_joined(s: State, ev: T.NodeJoined) -> None:
 def _node_lost(s: State, ev: T.NodeLost) -> None:
     node = s.canonical.nodes[ev.node]
     if takes_work(node):
-        _unindex_node_capacity(s, node)
+        unindex_node_capacity(s.index, node)
     node.up = False
     node.holder = [""] * node.gpus
+    s.index.nodes_stale[node.name] = None
     s.index.jobs_by_node.pop(node.name, None)
     forget_node(s.scratch, node.name)
 
@@ -127,37 +135,19 @@ def _node_lost(s: State, ev: T.NodeLost) -> None:
 def _node_cordoned(s: State, ev: T.NodeCordoned) -> None:
     node = s.canonical.nodes[ev.node]
     if takes_work(node):
-        _unindex_node_capacity(s, node)
+        unindex_node_capacity(s.index, node)
     node.cordoned_by, node.cordon_reason = ev.by, ev.reason
+    s.index.nodes_stale[node.name] = None
     forget_node(s.scratch, node.name)
 
 
 def _node_uncordoned(s: State, ev: T.NodeUncordoned) -> None:
     node = s.canonical.nodes[ev.node]
     node.cordoned_by, node.cordon_reason = "", ""
+    s.index.nodes_stale[node.name] = None
     forget_node(s.scratch, node.name)
     if takes_work(node):
         _index_node_capacity(s.index, s.scratch, node)
-
-
-def _unindex_node_capacity(s: State, node: Node) -> None:
-    """Take a node that no longer takes work (lost, cordoned) out of the free-GPU index."""
-    ix = s.index
-    model = node.gpu_model
-    free = node_free_count(node)
-    ix.capacity_by_model[model] -= node.gpus
-    ix.total_gpus -= node.gpus
-    ix.free_by_model[model] -= free
-    bucket = ix.free_buckets[model][free]
-    del bucket[node.name]
-    if not bucket:
-        del ix.free_buckets[model][free]
-    sizes = [
-        n.gpus
-        for name, n in sorted(s.canonical.nodes.items())
-        if takes_work(n) and n.gpu_model == model and name != node.name
-    ]
-    ix.node_size_max_by_model[model] = max(sizes, default=0)
 
 
 # ---------------------------------------------------------------- jobs

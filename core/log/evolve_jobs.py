@@ -149,10 +149,24 @@ def _job_ended(s: State, ev: T.JobFinished | T.JobFailed | T.JobCancelled) -> No
 
 def _learn_runtime(s: State, job: Job, run_ms: int) -> None:
     key = f"{job.team}/{job.kind}"
-    s.canonical.estimates[key] = _with_sample(s.canonical.estimates.get(key) or Estimate(), run_ms)
+    before = s.canonical.estimates.get(key)
+    after = s.canonical.estimates[key] = _with_sample(before or Estimate(), run_ms)
+    samples_min = s.canonical.policy.estimate_samples_min
+    if _runtime_used(before, samples_min) == _runtime_used(after, samples_min):
+        return  # no forecast uses another runtime (too few samples yet, or the same mean)
     # The jobs of this team and kind expect other runtimes now: their memoised release
-    # specs see the new estimate (core.forecast.waits.release_spec); the release lists go.
-    forget_release_lists(s.scratch)
+    # specs see the new estimate (core.forecast.waits.release_spec); the release lists go,
+    # and the forecasts kept across time of the nodes holding them are made again.
+    jobs = s.canonical.jobs
+    holders = s.index.holders_by_kind.get(key, {})
+    nodes = [slot.node for job_id in holders for slot in jobs[job_id].placement]
+    forget_release_lists(s.scratch, nodes)
+
+
+def _runtime_used(est: Estimate | None, samples_min: int) -> int | None:
+    """The runtime a forecast takes from a learned estimate (`expected_runtime_ms`), None
+    while it has too few samples to be used."""
+    return int(est.mean_ms) if est is not None and est.samples >= samples_min else None
 
 
 def _with_sample(est: Estimate, value_ms: int) -> Estimate:

@@ -1,7 +1,7 @@
 """Gang placement on the GPU pool: all of a job's GPUs or none.
 
 A job that fits on one node goes on one node, best fit (the node left with the fewest free
-GPUs, then the smallest name). A job larger than any node of its models spans nodes of one
+GPUs, then the smallest name: the free-count buckets keep their names sorted). A job larger than any node of its models spans nodes of one
 GPU model, taking the emptiest nodes first so that it uses as few as possible. Pure functions over
 the node table and the free-count index.
 """
@@ -62,9 +62,9 @@ def _place_on_one_node(
     for model in models:
         buckets = ix.free_buckets.get(model, {})
         for free in sorted(f for f in buckets if f >= gpus):
-            names = [name for name in buckets[free] if name not in reserved] if reserved else buckets[free]
-            if names:
-                name = min(names)
+            # (A bucket's names are sorted: the first one not held is its smallest.)
+            name = next((name for name in buckets[free] if name not in reserved), None)
+            if name is not None:
                 if best is None or (free, name) < best:
                     best = (free, name)
                 break
@@ -82,17 +82,18 @@ def _place_across_nodes(
     for model in models:
         if ix.free_by_model.get(model, 0) < gpus:
             continue
-        candidates = sorted(
-            (-free, name)
-            for free, bucket in ix.free_buckets.get(model, {}).items()
-            if free > 0
-            for name in bucket
+        buckets = ix.free_buckets.get(model, {})
+        # The emptiest nodes first, then by name (a bucket's names are sorted).
+        candidates = (
+            (free, name)
+            for free in sorted((f for f in buckets if f > 0), reverse=True)
+            for name in buckets[free]
             if name not in reserved
         )
         placement: list[Slot] = []
         needed = gpus
-        for neg_free, name in candidates:
-            take = min(-neg_free, needed)
+        for free, name in candidates:
+            take = min(free, needed)
             placement.append(Slot(node=name, gpus=free_indices(nodes[name])[:take]))
             needed -= take
             if needed == 0:

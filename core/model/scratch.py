@@ -68,6 +68,13 @@ class Scratch:
         # (`core.passes.queues.aging_threshold_ms`).
         self.aging_memo: list[tuple | None] = [None] * LEVELS
         self.fits_memo_gen = -1
+        # Per (model, gang size), its up nodes by when that gang fits there alone
+        # (`core.forecast.fit_order.FitOrder`), made when first asked for; the nodes whose
+        # forecasts changed since the last query (`fit_dirty`, entered again then); and the
+        # time of that query (one at an earlier time reads every node instead).
+        self.fit_orders: dict[tuple[str, int], Any] = {}
+        self.fit_dirty: dict[str, None] = {}
+        self.fit_order_t = -1
 
 
 def forget_pass_memory(sx: Scratch) -> None:
@@ -89,6 +96,7 @@ def forget_releases(sx: Scratch, placement, keep_fits: bool = False) -> None:
         sx.node_holders.pop(slot.node, None)
         if not keep_fits:
             sx.node_fits.pop(slot.node, None)
+            sx.fit_dirty[slot.node] = None
     if placement:
         sx.releases_gen += 1
 
@@ -98,15 +106,19 @@ def forget_node(sx: Scratch, node_name: str) -> None:
     sx.node_releases.pop(node_name, None)
     sx.node_holders.pop(node_name, None)
     sx.node_fits.pop(node_name, None)
+    sx.fit_dirty[node_name] = None
     sx.releases_gen += 1
 
 
-def forget_release_lists(sx: Scratch) -> None:
+def forget_release_lists(sx: Scratch, nodes=()) -> None:
     """Drop every memoised release list (a learned runtime changed; the jobs' release specs
-    check their estimate themselves)."""
+    check their estimate themselves); `nodes`: those holding the jobs whose forecasts it
+    moves."""
     sx.node_releases.clear()
     sx.estimates_gen += 1
     sx.releases_gen += 1
+    for name in nodes:
+        sx.fit_dirty[name] = None
 
 
 def forget_remaining(sx: Scratch) -> None:
@@ -114,4 +126,6 @@ def forget_remaining(sx: Scratch) -> None:
     sx.remaining_memo.clear()
     sx.node_releases.clear()
     sx.node_fits.clear()
+    sx.fit_orders.clear()
+    sx.fit_dirty.clear()
     sx.releases_gen += 1

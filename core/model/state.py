@@ -1,15 +1,14 @@
 """The scheduler's state: `State` holds the canonical entities (core/model/entities.py:
 what a snapshot stores and a `StateDigest` covers) plus an `Index` of derived lookups
 (queues per level and team, free GPUs per model, jobs per node), its upkeep as events
-change the entities, and the state digest. The index is rebuilt from the entities on load,
+change the entities, and the running hash sums the state digest reads
+(core/model/digests.py). The index is rebuilt from the entities on load,
 so it never needs to be stored. Only `evolve` changes a State; decisions read it.
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
-import re
 from typing import Any, Callable
 
 import msgspec
@@ -24,6 +23,14 @@ from .entities import (
     queue_key,
 )
 from .cordon import takes_work
+from .digests import DIGEST_MODULUS as DIGEST_MODULUS  # re-exported (X as X), as the rest below
+from .digests import DIGEST_SCHEMA as DIGEST_SCHEMA
+from .digests import job_hash as job_hash
+from .digests import jobs_hash_sum as jobs_hash_sum
+from .digests import jobs_hash_total as jobs_hash_total
+from .digests import live_digest as live_digest
+from .digests import node_hash
+from .digests import state_digest as state_digest
 from .policy import Policy
 from .policy_defaults import DEFAULTS_VERSION_KEY, LEGACY_DEFAULTS_VERSION
 from .scratch import PASS_MEMORY, Scratch, forget_releases
@@ -54,8 +61,18 @@ class Index:
         self.known_by_model: dict[str, list[int]] = {}
         self.capacity_by_model: dict[str, int] = {}
         self.node_size_max_by_model: dict[str, int] = {}
-        # model -> free count -> {node: None} (insertion ordered; we always take min name)
-        self.free_buckets: dict[str, dict[int, dict[str, None]]] = {}
+        # model -> node size -> how many up nodes of that size (the largest node of a model,
+        # kept as nodes go down without looking at the others)
+        self.node_sizes_by_model: dict[str, dict[int, int]] = {}
+        # model -> sorted names of its nodes that take work (up, not cordoned): what
+        # reservations and plans weigh
+        # (`core.model.up_nodes.UpNodes`), not the whole pool listed and filtered
+        self.up_nodes_by_model: dict[str, list[str]] = {}
+        # team/kind -> {job id: None} of the jobs holding GPUs whose forecasts a learned
+        # runtime of that team and kind moves
+        self.holders_by_kind: dict[str, dict[str, None]] = {}
+        # model -> free count -> sorted [node name]: a placement takes the first name not held
+        self.free_buckets: dict[str, dict[int, list[str]]] = {}
         self.jobs_by_node: dict[str, dict[str, None]] = {}
         self.team_gpus: dict[str, int] = {}
         self.team_queued_gpus: dict[str, int] = {}  # GPUs asked for by each team's queued jobs
@@ -82,6 +99,11 @@ class Index:
         # Jobs touched since their hash was last taken: hashed when a digest needs the sum
         # (`jobs_hash_total`), so a job touched many times between digests is hashed once.
         self.hashes_stale: dict[str, None] = {}
+        # The same for nodes: each node's hash, their sum, and the nodes changed since
+        # (`core.model.digests.nodes_hash_total`).
+        self.node_hashes: dict[str, int] = {}
+        self.nodes_sum = 0
+        self.nodes_stale: dict[str, None] = {}
 
 
 class State:
@@ -114,6 +136,7 @@ def rebuild_index(c: Canonical, sx: Scratch) -> Index:
     for name in sorted(c.nodes):
         node = c.nodes[name]
         node_known(ix, node, 1)
+        ix.node_hashes[name] = node_hash(node)
         if takes_work(node):
             _index_node_capacity(ix, sx, node)
     for job_id in sorted(c.jobs):
@@ -127,6 +150,7 @@ def rebuild_index(c: Canonical, sx: Scratch) -> Index:
                 ix.jobs_by_node.setdefault(slot.node, {})[job.id] = None
         ix.job_hashes[job_id] = job_hash(job)
     ix.jobs_sum = sum(ix.job_hashes.values()) % DIGEST_MODULUS
+    ix.nodes_sum = sum(ix.node_hashes.values()) % DIGEST_MODULUS
     return ix
 
 
@@ -136,10 +160,36 @@ def _index_node_capacity(ix: Index, sx: Scratch, node: Node) -> None:
     model = node.gpu_model
     ix.capacity_by_model[model] = ix.capacity_by_model.get(model, 0) + node.gpus
     ix.node_size_max_by_model[model] = max(ix.node_size_max_by_model.get(model, 0), node.gpus)
+    sizes = ix.node_sizes_by_model.setdefault(model, {})
+    sizes[node.gpus] = sizes.get(node.gpus, 0) + 1
+    bisect.insort(ix.up_nodes_by_model.setdefault(model, []), node.name)
     ix.total_gpus += node.gpus
     free = sum(1 for holder in node.holder if holder == "")
     ix.free_by_model[model] = ix.free_by_model.get(model, 0) + free
-    ix.free_buckets.setdefault(model, {}).setdefault(free, {})[node.name] = None
+    bisect.insort(ix.free_buckets.setdefault(model, {}).setdefault(free, []), node.name)
+
+
+def unindex_node_capacity(ix: Index, node: Node) -> None:
+    """Take an up node out of the capacity indexes (it went down): `_index_node_capacity`'s
+    inverse, over what the node holds now."""
+    model = node.gpu_model
+    free = node_free_count(node)
+    ix.capacity_by_model[model] -= node.gpus
+    ix.total_gpus -= node.gpus
+    ix.free_by_model[model] -= free
+    bucket = ix.free_buckets[model][free]
+    _remove_sorted(bucket, node.name)
+    if not bucket:
+        del ix.free_buckets[model][free]
+    sizes = ix.node_sizes_by_model[model]
+    sizes[node.gpus] -= 1
+    if not sizes[node.gpus]:
+        del sizes[node.gpus]
+    ix.node_size_max_by_model[model] = max(sizes, default=0)
+    up = ix.up_nodes_by_model[model]
+    _remove_sorted(up, node.name)
+    if not up:
+        del ix.up_nodes_by_model[model]
 
 
 def node_known(ix: Index, node: Node, sign: int) -> None:
@@ -229,11 +279,17 @@ def hold_add(ix: Index, job: Job) -> None:
         ix.hold_changes.append((job.level, job.team, by_team.get(job.team, 0)))
     by_team[job.team] = by_team.get(job.team, 0) + job.gpus
     ix.holding_by_level[job.level][job.id] = None
+    ix.holders_by_kind.setdefault(f"{job.team}/{job.kind}", {})[job.id] = None
 
 
 def hold_remove(ix: Index, job: Job) -> None:
     """Drop a job that let go of its GPUs from the holding indexes."""
     del ix.holding_by_level[job.level][job.id]
+    kind = f"{job.team}/{job.kind}"
+    holders = ix.holders_by_kind[kind]
+    del holders[job.id]
+    if not holders:
+        del ix.holders_by_kind[kind]
     ix.team_gpus[job.team] = ix.team_gpus.get(job.team, 0) - job.gpus
     if ix.team_gpus[job.team] == 0:
         del ix.team_gpus[job.team]
@@ -254,6 +310,8 @@ def set_holder(c: Canonical, ix: Index, sx: Scratch, node_name: str, gpu: int, j
         return
     sx.releases_gen += 1
     sx.node_fits.pop(node_name, None)
+    sx.fit_dirty[node_name] = None
+    ix.nodes_stale[node_name] = None
     # Only the free GPUs of nodes that take work are indexed (a cordoned node's are not).
     indexed = takes_work(node)
     if indexed:
@@ -269,73 +327,15 @@ def set_holder(c: Canonical, ix: Index, sx: Scratch, node_name: str, gpu: int, j
         ix.free_by_model[model] += delta
         buckets = ix.free_buckets[model]
         bucket = buckets[free_before]
-        del bucket[node_name]
+        _remove_sorted(bucket, node_name)
         if not bucket:
             del buckets[free_before]
-        buckets.setdefault(free_before + delta, {})[node_name] = None
+        bisect.insort(buckets.setdefault(free_before + delta, []), node_name)
 
 
 def queue_depth(ix: Index, level: int) -> int:
     """Jobs queued at a level (its aging threshold shrinks as it deepens)."""
     return ix.queued_count[level]
-
-
-# ---------------------------------------------------------------- digest
-
-
-DIGEST_MODULUS = 1 << 256
-# How `state_digest` computes (StateDigest.schema); core/log/digest.py says what each schema
-# covers and how digests of older ones are checked.
-DIGEST_SCHEMA = 2
-
-
-_RUN_FIELD = re.compile(rb',"run":\d+')
-
-
-def job_hash(job: Job) -> int:
-    """A job's contribution to the state digest: its fields but those at their default
-    (Job omits them) and `run`."""
-    data = msgspec.json.encode(job, order="sorted")
-    # `run` stays out of the digest (see Job.run). Inside a string a quote is escaped, so
-    # this pattern matches only the field itself.
-    data = _RUN_FIELD.sub(b"", data, count=1)
-    return int.from_bytes(hashlib.sha256(data).digest(), "big")
-
-
-def jobs_hash_sum(c: Canonical) -> int:
-    """The sum of every job's hash, the jobs' part of the digest."""
-    return sum(job_hash(c.jobs[job_id]) for job_id in sorted(c.jobs)) % DIGEST_MODULUS
-
-
-# Left out of the Canonical part of a digest: jobs enter through their hash sum, terminal
-# jobs through `done_hash`, the policy through `policy_params`.
-_DIGEST_LEFT_OUT = ("jobs", "done", "policy")
-
-
-def state_digest(c: Canonical, jobs_sum: int | None = None) -> str:
-    """The state digest (schema `DIGEST_SCHEMA`, see core/log/digest.py): SHA-256 of the
-    canonical state with sorted keys and every field at its default left out. Jobs enter as
-    the sum of their own hashes (a multiset hash the index keeps up to date as events touch
-    jobs), terminal jobs through their rolling hash, so the digest's cost follows what
-    changed, not how many jobs wait or ever ran. Tamper evidence comes from the hash chain;
-    the digest's job is to catch a replay that diverges."""
-    if jobs_sum is None:
-        jobs_sum = jobs_hash_sum(c)
-    view = {
-        name: getattr(c, name)
-        for name in c.__struct_fields__
-        if name not in _DIGEST_LEFT_OUT and getattr(c, name) != _CANONICAL_DEFAULTS[name]
-    }
-    data = msgspec.json.encode(view, order="sorted") + b"|jobs:" + f"{jobs_sum:064x}".encode()
-    return hashlib.sha256(data).hexdigest()
-
-
-_CANONICAL_DEFAULTS = msgspec.structs.asdict(Canonical())
-
-
-def live_digest(state: "State") -> str:
-    """The digest of the live state, from the index's running sum of job hashes."""
-    return state_digest(state.canonical, jobs_hash_total(state))
 
 
 def touch_job(state: "State", job_id: str, release_spec: Callable | None = None) -> None:
@@ -361,28 +361,10 @@ def touch_job(state: "State", job_id: str, release_spec: Callable | None = None)
         # holders and their GPUs are the same (a change of those drops them, `set_holder`).
         fits = sx.node_fits
         for slot in job.placement:
+            sx.fit_dirty[slot.node] = None
             fit = fits.get(slot.node)
             if fit is not None:
                 fit.moved.append(job_id)
-
-
-def jobs_hash_total(state: "State") -> int:
-    """The sum of the hashes of the jobs in the state (what `jobs_hash_sum` computes from
-    scratch), from the index's running sum, hashing again only the jobs touched since."""
-    ix = state.index
-    if ix.hashes_stale:
-        jobs = state.canonical.jobs
-        total = ix.jobs_sum
-        for job_id in ix.hashes_stale:
-            old = ix.job_hashes.pop(job_id, 0)
-            job = jobs.get(job_id)
-            new = job_hash(job) if job is not None else 0
-            if new:
-                ix.job_hashes[job_id] = new
-            total += new - old
-        ix.jobs_sum = total % DIGEST_MODULUS
-        ix.hashes_stale.clear()
-    return ix.jobs_sum
 
 
 def snapshot_bytes(c: Canonical) -> bytes:

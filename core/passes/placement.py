@@ -23,8 +23,9 @@ from ..model import placement as P
 from ..model.placement import acceptable_models, free_gpus, node_size_max, place, placement_nodes
 from .queues import TEAM_OLDEST_LOOKED_AT, aging_threshold_ms, serving_count, serving_order
 from ..rules.shares import team_quota, teams_below_share, within_share
+from ..model.state import State
 from ..model.cordon import takes_work
-from ..model.state import State, nodes_by_name
+from ..model.up_nodes import UpNodes
 from ..model.entities import QUEUED, Job, last_checkpoint, node_free_count
 from ..model.types import LEVELS
 
@@ -472,11 +473,7 @@ def _reserve(state: State, job: Job, reserved: dict[str, tuple[int, str]]) -> bo
     models = acceptable_models(job.gpu_models, state.index)
     if not _could_ever_fit(state, job, models):
         return False
-    nodes = [
-        node
-        for name, node in nodes_by_name(state)
-        if takes_work(node) and node.gpu_model in models and name not in reserved
-    ]
+    nodes = UpNodes(state, models, reserved)
     fit = None
     if job.level < c.policy.urgent_levels and job.gpus <= node_size_max(models, state.index):
         fit = drain_fit(state, job, nodes)  # the node its unpreemptible neighbours leave first

@@ -20,8 +20,9 @@ import msgspec
 
 from ..forecast.waits import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
 from ..model.placement import acceptable_models, node_size_max, place
+from ..model.state import State
 from ..model.cordon import takes_work
-from ..model.state import State, nodes_by_name
+from ..model.up_nodes import UpNodes
 from ..model.entities import QUEUED, Job, Node
 from ..model.types import Slot
 from ..rules.benefit import BELOW_COST, NET_BENEFIT_MIN, priced_out_at, worth
@@ -79,7 +80,7 @@ class Scope(msgspec.Struct, kw_only=True):
     other blocked jobs, the nodes held (node -> expected start), and its expected runtime."""
 
     models: list[str]
-    nodes: list[Node]
+    nodes: list[Node] | UpNodes  # (read from the index as needed: core/model/up_nodes.py)
     held: dict[str, int]
     runtime_ms: int
 
@@ -232,7 +233,7 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
     c = state.canonical
     ix = state.index
     models = acceptable_models(job.gpu_models, ix)
-    nodes = [node for _, node in nodes_by_name(state) if takes_work(node) and node.gpu_model in models]
+    nodes = UpNodes(state, models)
     if not nodes:
         return Decline(reason="no_node_of_model")
     runtime = expected_runtime_ms(state, job)
@@ -249,7 +250,7 @@ def preemption_scope(state: State, job: Job) -> Scope | Decline:
         # Held back only by the scan budget: no one needs to go.
         return Decline(reason="fits_without_preemption")
     if held:
-        nodes = [node for node in nodes if node.name not in held]
+        nodes = UpNodes(state, models, held)
         if not nodes:
             return Decline(reason="held_back_by_reservation")
     return Scope(models=models, nodes=nodes, held=held, runtime_ms=runtime)

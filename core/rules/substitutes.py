@@ -10,10 +10,10 @@ preemptor's level weight, against the sets on its own models.
 from __future__ import annotations
 
 from ..forecast.waits import earliest_fit, expected_runtime_ms
-from ..model.cordon import takes_work
 from ..model.placement import place
 from ..model.policy import Policy
 from ..model.state import State
+from ..model.up_nodes import UpNodes
 from ..model.entities import Job
 from ..model.types import Slot
 
@@ -52,11 +52,7 @@ def substitute_placement(state: State, job: Job, reserved: dict[str, int]) -> li
             best = (extra, model, placement)
     if best is None:
         return None
-    own_nodes = [
-        c.nodes[name]
-        for name in sorted(c.nodes)
-        if takes_work(c.nodes[name]) and c.nodes[name].gpu_model in job.gpu_models
-    ]
+    own_nodes = UpNodes(state, job.gpu_models)
     fit = earliest_fit(state, job, own_nodes)
     own_wait = fit[0] if fit is not None else None
     if own_wait is not None and own_wait <= best[0]:
