@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import time
@@ -188,7 +189,12 @@ class Scheduler:
         self.internal_errors = 0
         self.nc = self.js = self.kv = None
         self._lease_rev = 0
-        self._heard: dict[str, float] = {}  # last heartbeat of each node the state knows
+        # Last heartbeat of each node the state knows, in the order heard (the longest
+        # silent first: `_watch_hosts` reads only the silent ones) ...
+        self._heard: dict[str, float] = {}
+        # ... unless a node joined, a state was folded or a node was heard out of turn since:
+        # then the next watch gives every up node an entry and orders them again.
+        self._heard_unordered = True
         # ... and of nodes it does not know (yet), at most `unknown_nodes_heard_max` of them.
         self._heard_unknown: dict[str, float] = {}
         self.unknown_nodes_heard_max = unknown_nodes_heard_max
@@ -301,6 +307,7 @@ class Scheduler:
         self._reconnected = True
         self._heard.clear()  # hosts could not be heard either: each gets a full timeout
         self._heard_unknown.clear()
+        self._heard_unordered = True
 
     # ------------------------------------------------------------ lease
 
@@ -395,6 +402,8 @@ class Scheduler:
         )
         for name in self.state.canonical.nodes:  # every host gets a full timeout after a takeover
             self._heard.setdefault(name, started)
+        self._heard_unordered = True
+        _freeze_heap()
         queue: asyncio.Queue = asyncio.Queue()
         sub = await self.js.subscribe(
             f"{bus.IN_PREFIX}.>",
@@ -500,6 +509,7 @@ class Scheduler:
             ):
                 await bus.save_snapshot(self.js, self.state, self.ev_seq, self.signer)
                 last_snapshot_n, last_snapshot_at = n, time.monotonic()
+                _freeze_heap()
 
     async def _purge_ended_checkpoints(self) -> None:
         """Purge from XR_CKPT the checkpoints of every job that ended at least the policy's
@@ -656,6 +666,8 @@ class Scheduler:
             for record in records:
                 if isinstance(record.event, ENDED_EVENTS):
                     self._ended_t[record.event.job] = record.event.t
+                elif type(record.event) is T.NodeJoined:
+                    self._heard_unordered = True  # (the watch gives it an entry)
             messages = bus.record_messages(records, self.signer) if records else []
             if len(messages) > bus.BATCH_MESSAGES_MAX:
                 # One input's records never split, and the server refuses a bigger batch:
@@ -692,6 +704,7 @@ class Scheduler:
         )
         await self._flush(pending)
         self.state, self.ev_seq = await bus.load_state(self.js, keyring=self.keyring)
+        self._heard_unordered = True
         try:
             records = reject_input(self.state, inp, T.INTERNAL_ERROR, words)
         except Exception:  # noqa: BLE001 - the input cannot even be named: record it bare
@@ -745,7 +758,9 @@ class Scheduler:
         self._note_health(node, msg.data)
         now = time.monotonic()
         if self.state is not None and node in self.state.canonical.nodes:
-            self._heard[node] = now
+            heard = self._heard
+            heard.pop(node, None)  # to the end: the dict stays in the order heard
+            heard[node] = now
         elif node in self._heard_unknown or len(self._heard_unknown) < self.unknown_nodes_heard_max:
             self._heard_unknown[node] = now
         elif not self._warned_unknown_full:
@@ -818,6 +833,7 @@ class Scheduler:
         for name, heard in sorted(self._heard_unknown.items()):
             if name in self.state.canonical.nodes:
                 self._heard[name] = max(heard, self._heard.get(name, heard))
+                self._heard_unordered = True
                 del self._heard_unknown[name]
             elif now - heard > timeout_s:
                 del self._heard_unknown[name]
@@ -828,13 +844,26 @@ class Scheduler:
         now = time.monotonic()
         timeout_s = self.node_timeout_ms / 1000
         self._settle_unknown_heard(now, timeout_s)
-        # One pass over the pool finds the silent hosts; only they are sorted (their
-        # node_down inputs go out in name order), not the whole pool at every tick.
-        silent = [
-            name
-            for name, node in self.state.canonical.nodes.items()
-            if node.up and now - self._heard.setdefault(name, now) > timeout_s
-        ]
+        nodes = self.state.canonical.nodes
+        if self._heard_unordered:
+            # A node joined, a state was folded, or a node was heard out of turn: every up
+            # node never heard gets a full timeout from now, and the entries are put back in
+            # the order heard (a pass over the pool, only then).
+            for name, node in nodes.items():
+                if node.up:
+                    self._heard.setdefault(name, now)
+            self._heard = dict(sorted(self._heard.items(), key=lambda item: item[1]))
+            self._heard_unordered = False
+        # The longest silent first: the watch reads the silent hosts (and those down, which
+        # beat no more), not the pool; only the silent ones are sorted (their node_down
+        # inputs go out in name order).
+        silent = []
+        for name, heard in self._heard.items():
+            if now - heard <= timeout_s:
+                break
+            node = nodes.get(name)
+            if node is not None and node.up:
+                silent.append(name)
         for name in sorted(silent):
             silent_s = now - self._heard[name]  # a heartbeat may have come while others were sent
             if silent_s > timeout_s and now - self._down_sent.get(name, 0) > timeout_s:
@@ -855,6 +884,15 @@ class Scheduler:
             await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
         except asyncio.TimeoutError:
             pass
+
+
+def _freeze_heap() -> None:
+    """Move what lives now (the folded state above all: it holds no reference cycles, so
+    nothing frozen with it would have been collected) out of the cyclic collector's way:
+    its full collections then scan what changed since, not the whole state, which at
+    frontier scale is most of the heap. Garbage is collected first, so none is frozen."""
+    gc.collect()
+    gc.freeze()
 
 
 async def run_scheduler(url: str, **kwargs) -> None:
