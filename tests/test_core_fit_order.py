@@ -1,6 +1,7 @@
 """The kept fit orders (core/forecast/fit_order.py) give exactly the earliest single-node fit
-that reading every node's forecast gives, step after step of random worlds: nodes joining
-and dying, jobs starting, checkpointing, overrunning and ending, learned runtimes moving."""
+that reading every node's forecast gives, step after step of random worlds: nodes joining,
+dying and cordoned, jobs starting, checkpointing, overrunning and ending, learned runtimes
+moving."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from core.forecast.fit_order import ordered_single_fit
 from core.forecast.node_fit import earliest_single_fit
 from core.model.up_nodes import UpNodes
 from tests.random_world import World
+from tests.test_core_node_cordon import CordoningWorld
 
 
 def check_fits(state, rng: random.Random) -> int:
@@ -39,7 +41,7 @@ def check_fits(state, rng: random.Random) -> int:
 def test_kept_fit_orders_give_the_earliest_fit_of_every_node_at_every_step():
     found = 0
     for seed in range(8):
-        world = World(seed)
+        world = World(seed) if seed % 2 else CordoningWorld(seed)  # nodes cordoned now and then
         rng = random.Random(seed)
         for inp in world.boot():
             world.feed(inp)
