@@ -45,11 +45,8 @@ class Pool:
 
     @property
     def name(self) -> str:
-        """The pool in words: trace, window, GPUs."""
-        window = (
-            "" if self.window is None else f" jobs {self.window[0]:,}-{self.window[0] + self.window[1]:,}"
-        )
-        return f"{self.trace}{window}"
+        """The pool's trace and window in words."""
+        return _pool_words(self.trace, self.window)
 
     def spec(self) -> str:
         """The pool as `parse_pools` reads it: TRACE@GPUS[/START:COUNT]."""
@@ -270,9 +267,7 @@ def panel_table(entries: list[dict]) -> str:
     for e in entries:
         case, checks = e["case"], e["panel"]["checks"]
         window = case.get("window")
-        pool = (
-            case["trace"] if not window else f"{case['trace']} jobs {window[0]:,}-{window[0] + window[1]:,}"
-        )
+        pool = _pool_words(case["trace"], window)
         cells = [pool, str(case["gpus"]), str(case["seed"]), f"{e['row']['jobs']:,}"]
         cells.append(_hours(e["panel"]["none_wait_mean_h"]))
         cells += [_cell(checks.get(f"L{lv} mean wait / none"), 2) for lv in CHECKED_LEVELS]
@@ -290,7 +285,7 @@ def panel_table(entries: list[dict]) -> str:
         "(`!`: a miss)."
     )
     misses = [
-        f"- {e['label']}: {name} {_cell(e['panel']['checks'][name], 3, signed='Jain' in name)}"
+        f"- {_case_words(e['case'])}: {name} {_cell(e['panel']['checks'][name], 3, signed='Jain' in name)}"
         f" (target {e['panel']['checks'][name]['target']})"
         for e in entries
         for name in e["panel"]["misses"]
@@ -322,9 +317,7 @@ def panel_short_table(entries: list[dict]) -> str:
     for e in entries:
         case, checks = e["case"], e["panel"]["checks"]
         window = case.get("window")
-        pool = (
-            case["trace"] if not window else f"{case['trace']} jobs {window[0]:,}-{window[0] + window[1]:,}"
-        )
+        pool = _pool_words(case["trace"], window)
         cells = [pool, str(case["gpus"]), str(case["seed"]), _hours(e["panel"]["none_wait_mean_h"])]
         for prefix, pick, digits, signed in (
             ("mean wait / none", max, 2, False),
@@ -352,6 +345,21 @@ def panel_short_table(entries: list[dict]) -> str:
         f"{met} of {len(all_checks)} checks met; {whole} of {len(entries)} pool-seeds meet every check."
     )
     return "\n".join(lines)
+
+
+def _case_words(case: dict) -> str:
+    """`philly, first 5,000 jobs at 128 GPUs, seed 0`."""
+    return f"{_pool_words(case['trace'], case.get('window'))} at {case['gpus']:,} GPUs, seed {case['seed']}"
+
+
+def _pool_words(trace: str, window) -> str:
+    """`philly, first 5,000 jobs`, `philly, jobs 10,001-20,000`, or the trace alone."""
+    if not window:
+        return trace
+    start, count = window
+    if start == 0:
+        return f"{trace}, first {count:,} jobs"
+    return f"{trace}, jobs {start + 1:,}-{start + count:,}"
 
 
 def _hours(value) -> str:

@@ -2,6 +2,7 @@
 xirang's default policy, each acceptance check per pool and seed, the misses marked."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -68,7 +69,9 @@ def test_a_miss_is_marked_with_its_pool_level_and_figure(tmp_path):
     table = panel_table([entry])
     row = table.splitlines()[2]
     assert row.count(" !") >= 3 and "-0.100 !" in row and "| no ! |" in row
-    assert f"- {entry['label']}: L6 mean wait / none " in table and "(target <= 1.25)" in table
+    assert (
+        f"{Path(trace).name} at 8 GPUs, seed 0: L6 mean wait / none " in table and "(target <= 1.25)" in table
+    )
     # the short form names the worst level of each kind, its miss marked
     checks = entry["panel"]["checks"]
     worst = max((c["value"], n) for n, c in checks.items() if n.endswith("mean wait / none"))
