@@ -290,8 +290,8 @@ class ProjectionCollector:
         )
         t = totals(con)
         nodes = con.execute(
-            "SELECT count(*) FILTER (up), count(*) FILTER (NOT up), count(*) FILTER (lost_t IS NOT NULL)"
-            " FROM nodes"
+            "SELECT count(*) FILTER (up), count(*) FILTER (NOT up), count(*) FILTER (lost_t IS NOT NULL),"
+            " count(*) FILTER (up AND coalesce(cordoned_by, '') <> '') FROM nodes"
         ).fetchone()
         for name, help_text, kind, value in (
             ("xirang_preemptions_total", "Preemptions started", "counter", t["preemptions"]),
@@ -302,6 +302,7 @@ class ProjectionCollector:
             ("xirang_pool_gpus", "GPUs of the nodes up", "gauge", t["pool_gpus"]),
             ("xirang_nodes_up", "Nodes up", "gauge", nodes[0]),
             ("xirang_nodes_down", "Nodes lost and not back", "gauge", nodes[1]),
+            ("xirang_nodes_cordoned", "Nodes up that take no new work (cordoned)", "gauge", nodes[3]),
             ("xirang_jobs_done_total", "Jobs finished, failed or cancelled", "counter", t["jobs_done"]),
             ("xirang_projected_events_total", "Records in the projection", "counter", t["events"]),
             (

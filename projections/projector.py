@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 
 from core import types as T
+from core.model.cordon import OPERATOR_PREFIX
 
 from . import schema
 from .notices import derive as derive_notices
@@ -408,6 +409,8 @@ class Projector:
                 "joined_t": None,
                 "lost_t": None,
                 "lost_reason": None,
+                "cordoned_by": "",
+                "cordon_reason": "",
             }
         self.dirty["nodes"][name] = row
         return row
@@ -885,9 +888,18 @@ def _team_limit(p: Projector, seq: int, n: int, ev) -> None:
 
 
 def _node_joined(p: Projector, seq: int, n: int, ev: T.NodeJoined) -> None:
-    p.node(ev.node).update(
-        gpu_model=ev.gpu_model, gpus=ev.gpus, up=True, joined_t=ev.t, lost_t=None, lost_reason=None
-    )
+    row = p.node(ev.node)
+    row.update(gpu_model=ev.gpu_model, gpus=ev.gpus, up=True, joined_t=ev.t, lost_t=None, lost_reason=None)
+    if not (row.get("cordoned_by") or "").startswith(OPERATOR_PREFIX):  # as core/log/evolve.py
+        row.update(cordoned_by="", cordon_reason="")
+
+
+def _node_cordoned(p: Projector, seq: int, n: int, ev: T.NodeCordoned) -> None:
+    p.node(ev.node).update(cordoned_by=ev.by, cordon_reason=ev.reason)
+
+
+def _node_uncordoned(p: Projector, seq: int, n: int, ev: T.NodeUncordoned) -> None:
+    p.node(ev.node).update(cordoned_by="", cordon_reason="")
 
 
 def _node_lost(p: Projector, seq: int, n: int, ev: T.NodeLost) -> None:
@@ -969,6 +981,8 @@ _HANDLERS = {
     T.JobLevelRestored: _level_restored,
     T.NodeJoined: _node_joined,
     T.NodeLost: _node_lost,
+    T.NodeCordoned: _node_cordoned,
+    T.NodeUncordoned: _node_uncordoned,
     T.PolicyChanged: _policy,
     T.InputRejected: _rejected,
     T.FeedbackRecorded: _feedback,

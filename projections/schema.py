@@ -214,7 +214,12 @@ def numpy_dtypes(con, table: str) -> list:
 
 # Columns added since a table was first written: a database projected by an older xirang
 # gains them (NULL in its old rows) and goes on from where it was.
-ADDED_COLUMNS = (("sagas", "reclaim", "BOOLEAN"), ("preemptions", "reclaim", "BOOLEAN"))
+ADDED_COLUMNS = (
+    ("sagas", "reclaim", "BOOLEAN"),
+    ("preemptions", "reclaim", "BOOLEAN"),
+    ("nodes", "cordoned_by", "VARCHAR"),  # '' or NULL: not cordoned (core/model/cordon.py)
+    ("nodes", "cordon_reason", "VARCHAR"),
+)
 
 
 def create(con) -> None:

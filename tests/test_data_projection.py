@@ -218,3 +218,27 @@ def test_export_writes_parquet_files_that_read_back(tmp_path):
     for table in ("jobs", "preemptions", "events", "preemption_stats"):
         got = con.execute(f"SELECT count(*) FROM '{out / (table + '.parquet')}'").fetchone()[0]
         assert got == counts[table] > 0
+
+
+def test_cordons_are_projected_and_counted_and_a_database_from_before_gains_the_columns(tmp_path):
+    from projections import metrics
+    from scenario import Run, node
+
+    run = Run()
+    run.at(1, node("h1"), node("h2"), node("h3"))
+    first = len(run.records)
+    run.at(2, T.NodeHealth(node="h1", healthy=False, reason="disk almost full"))
+    run.at(3, T.CordonNode(node="h2", reason="PSU swap", by="ana"))
+    run.at(4, T.CordonNode(node="h3", reason="cables", by="ana"), T.UncordonNode(node="h3", by="ana"))
+    records = run.records
+    db = str(tmp_path / "p.duckdb")
+    proj = Projector(db)
+    proj.apply([(i, T.encode(r)) for i, r in enumerate(records[:first], 1)])
+    for column in ("cordoned_by", "cordon_reason"):  # as an older xirang left it
+        proj.con.execute(f"ALTER TABLE nodes DROP COLUMN {column}")
+    proj.con.close()
+    proj = Projector(db)
+    proj.apply([(i, T.encode(r)) for i, r in enumerate(records[first:], first + 1)])
+    rows = proj.con.execute("SELECT node, cordoned_by, cordon_reason FROM nodes ORDER BY node").fetchall()
+    assert rows == [("h1", "host:h1", "disk almost full"), ("h2", "op:ana", "PSU swap"), ("h3", "", "")]
+    assert "xirang_nodes_cordoned 2.0" in metrics.prometheus(proj.con, input_backlog=0)
