@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from .scorecard import CHECKED_LEVELS, FAIR_SHARE_LEVELS, LEVEL_MEAN_WAIT_VS_NONE_MAX
@@ -216,10 +216,11 @@ def run_panel(
             finished(index, _case_job(job))
     else:
         print(f"running {len(cases)} cases, {workers} at a time ...", file=log, flush=True)
+        # The biggest pools first, so the longest cases do not start last and leave one
+        # process running alone at the end.
+        order = sorted(range(len(jobs)), key=lambda i: (-cases[i].gpus, i))
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_case_job, job): index for index, job in enumerate(jobs)}
-            from concurrent.futures import as_completed
-
+            futures = {pool.submit(_case_job, jobs[index]): index for index in order}
             for future in as_completed(futures):
                 finished(futures[future], future.result())
     return [done[i] for i in range(len(cases))]
