@@ -19,7 +19,7 @@ import msgspec
 
 from .model.cordon import NODE_CORDONED, cordon_words, schedulable, takes_work
 from .model.placement import acceptable_models, place
-from .forecast.waits import expected_runtime_ms, natural_wait_ms
+from .forecast.waits import natural_wait_ms
 from .model.words import human_duration
 from .passes.placement import reserved_nodes
 from .passes.plan import Decline, plan_preemption
@@ -29,7 +29,7 @@ from .rules.decision import Decision
 from .rules.eligibility import HELD_NODE
 from .rules.rights import may_preempt
 from .rules.fairness import USER_PREEMPTING, describe_user_preempting
-from .rules.holds import VICTIM_CAP, binding_holds, describe_cap
+from .rules.holds import VICTIM_CAP, backfill_view, binding_holds, describe_cap
 from .rules.shares import fair_shares, holding, lent_gpus, reclaim_refusal, teams_below_share, within_share
 from .model.entities import HELD as HELD_STATE
 from .model.state import State
@@ -193,10 +193,10 @@ def _why_no_gpus(state: State, job: Job, models: list[str], start_in: int) -> Pe
     # The holds are the last pass's own (`reserved_nodes`), those that bind this job as they
     # bind it in the pass (`binding_holds`): what it is told is what the pass decided.
     reserved = reserved_nodes(state)
-    ends_t = c.t + expected_runtime_ms(state, job)
-    if place(job.gpus, models, c.nodes, ix, ends_t=ends_t) is not None:
+    if place(job.gpus, models, c.nodes, ix) is not None:
         binding = binding_holds(state, job, reserved)
         held = {name: start for name, (start, holder) in binding.items() if holder != job.id}
+        held, ends_t, _ = backfill_view(state, job, c.t, held, binding)
         if held and place(job.gpus, models, c.nodes, ix, held, ends_t) is None:
             holders = [c.jobs[h] for h in sorted({binding[name][1] for name in held}) if h in c.jobs]
             return Pending(

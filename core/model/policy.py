@@ -107,6 +107,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # so a large gang at an urgent level is not starved by small jobs of less urgent
     # levels taking every GPU that frees (they may still backfill if expected to end first).
     head_reservations_max: int = 1
+    # Opt-in (core/rules/holds.py `backfill_view`): backfill under a hold forecasts a job's end
+    # by its own estimate (its time limit) instead of its kind's learned runtime.
+    backfill_by_own_estimate: bool = False
 
     # --- aging: a job waiting longer than its level's threshold rises one level; the
     # threshold shrinks as the queue deepens and as the level's historical wait grows.

@@ -15,8 +15,8 @@ from ..model import types as T
 from .drain import drain_fit
 from ..rules.guarantees import level_floors
 from ..rules.substitutes import substitute_placement
-from ..forecast.waits import earliest_fit, expected_runtime_ms
-from ..rules.holds import binding_holds
+from ..forecast.waits import earliest_fit
+from ..rules.holds import backfill_view, binding_holds
 from ..log.seal import Ctx
 from ..model.policy import FAIR_SHARE
 from ..model import placement as P
@@ -31,7 +31,7 @@ from ..model.types import LEVELS
 
 # A one-GPU job that accepts any model and does not fit even ignoring reservations:
 # nothing else will either.
-ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool, int] = ((), False, -1)
+ANY_MODEL_ONE_NODE: tuple[tuple[str, ...], bool, int, int] = ((), False, -1, 0)
 ANY_END = -1  # a block that no reservation caused: it holds whatever the job's end
 
 
@@ -294,7 +294,7 @@ class _PlacementPass:
         self.attempts_left = self.backfill_left = self.state.canonical.policy.scan_jobs_max
         # Per job's model list: the models it accepts and their largest node.
         self.models_of: dict[tuple[str, ...], tuple[list[str], int]] = {}
-        self.blocked: dict[tuple[tuple[str, ...], bool, int], list[tuple[int, int]]] = {}
+        self.blocked: dict[tuple[tuple[str, ...], bool, int, int], list[tuple[int, int]]] = {}
         self.free_open = sum(self.state.index.free_by_model.values())
         self.free_unheld = self.free_open - _free_on(self.state.canonical, reserved)
 
@@ -355,9 +355,10 @@ class _PlacementPass:
             starts = self.starts_by_node
         else:
             starts = self._starts_for(job)
-        # Jobs that see other holds (an urgent level: core/rules/holds.py) are blocked apart.
-        shape = (key, job.gpus > size_max, job.level if starts is not self.starts_by_node else -1)
-        ends_t = self.t + expected_runtime_ms(state, job)
+        starts, ends_t, shift = backfill_view(state, job, self.t, starts, self.reserved)
+        # Jobs that see other holds (an urgent level, or shifted starts: core/rules/holds.py)
+        # are blocked apart.
+        shape = (key, job.gpus > size_max, job.level if starts is not self.starts_by_node else -1, shift)
         blocked = self.blocked.get(shape)
         if blocked and any(g <= job.gpus and e <= ends_t for g, e in blocked):
             return None
@@ -453,14 +454,8 @@ def _serve_first_starving(
             continue
         count -= 1
         served[job_id] = None
-        placement = place(
-            job.gpus,
-            models,
-            c.nodes,
-            state.index,
-            _starts_by_node(reserved),
-            t + expected_runtime_ms(state, job),
-        )
+        starts, ends_t, _ = backfill_view(state, job, t, _starts_by_node(reserved), reserved)
+        placement = place(job.gpus, models, c.nodes, state.index, starts, ends_t)
         if placement is not None:
             request_start(ctx, job, placement)
             continue

@@ -11,6 +11,7 @@ keeps its place in line: it starts when the urgent job's GPUs come back.
 
 from __future__ import annotations
 
+from ..forecast.release import expected_runtime_ms
 from ..model.placement import node_size_max
 from ..model.policy import Policy
 from ..model.state import State
@@ -32,6 +33,39 @@ def binding_holds(state: State, job: Job, reserved: dict[str, tuple[int, str]]) 
         return reserved
     jobs = state.canonical.jobs
     return {name: held for name, held in reserved.items() if not overrides_hold(p, job, jobs.get(held[1]))}
+
+
+def backfill_view(
+    state: State, job: Job, t: int, starts: dict[str, int], reserved: dict[str, tuple[int, str]]
+) -> tuple[dict[str, int], int, int]:
+    """How `job` may backfill under the holds `starts` (node -> the holder's expected start;
+    `reserved` names the holders): (the starts as it must see them, its forecast end, the
+    shift applied). A job may start on a held node only if forecast to end before the
+    holder starts. The forecast is the learned runtime of its team and kind; with
+    `backfill_by_own_estimate`, its own estimate (its time limit, as Slurm's backfill reads
+    it), except under an urgent holder's hold, where the longer of the two counts: an urgent
+    job's wait is not staked on a user's estimate. (That longer forecast is applied by
+    moving those holds' starts earlier by the difference, so one end serves every node.)"""
+    learned = expected_runtime_ms(state, job)
+    p = state.canonical.policy
+    if not p.backfill_by_own_estimate:
+        return starts, t + learned, 0
+    own = job.est_runtime_ms
+    shift = learned - own
+    if shift <= 0 or not starts:
+        return starts, t + own, 0
+    jobs = state.canonical.jobs
+    urgent = [name for name in starts if name in reserved and _urgent_holder(p, jobs.get(reserved[name][1]))]
+    if not urgent:
+        return starts, t + own, 0
+    view = dict(starts)
+    for name in urgent:
+        view[name] -= shift
+    return view, t + own, shift
+
+
+def _urgent_holder(p: Policy, holder: Job | None) -> bool:
+    return holder is not None and holder.level < p.urgent_levels
 
 
 VICTIM_CAP = "victims_per_preemption_max"
