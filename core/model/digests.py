@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import msgspec
 
 from .entities import Canonical, Job, Node
 
-if TYPE_CHECKING:
-    from .state import State
+
+class State(Protocol):
+    """What the digest reads of core.model.state.State (which imports this module, so it is
+    named here by its shape: the canonical entities and the index's running sums)."""
+
+    canonical: Canonical
+    index: Any
+
 
 DIGEST_MODULUS = 1 << 256
 # How `state_digest` computes (StateDigest.schema); core/log/digest.py says what each schema
