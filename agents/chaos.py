@@ -6,7 +6,11 @@ Faults: SIGKILL of a scheduler (restarted), SIGKILL of an agent (restarted: it a
 jobs), SIGSTOP/SIGCONT of an agent (sometimes past the node timeout: its jobs are given
 away and it must stop them on resuming), SIGTERM of an agent (an orderly stop: its jobs
 checkpoint and requeue; restarted), and a SIGKILL of nats-server (restarted on the same
-store after a few seconds).
+store after a few seconds). With `spoil_checkpoints` (`xirang chaos --spoil-checkpoints`),
+a little after each fault also the bus's copy of a job's newest checkpoint is overwritten
+with other bytes (a queued job's, whose resume will name it, when there is one; drawn apart
+from the seed's plan, which stays as without it): its resume must read the second copy, on the disk
+of the host that wrote it, and restore the same step.
 
 Invariants, checked once the faults stop and the cluster has settled:
 - every input the bus accepted (acknowledged on XR_IN) is in the log;
@@ -15,9 +19,9 @@ Invariants, checked once the faults stop and the cluster has settled:
 - no two runs of one job held GPUs at the same time beyond the fencing window, by the
   hosts' own records (agents/jobwrap.py writes when each run started and ended);
 - every preemption saga resolved (committed or rolled back);
-- no resume lost progress: no checkpoint fell back (chaos corrupts none), and every run
-  that restored a checkpoint restored the step its resume named (the SDK says which in the
-  run's output);
+- no resume lost progress: no checkpoint fell back (chaos spoils at most one copy of any
+  checkpoint), and every run that restored a checkpoint restored the step its resume named
+  (the SDK says which, and from which copy, in the run's output);
 - `xirang audit` verifies the log.
 
 Some jobs are 2-node gangs (examples/train_ddp.py: ranks on both hosts all-reducing over
@@ -40,7 +44,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core import rebuild
 from core import types as T
+from transport import checkpoints as ckptstore
 from transport.natsd import EmbeddedNats
 
 from .jobwrap import STARTED_FILE
@@ -48,6 +54,7 @@ from .local_cluster import REPO, Cluster, matching, train_command
 from .runfolders import run_of
 
 FAULTS = ("kill_scheduler", "kill_agent", "stop_agent", "term_agent", "kill_nats")
+SDK_SCHEME = "xr-ckpt:"
 HOSTS = 2
 GPUS_PER_HOST = 8
 NODE_TIMEOUT_MS = 3000
@@ -65,6 +72,8 @@ SETTLE_S_MAX = 900.0
 # Of the submissions, this share are 2-node gangs (12 or 16 GPUs) of 100-500 steps: with the
 # single-host jobs the pool is loaded about 70%, so the backlog drains once the faults stop.
 GANG_SHARE = 0.1
+# What the SDK prints when a run restores from the second copy (agents/sdk.py `restore`).
+FROM_COPY_2 = re.compile(r"xirang sdk: restored step \d+ \(the resume named step \d+\) from copy 2")
 # What the SDK prints when a run restores (agents/sdk.py `restore`).
 RESTORE_LINE = re.compile(
     r"xirang sdk: (?:restored step (\d+)|no checkpoint verifies; from step 0) \(the resume named step (\d+)\)"
@@ -82,6 +91,7 @@ class Report:
     sagas: dict[str, int] = field(default_factory=dict)
     invariants: dict[str, dict] = field(default_factory=dict)
     max_run_overlap_s: float = 0.0
+    spoiled: dict[str, int] = field(default_factory=dict)  # bus copies spoiled, by job state
 
     @property
     def ok(self) -> bool:
@@ -99,6 +109,7 @@ class Report:
             "sagas": self.sagas,
             "invariants": self.invariants,
             "max_run_overlap_s": round(self.max_run_overlap_s, 3),
+            "spoiled": self.spoiled,
             "fencing_window_s": FENCING_WINDOW_S,
         }
 
@@ -108,8 +119,16 @@ class Chaos:
     submissions and seeded faults (kills, stops, a nats-server restart), then the invariants
     checked."""
 
-    def __init__(self, root: str | os.PathLike, seed: int, duration_s: float, log=print) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        seed: int,
+        duration_s: float,
+        log=print,
+        spoil_checkpoints: bool = False,
+    ) -> None:
         self.root = Path(root)
+        self.spoil_rng = random.Random(f"{seed}:spoil") if spoil_checkpoints else None
         self.seed = seed
         self.duration_s = duration_s
         self.rng = random.Random(seed)
@@ -154,6 +173,9 @@ class Chaos:
                 next_submit = now + self.rng.uniform(*SUBMIT_EVERY_S)
             if now >= next_fault:
                 self._inject(self.rng.choice(FAULTS))
+                if self.spoil_rng is not None:
+                    # a little after the fault, when the jobs it requeued wait to resume
+                    self.pending.append((now + self.spoil_rng.uniform(0.5, 3.0), "spoil", ""))
                 next_fault = now + self.rng.uniform(*FAULT_EVERY_S)
             self._due()
             time.sleep(0.1)
@@ -229,6 +251,45 @@ class Chaos:
                 )
         self.log(f"chaos: {fault}")
 
+    def _spoil(self, rng: random.Random) -> None:
+        """Overwrite the bus's copy of the newest checkpoint of a queued job (its resume will
+        name it), else of a running one, with other bytes; its second copy is left whole."""
+        try:
+            state = rebuild(self.c.records())
+        except Exception:  # noqa: BLE001 - the bus is away: nothing spoiled this time
+            self.log("chaos: spoil_checkpoint skipped (no log)")
+            return
+        jobs = state.canonical.jobs
+        holders = [
+            j
+            for j in sorted(jobs)
+            if jobs[j].checkpoints and jobs[j].checkpoints[-1].path.startswith(SDK_SCHEME)
+        ]
+        queued = [j for j in holders if jobs[j].state == "queued"]
+        pool = queued or [j for j in holders if jobs[j].state == "running"]
+        if not pool:
+            return
+        job = rng.choice(pool)
+        node, _, slot = jobs[job].checkpoints[-1].path[len(SDK_SCHEME) :].rpartition("/")
+
+        async def spoil(nc, js):
+            found = await ckptstore.get_located(js, job, slot, node)
+            if found is None:
+                return False
+            data = bytearray(found[1])
+            data[len(data) // 2] ^= 0xFF
+            await ckptstore.put(js, job, found[0], slot, bytes(data))
+            return True
+
+        try:
+            spoiled = self.c._run(spoil)
+        except Exception:  # noqa: BLE001 - the bus went away meanwhile
+            spoiled = False
+        if spoiled:
+            key = "spoiled_queued" if queued else "spoiled_running"
+            self.report.spoiled[key] = self.report.spoiled.get(key, 0) + 1
+            self.log(f"chaos: spoiled the bus's copy of {job}'s checkpoint in {slot}")
+
     def _due(self, everything: bool = False) -> None:
         now = time.monotonic()
         for item in sorted(self.pending):
@@ -243,6 +304,8 @@ class Chaos:
             elif action == "cont_agent":
                 os.kill(self.agents[name].pid, signal.SIGCONT)
                 self.stopped.discard(name)
+            elif action == "spoil" and self.spoil_rng is not None:
+                self._spoil(self.spoil_rng)
             elif action == "start_nats":
                 self.c.nats = EmbeddedNats(self.root / "nats", port=self.c.nats.port).start()
 
@@ -311,6 +374,7 @@ class Chaos:
             "requeued": len(matching(records, T.JobRequeued)),
             "resumes": len(matching(records, T.JobResumeRequested)),
             "restores_checked": restores,
+            "restores_from_copy_2": self._restores_from_copy_2(),
             "gangs": len([r for r in matching(records, T.JobSubmitted) if r.event.gpus > GPUS_PER_HOST]),
             "stale_facts_refused": len(matching(records, T.InputRejected, reason="stale_run")),
         }
@@ -360,6 +424,13 @@ class Chaos:
                 if int(restored or 0) < int(named):
                     short.append(f"{output.parent.name}: {restored or 0} < {named}")
         return count, short
+
+    def _restores_from_copy_2(self) -> int:
+        """How many runs restored their checkpoint from its second copy (their own output)."""
+        return sum(
+            len(FROM_COPY_2.findall(output.read_text(errors="replace")))
+            for output in sorted(self.root.glob("hosts/*/runs/*/output.log"))
+        )
 
     def _audit(self) -> tuple[bool, str]:
         done = subprocess.run(

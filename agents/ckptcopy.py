@@ -48,6 +48,10 @@ class CopyError(Exception):
     """A second copy that could not be written, or does not read back as written."""
 
 
+class CopyUnreachable(Exception):
+    """No agent answered for the node that holds a copy (it is restarting, or lost)."""
+
+
 def job_folder(copies_root: str | os.PathLike, job: str) -> Path:
     """A job's folder of second copies on this host."""
     return Path(copies_root) / job_token(job)
@@ -141,15 +145,15 @@ async def serve(nc, node: str, copies_root: str | os.PathLike):
 
 async def fetch(nc, node: str, job: str, name: str) -> bytes | None:
     """The whole of `job`'s copy of object `name` from `node`'s agent, or None when it has
-    none or cannot be reached (no agent answers, the object is missing or unreadable)."""
+    none (the object is missing or unreadable); CopyUnreachable when no agent answers."""
     parts: list[bytes] = []
     got, size = 0, None
     while size is None or got < size:
         request = json.dumps({"name": name, "offset": got}).encode()
         try:
             reply = await nc.request(subject(node, job), request, timeout=REQUEST_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - no agent there (its node lost) or a timeout
-            return None
+        except Exception as err:  # noqa: BLE001 - no agent there (restarting, its node lost), a timeout
+            raise CopyUnreachable(f"no agent of {node} answers ({type(err).__name__})") from err
         head, _, data = bytes(reply.data).partition(b"\n")
         try:
             header = json.loads(head)

@@ -67,6 +67,9 @@ CHECKPOINTS_KEPT = 3
 # is away (a full set of unreported slots makes further saves wait).
 SLOTS_PER_RUN_MAX = 8
 CALL_TIMEOUT_S = 30.0
+# How long a restore waits for the agent holding a second copy to answer (it may be
+# restarting) before it gives that copy up.
+COPY_WAIT_S = 30.0
 # What a restore says it read, by copy number.
 COPY_NAMES = {1: "copy 1 (the bus's store)", 2: "copy 2 (the disk of the host that wrote it)"}
 # A fact sent while the bus answers slowly goes to the outbox after this long.
@@ -125,6 +128,7 @@ class Job:
             self.copies = 1
         # Which copy the restore read: 0 none, 1 the bus's, 2 a host's (some object of it).
         self.restored_copy = 0
+        self._unreachable: set[str] = set()  # nodes whose agent did not answer this restore
         if not self.active:
             return
         self._loop = asyncio.new_event_loop()
@@ -495,7 +499,7 @@ class Job:
         if self.copies < 2 or node == ckptstore.ANY_NODE:
             print(f"xirang sdk: {what}: the bus's copy {why}", file=sys.stderr, flush=True)
             return None
-        copy = self._call(ckptcopy.fetch(self.nc, node, self.job, name), timeout_s=None)
+        copy = self._fetch_copy(what, node, name)
         value = None if copy is None else verified(copy)
         if value is not None:
             print(f"xirang sdk: {what}: the bus's copy {why}; read the copy on {node}'s disk", flush=True)
@@ -505,6 +509,21 @@ class Job:
             f"xirang sdk: {what}: the bus's copy {why}, and {node}'s copy {its}", file=sys.stderr, flush=True
         )
         return None
+
+    def _fetch_copy(self, what: str, node: str, name: str) -> bytes | None:
+        """Object `name` from the copy on `node`'s disk; while no agent answers there, asked
+        again for up to COPY_WAIT_S (once per node and restore: a node that did not answer
+        is not waited for again)."""
+        deadline = time.monotonic() + (0.0 if node in self._unreachable else COPY_WAIT_S)
+        while True:
+            try:
+                return self._call(ckptcopy.fetch(self.nc, node, self.job, name), timeout_s=None)
+            except ckptcopy.CopyUnreachable as err:
+                if time.monotonic() >= deadline:
+                    self._unreachable.add(node)
+                    print(f"xirang sdk: {what}: {err}; its copy there is out of reach", file=sys.stderr)
+                    return None
+                time.sleep(1.0)
 
     def _decode(self, data: bytes, copies_used: list[int] | None = None) -> dict:
         """A checkpoint's payload: format 2 (a manifest and its tensors' objects, each checked

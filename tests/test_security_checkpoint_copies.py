@@ -50,7 +50,8 @@ def test_a_job_fetches_its_own_copies_from_its_host_and_no_other_jobs(secure, tm
             assert await ckptcopy.fetch(job_a.nc, "h1", "train.a", "7-0") == weights
             assert await ckptcopy.fetch(job_a.nc, "h1", "train.a", "7-1") is None  # none such
             # another job cannot ask for it: the server refuses the request
-            assert await ckptcopy.fetch(job_b.nc, "h1", "train.a", "7-0") is None
+            with pytest.raises(ckptcopy.CopyUnreachable):
+                await ckptcopy.fetch(job_b.nc, "h1", "train.a", "7-0")
             await _settle(job_b)
             assert job_b.refused(ckptcopy.subject("h1", "train.a")), job_b.errors
         finally:

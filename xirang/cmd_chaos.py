@@ -17,6 +17,11 @@ def register(sub) -> None:
         "--duration", type=float, default=60.0, metavar="SECONDS", help="how long faults are injected"
     )
     p.add_argument("--data-dir", help="folder for the cluster (default: a new temporary folder)")
+    p.add_argument(
+        "--spoil-checkpoints",
+        action="store_true",
+        help="also overwrite the bus's copy of jobs' newest checkpoints (their host copies must restore them)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_chaos)
 
@@ -40,7 +45,9 @@ def cmd_chaos(args) -> int:
     from agents.interrupts import stop_signals_raise
 
     with stop_signals_raise():  # SIGTERM too unwinds, so the run stops the cluster it started
-        report = Chaos(root, args.seed, args.duration, log=say).run()
+        report = Chaos(
+            root, args.seed, args.duration, log=say, spoil_checkpoints=args.spoil_checkpoints
+        ).run()
     if args.json:
         print(json.dumps({**report.as_dict(), "data_dir": root}, indent=1))
     else:
