@@ -322,9 +322,15 @@ class Audit:
         if isinstance(ev, T.PreemptionPlanned):
             if ev.preemptor == job:
                 victims = ", ".join(self._who(v) for v in ev.victims)
+                regret = (
+                    f"; a set on a node it did not price (past preemption_candidate_nodes_max)"
+                    f" could have cost up to {ev.regret_max:.0f} less"
+                    if ev.regret_max
+                    else ""
+                )
                 return (
                     f"preempts {victims} ({ev.saga}): benefit {ev.benefit:.0f} against cost"
-                    f" {ev.cost:.0f}, net {ev.benefit - ev.cost:.0f}; {ev.reason}"
+                    f" {ev.cost:.0f}, net {ev.benefit - ev.cost:.0f}; {ev.reason}{regret}"
                 )
             return (
                 f"preempted by {self._who(ev.preemptor)} ({ev.saga}) because the benefit"

@@ -43,6 +43,8 @@ def index_view(ix) -> tuple:
         {m: v for m, v in ix.node_sizes_by_model.items() if v},
         ix.up_nodes_by_model,
         {k: sorted(v) for k, v in ix.holders_by_kind.items()},
+        ix.victims_by_class,
+        ix.victim_keys,
     )
 
 

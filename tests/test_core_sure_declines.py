@@ -4,7 +4,7 @@ exactly as without them:
 - a preemption plan for a job below the urgent levels whose last decline was
   `benefit_below_cost` stops pricing victims and returns that decline as soon as the set
   that would be chosen is sure to cost more than its weighted natural wait can beat
-  (`core.rules.benefit.priced_out_at`, `core.passes.victims.choose_on_one_node_lazily(...,
+  (`core.rules.benefit.priced_out_at`, `core.passes.bounded.choose_on_one_node_bounded(...,
   priced_out_at=)`): nothing is recorded for a decline the job had already;
 - a placement pass passes over a level whose every queued job is larger than the free GPUs
   once no head reservation is left to make (`_PlacementPass.passes_over`), counting them
@@ -63,7 +63,7 @@ def _busy_workload(count: int):
 def _run(monkeypatch, shortcuts: bool):
     counts = {"sure_declines": 0, "levels_passed_over": 0}
     priced_out_at = PL.priced_out_at
-    choose = PL.choose_on_one_node_lazily
+    choose = PL.choose_on_one_node_bounded
     passes_over = PP._PlacementPass.passes_over
 
     def threshold(*args):
@@ -82,7 +82,7 @@ def _run(monkeypatch, shortcuts: bool):
         return answer
 
     monkeypatch.setattr(PL, "priced_out_at", threshold)
-    monkeypatch.setattr(PL, "choose_on_one_node_lazily", choosing)
+    monkeypatch.setattr(PL, "choose_on_one_node_bounded", choosing)
     monkeypatch.setattr(PP._PlacementPass, "passes_over", passing)
     config = {"tick_s": 60.0, "report_periodic_checkpoints": True}
     result = simulate(_busy_workload(300), Cluster.uniform(64, 8), "xirang", config, seed=0)

@@ -26,6 +26,7 @@ from ..model.state import (
     touch_job,
     _index_node_capacity,
     rebuild_index,
+    reindex_victims,
     unindex_node_capacity,
 )
 from ..model.scratch import forget_node, forget_pass_memory, forget_remaining
@@ -178,6 +179,7 @@ def _policy_changed(s: State, ev: T.PolicyChanged) -> None:
     s.scratch.variant_policies.clear()
     forget_remaining(s.scratch)
     s.scratch.placement_dirty = True
+    reindex_victims(s.index, s.canonical)  # a victim's requeue level is the policy's
     if s.canonical.policy.aging_levels_max != before.aging_levels_max:
         # Which jobs may still age changed: the index anew, and with it the scratch (as
         # before the two were apart: the passes' memory and the caches start afresh).

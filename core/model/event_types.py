@@ -211,6 +211,7 @@ class PreemptionPlanned(_Event, tag="PreemptionPlanned"):
     # many levels below the preemptor its lowest victim is; 0 in logs from before.
     depth: int = 0
     levels_down: int = 0
+    regret_max: float | msgspec.UnsetType = msgspec.UNSET  # core/passes/bounded.py; UNSET: 0
 
 
 class VictimNotified(_Event, tag="VictimNotified"):

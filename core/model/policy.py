@@ -76,6 +76,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scan_jobs_max: int = 256
     # Queued jobs considered for preemption per tick, strongest base level first.
     preemption_candidates_max: int = 4
+    # Nodes a preemption for a one-node job prices exactly before it takes the best set found
+    # (recording how much cheaper an unpriced one could be: PreemptionPlanned.regret_max).
+    preemption_candidate_nodes_max: int = 100
     # The longest-waiting jobs (by submit time, whatever their level) that have waited this
     # long get reservations: the nodes where each will fit soonest (by remaining-time
     # estimates) start nothing else until it starts there. Every job eventually becomes one
@@ -369,6 +372,8 @@ def validate(policy: Policy) -> Policy:
             f"job_output_max_mb must be 0 (each host's own cap) or {JOB_OUTPUT_MB_MIN}..{JOB_OUTPUT_MB_MAX}"
             f" MiB, got {policy.job_output_max_mb}"
         )
+    if policy.preemption_candidate_nodes_max < 1:
+        raise PolicyError("preemption_candidate_nodes_max must be at least 1")
     if policy.victims_per_preemption_max < 1:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:

@@ -16,6 +16,7 @@ import msgspec
 from .entities import (
     HOLDING,
     QUEUED,
+    RUNNING,
     Canonical,
     Job,
     Node,
@@ -90,6 +91,12 @@ class Index:
         self.downgraded_queued: dict[str, None] = {}
         # level -> {job id: None} of jobs holding GPUs, to find preemption victims by level
         self.holding_by_level: list[dict[str, None]] = [{} for _ in range(LEVELS)]
+        # The running jobs as victims: GPU model -> victim class (`victim_class`) -> sorted
+        # [(anchor, job id)], and each one's (model, class, anchor). Within a class a
+        # victim's price is a function of its anchor that never grows with it, so the
+        # cheapest victims of a class are at its end (core/passes/bounded.py).
+        self.victims_by_class: dict[str, dict[tuple, list[tuple[int, str]]]] = {}
+        self.victim_keys: dict[str, tuple[str, tuple, int]] = {}
         self.total_gpus = 0
         # While evolve keeps decayed usage (a fair-share half-life is set): each change of the
         # GPUs a team holds at a level, as (level, team, GPUs held before); None otherwise.
@@ -149,6 +156,7 @@ def rebuild_index(c: Canonical, sx: Scratch) -> Index:
             if job.state in HOLDING:
                 ix.jobs_by_node.setdefault(slot.node, {})[job.id] = None
         ix.job_hashes[job_id] = job_hash(job)
+        victim_index(ix, c, job)
     ix.jobs_sum = sum(ix.job_hashes.values()) % DIGEST_MODULUS
     ix.nodes_sum = sum(ix.node_hashes.values()) % DIGEST_MODULUS
     return ix
@@ -333,6 +341,77 @@ def set_holder(c: Canonical, ix: Index, sx: Scratch, node_name: str, gpu: int, j
         bisect.insort(buckets.setdefault(free_before + delta, []), node_name)
 
 
+def recovery_boost(p: Policy, count: int, waited_total_ms: int) -> int:
+    """Levels a requeued job rises: more for each preemption and for the wait it has borne."""
+    by_wait = waited_total_ms // p.requeue_boost_wait_ms if p.requeue_boost_wait_ms else 0
+    return min(p.requeue_boost_max, p.requeue_boost_per_preemption * count + by_wait)
+
+
+def requeue_level_under(p: Policy, victim: Job) -> int:
+    """The queue level a victim returns to under policy `p`: its base level raised by the
+    recovery boost."""
+    return max(0, victim.level - recovery_boost(p, victim.preempt_count + 1, victim.waited_total_ms))
+
+
+def victim_class(job: Job, p: Policy) -> tuple[tuple, int]:
+    """A running job's victim class and anchor. The class holds everything its price as a
+    victim reads but the time and the progress it would lose (level, GPUs, checkpoint and
+    restore costs, a checkpoint under way, safe-point interval, recovery boost); the anchor
+    says the progress: it loses `t - anchor` while it runs on from its last checkpoint
+    (`anchored`), else `-anchor` (its progress frozen). Its requeue level is the
+    policy's (the index is rebuilt when the policy changes); its restart protection is
+    left out: a victim's price is bounded below over both weights
+    (core/rules/pricing.py `victim_cost_floor`)."""
+    last = job.checkpoints[-1].progress_ms if job.checkpoints else 0
+    anchored = job.frozen_t == 0 and job.run_started_t != 0
+    if anchored:
+        anchor = job.run_started_t - job.progress_ms + last
+    else:
+        anchor = last - job.progress_ms - max(0, job.frozen_t - job.run_started_t)
+    key = (
+        job.level,
+        requeue_level_under(p, job),
+        job.gpus,
+        anchored,
+        job.ckpt_interval_ms > 0,
+        job.ckpt_cost_ms,
+        job.restore_cost_ms,
+        bool(job.checkpoints),
+        job.ckpt_started_t,
+        job.safe_point_interval_ms,
+        job.boost,
+    )
+    return key, anchor
+
+
+def victim_index(ix: Index, c: Canonical, job: Job | None, job_id: str = "") -> None:
+    """Keep a job's place in `victims_by_class` (running: indexed by its class and anchor;
+    else not at all) after an event touched it."""
+    job_id = job.id if job is not None else job_id
+    old = ix.victim_keys.pop(job_id, None)
+    if old is not None:
+        model, key, anchor = old
+        members = ix.victims_by_class[model][key]
+        _remove_sorted(members, (anchor, job_id))
+        if not members:
+            del ix.victims_by_class[model][key]
+            if not ix.victims_by_class[model]:
+                del ix.victims_by_class[model]
+    if job is None or job.state != RUNNING or not job.placement:
+        return
+    node = c.nodes.get(job.placement[0].node)
+    model = node.gpu_model if node is not None else ""
+    key, anchor = victim_class(job, c.policy)
+    ix.victim_keys[job_id] = (model, key, anchor)
+    bisect.insort(ix.victims_by_class.setdefault(model, {}).setdefault(key, []), (anchor, job_id))
+
+
+def reindex_victims(ix: Index, c: Canonical) -> None:
+    """Every running job's victim class again (the policy changed its requeue level)."""
+    for job_id in list(ix.victim_keys):
+        victim_index(ix, c, c.jobs.get(job_id), job_id)
+
+
 def queue_depth(ix: Index, level: int) -> int:
     """Jobs queued at a level (its aging threshold shrinks as it deepens)."""
     return ix.queued_count[level]
@@ -349,6 +428,7 @@ def touch_job(state: "State", job_id: str, release_spec: Callable | None = None)
     old = sx.remaining_memo.pop(job_id, None)
     state.index.hashes_stale[job_id] = None
     job = state.canonical.jobs.get(job_id)
+    victim_index(state.index, state.canonical, job, job_id)
     if job is None:
         return
     unchanged = False

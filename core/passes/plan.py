@@ -35,11 +35,11 @@ from ..rules.pricing import LazyPrices, Pricing, VictimCost, price_victims, pric
 from ..rules.rights import DEPTH, depth_refusal
 from ..rules.substitutes import substitute_penalty, substitutes
 from .placement import reserved_nodes
+from .bounded import any_eligible, choose_on_one_node_bounded
 from .victims import (
     NegativeCost,
     SetSearch,
     cannot_free_enough,
-    choose_on_one_node_lazily,
     choose_victims,
     no_set_rule,
 )
@@ -60,6 +60,9 @@ class Plan(msgspec.Struct, kw_only=True):
     reclaim: bool = False
     depth: int = 1  # the cascade's depth (see core.model.policy: preemption_depth_max)
     levels_down: int = 0  # how far below the preemptor its lowest victim is
+    # How much cheaper a set on a node the budgeted search did not price could be (0: the
+    # search was whole; core/passes/bounded.py).
+    regret_max: float = 0.0
 
 
 class Decline(msgspec.Struct, kw_only=True):
@@ -113,6 +116,8 @@ def plan_preemption(
         return scope
     stand_ins = substitutes(p, job)
     models = scope.models + list(stand_ins)
+    if not reclaim and not stand_ins and job.gpus <= node_size_max(scope.models, state.index):
+        return _plan_on_one_node(d, guard, scope, known_decline, diagnose)
     eligible = eligible_victims(d, guard, models, scope.held)
     if not eligible:
         if d.own_only:
@@ -135,10 +140,7 @@ def plan_preemption(
     else:
         fit = RequeueFit(state, scope.nodes, job.gpus, scope.runtime_ms)
         lazy = LazyPrices(state, job, eligible, p, pricing, curve, fit)
-        priced = _choose_priced(d, scope, stand_ins, lazy, natural_wait, guard, known_decline)
-        if isinstance(priced, Decline):
-            return priced
-        choice, penalty, costs = priced
+        choice, penalty, costs = _choose_priced(d, scope, stand_ins, lazy, guard)
     if choice is None:
         return _diagnosed(
             d, guard, Decline(reason="no_victim_set_within_limits"), models, scope, eligible, diagnose
@@ -147,6 +149,53 @@ def plan_preemption(
     if not victims:  # it fits on GPUs held for a starving job: it waits like everyone else
         return Decline(reason="held_back_by_reservation", limit=HELD_NODE)
     return judge(d, guard, costs, victims, placement, natural_wait, penalty)
+
+
+def _plan_on_one_node(
+    d: Decision, guard: Guard, scope: "Scope", known_decline: str, diagnose: bool
+) -> Plan | Decline:
+    """`plan_preemption` for a job that fits one node on its own models: its victims found
+    from the victims' side (core/passes/bounded.py), never listed whole, the same plan or
+    decline as from the list of every eligible victim while the search is whole."""
+    state, job, p = d.state, d.job, d.policy
+    if not any_eligible(d, guard, scope.models, scope.held):
+        if d.own_only:
+            return Decline(reason="user_preempting_limit", limit=USER_PREEMPTING)
+        return _diagnosed(
+            d, guard, Decline(reason="no_eligible_victims"), scope.models, scope, None, diagnose
+        )
+    curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
+    natural_wait = natural_wait_ms(state, job, scope.nodes, curve)
+    pricing = pricing_for(state, job, p, scope.runtime_ms, natural_wait)
+    fit = RequeueFit(state, scope.nodes, job.gpus, scope.runtime_ms)
+    prices = LazyPrices(state, job, [], p, pricing, curve, fit)
+    cap = victim_cap(state, p, job, scope.models)
+    search = SetSearch(state, job, guard, cap, pricing)
+    out_at = priced_out_at(job, p, pricing, natural_wait) if known_decline == BELOW_COST else None
+    regret = 0.0
+    try:
+        found = choose_on_one_node_bounded(
+            d, search, scope.models, scope.held, prices, p.preemption_candidate_nodes_max, out_at
+        )
+        if isinstance(found, str):  # victims.PRICED_OUT
+            return Decline(reason="benefit_below_cost", limit=NET_BENEFIT_MIN)
+        choice, costs, regret = found.choice, prices.exact_costs(), found.regret
+    except NegativeCost:  # no bound holds: every eligible victim priced
+        eligible = eligible_victims(d, guard, scope.models, scope.held)
+        costs = price_victims(state, job, eligible, p, pricing, curve, fit)
+        choice = choose_victims(search, scope.models, scope.nodes, costs)
+    if choice is None:
+        eligible = eligible_victims(d, guard, scope.models, scope.held) if diagnose else []
+        return _diagnosed(
+            d, guard, Decline(reason="no_victim_set_within_limits"), scope.models, scope, eligible, diagnose
+        )
+    victims, placement = choice
+    if not victims:  # it fits on GPUs held for a starving job: it waits like everyone else
+        return Decline(reason="held_back_by_reservation", limit=HELD_NODE)
+    planned = judge(d, guard, costs, victims, placement, natural_wait)
+    if isinstance(planned, Plan):
+        planned.regret_max = round(regret, 3)
+    return planned
 
 
 def _diagnosed(
@@ -169,27 +218,12 @@ def _diagnosed(
 
 
 def _choose_priced(
-    d: Decision, scope: "Scope", stand_ins: dict[str, float], prices: LazyPrices, natural_wait: int, guard: Guard,
-    known_decline: str,
-):  # fmt: skip
-    """(choice, substitute's extra cost, the victims' costs): for a job that fits one node
-    on its own models, victims priced exactly only where their set could win
-    (`choose_on_one_node_lazily`), and only until the decline is sure when it is known
-    (`priced_out_at`: then the Decline); else every eligible victim priced."""
-    state, job, p, pricing = d.state, d.job, d.policy, prices.pricing
-    if not stand_ins and job.gpus <= node_size_max(scope.models, state.index):
-        try:
-            cap = victim_cap(state, p, job, scope.models)
-            out_at = priced_out_at(job, p, pricing, natural_wait) if known_decline == BELOW_COST else None
-            search = SetSearch(state, job, guard, cap, pricing)
-            choice = choose_on_one_node_lazily(search, scope.nodes, prices, priced_out_at=out_at)
-            if isinstance(choice, str):  # victims.PRICED_OUT
-                return Decline(reason="benefit_below_cost", limit=NET_BENEFIT_MIN)
-            return choice, 0.0, prices.exact_costs()
-        except NegativeCost:
-            pass
+    d: Decision, scope: "Scope", stand_ins: dict[str, float], prices: LazyPrices, guard: Guard
+):
+    """(choice, substitute's extra cost, the victims' costs), every eligible victim priced
+    (a job that fits one node on its own models is `_plan_on_one_node`'s)."""
     costs = {victim_id: prices.exact(victim_id) for victim_id in prices.victims}
-    choice, penalty = _choose_with_substitutes(d, scope, stand_ins, costs, pricing, guard)
+    choice, penalty = _choose_with_substitutes(d, scope, stand_ins, costs, prices.pricing, guard)
     return choice, penalty, costs
 
 

@@ -8,6 +8,8 @@ started saga counts toward the fairness windows of the teams it touches.
 
 from __future__ import annotations
 
+import msgspec
+
 from ..model import types as T
 from ..rules.fairness import quota_recovers_t, team_limit
 from ..log.seal import Ctx
@@ -206,6 +208,7 @@ def start_saga(ctx: Ctx, job: Job, plan) -> None:
             own_work_counted=False,
             depth=plan.depth,
             levels_down=plan.levels_down,
+            regret_max=plan.regret_max or msgspec.UNSET,
         )
     )
     for victim_id in plan.victims:

@@ -123,99 +123,51 @@ def _best_on_node(search: SetSearch, node, free: list[int], need: int, on_node: 
     return best
 
 
-PRICED_OUT = "priced_out"  # `choose_on_one_node_lazily`: whatever set wins, it costs too much
+PRICED_OUT = "priced_out"  # a bounded search: whatever set wins, it costs too much
 
 
-def choose_on_one_node_lazily(
-    search: SetSearch, nodes, prices, priced_out_at: float | None = None
-) -> tuple[list[str], list[Slot]] | str | None:
-    """`choose_victims` for a job that fits one node, over `prices` (core.rules.pricing.LazyPrices
-    of the eligible victims) instead of every victim's exact cost: the same set. A node's
-    sets all cost at least its victims' cheapest bound (`LazyPrices.lower`) plus the
-    preemptor's weighted wait for its quickest release (a set's costs, none negative, sum
-    to at least its cheapest; its slowest release is no quicker than the quickest), so the
-    nodes are tried by that bound, cheapest first, and those whose bound exceeds the best
-    set's price are never priced exactly: no set of theirs could win, not even a tie. None
-    with the victims priced exactly is the caller's to ask (a negative cost: no bound).
-    `priced_out_at`: a `set_price` at which the caller declines whatever set it is given;
-    `PRICED_OUT` as soon as the set that would be chosen is sure to cost that much (every
-    node left bounded at it or above, and the best set so far too, or, with none yet, a
-    set sure to be found on a node left: `surely_has_set`), without pricing the rest."""
-    candidates = one_node_candidates(search, nodes, prices)
-    best = None
-    # Once no node left is sure to hold a set, none after it is (the nodes left only shrink).
-    sure_set_left = True
-    for i, (bound, _, node, free, need, on_node) in enumerate(candidates):
-        if best is not None and bound > best[0][0]:
-            break  # neither this node nor any after it can beat the best set
-        if priced_out_at is not None and bound >= priced_out_at:
-            if best is not None:
-                if best[0][0] >= priced_out_at:
-                    return PRICED_OUT
-            elif sure_set_left:
-                if any(surely_has_set(search, c[2], c[4], c[5]) for c in candidates[i:]):
-                    return PRICED_OUT
-                sure_set_left = False
-        costs = {v: prices.exact(v) for v in on_node}
-        best = _best_on_node(search, node, free, need, on_node, costs, best)
-    return None if best is None else (best[1], best[2])
+# A bound is a sum taken in another order than a set's price: shrunk by this share, it stays
+# below every set's price whatever the rounding of either sum.
+BOUND_ROUNDING_SHARE = 1e-9
 
 
-def one_node_candidates(search: SetSearch, nodes, prices) -> list[tuple]:
-    """The nodes where victims could free the job a place, cheapest bound first: (the bound
-    below every set's `set_price` there, node name, node, its free GPUs, GPUs it lacks,
-    the eligible victims on it). Raises `NegativeCost` when a bound does not hold."""
-    state, job, pricing = search.state, search.job, search.priced
-    c = state.canonical
-    victims = prices.victims
-    victim_nodes = dict.fromkeys(slot.node for v in victims for slot in c.jobs[v].placement)
-    jobs_by_node = state.index.jobs_by_node
-    waiting_weight = pricing.waiting_weight
-    candidates = []
-    for node in nodes:
-        if node.name not in victim_nodes:
-            continue
-        free = free_indices(node)
-        need = job.gpus - len(free)
-        if need <= 0 or node.gpus < job.gpus:
-            continue
-        on_node = [v for v in jobs_by_node.get(node.name, {}) if v in victims]
-        if not on_node:
-            continue
-        lowers = [prices.lower(v) for v in on_node]
-        cheapest = min(lower.cost for lower in lowers)
-        if cheapest < 0 or waiting_weight < 0:
-            raise NegativeCost
-        bound = cheapest + waiting_weight * min(lower.ready_ms for lower in lowers)
-        candidates.append((bound, node.name, node, free, need, on_node))
-    candidates.sort(key=lambda candidate: candidate[:2])
-    return candidates
-
-
-def surely_has_set(search: SetSearch, node, need: int, on_node: list[str]) -> bool:
-    """Whether `_best_on_node` is sure to find a set on the node, whatever the victims'
-    prices: the guard spares no team, and every victim there may join any set (taking all
-    of a level's victims on the node keeps its guaranteed share), so at the latest release
-    bound (always tried) greedy takes victims until the GPUs the job lacks are freed; the
-    set left after dropping those not needed has at most `need` victims (each frees one
-    GPU or more), within the cap when `need` is. (A sufficient condition only.)"""
-    state, guard = search.state, search.guard
-    if guard.guarantees_teams or need > search.cap:
-        return False
-    jobs = state.canonical.jobs
-    freed = 0
-    by_level: dict[int, int] = {}
+def node_bound(prices, node_name: str, need: int, on_node: list[str], waiting_weight: float) -> float:
+    """A price no victim set on the node can be below: the cheapest cover of the `need` GPUs
+    the job lacks there by its victims' lower prices (`LazyPrices.lower`), cheapest per GPU
+    they free on the node first, the last one counted by the share of its GPUs needed (a
+    set's victims cost at least their GPUs' shares, none negative, and free `need` GPUs or
+    more), plus the preemptor's weighted wait for the quickest release among them (a set's
+    slowest release is no quicker). Raises `NegativeCost` when a bound does not hold."""
+    jobs = prices.state.canonical.jobs
+    units = []
+    ready_min = None
     for v in on_node:
-        victim = jobs[v]
-        freed += len(gpus_on(victim, node.name))
-        by_level[victim.level] = by_level.get(victim.level, 0) + victim.gpus
-    if freed < need:
-        return False
-    level_gpus = state.index.level_gpus
-    return all(
-        not guard.level_floor[level] or level_gpus[level] - taken >= guard.level_floor[level]
-        for level, taken in by_level.items()
-    )
+        lower = prices.lower(v)
+        if lower.cost < 0:
+            raise NegativeCost
+        freed = max(1, len(gpus_on(jobs[v], node_name)))
+        units.append((lower.cost / freed, freed, lower.cost))
+        if ready_min is None or lower.ready_ms < ready_min:
+            ready_min = lower.ready_ms
+    if waiting_weight < 0:
+        raise NegativeCost
+    units.sort()
+    cover = 0.0
+    left = need
+    for per_gpu, freed, cost in units:
+        if freed >= left:
+            cover += cost if freed == left else per_gpu * left
+            left = 0
+            break
+        cover += cost
+        left -= freed
+    if left > 0:  # its victims cannot free enough: what they all cost is still below any set
+        cover = sum(unit[2] for unit in units)
+    waited = waiting_weight * (ready_min or 0)
+    # Any set holds a victim at least as dear as the cheapest: that bound needs no rounding
+    # margin (a sum of prices none negative is never below one of them, however rounded).
+    cheapest = min(unit[2] for unit in units)
+    return max(cheapest + waited, (cover + waited) * (1.0 - BOUND_ROUNDING_SHARE))
 
 
 class NegativeCost(Exception):

@@ -84,28 +84,28 @@ def eligible_victims(d: Decision, guard: Guard, models: list[str], held: dict[st
     """The jobs `d`'s preemption (or reclaim) may take, by level then id: those
     `victim_refusal` refuses nothing, found by walking only the levels in reach."""
     state = d.state
-    c = state.canonical
-    job = d.job
     holding_by_level = state.index.holding_by_level
     model_ok = dict.fromkeys(models)
-    own_only, reclaim = d.own_only, d.reclaim
-    jobs = c.jobs
-    nodes = c.nodes
+    jobs = state.canonical.jobs
     eligible = []
     for level in d.levels:
         for victim_id in sorted(holding_by_level[level]):
             victim = jobs[victim_id]
-            if (
-                (not own_only or victim.user == job.user)
-                and not victim_shield(d, victim)
-                and (not reclaim or not guard.refusal({}, victim))
-                and any(
-                    nodes[slot.node].gpu_model in model_ok and slot.node not in held
-                    for slot in victim.placement
-                )
-            ):
+            if eligible_in_reach(d, guard, victim, model_ok, held):
                 eligible.append(victim)
     return eligible
+
+
+def eligible_in_reach(d: Decision, guard: Guard, victim: Job, model_ok: dict, held: dict) -> bool:
+    """Whether `victim`, of a level in `d`'s reach (`d.levels`), may be taken: what
+    `eligible_victims` checks of each job, cheapest check first."""
+    nodes = d.state.canonical.nodes
+    return (
+        (not d.own_only or victim.user == d.job.user)
+        and not victim_shield(d, victim)
+        and (not d.reclaim or not guard.refusal({}, victim))
+        and any(nodes[slot.node].gpu_model in model_ok and slot.node not in held for slot in victim.placement)
+    )
 
 
 def refusals(d: Decision, guard: Guard, victims, models: list[str], held: dict) -> dict[str, list[Job]]:

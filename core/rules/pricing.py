@@ -15,6 +15,8 @@ import msgspec
 from ..forecast.waits import ReleaseCurve, RequeueFit, queued_ahead, safe_point_ms
 from ..model.policy import Policy
 from ..model.state import State
+from ..model.state import recovery_boost as recovery_boost  # re-exported (X as X)
+from ..model.state import requeue_level_under
 from ..model.entities import QUEUED, Job, job_progress_ms, last_checkpoint
 from .copies import checkpoint_save_ms
 from .notices import save_left_ms
@@ -67,24 +69,9 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy, pric
     An urgent preemptor makes a victim with little unsaved work release without saving."""
     t = state.canonical.t
     last = last_checkpoint(victim)
-    since_ckpt = job_progress_ms(victim, t) - (last.progress_ms if last else 0)
     weight = p.level_weight[priced_level(victim, t, pricing.preemptor_level)]
     wasted_weight = victim.gpus * max(weight, p.wasted_work_weight_min, pricing.wasted_weight_min)
-    # Releasing from the last checkpoint (or scratch) is always possible; saving first, or
-    # finishing the save under way, only if the preemptor's level waits long enough for it.
-    options = [(since_ckpt, 0, False)]
-    if victim.ckpt_started_t:
-        # A checkpoint is being written: waiting for it loses nothing.
-        options.append((0, save_left_ms(victim, t, p), False))
-    elif can_checkpoint(victim):
-        options.append((0, checkpoint_save_ms(victim, p), True))
-    bound = pricing.release_wait_max_ms
-    if (
-        bound
-        and len(options) > 1
-        and victim_safe_point_ms(victim, pricing.safe_point_ms) + options[1][1] > bound
-    ):
-        options = options[:1]  # no time to save: it lets go from its last checkpoint
+    options = release_options(victim, t, p, pricing)
     overhead = int(p.preemption_overhead_s * 1000)  # teardown, relaunch, warm-up
     to_safe_point = victim_safe_point_ms(victim, pricing.safe_point_ms)
     best = None
@@ -99,16 +86,7 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy, pric
     assert best is not None  # options always has the let-go-now option
     _, wasted, lost, save, restore, ready, checkpoint_needed = best
     lost_cost = wasted_weight * lost / 1000.0
-    shared = min(victim.gpus, pricing.preemptor_gpus)
-    # The GPUs the preemptor does not take (a gang victim's rest) go at once to the queued
-    # jobs small enough for them, as far as those ask: the victim's wait there is their
-    # gain, GPU-time moved, not lost. Only those the queue leaves idle until the victim
-    # returns are charged its whole requeue wait. So a gang's displacement does not grow
-    # with the backlog while the urgent wait it blocks does.
-    rest = victim.gpus - shared
-    idle = max(0, rest - queued_fitting(pricing.queued_by_size, rest))
-    displaced_gpu_ms = shared * min(requeue_wait_ms, pricing.displaced_max_ms) + idle * requeue_wait_ms
-    cost = wasted + weight * displaced_gpu_ms / 1000.0
+    cost = wasted + weight * displaced_gpu_ms(victim, requeue_wait_ms, pricing) / 1000.0
     return VictimCost(
         job=victim.id,
         gpus=victim.gpus,
@@ -121,6 +99,66 @@ def victim_cost(state: State, victim: Job, requeue_wait_ms: int, p: Policy, pric
         cost=cost,
         lost_cost=lost_cost,
     )
+
+
+def release_options(victim: Job, t: int, p: Policy, pricing: Pricing) -> list[tuple[int, int, bool]]:
+    """The ways a victim may let go, as (progress lost, save wait, checkpoint needed):
+    releasing from the last checkpoint (or scratch) is always possible; saving first, or
+    finishing the save under way, only if the preemptor's level waits long enough for it."""
+    last = last_checkpoint(victim)
+    since_ckpt = job_progress_ms(victim, t) - (last.progress_ms if last else 0)
+    options = [(since_ckpt, 0, False)]
+    if victim.ckpt_started_t:
+        # A checkpoint is being written: waiting for it loses nothing.
+        options.append((0, save_left_ms(victim, t, p), False))
+    elif can_checkpoint(victim):
+        options.append((0, checkpoint_save_ms(victim, p), True))
+    bound = pricing.release_wait_max_ms
+    if (
+        bound
+        and len(options) > 1
+        and victim_safe_point_ms(victim, pricing.safe_point_ms) + options[1][1] > bound
+    ):
+        options = options[:1]  # no time to save: it lets go from its last checkpoint
+    return options
+
+
+def displaced_gpu_ms(victim: Job, requeue_wait_ms: int, pricing: Pricing) -> int:
+    """The GPU-time a victim's requeue wait displaces. The GPUs the preemptor does not take
+    (a gang victim's rest) go at once to the queued jobs small enough for them, as far as
+    those ask: the victim's wait there is their gain, GPU-time moved, not lost. Only those
+    the queue leaves idle until the victim returns are charged its whole requeue wait. So a
+    gang's displacement does not grow with the backlog while the urgent wait it blocks
+    does."""
+    shared = min(victim.gpus, pricing.preemptor_gpus)
+    rest = victim.gpus - shared
+    idle = max(0, rest - queued_fitting(pricing.queued_by_size, rest))
+    return shared * min(requeue_wait_ms, pricing.displaced_max_ms) + idle * requeue_wait_ms
+
+
+def victim_cost_floor(state: State, victim: Job, requeue_wait_ms: int, p: Policy, pricing: Pricing) -> float:
+    """A price no victim of `victim`'s class (core.model.state.victim_class) that has as much
+    unsaved work or more is priced below by `victim_cost` at a requeue wait of
+    `requeue_wait_ms` or more: each way of letting go priced at the lighter of the weights its level
+    may be priced at (restart protection comes and goes), the cheapest way taken (which way
+    a victim takes depends on its preemptor's wait too, so its cost is no less than the
+    cheapest way's). Each term only grows with the lost progress and the requeue wait."""
+    t = state.canonical.t
+    weight = p.level_weight[victim.level]
+    if victim.boost:
+        weight = min(weight, p.level_weight[priced_level(victim, t + 1, pricing.preemptor_level, True)])
+    wasted_weight = victim.gpus * max(weight, p.wasted_work_weight_min, pricing.wasted_weight_min)
+    overhead = int(p.preemption_overhead_s * 1000)
+    last = last_checkpoint(victim)
+    wasted = None
+    for lost, save, checkpoint_needed in release_options(victim, t, p, pricing):
+        has_checkpoint = last is not None or checkpoint_needed or save > 0
+        restore = victim.restore_cost_ms if has_checkpoint else 0
+        option = wasted_weight * (lost + save + restore + overhead) / 1000.0
+        if wasted is None or option < wasted:
+            wasted = option
+    assert wasted is not None
+    return wasted + weight * displaced_gpu_ms(victim, requeue_wait_ms, pricing) / 1000.0
 
 
 def queue_pressure(state: State, p: Policy, preemptor: Job | None = None) -> float:
@@ -170,7 +208,7 @@ def victim_safe_point_ms(victim: Job, learned_ms: int) -> int:
     return learned_ms
 
 
-def priced_level(victim: Job, t: int, preemptor_level: int = 0) -> int:
+def priced_level(victim: Job, t: int, preemptor_level: int = 0, protected: bool = False) -> int:
     """The level a victim's losses are weighed at: its own, raised by its recovery boost
     while its restart protection lasts (a job preempted lately is dearer to preempt again,
     even by the urgent levels its protection does not cover), but never to the
@@ -178,21 +216,14 @@ def priced_level(victim: Job, t: int, preemptor_level: int = 0) -> int:
     victim weighed as urgent as the preemptor could never be worth displacing (its
     displacement would outweigh the very wait it saves), which would turn "dearer" into
     "protected" against the levels the protection does not cover."""
-    if victim.protected_until_t > t and victim.boost:
+    if (protected or victim.protected_until_t > t) and victim.boost:
         return min(victim.level, max(preemptor_level + 1, victim.level - victim.boost))
     return victim.level
 
 
-def recovery_boost(p, count: int, waited_total_ms: int) -> int:
-    """Levels a requeued job rises: more for each preemption and for the wait it has borne."""
-    by_wait = waited_total_ms // p.requeue_boost_wait_ms if p.requeue_boost_wait_ms else 0
-    return min(p.requeue_boost_max, p.requeue_boost_per_preemption * count + by_wait)
-
-
 def requeue_level(state: State, victim: Job) -> int:
     """The queue level a victim returns to: its base level raised by the recovery boost."""
-    boost = recovery_boost(state.canonical.policy, victim.preempt_count + 1, victim.waited_total_ms)
-    return max(0, victim.level - boost)
+    return requeue_level_under(state.canonical.policy, victim)
 
 
 def wait_priced_s(p: Policy, level: int, wait_ms: int) -> float:
@@ -309,6 +340,14 @@ class LazyPrices:
         level = self._levels.get(victim_id)
         if level is None:
             level = self._levels[victim_id] = requeue_level(self.state, self.victims[victim_id])
+        return self.queue_wait_at(level)
+
+    def admit(self, victim: Job) -> None:
+        """Count `victim` among the eligible (a search that finds them as it goes)."""
+        self.victims[victim.id] = victim
+
+    def queue_wait_at(self, level: int) -> int:
+        """The queue's view of the requeue wait of a victim that returns at `level`."""
         waits = self._queue_waits
         if level not in waits:
             # The preemption frees the victim's own GPUs: what it asks for itself is back
