@@ -4,6 +4,8 @@ share works inside levels 3-5; guaranteed shares in whole GPUs that never strand
 emergency; preemption depth defined, limited and recorded; a downgrade that really lowers
 the level. The cross-pool team guarantee with reclaim is an opt-in."""
 
+import pytest
+
 from core import types as T
 from core.passes.placement import reserved_nodes
 
@@ -353,11 +355,18 @@ def _victim_preempted(run: Run, t: int, preemptor: str, lose_ms: int) -> None:
     start_all(run, t + 30_000)
 
 
-def test_compensation_pays_for_all_progress_lost_once_past_the_threshold():
-    """Two preemptions lose 1 h and then 2 h of 8-GPU work: at the threshold the grant covers
-    both, not only the second; the quota bonus lasts `compensation_quota_ms`, for the job's
-    own team and user."""
-    run = Run(compensation_after_preemptions=2, min_run_after_restart_ms=0, restart_protect_max_ms=0)
+@pytest.mark.parametrize("threshold, exceeded", [(2, False), (1, True)])
+def test_compensation_pays_for_all_progress_lost_once_past_the_threshold(threshold, exceeded):
+    """Two preemptions lose 1 h and then 2 h of 8-GPU work: the second is the first
+    compensated (the count reaches a threshold of 2, or exceeds one of 1, as the model words
+    it and the default is), and the grant covers both losses, not only the second; the
+    quota bonus lasts `compensation_quota_ms`, for the job's own team and user."""
+    run = Run(
+        compensation_after_preemptions=threshold,
+        compensation_when_exceeded=exceeded,
+        min_run_after_restart_ms=0,
+        restart_protect_max_ms=0,
+    )
     run.at(0, node("a1"))
     run.at(
         1000, submit("victim", 6, 8, team="search", user="li", est_runtime_s=100 * 3600, ckpt_interval_s=0)

@@ -133,3 +133,21 @@ def test_the_audits_story_of_the_job_tells_a_late_release():
         audit.story
     )
     assert any("after the deadline" in line and "preempted after all" in line for line in audit.story)
+
+
+def test_by_default_the_deadline_covers_the_write_and_a_late_release_counts():
+    """This release's defaults (version 2): both switches on."""
+    run, plan = writing_victim()
+    assert plan.deadline_t >= SAVE_ENDS_T + run.state.canonical.policy.deadline_slack_ms
+    events = finish_write_and_let_go(run)
+    assert not of(events, T.PreemptionRolledBack)
+    assert [(e.job, e.reason, e.preempt_count) for e in of(events, T.JobRequeued)] == [
+        ("batch", "preempted", 1)
+    ]
+    # A write longer than the deadline where the notice does not cover it: counted all the same.
+    run, plan = writing_victim(notice_covers_save_in_progress=False)
+    events = finish_write_and_let_go(run)
+    assert [(e.saga, e.job) for e in of(events, T.VictimReleasedLate)] == [(plan.saga, "batch")]
+    assert [(e.job, e.reason, e.preempt_count) for e in of(events, T.JobRequeued)] == [
+        ("batch", "preempted", 1)
+    ]

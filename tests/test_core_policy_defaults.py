@@ -111,9 +111,9 @@ def test_a_log_moves_to_newer_defaults_by_a_set_policy_keeping_what_it_set():
         state,
         T.SetPolicy(t=MIN, params={"net_benefit_min": 7.0, "compensation_when_exceeded": False}, by="ops"),
     )
-    assert "compensation_when_exceeded" in older_defaults_note(state.canonical.policy_params) or (
-        Policy().defaults_version == 1
-    )
+    note = older_defaults_note(state.canonical.policy_params)
+    assert "fair_share_half_life_s 0.0 -> 604800.0" in note and "defaults_version = 2" in note
+    assert "compensation_when_exceeded" not in note  # the log set it: no version changes it
     _, records = step(state, T.SetPolicy(t=2 * MIN, params={"defaults_version": 2}, by="ops"))
     assert any(isinstance(r.event, T.PolicyChanged) for r in records)
     p = state.canonical.policy
@@ -185,8 +185,9 @@ def test_the_simulators_kept_log_folds_back_to_the_policy_it_ran_under(tmp_path)
     simulate(Workload(name="w", jobs=jobs, seed=0), Cluster.uniform(8), "xirang",
              {"policy": policy, "log_path": str(path)}, seed=0)  # fmt: skip
     first = T.decode_record(path.read_bytes().splitlines()[0]).event
-    assert first.params["defaults_version"] == 1
-    assert _fold_file(path).canonical.policy == policy
+    assert isinstance(first, T.PolicyChanged) and "defaults_version" in first.params
+    folded = _fold_file(path).canonical
+    assert folded.policy == policy and folded.policy_params["defaults_version"] == 1
 
 
 def test_the_scheduler_names_an_older_version_and_how_to_adopt_the_newer():
@@ -197,3 +198,11 @@ def test_the_scheduler_names_an_older_version_and_how_to_adopt_the_newer():
     assert f"version {LEGACY_DEFAULTS_VERSION}" in note and "fair_share_half_life_s" in note
     assert f"defaults_version = {Policy().defaults_version}" in note
     assert older_defaults_note({}, {"defaults_version": Policy().defaults_version}) == ""
+
+
+def test_the_golden_log_of_version_2_folds_with_version_2_whatever_this_releases_defaults_are():
+    state = _fold_file(GOLDEN / "written-with-defaults-version-2.jsonl")
+    c = state.canonical
+    assert c.policy_params["defaults_version"] == 2
+    assert c.policy == with_params(defaults_of(2), c.policy_params)
+    assert c.policy.fair_share_half_life_s == 7 * 24 * 3600 and c.usage  # decayed usage, digested

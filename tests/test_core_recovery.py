@@ -1,5 +1,7 @@
 """Scenario tests of recovery: checkpoint fallback, restart protection, compensation."""
 
+import pytest
+
 from core import types as T
 
 from scenario import HOUR, MIN, Run, node, of, start_all, submit, tick
@@ -61,8 +63,16 @@ def test_a_restarted_victim_is_protected_for_its_minimum_run_time():
     assert [(p.preemptor, p.victims) for p in of(later, T.PreemptionPlanned)] == [("second", ["victim"])]
 
 
-def test_compensation_is_granted_past_the_preemption_threshold():
-    run = Run(compensation_after_preemptions=2, min_run_after_restart_ms=0)
+# The second preemption is the first compensated: at a threshold of 2 when the count reaching
+# it triggers, at a threshold of 1 when the count must exceed it (the model's wording, the
+# default).
+@pytest.mark.parametrize("threshold, exceeded", [(2, False), (1, True)])
+def test_compensation_is_granted_past_the_preemption_threshold(threshold, exceeded):
+    run = Run(
+        compensation_after_preemptions=threshold,
+        compensation_when_exceeded=exceeded,
+        min_run_after_restart_ms=0,
+    )
     run.at(0, node("a1"))
     run.at(1000, submit("victim", 6, 8, team="search", est_runtime_s=100 * 3600, ckpt_interval_s=0))
     start_all(run, 1000)

@@ -81,3 +81,11 @@ def test_the_shares_view_shows_each_teams_standing_by_the_same_rule():
     assert b["held_gpus"] == 0 and b["by"] == "held_and_used"
     assert 0 < b["used_gpus_lately"] < 0.001  # five minutes of one GPU, over a week's half-life
     assert levels["A"]["4"]["held_gpus"] == 1  # a1 started at once: the pool was free
+
+
+def test_by_default_the_issues_example_serves_a_three_times_for_each_of_bs():
+    """This release's defaults (version 2) weigh a week of decayed use."""
+    from core.model.policy import Policy
+
+    assert Policy().fair_share_half_life_s == WEEK_S
+    assert start_order() == start_order(fair_share_half_life_s=WEEK_S)

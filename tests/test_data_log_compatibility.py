@@ -24,7 +24,12 @@ from transport import bus
 from trust.signing import Signer, create_key
 
 GOLDEN = Path(__file__).parent / "data" / "golden-logs"
-LOGS = ("written-by-276a06d.jsonl", "written-by-dac0952.jsonl", "written-with-digest-schema-2.jsonl")
+LOGS = (
+    "written-by-276a06d.jsonl",
+    "written-by-dac0952.jsonl",
+    "written-with-digest-schema-2.jsonl",
+    "written-with-defaults-version-2.jsonl",
+)
 
 
 def _lines(name: str) -> list[bytes]:
@@ -56,7 +61,7 @@ def test_the_log_of_each_release_audits_clean_with_every_state_digest(name):
     assert summary["ok"], summary.get("problem")
     assert summary["records_verified"] == summary["last_record"] == len(lines) > 100
     assert summary["state_digests_verified"] == len(_digest_records(lines)) >= 25
-    schema = "2" if "schema-2" in name else "1"
+    schema = "1" if name.startswith("written-by-") else "2"
     assert summary["state_digest_schemas"] == {schema: summary["state_digests_verified"]}
     assert len(summary["legacy_digest_releases"]) == (schema == "1")
 

@@ -48,8 +48,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the level over time, decayed by half every this many seconds (as Slurm's
     # PriorityDecayHalfLife and Kueue's admission fair sharing do), against its quota: a team
     # that ran much lately waits behind one that did not, even while neither holds GPUs.
-    # 0: only the GPUs held now count (core/rules/shares.py `level_share_used`).
-    fair_share_half_life_s: float = 0.0
+    # 0: only the GPUs held now count (core/rules/shares.py `level_share_used`). A week by
+    # default, as Slurm's default PriorityDecayHalfLife.
+    fair_share_half_life_s: float = 604800.0
     # Fraction of the pool each level keeps, counted in whole GPUs (rounded down): while a
     # level with queued jobs holds less, placement serves it first up to that many GPUs,
     # and its jobs are not preempted below it. A level-0 job is never kept waiting by a
@@ -173,12 +174,12 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # notice comes (it lets go only once the write ends), plus the slack: off, a write longer
     # than the deadline rolls the saga back while the victim is about to let go
     # (core/rules/notices.py `notice_deadline`).
-    notice_covers_save_in_progress: bool = False
+    notice_covers_save_in_progress: bool = True
     # Whether a victim that lets go after its saga's deadline (the saga was rolled back, the
     # withdrawal came too late) counts as preempted: its preemption count, recovery boost and
     # compensation, and the saga's record (`VictimReleasedLate`). Off, it requeues uncounted
     # (core/rules/notices.py `late_release_counts`).
-    late_release_counts_as_preemption: bool = False
+    late_release_counts_as_preemption: bool = True
     # After a rollback the preemptor waits this long before planning again, and victims that
     # failed to release are left alone as long, so a broken job cannot start a loop.
     preemption_retry_ms: int = 300_000
@@ -260,7 +261,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # `compensation_after_preemptions`; on: from the one that takes the count past it, as
     # the model's spec words the trigger (the count exceeds the threshold). See
     # core/rules/compensation.py.
-    compensation_when_exceeded: bool = False
+    compensation_when_exceeded: bool = True
     compensation_quota_gpu_hours_per_lost: float = 1.0
     compensation_priority_boost: int = 1
     # The quota bonus of a compensation raises the team's fair-share weight for this long.
@@ -285,10 +286,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # --- audit
     digest_every_events: int = 500
 
-    # The table of defaults this policy starts from (core/model/policy_defaults.py): every log
-    # names the version it was decided under, so a later release's defaults never change
-    # what it means. Set it (`set_policy`) to move a running log to a newer table.
-    defaults_version: int = 1
+    # The table of defaults this policy starts from, named by every log (a later release's
+    # defaults never change what a log means: core/model/policy_defaults.py).
+    defaults_version: int = 2
 
 
 # One input's records go to the log as one atomic batch of at most 800 messages
@@ -378,8 +378,6 @@ def validate(policy: Policy) -> Policy:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:
         raise PolicyError("digest_every_events must be at least 1")
-    if policy.defaults_version < 1:
-        raise PolicyError("defaults_version must be at least 1 (core/model/policy_defaults.py)")
     if policy.ab_split_by not in AB_SPLITS:
         raise PolicyError(f"ab_split_by must be one of {', '.join(AB_SPLITS)}")
     for name in sorted(policy.ab_variants):
