@@ -176,3 +176,42 @@ def test_a_plan_past_the_budget_records_its_gap_and_a_whole_one_records_none():
         assert audit.problem is None
         gap = [line for line in audit.story if "could have cost up to" in line]
         assert bool(gap) == told, audit.story
+
+
+def test_a_victims_soonest_fit_elsewhere_read_from_the_fit_orders_is_the_one_every_node_gives():
+    """`RequeueFit` reads where a victim fits soonest off the nodes it holds from the kept
+    fit orders (the fronts): at every step of random worlds (nodes dying, cordoned, jobs
+    moving), for every queued job's scope and every running job, the same wait as ranking
+    every node."""
+    from core.forecast.waits import RequeueFit, expected_runtime_ms
+    from core.passes.plan import Decline, preemption_scope
+
+    compared = 0
+    for seed in range(8):
+        world = World(seed)
+        for inp in world.boot():
+            world.feed(inp)
+        for i in range(400):
+            world.feed(world.next_input())
+            if i % 2:
+                continue
+            state = world.state
+            jobs = state.canonical.jobs
+            for job_id in sorted(jobs):
+                job = jobs[job_id]
+                if job.state != QUEUED:
+                    continue
+                scope = preemption_scope(state, job)
+                if isinstance(scope, Decline):
+                    continue
+                fit = RequeueFit(state, scope.nodes, job.gpus, expected_runtime_ms(state, job))
+                for victim_id in sorted(jobs):
+                    victim = jobs[victim_id]
+                    if victim.state != "running":
+                        continue
+                    own = {slot.node: len(slot.gpus) for slot in victim.placement}
+                    assert fit._soonest_elsewhere(victim.gpus, own) == fit._soonest_elsewhere_ranked(
+                        victim.gpus, own
+                    ), (seed, i, job_id, victim_id)
+                    compared += 1
+    assert compared > 300, compared

@@ -382,6 +382,18 @@ class RequeueFit:
         return None if best is None else max(best, at_least_ms)
 
     def _soonest_elsewhere(self, gpus: int, own: dict[str, int]) -> int | None:
+        # The soonest fit on a node the victim does not hold, read from the kept fit orders
+        # (core/forecast/fit_order.py) when the nodes are an `UpNodes`: the fronts, not every
+        # node.
+        nodes = self.nodes
+        if isinstance(nodes, UpNodes):
+            others = UpNodes(self.state, nodes.models, [*nodes.excluded, *own])
+            answered, fit = ordered_single_fit(self.state, others, gpus)
+            if answered:
+                return None if fit is None else fit[0]
+        return self._soonest_elsewhere_ranked(gpus, own)
+
+    def _soonest_elsewhere_ranked(self, gpus: int, own: dict[str, int]) -> int | None:
         # Per victim size: (earliest fit, node) over the nodes as they are, soonest first;
         # memoised (`fits_memo`): the same for every plan over these nodes.
         ranked = self._ranked.get(gpus)

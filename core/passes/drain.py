@@ -21,7 +21,9 @@ from ..model.entities import Job, node_free_count
 
 def drain_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
     """(ms until the node's unpreemptible work has let go of enough GPUs, [node]) for the
-    best node to drain for `job`, or None (a gang larger than any node, or no node)."""
+    best node to drain for `job`, or None (a gang larger than any node, or no node).
+    `nodes` in name order (an `UpNodes`): the first node that needs no wait is the best,
+    and the nodes after it are not read (in a busy pool of preemptible work, the first)."""
     jobs = state.canonical.jobs
     decision = Decision(state, job)
     best: tuple[int, str] | None = None
@@ -49,4 +51,6 @@ def drain_fit(state: State, job: Job, nodes) -> tuple[int, list[str]] | None:
             continue  # never frees enough, or a set exists and the decision model said no
         if best is None or (wait, node.name) < best:
             best = (wait, node.name)
+            if wait == 0:
+                break  # no node after it in name order can come before it
     return None if best is None else (best[0], [best[1]])
