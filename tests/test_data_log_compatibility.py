@@ -61,7 +61,7 @@ def test_the_log_of_each_release_audits_clean_with_every_state_digest(name):
     assert summary["ok"], summary.get("problem")
     assert summary["records_verified"] == summary["last_record"] == len(lines) > 100
     assert summary["state_digests_verified"] == len(_digest_records(lines)) >= 25
-    schema = "1" if name.startswith("written-by-") else "2"
+    schema = "1" if name.startswith("written-by-") else "3" if "defaults-version-2" in name else "2"
     assert summary["state_digest_schemas"] == {schema: summary["state_digests_verified"]}
     assert len(summary["legacy_digest_releases"]) == (schema == "1")
 
