@@ -27,9 +27,17 @@ from .rules import guarantees, rights, shields
 from .rules.benefit import describe as benefit_words
 from .rules.decision import Decision
 from .rules.eligibility import HELD_NODE
+from .rules.recovery import describe_band
 from .rules.rights import may_preempt
 from .rules.fairness import USER_PREEMPTING, describe_user_preempting
-from .rules.holds import VICTIM_CAP, backfill_view, binding_holds, describe_cap
+from .rules.holds import (
+    HEAD_OWN_LEVEL,
+    VICTIM_CAP,
+    backfill_view,
+    binding_holds,
+    describe_cap,
+    may_hold_as_head,
+)
 from .rules.shares import fair_shares, holding, lent_gpus, reclaim_refusal, teams_below_share, within_share
 from .model.entities import HELD as HELD_STATE
 from .model.state import State
@@ -86,6 +94,20 @@ def explain_queue(state: State, job_ids: list[str] | None = None) -> dict[str, P
 def explain(state: State, job_id: str) -> Pending:
     """Why the job `job_id` is not running now (a pure read of the state: nothing is decided or
     changed)."""
+    pending = _explain(state, job_id)
+    job = state.canonical.jobs[job_id]
+    if job.state == QUEUED:
+        p = state.canonical.policy
+        head = (
+            "" if may_hold_as_head(p, job)[0] else "queued above its own level, it holds no nodes as the head"
+        )
+        for words in (describe_band(p, job), head and f"{head} ({HEAD_OWN_LEVEL})"):
+            if words:
+                pending.reason = f"{pending.reason}; {words}"
+    return pending
+
+
+def _explain(state: State, job_id: str) -> Pending:
     c = state.canonical
     job = c.jobs[job_id]
     if job.state == RESERVED:

@@ -111,9 +111,10 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # so a large gang at an urgent level is not starved by small jobs of less urgent
     # levels taking every GPU that frees (they may still backfill if expected to end first).
     head_reservations_max: int = 1
-    # Opt-in (core/rules/holds.py `backfill_view`): backfill under a hold forecasts a job's end
-    # by its own estimate (its time limit) instead of its kind's learned runtime.
+    # Opt-ins (core/rules/holds.py `backfill_view`, `may_hold_as_head`): backfill forecasts a
+    # job's end by its own estimate; no head hold for a job queued above its own level.
     backfill_by_own_estimate: bool = False
+    head_reservation_own_level_only: bool = False
 
     # --- aging: a job waiting longer than its level's threshold rises one level; the
     # threshold shrinks as the queue deepens and as the level's historical wait grows.
@@ -237,6 +238,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # --- recovery and compensation
     requeue_boost_per_preemption: int = 1
     requeue_boost_max: int = 3
+    recovery_boost_within_band: bool = False  # opt-in: core/model/bands.py
     # Protected from preemption for this long after a restart, times the preemption count,
     # at most `restart_protect_max_ms`; and never against the urgent levels unless
     # `restart_protect_from_urgent` (there the boost prices a recently preempted victim at

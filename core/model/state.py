@@ -23,6 +23,7 @@ from .entities import (
     node_free_count,
     queue_key,
 )
+from .bands import requeue_boost
 from .cordon import takes_work
 from .digests import DIGEST_MODULUS as DIGEST_MODULUS  # re-exported (X as X), as the rest below
 from .digests import DIGEST_SCHEMA as DIGEST_SCHEMA
@@ -350,7 +351,10 @@ def recovery_boost(p: Policy, count: int, waited_total_ms: int) -> int:
 def requeue_level_under(p: Policy, victim: Job) -> int:
     """The queue level a victim returns to under policy `p`: its base level raised by the
     recovery boost."""
-    return max(0, victim.level - recovery_boost(p, victim.preempt_count + 1, victim.waited_total_ms))
+    boost, _ = requeue_boost(
+        p, victim.level, recovery_boost(p, victim.preempt_count + 1, victim.waited_total_ms)
+    )
+    return victim.level - boost
 
 
 def victim_class(job: Job, p: Policy) -> tuple[tuple, int]:

@@ -16,7 +16,7 @@ from .drain import drain_fit
 from ..rules.guarantees import level_floors
 from ..rules.substitutes import substitute_placement
 from ..forecast.waits import earliest_fit
-from ..rules.holds import backfill_view, binding_holds
+from ..rules.holds import backfill_view, binding_holds, may_hold_as_head
 from ..log.seal import Ctx
 from ..model.policy import FAIR_SHARE
 from ..model import placement as P
@@ -177,7 +177,7 @@ def _drain_for_the_urgent_head(state: State) -> None:
             job_id
             for level in range(min(c.policy.urgent_levels, LEVELS))
             for job_id in serving_order(state, level)
-            if c.jobs[job_id].gpus > 1
+            if c.jobs[job_id].gpus > 1 and may_hold_as_head(c.policy, c.jobs[job_id])[0]
         ),
         None,
     )
@@ -386,7 +386,7 @@ class _PlacementPass:
     def maybe_reserve(self, job: Job) -> None:
         """The first jobs of the serving order that do not fit get reservations, while
         `heads_left` (`place_queued` checks it first)."""
-        if _reserve(self.state, job, self.reserved):
+        if may_hold_as_head(self.state.canonical.policy, job)[0] and _reserve(self.state, job, self.reserved):
             self.heads_left -= 1
             self.starts_by_node = _starts_by_node(self.reserved)
             self.free_unheld = self.free_open - _free_on(self.state.canonical, self.reserved)

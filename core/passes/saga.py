@@ -15,7 +15,8 @@ from ..rules.fairness import quota_recovers_t, team_limit
 from ..log.seal import Ctx
 from ..model.placement import placement_nodes, resume_points, run_details
 from .placement import request_start
-from ..rules.pricing import recovery_boost
+from ..model.bands import requeue_boost
+from ..model.state import recovery_boost
 from ..rules.compensation import compensation_due, first_compensation
 from ..rules.notices import notice_deadline
 from ..rules.copies import checkpoint_save_ms
@@ -142,6 +143,7 @@ def requeue(ctx: Ctx, job: Job, reason: str, counts_as_preemption: bool) -> None
     if counts_as_preemption and compensation_due(p, count)[0]:
         boost = min(LEVELS - 1, boost + p.compensation_priority_boost)
         _compensate(ctx, job, count, max(0, lost))
+    boost, _ = requeue_boost(p, job.level, boost)
     ctx.emit(
         T.JobRequeued(
             t=t, job=job.id, boost=boost, reason=reason, lost_progress_ms=max(0, lost), preempt_count=count

@@ -35,6 +35,20 @@ def binding_holds(state: State, job: Job, reserved: dict[str, tuple[int, str]]) 
     return {name: held for name, held in reserved.items() if not overrides_hold(p, job, jobs.get(held[1]))}
 
 
+HEAD_OWN_LEVEL = "head_reservation_own_level_only"
+
+
+def may_hold_as_head(p: Policy, job: Job) -> tuple[bool, str]:
+    """Whether `job`, first of the serving order not to fit, may hold nodes as the head, and
+    why not. With `head_reservation_own_level_only`, a job queued above its own level (aged
+    or boosted) holds nothing as the head: it heads a level it does not belong to, and its
+    wait stays bounded by the starving job's reservation (every job becomes the oldest).
+    An urgent job always may."""
+    if p.head_reservation_own_level_only and job.eff_level < job.level and job.level >= p.urgent_levels:
+        return False, HEAD_OWN_LEVEL
+    return True, ""
+
+
 def backfill_view(
     state: State, job: Job, t: int, starts: dict[str, int], reserved: dict[str, tuple[int, str]]
 ) -> tuple[dict[str, int], int, int]:
