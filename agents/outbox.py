@@ -19,6 +19,7 @@ its host's and other jobs' facts. A job's SDK sends a handful per checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -114,7 +115,12 @@ class Outbox:
         """Publish the waiting facts in order; stops at the first that the bus does not
         take (it stays, and so do those after it). Returns how many were delivered."""
         delivered = 0
-        for path, job in self._waiting():
+        for n, (path, job) in enumerate(self._waiting(), 1):
+            if n % YIELD_EVERY == 0:  # a flooded folder must not hold the agent's loop
+                await asyncio.sleep(0)
+            if job is not None and self._over_budget_unread(path.parent, job):
+                path.unlink(missing_ok=True)  # beyond the run's bounds whatever it holds: not read
+                continue
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
@@ -140,7 +146,15 @@ class Outbox:
     def _over_budget(self, folder: Path, job: str, size: int) -> str:
         """Why a run's fact is beyond its bounds ('' when within them); counts it either way."""
         budget = self.budgets.setdefault(folder, FactBudget())
-        why = budget.spend(time.monotonic(), size)
+        return self._counted(budget, job, budget.spend(time.monotonic(), size))
+
+    def _over_budget_unread(self, folder: Path, job: str) -> str:
+        """Why a run's next fact is beyond its bounds whatever its size ('' when it may be
+        within them: then it is read and `_over_budget` decides); counts it when it is."""
+        budget = self.budgets.setdefault(folder, FactBudget())
+        return self._counted(budget, job, budget.exhausted(time.monotonic()))
+
+    def _counted(self, budget: "FactBudget", job: str, why: str) -> str:
         if why:
             budget.dropped += 1
             if self.on_dropped is not None and (budget.dropped - 1) % DROPS_REPORTED_EVERY == 0:
@@ -149,6 +163,7 @@ class Outbox:
 
 
 DROPS_REPORTED_EVERY = 1000
+YIELD_EVERY = 64  # facts looked at between two turns of the agent's other work
 
 
 class FactBudget:
@@ -161,16 +176,23 @@ class FactBudget:
         self.taken = 0
         self.dropped = 0
 
-    def spend(self, now: float, size: int) -> str:
-        """'' and one fact spent, or why this fact is beyond the run's bounds."""
+    def exhausted(self, now: float) -> str:
+        """Why no fact of any size may be taken now ('' when one might be)."""
         self.tokens = min(float(JOB_FACTS_BURST), self.tokens + (now - self.at) * JOB_FACTS_PER_S)
         self.at = now
-        if size > JOB_FACT_BYTES_MAX:
-            return f"a fact of {size} bytes; at most {JOB_FACT_BYTES_MAX}"
         if self.taken >= JOB_FACTS_MAX:
             return f"more than {JOB_FACTS_MAX} facts from one run"
         if self.tokens < 1:
             return f"more than {JOB_FACTS_BURST} facts at once, or {JOB_FACTS_PER_S:g} a second after that"
+        return ""
+
+    def spend(self, now: float, size: int) -> str:
+        """'' and one fact spent, or why this fact is beyond the run's bounds."""
+        why = self.exhausted(now)
+        if why:
+            return why
+        if size > JOB_FACT_BYTES_MAX:
+            return f"a fact of {size} bytes; at most {JOB_FACT_BYTES_MAX}"
         self.tokens -= 1
         self.taken += 1
         return ""

@@ -16,7 +16,8 @@ from core import types as T
 
 pytestmark = pytest.mark.timeout(150)
 
-FACTS = 10_000
+FACTS = 30_000
+FLOODING = 2_000  # facts written before the other job is submitted: it starts mid-flood
 FLOOD = (
     "import json, os, time\n"
     "box, job = os.environ['XR_OUTBOX'], os.environ['XR_JOB']\n"
@@ -25,7 +26,8 @@ FLOOD = (
     "    with open(os.path.join(box, f'{i:020d}-0000001-{i:06d}.fact.tmp'), 'w') as fh:\n"
     "        json.dump(fact, fh)\n"
     "    os.rename(fh.name, fh.name[:-4])\n"
-    "open(os.path.join(os.environ['XR_JOB_DIR'], 'flooded'), 'w').close()\n"
+    f"    if i == {FLOODING}:\n"
+    "        open(os.path.join(os.environ['XR_JOB_DIR'], 'flooded'), 'w').close()\n"
     "time.sleep(120)\n"
 )
 
@@ -71,7 +73,9 @@ def test_a_job_flooding_its_outbox_is_bounded_and_delays_no_other_start(tmp_path
         flooded_at = time.monotonic()
         c.send(T.Submit(job="other", team="t", user="u", level=5, gpus=1, command=["sleep", "30"]))
         flooded_ms = _start_latency_ms(c.wait_for(T.JobRunning, job="other", timeout_s=30), "other")
-        assert flooded_ms < 2000 + 4 * unflooded_ms, (flooded_ms, unflooded_ms)
+        # Before the bounds a flood delayed another start by 13 s; a loaded machine's spikes
+        # stay well within this.
+        assert flooded_ms < 5000 + 4 * unflooded_ms, (flooded_ms, unflooded_ms)
         time.sleep(2)
         elapsed_s = time.monotonic() - flooded_at + 60
         facts_taken = len({r.input_seq for r in about(c.records(), "flood")})

@@ -1,5 +1,5 @@
 """Reservations and release curves read nodes' forecasts kept across time
-(core/forecast/node_fit.py): on a busy simulated pool, where one team's finishes keep moving its
+(core/forecast/node_fit.py, and the fit orders kept over them, core/forecast/fit_order.py): on a busy simulated pool, where one team's finishes keep moving its
 running jobs' forecasts and checkpoints' pauses move single jobs', every earliest
 single-node fit and every node's releases equal those worked out from scratch."""
 
@@ -50,7 +50,7 @@ def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkey
     kept = N.earliest_single_fit
     seen = {"calls": 0, "with_moved_forecasts": 0, "with_moved_jobs": 0, "releases": 0}
 
-    def checked(state, nodes, need):
+    def note_moved(state, nodes):
         est_gen = state.scratch.estimates_gen
         if any(
             (fit := state.scratch.node_fits.get(node.name)) is not None and fit.estimates_gen != est_gen
@@ -59,10 +59,23 @@ def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkey
             seen["with_moved_forecasts"] += 1
         if any((fit := state.scratch.node_fits.get(node.name)) is not None and fit.moved for node in nodes):
             seen["with_moved_jobs"] += 1  # a checkpoint's pause moved a job's forecast
+
+    def checked(state, nodes, need):
+        note_moved(state, nodes)
         got = kept(state, nodes, need)
         assert got == _from_scratch(state, nodes, need)
         seen["calls"] += 1
         return got
+
+    kept_ordered = F.ordered_single_fit
+
+    def checked_ordered(state, nodes, need):
+        note_moved(state, nodes)
+        answered, got = kept_ordered(state, nodes, need)
+        if answered:  # the kept fit orders (core/forecast/fit_order.py) give the same fit
+            assert got == _from_scratch(state, nodes, need)
+            seen["calls"] += 1
+        return answered, got
 
     kept_releases = F.node_releases
 
@@ -73,6 +86,7 @@ def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkey
         return got
 
     monkeypatch.setattr(F, "earliest_single_fit", checked)
+    monkeypatch.setattr(F, "ordered_single_fit", checked_ordered)
     monkeypatch.setattr(F, "node_releases", checked_releases)
     simulate(_busy_workload(160), Cluster.uniform(32, 8), "xirang", {"tick_s": 60.0}, seed=0)
     assert seen["calls"] > 100
