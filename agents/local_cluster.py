@@ -77,16 +77,20 @@ class Cluster:
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
         out = open(self.logs / log_name, "ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "xirang.cli", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=REPO,
-            env=local_agent_env(),  # jobs run as whoever started the cluster, as `xirang up`'s
-        )
-        out.close()
-        self.procs.append(proc)
+        proc = None
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "xirang.cli", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+                env=local_agent_env(),  # jobs run as whoever started the cluster, as `xirang up`'s
+            )
+        finally:  # a stop signal raised right after the start must not lose the process
+            out.close()
+            if proc is not None:
+                self.procs.append(proc)
         return proc
 
     def scheduler(self, instance: str = "s1", *extra: str) -> subprocess.Popen:
@@ -156,7 +160,11 @@ class Cluster:
         self.nats.stop()
 
     def _kill_job_processes(self) -> None:
-        stop_job_processes(self.root)
+        # Again until none is left: a wrapper killed in one pass may have forked meanwhile.
+        for _ in range(5):
+            if not stop_job_processes(self.root):
+                return
+            time.sleep(0.1)
 
     def __enter__(self) -> "Cluster":
         return self

@@ -61,6 +61,8 @@ def test_a_scheduler_with_a_key_goes_on_with_an_adopted_log_of_a_release_before_
         assert submit.returncode == 0, submit.stdout + submit.stderr
         records = cluster.wait_for(T.JobSubmitted, job="after-upgrade")
         assert records[len(lines) - 1].hash == T.decode_record(lines[-1]).hash  # the old log, untouched
+        # a digest of this release's, after the old release's (written on the scheduler's tick)
+        cluster.wait_for(T.StateDigest, timeout_s=60, schema=DIGEST_SCHEMA)
         audit = json.loads(
             xirang("audit", "--nats", cluster.url, "--public-key", str(keyring), "--json").stdout
         )

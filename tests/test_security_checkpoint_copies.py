@@ -7,6 +7,7 @@ agent never serves a job anything but plain files of its own folder."""
 from __future__ import annotations
 
 import asyncio
+import time
 import os
 
 import pytest
@@ -31,6 +32,19 @@ def secure(tmp_path, monkeypatch):
         yield started
 
 
+async def _until_answered(nc, timeout_s: float = 15) -> None:
+    """Until h1's agent answers this job at all (on a loaded machine a TLS connection may
+    still be coming back from a reconnect when the test asks first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await ckptcopy.fetch(nc, "h1", "train.a", "none-such")
+            return
+        except ckptcopy.CopyUnreachable:
+            assert time.monotonic() < deadline, "h1's agent never answered"
+            await asyncio.sleep(0.2)
+
+
 def test_a_job_fetches_its_own_copies_from_its_host_and_no_other_jobs(secure, tmp_path):
     copies = tmp_path / "copies"
     mine = ckptcopy.job_folder(copies, "train.a")
@@ -47,6 +61,7 @@ def test_a_job_fetches_its_own_copies_from_its_host_and_no_other_jobs(secure, tm
         try:
             await ckptcopy.serve(host_nc, "h1", copies)
             await host_nc.flush()
+            await _until_answered(job_a.nc)
             assert await ckptcopy.fetch(job_a.nc, "h1", "train.a", "7-0") == weights
             assert await ckptcopy.fetch(job_a.nc, "h1", "train.a", "7-1") is None  # none such
             # another job cannot ask for it: the server refuses the request
