@@ -116,17 +116,9 @@ def jobs_hash_total(state: "State") -> int:
     scratch), from the index's running sum, hashing again only the jobs touched since."""
     ix = state.index
     if ix.hashes_stale:
-        jobs = state.canonical.jobs
-        total = ix.jobs_sum
-        for job_id in ix.hashes_stale:
-            old = ix.job_hashes.pop(job_id, 0)
-            job = jobs.get(job_id)
-            new = job_hash(job) if job is not None else 0
-            if new:
-                ix.job_hashes[job_id] = new
-            total += new - old
-        ix.jobs_sum = total % DIGEST_MODULUS
-        ix.hashes_stale.clear()
+        ix.jobs_sum = _refreshed_sum(
+            ix.jobs_sum, ix.hashes_stale, ix.job_hashes, state.canonical.jobs, job_hash
+        )
     return ix.jobs_sum
 
 
@@ -135,15 +127,21 @@ def nodes_hash_total(state: "State") -> int:
     from the index's running sum, hashing again only the nodes changed since."""
     ix = state.index
     if ix.nodes_stale:
-        nodes = state.canonical.nodes
-        total = ix.nodes_sum
-        for name in ix.nodes_stale:
-            old = ix.node_hashes.pop(name, 0)
-            node = nodes.get(name)
-            new = node_hash(node) if node is not None else 0
-            if new:
-                ix.node_hashes[name] = new
-            total += new - old
-        ix.nodes_sum = total % DIGEST_MODULUS
-        ix.nodes_stale.clear()
+        ix.nodes_sum = _refreshed_sum(
+            ix.nodes_sum, ix.nodes_stale, ix.node_hashes, state.canonical.nodes, node_hash
+        )
     return ix.nodes_sum
+
+
+def _refreshed_sum(total: int, stale: dict, hashes: dict, live: dict, hash_of) -> int:
+    """A running sum of hashes with the `stale` entries hashed again from `live` (an entry
+    gone from it leaves the sum); `hashes` and `stale` are updated in place."""
+    for key in stale:
+        old = hashes.pop(key, 0)
+        entity = live.get(key)
+        new = hash_of(entity) if entity is not None else 0
+        if new:
+            hashes[key] = new
+        total += new - old
+    stale.clear()
+    return total % DIGEST_MODULUS
