@@ -273,16 +273,12 @@ def panel_table(entries: list[dict]) -> str:
         cells.append(_hours(e["panel"]["none_wait_mean_h"]))
         cells += [_cell(checks.get(f"L{lv} mean wait / none"), 2) for lv in CHECKED_LEVELS]
         cells += [_cell(checks.get(f"L{lv} Jain - none"), 3, signed=True) for lv in FAIR_SHARE_LEVELS]
-        cells.append(_cell(checks.get("L0-1 p99 / k8s"), 2))
-        cells.append(_cell(checks.get("lost GPU-h / k8s"), 3))
-        cells.append(_cell(checks.get("every job started"), 0))
+        cells += _pool_cells(checks)
         lines.append("| " + " | ".join(cells) + " |")
-    all_checks = [c for e in entries for c in e["panel"]["checks"].values()]
-    met = sum(1 for c in all_checks if c["ok"])
-    whole = sum(1 for e in entries if not e["panel"]["misses"])
+    met, checks_total, whole = _tally(entries)
     lines.append("")
     lines.append(
-        f"{met} of {len(all_checks)} checks met; {whole} of {len(entries)} pool-seeds meet every check "
+        f"{met} of {checks_total} checks met; {whole} of {len(entries)} pool-seeds meet every check "
         "(`!`: a miss)."
     )
     misses = [
@@ -334,16 +330,12 @@ def panel_short_table(entries: list[dict]) -> str:
                 continue
             _, name = pick(named)
             cells.append(f"{_cell(checks[name], digits, signed)} ({name.split()[0]})")
-        cells.append(_cell(checks.get("L0-1 p99 / k8s"), 2))
-        cells.append(_cell(checks.get("lost GPU-h / k8s"), 3))
-        cells.append(_cell(checks.get("every job started"), 0))
+        cells += _pool_cells(checks)
         lines.append("| " + " | ".join(cells) + " |")
-    all_checks = [c for e in entries for c in e["panel"]["checks"].values()]
-    met = sum(1 for c in all_checks if c["ok"])
-    whole = sum(1 for e in entries if not e["panel"]["misses"])
+    met, checks_total, whole = _tally(entries)
     lines.append("")
     lines.append(
-        f"{met} of {len(all_checks)} checks met; {whole} of {len(entries)} pool-seeds meet every check."
+        f"{met} of {checks_total} checks met; {whole} of {len(entries)} pool-seeds meet every check."
     )
     return "\n".join(lines)
 
@@ -380,3 +372,19 @@ def _cell(check: dict | None, digits: int, signed: bool = False) -> str:
     else:
         text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
     return text if check["ok"] else text + " !"
+
+
+def _pool_cells(checks: dict) -> list[str]:
+    """The columns every panel table ends with: urgent p99, lost work, every job started."""
+    return [
+        _cell(checks.get("L0-1 p99 / k8s"), 2),
+        _cell(checks.get("lost GPU-h / k8s"), 3),
+        _cell(checks.get("every job started"), 0),
+    ]
+
+
+def _tally(entries: list[dict]) -> tuple[int, int, int]:
+    """(checks met, checks in all, pool-seeds meeting every check)."""
+    all_checks = [c for e in entries for c in e["panel"]["checks"].values()]
+    met = sum(1 for c in all_checks if c["ok"])
+    return met, len(all_checks), sum(1 for e in entries if not e["panel"]["misses"])
