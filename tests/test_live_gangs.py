@@ -65,7 +65,10 @@ def starts(records, job: str) -> list[T.Record]:
 
 def part_output(root: Path, node: str, job: str, n: int) -> str:
     found = run_folders(root / "hosts" / node / "runs", job, n)
-    return (found[-1] / "output.log").read_text() if found else ""
+    try:  # the run's folder exists a moment before the host opens its output file
+        return (found[-1] / "output.log").read_text() if found else ""
+    except FileNotFoundError:
+        return ""
 
 
 def job_processes(job: str) -> list[int]:

@@ -755,11 +755,13 @@ def cmd_logs(args) -> int:
     paths = job_output_paths([r for _, r in items], args.job, Path(args.data_dir) / "hosts")
     if paths is None:
         raise UserError(f"no job {args.job} in the log: see `xirang history` for the jobs it has seen")
-    if not paths:
+    if not paths and not args.follow:
         raise UserError(
             f"{args.job} has not started yet, so it has no output: `xirang prio {args.job}` and"
-            " `xirang jobs` say why it waits"
+            " `xirang jobs` say why it waits (`--follow` waits for it)"
         )
+    if not paths:
+        print(f"{args.job} has not started yet; following from its start (Ctrl-C stops)", file=sys.stderr)
     shown: dict[Path, int] = {}
     for path in paths:
         shown[path] = _print_from(path, 0, header=len(paths) > 1)
