@@ -14,10 +14,16 @@ order from the input after the last applied one (the state remembers it, so an i
 was applied before a crash is never applied twice). Each input gets `t` (wall clock, never
 earlier than the state's time) and `seq` (its XR_IN sequence), goes through `core.step`,
 and its records join the current group commit: up to `group_max` inputs, never splitting
-one input's records, appended as one atomic batch. About once a tick it steps `Tick`,
-turns hosts silent past the timeout into `node_down` inputs, renews the lease, and
-snapshots the state now and then. After a refused or unanswered batch it rebuilds state
-from the log and carries on from there.
+one input's records, appended as one atomic batch. About once a tick it steps `Tick` and
+turns hosts silent past the timeout into `node_down` inputs; now and then it snapshots the
+state. After a refused or unanswered batch it rebuilds state from the log and carries on
+from there.
+
+What is not on its loop, so that a frontier-scale pool cannot stall it: the hosts'
+heartbeats are heard by a listener process of its own (agents/heartbeats.py), which sends
+a few lines a second saying who was heard; the lease is renewed, and snapshots are put,
+from a thread with its own connection (agents/lease.py). A snapshot that cannot be put is
+tried again later: it only shortens the next fold, and never costs the lead.
 """
 
 from __future__ import annotations
@@ -27,12 +33,12 @@ import contextlib
 import gc
 import json
 import logging
+import sys
 import time
 import uuid
 
 import msgspec
 from nats.js import api
-from nats.js.errors import KeyNotFoundError, KeyValueError, BadRequestError
 
 from core import parse_input, step
 from core.model.policy_defaults import log_policy, older_defaults_note
@@ -43,6 +49,8 @@ from core import types as T
 from trust.signing import SignatureError
 
 from transport import bus, checkpoints
+from agents.heartbeats import heartbeat_node  # noqa: F401 - the rule is named here too
+from agents.lease import LEASE_KEY, LeaseKeeper  # noqa: F401
 
 log = logging.getLogger("xirang.scheduler")
 ODD_HEARTBEATS_NAMED_MAX = 64  # subjects whose heartbeats name another node, logged once each
@@ -50,7 +58,16 @@ ODD_HEARTBEATS_NAMED_MAX = 64  # subjects whose heartbeats name another node, lo
 # node_up is folded); beyond this, those of further unknown nodes are dropped (an open bus).
 UNKNOWN_NODES_HEARD_MAX = 1024
 
-LEASE_KEY = "scheduler"
+# A leader whose loop has not moved for this long (nor for ten lease terms) lets its lease
+# lapse: a standby should take over from a wedged leader.
+LOOP_STALL_S = 30.0
+# A snapshot that could not be put is tried again after this, doubling up to the max.
+SNAPSHOT_RETRY_S = 5.0
+SNAPSHOT_RETRY_MAX_S = 300.0
+# The heartbeat listener's longest line (it names every host heard in a quarter second).
+HEARD_LINE_BYTES_MAX = 64 << 20
+# Subjects beating like a flood, named (and alerted) once each.
+LOUD_HEARTBEATS_NAMED_MAX = 64
 # Unhealthy hosts the scheduler remembers (and names in its log) at once.
 UNHEALTHY_NAMED_MAX = 1024
 # A job's dropped facts are said again after this many more.
@@ -123,22 +140,6 @@ class LostLeadership(Exception):
     """Our lease was taken or a batch was fenced: stop, re-read the log, try again."""
 
 
-def heartbeat_node(subject: str, data: bytes) -> str | None:
-    """The node a heartbeat on `xr.hb.<token>` speaks for: the node its body names when that
-    name's token is the subject's (NATS lets a host publish only on its own node's subject, so
-    the subject is what vouches for it), the subject's token for a body naming none, and None
-    (not counted) for a body naming another node: one host must not keep another alive."""
-    token = subject.split(".", 2)[-1]
-    try:
-        body = json.loads(data)
-    except ValueError:
-        body = None
-    named = body.get("node") if isinstance(body, dict) else None
-    if not isinstance(named, str):
-        return token
-    return named if bus.node_token(named) == token else None
-
-
 def now_ms() -> int:
     """Wall-clock time in milliseconds (the only clock the scheduler reads; the core gets time
     in its inputs)."""
@@ -187,8 +188,20 @@ class Scheduler:
         self.ev_seq = 0
         self.appended_batches = 0
         self.internal_errors = 0
-        self.nc = self.js = self.kv = None
-        self._lease_rev = 0
+        self.nc = self.js = None
+        self.lease: LeaseKeeper | None = None
+        self._loop_moved = time.monotonic()  # the loop's last step (the lease keeper reads it)
+        self._lease_unanswered_seen = 0
+        self._snapshot_put: asyncio.Future | None = None
+        self._snapshot_covers = (0, 0.0)  # (records, when) of the snapshot being put
+        self._last_snapshot = (0, 0.0)  # ... and of the last one put
+        self._snapshot_retry_at = 0.0
+        self._snapshot_retry_s = SNAPSHOT_RETRY_S
+        self.snapshots_failed = 0
+        self._listener = None  # the heartbeat listener process
+        self._listening = False  # ... has said it listens (no host is silent before that)
+        self._said_lossy = False
+        self._loud_heartbeats: set[str] = set()
         # Last heartbeat of each node the state knows, in the order heard (the longest
         # silent first: `_watch_hosts` reads only the silent ones) ...
         self._heard: dict[str, float] = {}
@@ -231,8 +244,16 @@ class Scheduler:
             reconnected_cb=self._on_reconnected,
         )
         await self._retry("creating streams", self._open_buckets)
-        hb = await self.nc.subscribe(f"{bus.HB_PREFIX}.*", cb=self._on_heartbeat)
+        self.lease = LeaseKeeper(
+            self.url,
+            self.instance,
+            self.lease_ms,
+            lambda: self._loop_moved,
+            max(LOOP_STALL_S, 10 * self.lease_ms / 1000),
+        )
+        hearing = asyncio.ensure_future(self._hear_hosts())
         try:
+            await self.lease.open()
             work = asyncio.ensure_future(self._elect_and_lead())
             stopped = asyncio.ensure_future(self.stop_event.wait())
             await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -248,13 +269,17 @@ class Scheduler:
             if not work.cancelled() and work.exception() is not None:
                 raise work.exception()
         finally:
+            hearing.cancel()
+            with contextlib.suppress(BaseException):
+                await hearing
             try:
                 if not self.nc.is_connected:
                     raise ConnectionError("the bus is away: nothing to hand back")
-                await asyncio.wait_for(self._leave(hb), timeout=LEAVE_TIMEOUT_S)
+                await asyncio.wait_for(self._leave(), timeout=LEAVE_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - stopping while the bus is away: just go
                 with contextlib.suppress(Exception):  # closing a connection that is lost
                     await self.nc.close()
+            await self.lease.close()
 
     async def _elect_and_lead(self) -> None:
         """Take part in leader election and lead while leader, until stopped."""
@@ -279,12 +304,13 @@ class Scheduler:
                 await self._sleep(1.0)
             finally:
                 self.leading.clear()
+                self.lease.let_go()
+                self._snapshot_put = None  # a put under way ends on its own (never half-cancelled)
                 self.state = None  # may hold steps the log never took: re-read it
 
-    async def _leave(self, hb) -> None:
+    async def _leave(self) -> None:
         """Hand the lease back (a standby takes over at once) and drain the connection."""
-        await hb.unsubscribe()
-        await self._release_lease()
+        await self.lease.call(self.lease.release())
         await self.nc.drain()
 
     def stop(self) -> None:
@@ -293,7 +319,6 @@ class Scheduler:
 
     async def _open_buckets(self) -> None:
         await bus.ensure_streams(self.js)
-        self.kv = await self.js.key_value(bus.LEASE_BUCKET)
 
     async def _retry(self, what: str, action):
         """Run `action` until it succeeds (or we are stopped), with capped backoff."""
@@ -305,21 +330,22 @@ class Scheduler:
     async def _on_reconnected(self) -> None:
         log.warning("%s: reconnected to NATS", self.instance)
         self._reconnected = True
-        self._heard.clear()  # hosts could not be heard either: each gets a full timeout
+        self._forget_heard()  # hosts could not be heard either: each gets a full timeout
+
+    def _forget_heard(self) -> None:
+        """Every host gets a full timeout from now (heartbeats may have been missed)."""
+        self._heard.clear()
         self._heard_unknown.clear()
         self._heard_unordered = True
 
     # ------------------------------------------------------------ lease
-
-    def _lease_value(self) -> bytes:
-        return json.dumps({"holder": self.instance, "until_ms": now_ms() + self.lease_ms}).encode()
 
     async def _acquire_lease(self) -> bool:
         """Wait until we hold the lease (standby) or we are stopped."""
         announced = False
         while not self.stop_event.is_set():
             try:
-                taken = await self._try_take_lease()
+                taken = await self.lease.call(self.lease.take())
             except Exception as err:  # noqa: BLE001 - the bus is away: keep waiting
                 log.warning("%s: cannot reach the lease (%r); retrying", self.instance, err)
                 if "timeout" in repr(err).lower() and self.nc.is_connected:
@@ -335,49 +361,23 @@ class Scheduler:
             await self._sleep(self.lease_ms / 4000)
         return False
 
-    async def _try_take_lease(self) -> bool:
-        try:
-            entry = await self.kv.get(LEASE_KEY)
-        except KeyNotFoundError:
-            try:
-                self._lease_rev = await self.kv.create(LEASE_KEY, self._lease_value())
-                return True
-            except (KeyValueError, BadRequestError):
-                return False
-        holder = json.loads(entry.value) if entry.value else {"holder": "", "until_ms": 0}
-        if holder["holder"] != self.instance and holder["until_ms"] >= now_ms():
-            return False
-        try:
-            self._lease_rev = await self.kv.update(LEASE_KEY, self._lease_value(), last=entry.revision)
-            return True
-        except (KeyValueError, BadRequestError):
-            return False
-
-    async def _renew_lease(self) -> None:
-        try:
-            self._lease_rev = await self.kv.update(LEASE_KEY, self._lease_value(), last=self._lease_rev)
-            self._writes_unanswered = 0
-        except (KeyValueError, BadRequestError) as err:
-            raise LostLeadership(f"lease lost ({err})") from err
-        except Exception as err:
-            if "timeout" in repr(err).lower() and self.nc.is_connected:
-                await self._write_unanswered()  # a lease write is a write too
-            raise
-
-    async def _release_lease(self) -> None:
-        if not self._lease_rev:
-            return
-        try:
-            value = json.dumps({"holder": "", "until_ms": 0}).encode()
-            await self.kv.update(LEASE_KEY, value, last=self._lease_rev)
-        except Exception:  # noqa: BLE001 - someone else holds it already, or we are offline
-            pass
-        self._lease_rev = 0
+    async def _lease_kept(self) -> None:
+        """Raise LostLeadership once the lease keeper found the lease taken; say a store
+        that cannot write when its renewals go unanswered (a lease write is a write too)."""
+        if self.lease.lost:
+            raise LostLeadership(self.lease.lost)
+        unanswered = self.lease.unanswered_in_row
+        if unanswered != self._lease_unanswered_seen:
+            if unanswered > self._lease_unanswered_seen and self.nc.is_connected:
+                await self._write_unanswered()
+            elif unanswered == 0:
+                self._writes_unanswered = 0
+            self._lease_unanswered_seen = unanswered
 
     # ------------------------------------------------------------ leading
 
     async def _lead(self) -> None:
-        started = time.monotonic()
+        started = self._loop_moved = time.monotonic()
         stats: dict = {}
         if self.state is not None and self._foreign_in_tail:
             self.state = None
@@ -479,13 +479,15 @@ class Scheduler:
 
     async def _loop(self, queue: asyncio.Queue) -> None:
         next_tick = time.monotonic()
-        next_renew = time.monotonic() + self.lease_ms / 3000
-        last_snapshot_n = self.state.canonical.events_n
-        last_snapshot_at = time.monotonic()
+        next_check = time.monotonic() + self.lease_ms / 3000
+        self._last_snapshot = (self.state.canonical.events_n, time.monotonic())
+        self._snapshot_retry_at = 0.0
         while not self.stop_event.is_set():
+            self._loop_moved = time.monotonic()
             if self._reconnected:
                 self._reconnected = False
                 raise LostLeadership("reconnected after an outage")
+            await self._lease_kept()
             msgs = await self._take(queue, max(0.0, next_tick - time.monotonic()))
             pending: list[tuple[str, bytes]] = []
             for msg in msgs:
@@ -498,18 +500,49 @@ class Scheduler:
             await self._flush(pending)
             if time.monotonic() >= self._next_checkpoint_sweep:
                 await self._purge_ended_checkpoints()
-            if time.monotonic() >= next_renew:
-                await self._renew_lease()
-                next_renew = time.monotonic() + self.lease_ms / 3000
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + self.lease_ms / 3000
                 await self._check_log_end()
-            n = self.state.canonical.events_n
-            if n != last_snapshot_n and (
-                n - last_snapshot_n >= self.snapshot_every_events
-                or time.monotonic() - last_snapshot_at >= self.snapshot_every_ms / 1000
-            ):
-                await bus.save_snapshot(self.js, self.state, self.ev_seq, self.signer)
-                last_snapshot_n, last_snapshot_at = n, time.monotonic()
-                _freeze_heap()
+            self._snapshot_when_due()
+
+    def _snapshot_when_due(self) -> None:
+        """Snapshot the state every `snapshot_every_events` records (or `snapshot_every_ms`):
+        encoded here, between two groups (the state and the log agree), put by the lease
+        keeper's thread while the loop goes on; one put at a time. A put that fails is
+        said and tried again later: a snapshot only shortens the next fold."""
+        put = self._snapshot_put
+        if put is not None:
+            if not put.done():
+                return
+            self._snapshot_put = None
+            err = put.exception() if not put.cancelled() else asyncio.CancelledError()
+            if err is None:
+                self._last_snapshot = self._snapshot_covers
+                self._snapshot_retry_s = SNAPSHOT_RETRY_S
+            else:
+                self.snapshots_failed += 1
+                self._snapshot_retry_at = time.monotonic() + self._snapshot_retry_s
+                log.warning(
+                    "%s: putting the snapshot of record %d failed (%r); still leading, trying"
+                    " again in %.0f s (until then a takeover folds a longer tail)",
+                    self.instance,
+                    self._snapshot_covers[0],
+                    err,
+                    self._snapshot_retry_s,
+                )
+                self._snapshot_retry_s = min(2 * self._snapshot_retry_s, SNAPSHOT_RETRY_MAX_S)
+        n = self.state.canonical.events_n
+        last_n, last_at = self._last_snapshot
+        now = time.monotonic()
+        if n == last_n or now < self._snapshot_retry_at:
+            return
+        if n - last_n < self.snapshot_every_events and now - last_at < self.snapshot_every_ms / 1000:
+            return
+        payload = bus.snapshot_payload(self.state, self.ev_seq, self.signer)
+        self._snapshot_put = asyncio.ensure_future(self.lease.call(self.lease.put_snapshot(payload)))
+        self._snapshot_covers = (n, time.monotonic())
+        del payload
+        _freeze_heap()
 
     async def _purge_ended_checkpoints(self) -> None:
         """Purge from XR_CKPT the checkpoints of every job that ended at least the policy's
@@ -578,7 +611,11 @@ class Scheduler:
         """Only this leader appends to the log: a log that grew past our last append holds
         a message someone else wrote. Re-read it (the fold passes over the message and
         `_lead` disowns it) rather than wait for our next append to be fenced."""
-        end = await bus.stream_last_seq(self.js, bus.EV_STREAM)
+        try:
+            end = await bus.stream_last_seq(self.js, bus.EV_STREAM)
+        except Exception as err:  # noqa: BLE001 - unanswered: the next look (or an append) tells
+            log.warning("%s: cannot read the log's end (%r); looking again later", self.instance, err)
+            return
         if end > self.ev_seq:
             raise LostLeadership(
                 f"the log grew to XR_EV seq {end} past our last append at {self.ev_seq}: "
@@ -661,6 +698,7 @@ class Scheduler:
         )
 
     async def _apply(self, inp: T.Input, pending: list) -> list:
+        self._loop_moved = time.monotonic()
         try:
             _, records = step(self.state, inp)
             for record in records:
@@ -742,45 +780,120 @@ class Scheduler:
 
     # ------------------------------------------------------------ host liveness
 
-    async def _on_heartbeat(self, msg) -> None:
-        node = heartbeat_node(msg.subject, msg.data)
-        if node is None:
-            # Said once per subject (it beats every second), for a bounded number of subjects.
-            if (
-                msg.subject not in self._odd_heartbeats
-                and len(self._odd_heartbeats) < ODD_HEARTBEATS_NAMED_MAX
-            ):
-                self._odd_heartbeats.add(msg.subject)
-                log.warning(
-                    "%s: ignoring heartbeats on %s: they name another node", self.instance, msg.subject
+    async def _hear_hosts(self) -> None:
+        """Run the heartbeat listener process (agents/heartbeats.py) and take its lines,
+        starting another if it ends. It connects as this scheduler does (the same
+        environment: credentials, TLS); it ends when its stdin closes, so it never outlives
+        this process."""
+        while not self.stop_event.is_set():
+            proc = None
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "agents.heartbeats",
+                    "--nats",
+                    self.url,
+                    "--name",
+                    f"{self.instance}-heartbeats",
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    limit=HEARD_LINE_BYTES_MAX,
                 )
-            return
-        self._note_health(node, msg.data)
-        now = time.monotonic()
-        if self.state is not None and node in self.state.canonical.nodes:
-            heard = self._heard
-            heard.pop(node, None)  # to the end: the dict stays in the order heard
-            heard[node] = now
-        elif node in self._heard_unknown or len(self._heard_unknown) < self.unknown_nodes_heard_max:
-            self._heard_unknown[node] = now
-        elif not self._warned_unknown_full:
-            self._warned_unknown_full = True
-            log.warning(
-                "%s: heartbeats from more than %d nodes the state does not know: dropping those"
-                " of further ones (who publishes on %s.>? an open bus)",
-                self.instance,
-                self.unknown_nodes_heard_max,
-                bus.HB_PREFIX,
-            )
+                self._listener = proc
+                while True:
+                    line = await proc.stdout.readline()
+                    if not line:
+                        break
+                    if not self._listening:  # its first line: it listens from now on
+                        self._listening = True
+                        self._forget_heard()
+                    self._take_heard(json.loads(line))
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - a listener that cannot run: start another
+                log.warning("%s: the heartbeat listener failed (%r)", self.instance, err)
+            finally:
+                self._listening = False
+                if proc is not None:
+                    await _end_child(proc)
+            if not self.stop_event.is_set():
+                log.warning(
+                    "%s: the heartbeat listener ended (exit status %s); starting another",
+                    self.instance,
+                    proc.returncode if proc is not None else None,
+                )
+                self._forget_heard()
+                await self._sleep(1.0)
 
-    def _note_health(self, node: str, data: bytes) -> None:
+    def _take_heard(self, line: dict) -> None:
+        """One line of the heartbeat listener: who was heard since its last line."""
+        now = time.monotonic()
+        if "lossy" in line:
+            # Beats were lost before they were read: silence says nothing now.
+            self._forget_heard()
+            if not self._said_lossy:
+                self._said_lossy = True
+                log.warning(
+                    "%s: heartbeats were lost before they were read (the listener fell behind,"
+                    " or reconnected): every host gets a full timeout again",
+                    self.instance,
+                )
+        else:
+            self._said_lossy = False
+        for subject in line.get("odd", ()):
+            # Said once per subject (it beats every second), for a bounded number of subjects.
+            if subject not in self._odd_heartbeats and len(self._odd_heartbeats) < ODD_HEARTBEATS_NAMED_MAX:
+                self._odd_heartbeats.add(subject)
+                log.warning("%s: ignoring heartbeats on %s: they name another node", self.instance, subject)
+        for subject, count in line.get("loud", {}).items():
+            if (
+                subject not in self._loud_heartbeats
+                and len(self._loud_heartbeats) < LOUD_HEARTBEATS_NAMED_MAX
+            ):
+                self._loud_heartbeats.add(subject)
+                log.warning(
+                    "%s: %s beat %d times in a quarter second (a host beats once a second):"
+                    " a flood; its beats count once a line",
+                    self.instance,
+                    subject,
+                    count,
+                )
+                self._alert("heartbeat_flood", {"subject": subject[:200], "beats": count})
+        health = line.get("health") or {}
+        nodes = self.state.canonical.nodes if self.state is not None else None
+        heard = self._heard
+        for node in line.get("heard", ()):
+            self._note_health(node, health.get(node))
+            if nodes is None:
+                continue  # nothing folded yet: a takeover gives every host a full timeout
+            if node in nodes:
+                heard.pop(node, None)  # to the end: the dict stays in the order heard
+                heard[node] = now
+            elif node in self._heard_unknown or len(self._heard_unknown) < self.unknown_nodes_heard_max:
+                self._heard_unknown[node] = now
+            elif not self._warned_unknown_full:
+                self._warned_unknown_full = True
+                log.warning(
+                    "%s: heartbeats from more than %d nodes the state does not know: dropping those"
+                    " of further ones (who publishes on %s.>? an open bus)",
+                    self.instance,
+                    self.unknown_nodes_heard_max,
+                    bus.HB_PREFIX,
+                )
+
+    def _note_health(self, node: str, note: dict | None) -> None:
         """Say when a host reports itself unhealthy (its disk full: it refuses new runs) and
         when it is well again, and when a job's facts are dropped there (agents/outbox.py),
         with an alert each: a host may not raise alerts on a secured bus, its heartbeats
-        (on its own subject) may. At most UNHEALTHY_NAMED_MAX nodes are remembered."""
-        if b'"facts_dropped": {"' in data:
-            self._note_facts_dropped(node, data)
-        unhealthy = b'"healthy": false' in data
+        (on its own subject) may. `note` is what the listener read of its newest beat
+        (`agents.heartbeats.health_note`: None for a healthy host that dropped nothing).
+        At most UNHEALTHY_NAMED_MAX nodes are remembered."""
+        if note is None and node not in self._unhealthy:
+            return
+        if note is not None and note.get("facts_dropped"):
+            self._note_facts_dropped(node, note["facts_dropped"])
+        unhealthy = note is not None and note.get("healthy") is False
         if not unhealthy and node not in self._unhealthy:
             return
         if not unhealthy:
@@ -789,19 +902,12 @@ class Scheduler:
             return
         if node in self._unhealthy or len(self._unhealthy) >= UNHEALTHY_NAMED_MAX:
             return
-        try:
-            problem = str(json.loads(data).get("problem", ""))[:500]
-        except (ValueError, AttributeError):
-            problem = ""
+        problem = str(note.get("problem", ""))[:500]
         self._unhealthy[node] = problem
         log.warning("%s: host %s reports itself unhealthy: %s", self.instance, node, problem or "(no reason)")
         self._alert("node_unhealthy", {"node": node, "problem": problem})
 
-    def _note_facts_dropped(self, node: str, data: bytes) -> None:
-        try:
-            dropped = json.loads(data).get("facts_dropped", {})
-        except (ValueError, AttributeError):
-            return
+    def _note_facts_dropped(self, node: str, dropped: dict) -> None:
         if not isinstance(dropped, dict):
             return
         for job, count in sorted(dropped.items())[:UNHEALTHY_NAMED_MAX]:
@@ -841,6 +947,8 @@ class Scheduler:
             self._warned_unknown_full = False  # that flood is over: say the next one again
 
     async def _watch_hosts(self) -> None:
+        if not self._listening:
+            return  # nobody is listening to the hosts: their silence says nothing
         now = time.monotonic()
         timeout_s = self.node_timeout_ms / 1000
         self._settle_unknown_heard(now, timeout_s)
@@ -884,6 +992,23 @@ class Scheduler:
             await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
         except asyncio.TimeoutError:
             pass
+
+
+async def _end_child(proc) -> None:
+    """End a child process this scheduler started: close its stdin (it ends by itself),
+    then SIGTERM and SIGKILL it by its pid if it has not."""
+    if proc.returncode is None:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+        for stop in (None, proc.terminate, proc.kill):
+            if stop is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    stop()
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=2.0)
+                return
+            except asyncio.TimeoutError:
+                continue
 
 
 def _freeze_heap() -> None:

@@ -97,11 +97,15 @@ async def connect(
     url: str, name: str = "xirang", creds: str | None = None, **kwargs
 ) -> tuple[nats.NATS, object]:
     """Connect to one or several servers (comma separated), with the credentials in
-    `creds` or $XIRANG_CREDS and TLS as trust/connect.py says."""
+    `creds` or $XIRANG_CREDS and TLS as trust/connect.py says. `on_error` (async, optional)
+    is told every error the client reports (a slow consumer's dropped messages among them)."""
     refused: list[BaseException] = []
     denied: list[str] = []
+    on_error = kwargs.pop("on_error", None)
 
     async def _quiet(err):  # reconnect noise is handled by the callers' timeouts
+        if on_error is not None:
+            await on_error(err)
         if "authorization violation" in str(err).lower() or isinstance(err, nats.errors.AuthorizationError):
             refused.append(err)
         permission = PERMISSION_VIOLATION.search(str(err))
@@ -587,15 +591,27 @@ def _snapshot_sealed(meta: dict, body: bytes) -> bytes:
     )
 
 
-async def save_snapshot(js, state: State, ev_seq: int, signer=None) -> None:
-    """Store the state as of log position `ev_seq` in the snapshot bucket (sealed with the
-    scheduler's key when `signer` is given)."""
-    store = await js.object_store(SNAP_BUCKET)
+def snapshot_payload(state: State, ev_seq: int, signer=None) -> bytes:
+    """The state as of log position `ev_seq`, encoded as the snapshot bucket holds it (sealed
+    with the scheduler's key when `signer` is given): taken at one point of the loop, put
+    whenever (`put_snapshot`)."""
     meta = {"ev_seq": ev_seq, "events_n": state.canonical.events_n, "digest_schema": DIGEST_SCHEMA}
     body = snapshot_bytes(state.canonical)
     if signer is not None:
         meta["seal"] = signer.sign_blob(_snapshot_sealed(meta, body))
-    await store.put(SNAP_OBJECT, json.dumps(meta).encode() + b"\n" + body)
+    return json.dumps(meta).encode() + b"\n" + body
+
+
+async def put_snapshot(js, payload: bytes) -> None:
+    """Store an encoded snapshot (`snapshot_payload`) as the newest."""
+    store = await js.object_store(SNAP_BUCKET)
+    await store.put(SNAP_OBJECT, payload)
+
+
+async def save_snapshot(js, state: State, ev_seq: int, signer=None) -> None:
+    """Store the state as of log position `ev_seq` in the snapshot bucket (sealed with the
+    scheduler's key when `signer` is given)."""
+    await put_snapshot(js, snapshot_payload(state, ev_seq, signer))
 
 
 async def all_records(js) -> list[tuple[int, T.Record]]:
