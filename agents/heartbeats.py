@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -186,19 +187,23 @@ async def listen(url: str, name: str, out, report_every_s: float = REPORT_EVERY_
     async def on_reconnected() -> None:
         listener.reconnected = True  # beats sent while away were never heard
 
-    nc, _ = await bus.connect_forever(
-        url, name=name, stop=stopped, on_error=on_error, reconnected_cb=on_reconnected
-    )
-
-    async def on_beat(msg) -> None:
-        listener.hear(msg.subject, msg.data)
-
-    await nc.subscribe(f"{bus.HB_PREFIX}.*", cb=on_beat, pending_bytes_limit=PENDING_BYTES_MAX)
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
     watch_stdin = asyncio.ensure_future(stdin.read())
+    watch_stdin.add_done_callback(lambda _: stopped.set())  # the scheduler is gone, or stops
     try:
+        nc, _ = await bus.connect_forever(
+            url, name=name, stop=stopped, on_error=on_error, reconnected_cb=on_reconnected
+        )
+    except ConnectionError:
+        return  # stopped before the bus was reached
+
+    async def on_beat(msg) -> None:
+        listener.hear(msg.subject, msg.data)
+
+    try:
+        await nc.subscribe(f"{bus.HB_PREFIX}.*", cb=on_beat, pending_bytes_limit=PENDING_BYTES_MAX)
         while not watch_stdin.done():
             await asyncio.wait({watch_stdin}, timeout=report_every_s)
             out.write(json.dumps(listener.report(), separators=(",", ":")).encode() + b"\n")
@@ -207,7 +212,8 @@ async def listen(url: str, name: str, out, report_every_s: float = REPORT_EVERY_
         pass  # the scheduler is gone
     finally:
         watch_stdin.cancel()
-        await nc.close()
+        with contextlib.suppress(Exception):  # the bus may be away: just go
+            await asyncio.wait_for(nc.close(), timeout=1.0)
 
 
 def main(argv: list[str] | None = None) -> int:

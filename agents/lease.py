@@ -37,6 +37,8 @@ from transport import bus
 log = logging.getLogger("xirang.scheduler")
 
 LEASE_KEY = "scheduler"
+# Closing waits this long for the bus (an orderly stop during an outage just goes).
+CLOSE_TIMEOUT_S = 1.0
 
 
 def now_ms() -> int:
@@ -99,25 +101,23 @@ class LeaseKeeper:
         self._renewing = asyncio.ensure_future(self._renew_forever())
 
     async def close(self) -> None:
-        """Hand the lease back (when held), close the connection, end the thread."""
+        """Close the connection and end the thread (`release` first to hand the lease back)."""
         if self._thread.is_alive():
             try:
-                await asyncio.wait_for(self.call(self._close()), timeout=5.0)
+                await asyncio.wait_for(self.call(self._close()), timeout=CLOSE_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - the bus is away: just go
                 pass
             self._loop.call_soon_threadsafe(self._loop.stop)
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5.0)
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, CLOSE_TIMEOUT_S)
 
     async def _close(self) -> None:
+        self._holding = False
         if self._stop is not None:
             self._stop.set()
         if self._renewing is not None:
             self._renewing.cancel()
         if self._nc is not None:
-            try:
-                await self._release()
-            finally:
-                await self._nc.close()
+            await self._nc.close()
 
     # ------------------------------------------------------------ the lease
 

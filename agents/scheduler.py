@@ -253,7 +253,6 @@ class Scheduler:
         )
         hearing = asyncio.ensure_future(self._hear_hosts())
         try:
-            await self.lease.open()
             work = asyncio.ensure_future(self._elect_and_lead())
             stopped = asyncio.ensure_future(self.stop_event.wait())
             await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -283,6 +282,7 @@ class Scheduler:
 
     async def _elect_and_lead(self) -> None:
         """Take part in leader election and lead while leader, until stopped."""
+        await self.lease.open()
         while not self.stop_event.is_set():
             if not await self._acquire_lease():
                 break
@@ -1005,7 +1005,7 @@ async def _end_child(proc) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     stop()
             try:
-                await asyncio.wait_for(proc.wait(), timeout=2.0)
+                await asyncio.wait_for(proc.wait(), timeout=1.0)
                 return
             except asyncio.TimeoutError:
                 continue

@@ -65,7 +65,9 @@ def test_a_snapshot_the_store_refuses_costs_no_lead_and_is_put_once_the_store_is
         c.scheduler("s1", "--snapshot-every-events", "20")
         c.wait_for(T.SchedulerStarted)
 
-        c._run(lambda nc, js: _snapshot_store_room(nc, js, 256))  # every snapshot put fails for real from now on
+        c._run(
+            lambda nc, js: _snapshot_store_room(nc, js, 256)
+        )  # every snapshot put fails for real from now on
         log_path = c.logs / "s1.log"
         for i in range(30):
             c.send(T.NodeUp(node=f"h{i}", gpu_model="A100", gpus=8))
