@@ -175,8 +175,10 @@ class HeartbeatListener:
 
 
 async def listen(url: str, name: str, out, report_every_s: float = REPORT_EVERY_S) -> None:
-    """Subscribe to every host's heartbeat and write a line to `out` every
-    `report_every_s`, until stdin closes."""
+    """Subscribe to every host's heartbeat and write a line to `out` (a pipe) every
+    `report_every_s`, until stdin closes. A line is written only once the last one has
+    been read: while the scheduler is busy, beats gather here (each subject's newest)
+    instead of blocking this loop, which would leave them unread on the bus."""
     listener = HeartbeatListener()
     stopped = asyncio.Event()
 
@@ -202,14 +204,13 @@ async def listen(url: str, name: str, out, report_every_s: float = REPORT_EVERY_
     async def on_beat(msg) -> None:
         listener.hear(msg.subject, msg.data)
 
+    lines, _ = await loop.connect_write_pipe(asyncio.Protocol, out)
     try:
         await nc.subscribe(f"{bus.HB_PREFIX}.*", cb=on_beat, pending_bytes_limit=PENDING_BYTES_MAX)
-        while not watch_stdin.done():
+        while not watch_stdin.done() and not lines.is_closing():
             await asyncio.wait({watch_stdin}, timeout=report_every_s)
-            out.write(json.dumps(listener.report(), separators=(",", ":")).encode() + b"\n")
-            out.flush()
-    except BrokenPipeError:
-        pass  # the scheduler is gone
+            if lines.get_write_buffer_size() == 0:
+                lines.write(json.dumps(listener.report(), separators=(",", ":")).encode() + b"\n")
     finally:
         watch_stdin.cancel()
         with contextlib.suppress(Exception):  # the bus may be away: just go
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-ms", type=float, default=REPORT_EVERY_S * 1000)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    asyncio.run(listen(args.nats, args.name, sys.stdout.buffer, args.report_ms / 1000))
+    asyncio.run(listen(args.nats, args.name, sys.stdout, args.report_ms / 1000))
     return 0
 
 

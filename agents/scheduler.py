@@ -194,6 +194,8 @@ class Scheduler:
         self._lease_unanswered_seen = 0
         self._snapshot_put: asyncio.Future | None = None
         self._snapshot_covers = (0, 0.0)  # (records, when) of the snapshot being put
+        self._snapshot_bytes = 0
+        self._snapshot_encode_s = 0.0
         self._last_snapshot = (0, 0.0)  # ... and of the last one put
         self._snapshot_retry_at = 0.0
         self._snapshot_retry_s = SNAPSHOT_RETRY_S
@@ -519,6 +521,14 @@ class Scheduler:
             if err is None:
                 self._last_snapshot = self._snapshot_covers
                 self._snapshot_retry_s = SNAPSHOT_RETRY_S
+                log.info(
+                    "%s: snapshot of record %d put (%.1f MB, encoded on the loop in %.2f s, put in %.1f s)",
+                    self.instance,
+                    self._snapshot_covers[0],
+                    self._snapshot_bytes / 1e6,
+                    self._snapshot_encode_s,
+                    time.monotonic() - self._snapshot_covers[1],
+                )
             else:
                 self.snapshots_failed += 1
                 self._snapshot_retry_at = time.monotonic() + self._snapshot_retry_s
@@ -538,9 +548,12 @@ class Scheduler:
             return
         if n - last_n < self.snapshot_every_events and now - last_at < self.snapshot_every_ms / 1000:
             return
+        encoding = time.monotonic()
         payload = bus.snapshot_payload(self.state, self.ev_seq, self.signer)
+        self._snapshot_encode_s = time.monotonic() - encoding
         self._snapshot_put = asyncio.ensure_future(self.lease.call(self.lease.put_snapshot(payload)))
         self._snapshot_covers = (n, time.monotonic())
+        self._snapshot_bytes = len(payload)
         del payload
         _freeze_heap()
 
