@@ -194,9 +194,11 @@ def test_an_agent_on_a_full_disk_refuses_new_runs_and_still_manages_its_running_
         # Two orders are right: the host's heartbeat cordons h1 before b is placed (b waits),
         # or b is placed first and the agent refuses the run (b is requeued).
         records = c.wait(
-            lambda rs: any(isinstance(r.event, T.JobRequeued) and r.event.job == "b" for r in rs)
-            or any(isinstance(r.event, T.NodeCordoned) for r in rs)
-            and any(isinstance(r.event, T.JobSubmitted) and r.event.job == "b" for r in rs),
+            lambda rs: (
+                any(isinstance(r.event, T.JobRequeued) and r.event.job == "b" for r in rs)
+                or any(isinstance(r.event, T.NodeCordoned) for r in rs)
+                and any(isinstance(r.event, T.JobSubmitted) and r.event.job == "b" for r in rs)
+            ),
             20,
             "b refused by the agent or held off by the cordon",
         )
