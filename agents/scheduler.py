@@ -552,6 +552,9 @@ class Scheduler:
         payload = bus.snapshot_payload(self.state, self.ev_seq, self.signer)
         self._snapshot_encode_s = time.monotonic() - encoding
         self._snapshot_put = asyncio.ensure_future(self.lease.call(self.lease.put_snapshot(payload)))
+        # A put left behind by a leader that stepped down is not looked at again: its
+        # outcome is read here, so that it is never reported as an error nobody retrieved.
+        self._snapshot_put.add_done_callback(lambda put: put.cancelled() or put.exception())
         self._snapshot_covers = (n, time.monotonic())
         self._snapshot_bytes = len(payload)
         del payload

@@ -69,6 +69,8 @@ def test_bench_scale_feeds_the_scheduler_process_a_pool_through_the_bus_and_time
     assert decision["samples"] == 3
     # Taken by the scheduler after it was published: its share of the latency is the smaller.
     assert 0 < decision["taken_to_logged_median_ms"] <= decision["submit_to_logged_median_ms"]
+    # ... and stored by the server (its batch committed) after the scheduler took it.
+    assert 0 <= decision["taken_to_stored_median_ms"] <= decision["taken_to_stored_max_ms"]
     assert "bench scale: 160 GPUs, 20 pending: decision 3:" in proc.stderr
     # Then again while the 20 hosts beat once a second.
     beating = size["with_heartbeats"]

@@ -13,7 +13,10 @@ through the bus the stream a pool of `--gpus` GPUs produces (default 100,000: 12
   running jobs (started and saved) and level-6 submits that queue; counted the same way;
 - decisions: level-1 8-GPU jobs submitted one at a time into the full pool; each is timed
   from its publish until the scheduler's PreemptionPlanned for it is in the log (and from
-  the time the scheduler took it, the `t` it stamped), then cancelled.
+  the time the scheduler took it, the `t` it stamped, to this process seeing the record,
+  and to the server storing it, its atomic batch committed: the last is the scheduler's
+  share alone, whatever delays this process, which also publishes the heartbeats), then
+  cancelled.
 
 Hosts answer no decisions here (a notified victim never reaches its safe point; the
 cancel rolls the saga back), and do not heartbeat: the scheduler's host timeout is set
@@ -29,6 +32,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from nats.js.errors import NotFoundError
 
 from core import types as T
 from transport import bus
@@ -243,7 +248,7 @@ async def _decisions(nc, js, samples: int, what: str, first: int) -> dict:
         await nc.subscribe(f"{bus.LOG_PREFIX}.JobCancelled", cb=on_cancelled),
     ]
     await nc.flush()
-    submit_to_logged, taken_to_logged = [], []
+    submit_to_logged, taken_to_logged, taken_to_stored = [], [], []
     try:
         for s in range(samples):
             urgent = urgent_submit(0, first + s)
@@ -252,6 +257,7 @@ async def _decisions(nc, js, samples: int, what: str, first: int) -> dict:
             seen_ms, event = await _next_of(planned, urgent.job, "preemptor")
             submit_to_logged.append(seen_ms - published_ms)
             taken_to_logged.append(seen_ms - event.t)
+            taken_to_stored.append(await _stored_ms(js, urgent.job) - event.t)
             await bus.send_input(js, T.Cancel(job=urgent.job))
             await _next_of(cancelled, urgent.job, "job")
             _progress(f"{what}: decision {s + 1}: {submit_to_logged[-1]:.0f} ms from its publish to the log")
@@ -263,7 +269,27 @@ async def _decisions(nc, js, samples: int, what: str, first: int) -> dict:
         "submit_to_logged_median_ms": round(statistics.median(submit_to_logged), 1),
         "submit_to_logged_max_ms": round(max(submit_to_logged), 1),
         "taken_to_logged_median_ms": round(statistics.median(taken_to_logged), 1),
+        "taken_to_stored_median_ms": round(statistics.median(taken_to_stored), 1),
+        "taken_to_stored_max_ms": round(max(taken_to_stored), 1),
     }
+
+
+async def _stored_ms(js, job: str, timeout_s: float = 60.0) -> float:
+    """When the server stored the PreemptionPlanned of `job` (its clock, this machine's):
+    the scheduler's share of a decision, whatever delays this process's reading of the log.
+    A subscriber sees an atomic batch's messages as they are sent, before the batch is
+    committed, so this waits for the stored one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            stored = await js.get_last_msg(bus.EV_STREAM, f"{bus.LOG_PREFIX}.PreemptionPlanned")
+        except NotFoundError:
+            stored = None  # none stored yet
+        if stored is not None and T.decode_record(stored.data).event.preemptor == job:
+            return stored.time.timestamp() * 1000
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the PreemptionPlanned of {job} was not stored within {timeout_s} s")
+        await asyncio.sleep(0.005)
 
 
 async def _next_of(queue: asyncio.Queue, job: str, field: str, timeout_s: float = 300.0):
