@@ -801,8 +801,10 @@ class Scheduler:
         starting another if it ends. It connects as this scheduler does (the same
         environment: credentials, TLS); it ends when its stdin closes, so it never outlives
         this process."""
+        pause_s = 1.0
         while not self.stop_event.is_set():
             proc = None
+            started = time.monotonic()
             try:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable,
@@ -834,13 +836,18 @@ class Scheduler:
                 if proc is not None:
                     await _end_child(proc)
             if not self.stop_event.is_set():
+                # One that ends at once again and again (it cannot run here) is started
+                # less and less often, up to once a minute.
+                pause_s = 1.0 if time.monotonic() - started > 60 else min(2 * pause_s, 60.0)
                 log.warning(
-                    "%s: the heartbeat listener ended (exit status %s); starting another",
+                    "%s: the heartbeat listener ended (exit status %s); starting another in %.0f s"
+                    " (until then no host is called silent)",
                     self.instance,
                     proc.returncode if proc is not None else None,
+                    pause_s,
                 )
                 self._forget_heard()
-                await self._sleep(1.0)
+                await self._sleep(pause_s)
 
     def _take_heard(self, line: dict) -> None:
         """One line of the heartbeat listener: who was heard since its last line."""

@@ -184,3 +184,32 @@ def test_a_flood_of_heartbeats_from_many_hosts_neither_lapses_the_lease_nor_cost
         late_ms = [(b["until_ms"] - lease_ms) - a["until_ms"] for a, b in zip(ours, ours[1:])]
         print(f"input logged in {input_s:.2f} s; {len(ours)} renewals; latest {max(late_ms)} ms past expiry")
         assert max(late_ms) < 0, (max(late_ms), log_text[-3000:])
+
+
+def _listener_pid(scheduler_pid: int, timeout_s: float = 20.0) -> int:
+    """The scheduler's heartbeat listener process (its child running agents.heartbeats)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for task in os.listdir(f"/proc/{scheduler_pid}/task"):
+            for pid in open(f"/proc/{scheduler_pid}/task/{task}/children").read().split():
+                if b"agents.heartbeats" in open(f"/proc/{pid}/cmdline", "rb").read():
+                    return int(pid)
+        assert time.monotonic() < deadline, "no heartbeat listener under the scheduler"
+        time.sleep(0.1)
+
+
+def test_a_killed_heartbeat_listener_is_started_again_and_costs_no_host_its_node(tmp_path):
+    with Cluster(tmp_path, tick_ms=200, node_timeout_ms=2000) as c:
+        sched = c.scheduler("s1")
+        agent = c.agent("h1", "2xH100")
+        c.wait_for(T.NodeJoined, node="h1")
+        first = _listener_pid(sched.pid)
+        os.kill(first, signal.SIGKILL)
+        time.sleep(4.0)  # two node timeouts without the listener it had
+        second = _listener_pid(sched.pid)
+        assert second != first
+        assert not matching(c.records(), T.NodeLost, node="h1")
+        assert "the heartbeat listener ended" in (c.logs / "s1.log").read_text()
+        c.kill(agent)  # the new listener hears the silence as the first would have
+        records = c.wait_for(T.NodeLost, node="h1", timeout_s=20)
+        assert _scheduler_starts(records) == 1
