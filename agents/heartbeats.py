@@ -21,6 +21,8 @@ What a line holds, and why it is safe to believe:
   distinct subjects beat than one line holds): the scheduler cannot tell silence from
   loss, so it gives every host a full timeout again rather than call any of them down.
 - `loud`: subjects beating far more often than a host does (a flood), loudest first.
+- `away` (alone): this process is not connected to the bus now; it hears nobody, so
+  nobody's silence means anything until it is back (its next line says `lossy`).
 
 A host flooding its own subject costs this process one dictionary write a message (the
 newest beat replaces the one before; only one beat a subject a line is parsed), never
@@ -210,7 +212,8 @@ async def listen(url: str, name: str, out, report_every_s: float = REPORT_EVERY_
         while not watch_stdin.done() and not lines.is_closing():
             await asyncio.wait({watch_stdin}, timeout=report_every_s)
             if lines.get_write_buffer_size() == 0:
-                lines.write(json.dumps(listener.report(), separators=(",", ":")).encode() + b"\n")
+                line = listener.report() if nc.is_connected else {"away": True}
+                lines.write(json.dumps(line, separators=(",", ":")).encode() + b"\n")
     finally:
         watch_stdin.cancel()
         with contextlib.suppress(Exception):  # the bus may be away: just go

@@ -823,9 +823,6 @@ class Scheduler:
                     line = await proc.stdout.readline()
                     if not line:
                         break
-                    if not self._listening:  # its first line: it listens from now on
-                        self._listening = True
-                        self._forget_heard()
                     self._take_heard(json.loads(line))
             except asyncio.CancelledError:
                 raise
@@ -851,6 +848,12 @@ class Scheduler:
 
     def _take_heard(self, line: dict) -> None:
         """One line of the heartbeat listener: who was heard since its last line."""
+        if line.get("away"):
+            self._listening = False  # it is not on the bus: silence says nothing
+            return
+        if not self._listening:  # its first line, or back on the bus: it listens from now on
+            self._listening = True
+            self._forget_heard()
         now = time.monotonic()
         if "lossy" in line:
             # Beats were lost before they were read: silence says nothing now.
