@@ -6,9 +6,13 @@ asks the core's own explanation (`core.explain.explain`) why each job that waite
 minute longer than under `none` still waits, weighted by the time to the next input. For
 the waits blocked by a reservation it names the holders (level, queue level, gang, whether
 back from a preemption); for those blocked by more urgent work, what that work is. Prints
-the breakdown as text.
+the breakdown as text. First, per level and job size (one or two GPUs, three to seven, a
+whole node or more), the mean wait under each policy and the hours xirang's jobs waited
+beyond none's: which jobs carry a level's extra wait (`--sizes-only` stops there, without
+re-stepping the core).
 
     .venv/bin/python scripts/why_waits.py --trace bursts:64 --gpus 64 --levels 6,7
+    .venv/bin/python scripts/why_waits.py --trace alibaba --gpus 40 --seed 1 --sizes-only
 """
 
 from __future__ import annotations
@@ -61,6 +65,25 @@ def longer_waits(outcomes, specs, levels: list[int]) -> dict[str, tuple[float, f
         if wait_x > wait_n + MORE_S:
             out[job_id] = (wait_n, wait_x)
     return out
+
+
+SIZES = ((1, 2, "1-2 GPUs"), (3, 7, "3-7 GPUs"), (8, 1 << 30, "8+ GPUs"))
+
+
+def waits_by_size(outcomes, specs) -> list[tuple[int, str, int, float, float]]:
+    """(level, size, jobs, mean wait under none, mean wait under xirang), hours, per level and
+    job size, over the jobs that started under both."""
+    sums: dict = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for job_id, spec in sorted(specs.items()):
+        none, xirang = outcomes["none"][job_id], outcomes["xirang"][job_id]
+        if none.first_start_ms < 0 or xirang.first_start_ms < 0:
+            continue
+        size = next(k for k, (low, high, _) in enumerate(SIZES) if low <= spec.gpus <= high)
+        row = sums[(spec.level, size)]
+        row[0] += 1
+        row[1] += (none.first_start_ms - spec.submit_ms) / 3.6e6
+        row[2] += (xirang.first_start_ms - spec.submit_ms) / 3.6e6
+    return [(level, SIZES[size][2], n, a / n, b / n) for (level, size), (n, a, b) in sorted(sums.items())]
 
 
 def why(records, targets: dict) -> dict:
@@ -141,9 +164,16 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N jobs (0: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policy", default=None, help="xirang policy TOML")
+    parser.add_argument("--sizes-only", action="store_true", help="only the table by level and job size")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     outcomes, records, specs = run(args.trace, args.gpus, args.seed, args.limit or None, args.policy)
+    print("mean wait by level and job size, none / xirang (hours), and xirang's extra hours in all:")
+    for level, words, n, none_h, xirang_h in waits_by_size(outcomes, specs):
+        extra_h = n * (xirang_h - none_h)
+        print(f"  L{level} {words:>8}: {n:5d} jobs, {none_h:7.1f} / {xirang_h:7.1f} h, {extra_h:+9.0f} h")
+    if args.sizes_only:
+        return
     targets = longer_waits(outcomes, specs, levels)
     at_levels = sum(1 for s in specs.values() if s.level in levels)
     extra_h = sum(x - n for n, x in targets.values()) / 3600
