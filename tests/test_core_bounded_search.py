@@ -183,7 +183,8 @@ def test_a_victims_soonest_fit_elsewhere_read_from_the_fit_orders_is_the_one_eve
     fit orders (the fronts): at every step of random worlds (nodes dying, cordoned, jobs
     moving), for every queued job's scope and every running job, the same wait as ranking
     every node."""
-    from core.forecast.waits import RequeueFit, expected_runtime_ms
+    from core.forecast.requeue_fit import RequeueFit
+    from core.forecast.waits import expected_runtime_ms
     from core.passes.plan import Decline, preemption_scope
 
     compared = 0

@@ -9,7 +9,7 @@ import random
 
 from core.forecast.fit_order import ordered_single_fit
 from core.forecast.node_fit import earliest_single_fit
-from core.forecast.waits import RequeueFit
+from core.forecast.requeue_fit import RequeueFit
 from core.model.entities import HOLDING
 from core.model.up_nodes import UpNodes
 from tests.random_world import World

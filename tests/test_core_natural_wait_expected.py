@@ -9,7 +9,9 @@ from core.forecast.waits import natural_wait_ms, remaining_or_runtime
 
 from scenario import HOUR, MIN, Run, node, start_all, submit
 
-NOBODY_PREEMPTS = dict(preempts_from_level=[8] * 8)  # only the forecast is looked at
+# Only the forecast is looked at, read at the exact time (on a grid, `release_curve_grid_ms`,
+# each release is off by less than a step: tests/test_core_release_pool.py).
+NOBODY_PREEMPTS = dict(preempts_from_level=[8] * 8, release_curve_grid_ms=0)
 
 
 def _pool_of_one_gpu_jobs(hours: list[float]) -> Run:

@@ -112,12 +112,13 @@ def test_a_log_moves_to_newer_defaults_by_a_set_policy_keeping_what_it_set():
         T.SetPolicy(t=MIN, params={"net_benefit_min": 7.0, "compensation_when_exceeded": False}, by="ops"),
     )
     note = older_defaults_note(state.canonical.policy_params)
-    assert "fair_share_half_life_s 0.0 -> 604800.0" in note and "defaults_version = 2" in note
+    newest = Policy().defaults_version
+    assert "fair_share_half_life_s 0.0 -> 604800.0" in note and f"defaults_version = {newest}" in note
     assert "compensation_when_exceeded" not in note  # the log set it: no version changes it
-    _, records = step(state, T.SetPolicy(t=2 * MIN, params={"defaults_version": 2}, by="ops"))
+    _, records = step(state, T.SetPolicy(t=2 * MIN, params={"defaults_version": newest}, by="ops"))
     assert any(isinstance(r.event, T.PolicyChanged) for r in records)
     p = state.canonical.policy
-    assert p.defaults_version == 2 and p.fair_share_half_life_s == 7 * 24 * 3600
+    assert p.defaults_version == newest and p.fair_share_half_life_s == 7 * 24 * 3600
     assert p.notice_covers_save_in_progress and p.late_release_counts_as_preemption
     assert p.net_benefit_min == 7.0 and p.compensation_when_exceeded is False  # the log set these
     assert older_defaults_note(state.canonical.policy_params) == ""

@@ -8,12 +8,12 @@ reach a safe point. Memoised in the scratch for the current time (see `Scratch`)
 from __future__ import annotations
 
 import bisect
-import heapq
 import itertools
 from collections.abc import Iterable
 
 from .fit_order import ordered_single_fit
 from .node_fit import earliest_single_fit
+from .release_pool import TURNOVER_SCALE_BITS, ReleasePool, fresh_pool, grid_time, kept_pool
 from ..model.policy import Policy
 from .release import LINDY_FLOOR_FRACTION as LINDY_FLOOR_FRACTION  # re-exported (X as X)
 from .release import expected_runtime_ms as expected_runtime_ms
@@ -168,11 +168,35 @@ class ReleaseCurve:
     never-checkpointed work to save them. The urgent levels keep the median pace: the GPUs
     that free are taken first by the urgent jobs queued ahead, which the turnover of the
     whole pool does not tell (with the turnover their forecasts fall under the wait target
-    and they wait longer: docs/EXPERIMENTS.md)."""
+    and they wait longer: docs/EXPERIMENTS.md).
+
+    With `Policy.release_curve_grid_ms` set, every release is read as at the start of the
+    current grid step and the pool is kept across steps (core/forecast/release_pool.py): each
+    release time off by less than one step, the curve costs the nodes events changed, not
+    every running job of the pool."""
 
     def __init__(self, state: State, nodes, beyond_ms: int) -> None:
-        self.free, self.times, self.freed, self.pace, self.turnover = _pooled_releases(state, nodes)
-        self.beyond_ms = (self.times[-1] if self.times else 0) + beyond_ms
+        grid_ms = state.canonical.policy.release_curve_grid_ms
+        self._pool: ReleasePool | None = None
+        self._median: tuple[float | None] | None = None
+        if grid_ms <= 0:
+            self.free, self.times, self.freed, self.pace, self.turnover = _pooled_releases(state, nodes)
+            self.beyond_ms = (self.times[-1] if self.times else 0) + beyond_ms
+            return
+        if isinstance(nodes, UpNodes):
+            pool = kept_pool(state, nodes.models, grid_ms)
+            left_out = [pool.entry[name] for name in sorted(nodes.excluded) if name in pool.entry]
+        else:
+            pool = fresh_pool(state, nodes, grid_time(state.canonical.t, grid_ms))
+            left_out = []
+        self._pool = pool
+        self._skipped = sorted(release for _, releases, _ in left_out for release in releases)
+        self.free = pool.free - sum(free for free, _, _ in left_out)
+        self._count = pool.count - len(self._skipped)
+        turnover = pool.turnover - sum(part for _, _, part in left_out)
+        self.turnover = turnover / (1 << TURNOVER_SCALE_BITS) if self._count else None
+        last = pool.last(self._skipped)
+        self.beyond_ms = (last[0] if last is not None else 0) + beyond_ms
 
     def wait_for(self, gpus: int, turnover: bool = False) -> int:
         """When `gpus` GPUs of these nodes will have been free at once (0 if they are now),
@@ -180,10 +204,25 @@ class ReleaseCurve:
         need = gpus - self.free
         if need <= 0:
             return 0
-        i = bisect.bisect_left(self.freed, need)
-        on_curve = self.times[i] if i < len(self.times) else self.beyond_ms
-        pace = self.turnover if turnover else self.pace
+        if self._pool is None:
+            i = bisect.bisect_left(self.freed, need)
+            on_curve = self.times[i] if i < len(self.times) else self.beyond_ms
+            pace = self.turnover if turnover else self.pace
+        else:
+            found = self._pool.walk(self._skipped, gpus=need)
+            on_curve = found[0][0] if found is not None else self.beyond_ms
+            pace = self.turnover if turnover else self._median_pace()
         return on_curve if pace is None else min(on_curve, int(need / pace))
+
+    def _median_pace(self) -> float | None:
+        # The GPUs freed by the median release over its time, as `_pooled_releases` has it.
+        if self._median is None:
+            pool = self._pool
+            found = (
+                pool.walk(self._skipped, rank=self._count // 2) if pool is not None and self._count else None
+            )
+            self._median = (None if found is None else found[1] / max(found[0][0], 1),)
+        return self._median[0]
 
 
 def _pooled_releases(state: State, nodes) -> tuple[int, list[int], list[int], float | None, float | None]:
@@ -333,158 +372,3 @@ def _first_fit_time(free: int, releases: Iterable[tuple[int, int]], need: int) -
         if free >= need:
             return at_ms
     return None
-
-
-class RequeueFit:
-    """When a victim, requeued, would fit again as running jobs end as estimated: where it
-    can really run, on one node when it fits one (free GPUs on different nodes do not add
-    up for it), else as a gang over the nodes of one GPU model; and without what the
-    preemption hands to the preemptor: on the victim's own nodes, its GPUs and the free
-    ones go to the preemptor and come back at the preemptor's expected end.
-
-    A node's fit is worked out once per victim size and plan, and the search for a victim
-    stops at the first node where it would fit by the wait already known."""
-
-    def __init__(self, state: State, nodes, preemptor_gpus: int, preemptor_runtime_ms: int) -> None:
-        self.state = state
-        self.nodes = nodes
-        self.preemptor_gpus = preemptor_gpus
-        self.preemptor_runtime_ms = preemptor_runtime_ms
-        self.node_size_max = max((node.gpus for node in nodes), default=0)
-        self._by_name = {node.name: node for node in nodes}
-        self._names = nodes_key(nodes)  # (what the memos tell these nodes by)
-        # Per victim size, the nodes ranked by when it fits there (see `_soonest_elsewhere`):
-        # the nodes do not change while one plan is priced.
-        self._ranked: dict[int, list[tuple[int, str]]] = {}
-        self._by_model: list[tuple[str, int, list[tuple[int, int]]]] | None = None
-
-    def wait_ms(self, victim: Job, at_least_ms: int = 0) -> int | None:
-        """The victim's earliest fit after the preemption, but no sooner than `at_least_ms`
-        (what the caller already knows it waits: the search stops at the first node that
-        fits by then); None if it never would here."""
-        own = {slot.node: len(slot.gpus) for slot in victim.placement}
-        if victim.gpus > self.node_size_max:
-            wait = self._gang_wait(victim, own)
-            return None if wait is None else max(wait, at_least_ms)
-        # The soonest fit on a node the victim does not hold (ranked once per size and plan),
-        # then its own nodes as the preemption leaves them: O(own nodes) per victim.
-        best = self._soonest_elsewhere(victim.gpus, own)
-        for name in sorted(own):
-            if best is not None and best <= at_least_ms:
-                return at_least_ms  # no node can make it sooner than what is known
-            node = self._by_name.get(name)
-            if node is None or node.gpus < victim.gpus:
-                continue
-            free, releases = self._after_preemption(node, victim, own[name])
-            wait = _first_fit_time(free, releases, victim.gpus)
-            if wait is not None and (best is None or wait < best):
-                best = wait
-        return None if best is None else max(best, at_least_ms)
-
-    def _soonest_elsewhere(self, gpus: int, own: dict[str, int]) -> int | None:
-        # The soonest fit on a node the victim does not hold, read from the kept fit orders
-        # (core/forecast/fit_order.py) when the nodes are an `UpNodes`: the fronts, not every
-        # node.
-        nodes = self.nodes
-        if isinstance(nodes, UpNodes):
-            others = UpNodes(self.state, nodes.models, [*nodes.excluded, *own])
-            answered, fit = ordered_single_fit(self.state, others, gpus)
-            if answered:
-                return None if fit is None else fit[0]
-        return self._soonest_elsewhere_ranked(gpus, own)
-
-    def _soonest_elsewhere_ranked(self, gpus: int, own: dict[str, int]) -> int | None:
-        # Per victim size: (earliest fit, node) over the nodes as they are, soonest first;
-        # memoised (`fits_memo`): the same for every plan over these nodes.
-        ranked = self._ranked.get(gpus)
-        if ranked is None:
-            ranked = self._ranked[gpus] = self._ranked_nodes(gpus)
-        for wait, name in ranked:
-            if name not in own:
-                return wait
-        return None
-
-    def _ranked_nodes(self, gpus: int) -> list[tuple[int, str]]:
-        memo = fits_memo(self.state)
-        key = ("ranked", gpus, self._names)
-        ranked = memo.get(key)
-        if ranked is None:
-            ranked = memo[key] = sorted(
-                (wait, node.name)
-                for node in self.nodes
-                if node.gpus >= gpus
-                and (wait := _first_fit_time(node_free_count(node), node_releases(self.state, node), gpus))
-                is not None
-            )
-        return ranked
-
-    def _after_preemption(self, node, victim: Job, own_gpus: int) -> tuple[int, list[tuple[int, int]]]:
-        """The node's free GPUs and releases once the preemptor has taken the victim's GPUs
-        and the free ones it needs there."""
-        free = node_free_count(node)
-        taken = min(self.preemptor_gpus, free + own_gpus)
-        releases = list(node_releases(self.state, node))
-        mine = (remaining_or_runtime(self.state, victim.id), own_gpus)
-        if mine in releases:
-            releases.remove(mine)
-        bisect.insort(releases, (self.preemptor_runtime_ms, taken))
-        return max(0, free + own_gpus - taken), releases
-
-    def _gang_wait(self, victim: Job, own: dict[str, int]) -> int | None:
-        # Per model, the nodes' free GPUs and releases pooled as they are (memoised, see
-        # `fits_memo`); the victim's own nodes' part is swapped for what the preemption
-        # leaves there, and the two walked merged, soonest first.
-        best = None
-        for model, free_all, pooled in self._pooled_by_model():
-            free_total = free_all
-            skip: dict[tuple[int, int], int] = {}
-            mine: list[tuple[int, int]] = []
-            for name in own:
-                node = self._by_name.get(name)
-                if node is None or node.gpu_model != model:
-                    continue
-                free_total -= node_free_count(node)
-                for release in node_releases(self.state, node):
-                    skip[release] = skip.get(release, 0) + 1
-                free, releases = self._after_preemption(node, victim, own[name])
-                free_total += free
-                mine += releases
-            mine.sort()
-            wait = _first_fit_time(free_total, heapq.merge(_without(pooled, skip), mine), victim.gpus)
-            if wait is not None and (best is None or wait < best):
-                best = wait
-        return best
-
-    def _pooled_by_model(self) -> list[tuple[str, int, list[tuple[int, int]]]]:
-        if self._by_model is not None:
-            return self._by_model
-        self._by_model = self._pooled_by_model_memo()
-        return self._by_model
-
-    def _pooled_by_model_memo(self) -> list[tuple[str, int, list[tuple[int, int]]]]:
-        memo = fits_memo(self.state)
-        key = ("by_model", self._names)
-        pooled = memo.get(key)
-        if pooled is None:
-            pooled = []
-            for model in sorted(dict.fromkeys(node.gpu_model for node in self.nodes)):
-                of_model = [node for node in self.nodes if node.gpu_model == model]
-                pooled.append(
-                    (
-                        model,
-                        sum(node_free_count(node) for node in of_model),
-                        sorted(r for node in of_model for r in node_releases(self.state, node)),
-                    )
-                )
-            memo[key] = pooled
-        return pooled
-
-
-def _without(releases: list[tuple[int, int]], skip: dict[tuple[int, int], int]):
-    """`releases` (sorted) less the multiset `skip`, in order."""
-    skip = dict(skip)
-    for release in releases:
-        if skip.get(release):
-            skip[release] -= 1
-            continue
-        yield release

@@ -4,6 +4,9 @@ Loaded from TOML (`core.model.policy_defaults.load_policy_toml`), changed at run
 `set_policy` inputs (which become `PolicyChanged` events so replay stays exact); the defaults
 are versioned per log (core/model/policy_defaults.py). Per-level lists have one entry per
 level, 0 (most urgent) to 7. Names end with their unit.
+
+Over 500 lines on purpose: every tunable is one field of one struct, each with its default
+and the reason for it beside it; split, the policy would no longer read as one whole.
 """
 
 from __future__ import annotations
@@ -80,6 +83,11 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Nodes a preemption for a one-node job prices exactly before it takes the best set found
     # (recording how much cheaper an unpriced one could be: PreemptionPlanned.regret_max).
     preemption_candidate_nodes_max: int = 100
+    # A preemption plan's release curve (`core.forecast.waits.ReleaseCurve`) reads every
+    # running job's time to release as at the start of a grid step of this many ms, kept
+    # across steps (core/forecast/release_pool.py): each release off by less than a step, a
+    # decision costs the nodes events changed, not every running job. 0: exact, at each time.
+    release_curve_grid_ms: int = 60_000
     # The longest-waiting jobs (by submit time, whatever their level) that have waited this
     # long get reservations: the nodes where each will fit soonest (by remaining-time
     # estimates) start nothing else until it starts there. Every job eventually becomes one
@@ -290,7 +298,7 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     # The table of defaults this policy starts from, named by every log (a later release's
     # defaults never change what a log means: core/model/policy_defaults.py).
-    defaults_version: int = 2
+    defaults_version: int = 3
 
 
 # One input's records go to the log as one atomic batch of at most 800 messages
@@ -376,6 +384,8 @@ def validate(policy: Policy) -> Policy:
         )
     if policy.preemption_candidate_nodes_max < 1:
         raise PolicyError("preemption_candidate_nodes_max must be at least 1")
+    if policy.release_curve_grid_ms < 0:
+        raise PolicyError("release_curve_grid_ms must be 0 (exact) or a grid step in ms > 0")
     if policy.victims_per_preemption_max < 1:
         raise PolicyError("victims_per_preemption_max must be at least 1")
     if policy.digest_every_events < 1:

@@ -36,6 +36,7 @@ DEFAULTS_BY_VERSION: dict[int, dict[str, Any]] = {
         "notice_covers_save_in_progress": False,
         "late_release_counts_as_preemption": False,
         "compensation_when_exceeded": False,
+        "release_curve_grid_ms": 0,
     },
     # 2026-12-04: fair share weighs a week's decayed usage; a notice covers a checkpoint
     # write in progress; a victim letting go after its deadline counts as preempted;
@@ -45,6 +46,17 @@ DEFAULTS_BY_VERSION: dict[int, dict[str, Any]] = {
         "notice_covers_save_in_progress": True,
         "late_release_counts_as_preemption": True,
         "compensation_when_exceeded": True,
+        "release_curve_grid_ms": 0,
+    },
+    # 2026-12-04: a preemption plan's release curve reads every running job's release as at
+    # the start of a one-minute grid step, kept across steps (docs/SCALE.md): a decision at
+    # 100,000 GPUs costs its candidates, not every running job.
+    3: {
+        "fair_share_half_life_s": 7 * 24 * 3600.0,
+        "notice_covers_save_in_progress": True,
+        "late_release_counts_as_preemption": True,
+        "compensation_when_exceeded": True,
+        "release_curve_grid_ms": 60_000,
     },
 }
 NEWEST_DEFAULTS_VERSION = max(DEFAULTS_BY_VERSION)

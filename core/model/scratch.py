@@ -75,6 +75,14 @@ class Scratch:
         self.fit_orders: dict[tuple[str, int], Any] = {}
         self.fit_dirty: dict[str, None] = {}
         self.fit_order_t = -1
+        # Per tuple of GPU models, their up nodes' releases as at the start of the current
+        # grid step (`core.forecast.release_pool.ReleasePool`, with a release curve grid
+        # set), made when first asked for and dropped when the grid point moves; (grid
+        # point, step) they were made at; the nodes whose releases or free GPUs changed
+        # since the last query (entered again then, as `fit_dirty`'s are).
+        self.release_pools: dict[tuple[str, ...], Any] = {}
+        self.release_pools_grid: tuple[int, int] = (-1, 0)
+        self.release_dirty: dict[str, None] = {}
 
 
 def forget_pass_memory(sx: Scratch) -> None:
@@ -97,6 +105,7 @@ def forget_releases(sx: Scratch, placement, keep_fits: bool = False) -> None:
         if not keep_fits:
             sx.node_fits.pop(slot.node, None)
             sx.fit_dirty[slot.node] = None
+            sx.release_dirty[slot.node] = None
     if placement:
         sx.releases_gen += 1
 
@@ -107,6 +116,7 @@ def forget_node(sx: Scratch, node_name: str) -> None:
     sx.node_holders.pop(node_name, None)
     sx.node_fits.pop(node_name, None)
     sx.fit_dirty[node_name] = None
+    sx.release_dirty[node_name] = None
     sx.releases_gen += 1
 
 
@@ -119,6 +129,7 @@ def forget_release_lists(sx: Scratch, nodes=()) -> None:
     sx.releases_gen += 1
     for name in nodes:
         sx.fit_dirty[name] = None
+        sx.release_dirty[name] = None
 
 
 def forget_remaining(sx: Scratch) -> None:
@@ -128,4 +139,6 @@ def forget_remaining(sx: Scratch) -> None:
     sx.node_fits.clear()
     sx.fit_orders.clear()
     sx.fit_dirty.clear()
+    sx.release_pools.clear()
+    sx.release_dirty.clear()
     sx.releases_gen += 1

@@ -320,6 +320,7 @@ def set_holder(c: Canonical, ix: Index, sx: Scratch, node_name: str, gpu: int, j
     sx.releases_gen += 1
     sx.node_fits.pop(node_name, None)
     sx.fit_dirty[node_name] = None
+    sx.release_dirty[node_name] = None
     ix.nodes_stale[node_name] = None
     # Only the free GPUs of nodes that take work are indexed (a cordoned node's are not).
     indexed = takes_work(node)
@@ -446,6 +447,7 @@ def touch_job(state: "State", job_id: str, release_spec: Callable | None = None)
         fits = sx.node_fits
         for slot in job.placement:
             sx.fit_dirty[slot.node] = None
+            sx.release_dirty[slot.node] = None
             fit = fits.get(slot.node)
             if fit is not None:
                 fit.moved.append(job_id)

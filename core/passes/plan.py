@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ..forecast.waits import ReleaseCurve, RequeueFit, expected_runtime_ms, natural_wait_ms
+from ..forecast.requeue_fit import RequeueFit
+from ..forecast.waits import ReleaseCurve, expected_runtime_ms, natural_wait_ms
 from ..model.placement import acceptable_models, node_size_max, place
 from ..model.state import State
 from ..model.cordon import takes_work

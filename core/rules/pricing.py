@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ..forecast.waits import ReleaseCurve, RequeueFit, queued_ahead, safe_point_ms
+from ..forecast.requeue_fit import RequeueFit
+from ..forecast.waits import ReleaseCurve, queued_ahead, safe_point_ms
 from ..model.policy import Policy
 from ..model.state import State
 from ..model.state import recovery_boost as recovery_boost  # re-exported (X as X)
