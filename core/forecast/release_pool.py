@@ -26,7 +26,7 @@ import bisect
 
 from ..model.cordon import takes_work
 from ..model.state import State
-from .release import holder_specs, remaining_at
+from .release import LINDY_FLOOR_FRACTION, holder_specs
 
 TURNOVER_SCALE_BITS = 64
 BLOCK_SIZE = 256  # releases per block before it splits in two
@@ -46,9 +46,15 @@ def node_releases_at(state: State, node, t: int) -> list[Release]:
     specs = holder_specs(state, node)
     holders = state.scratch.node_holders[node.name]
     name = node.name
-    return sorted(
-        (remaining_at(spec, t), gpus, name, job_id) for (spec, gpus), (job_id, _) in zip(specs, holders)
-    )
+    releases = []
+    for (spec, gpus), (job_id, _) in zip(specs, holders):
+        fixed, total, done, since = spec[:4]
+        if fixed < 0:  # remaining_at(spec, t), inline: a pool is made of every running job
+            done += max(0, t - since)
+            fixed = max(total - done, done - total, total // LINDY_FLOOR_FRACTION, 1)
+        releases.append((fixed, gpus, name, job_id))
+    releases.sort()
+    return releases
 
 
 def turnover_part(releases: list[Release]) -> int:
@@ -79,14 +85,29 @@ class ReleasePool:
 
     def put(self, state: State, node) -> None:
         """Enter the node as it is now, its releases as at the grid point."""
+        for release in self._entered(state, node):
+            self._insert(release)
+
+    def put_all(self, state: State, nodes) -> None:
+        """Enter every one of `nodes` into an empty pool: the releases sorted once."""
+        pooled: list[Release] = []
+        for node in nodes:
+            pooled += self._entered(state, node)
+        pooled.sort()
+        self.count = len(pooled)
+        self.blocks = [pooled[i : i + BLOCK_SIZE] for i in range(0, len(pooled), BLOCK_SIZE)]
+        self.tops = [block[-1] for block in self.blocks]
+        self.block_gpus = [sum(release[1] for release in block) for block in self.blocks]
+
+    def _entered(self, state: State, node) -> list[Release]:
+        # The node's entry and sums; its releases, for the caller to place.
         releases = node_releases_at(state, node, self.grid_t)
         part = turnover_part(releases)
         free = node.holder.count("")  # node_free_count
         self.entry[node.name] = (free, releases, part)
         self.free += free
         self.turnover += part
-        for release in releases:
-            self._insert(release)
+        return releases
 
     def drop(self, name: str) -> None:
         """Take the node out (it changed, or it no longer belongs)."""
@@ -186,8 +207,7 @@ def fresh_pool(state: State, nodes, grid_t: int) -> ReleasePool:
     """A pool of `nodes` (any iterable of nodes) made afresh at the grid point `grid_t`, not
     kept: for a list of nodes (an explanation's), and what a kept pool must equal."""
     pool = ReleasePool((), grid_t)
-    for node in nodes:
-        pool.put(state, node)
+    pool.put_all(state, nodes)
     return pool
 
 
@@ -217,7 +237,6 @@ def kept_pool(state: State, models: tuple[str, ...], grid_ms: int) -> ReleasePoo
     if pool is None:
         pool = pools[models] = ReleasePool(models, grid_t)
         nodes = state.canonical.nodes
-        for model in models:
-            for name in state.index.up_nodes_by_model.get(model, ()):
-                pool.put(state, nodes[name])
+        up = state.index.up_nodes_by_model
+        pool.put_all(state, [nodes[name] for model in models for name in up.get(model, ())])
     return pool
