@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import msgspec
+import pytest
 
 import core.passes.plan as plan_module
 from core import types as T
@@ -79,12 +80,12 @@ class _BusyPool:
     checkpoints, started at different times, some of them saving checkpoints: many
     candidate nodes for an urgent job, of victims alike and not."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, grid_ms: int) -> None:
         self.rng = random.Random(seed)
         self.world = World(seed)
         self.t = 0
         self.n = 0
-        self.world.state = Run().state
+        self.world.state = Run(release_curve_grid_ms=grid_ms).state
         for i in range(self.rng.randint(6, 12)):
             self.world.feed(node(f"n{i:02d}", t=0))
 
@@ -122,10 +123,12 @@ class _BusyPool:
         )  # fmt: skip
 
 
-def test_a_bounded_search_misses_the_cheapest_set_by_no_more_than_the_gap_it_records(monkeypatch):
+# The release curve read exactly, and on the grid (kept across steps) of the defaults.
+@pytest.mark.parametrize("grid_ms", [0, 60_000])
+def test_a_bounded_search_misses_the_cheapest_set_by_no_more_than_the_gap_it_records(monkeypatch, grid_ms):
     counts: dict = {}
     for seed in range(40):
-        pool = _BusyPool(seed)
+        pool = _BusyPool(seed, grid_ms)
         for _ in range(6):
             pool.fill()
             _searches_compared(pool.world, monkeypatch, counts)
