@@ -27,11 +27,20 @@ from __future__ import annotations
 import heapq
 
 from ..model.cordon import takes_work
-from ..model.placement import free_indices
+from ..model.entities import node_free_count
+from ..model.placement import free_indices, gpus_on
 from ..model.types import Slot
 from ..rules.eligibility import eligible_in_reach
 from ..rules.pricing import LazyPrices, victim_cost_floor, victim_safe_point_ms
-from .victims import BOUND_ROUNDING_SHARE, PRICED_OUT, NegativeCost, SetSearch, _best_on_node, node_bound
+from .victims import (
+    BOUND_ROUNDING_SHARE,
+    PRICED_OUT,
+    NegativeCost,
+    SetSearch,
+    _best_on_node,
+    _may_free,
+    node_bound,
+)
 
 INFINITE = float("inf")
 SLACK = 1.0 + 4 * BOUND_ROUNDING_SHARE
@@ -50,22 +59,75 @@ class Bounded:
         self.regret = regret
 
 
-def any_eligible(d, guard, models: list[str], held: dict) -> bool:
-    """Whether `d`'s preemptor has an eligible victim on these models (running jobs only can
-    be: a victim that is starting, reserved or letting go is shielded)."""
-    ix = d.state.index
-    jobs = d.state.canonical.jobs
+# What a job that fits one node may hope for before any victim is priced (`set_prospect`).
+NO_ELIGIBLE = "no_eligible"
+NO_SET = "no_set"
+MAY_FIND = "may_find"
+
+
+def set_prospect(d, search: SetSearch, models: list[str], held: dict) -> str:
+    """Before any price, for `d`'s preemptor that fits one node: `NO_ELIGIBLE` when no running
+    job on these models is an eligible victim (running jobs only can be: a victim that is
+    starting, reserved or letting go is shielded); `NO_SET` when some are but on no node could
+    they free the GPUs the job lacks, whatever their prices (`cannot_free_enough`'s verdict
+    over every eligible victim); else `MAY_FIND`. Read from the victims' side: a node is
+    checked when one of its eligible victims comes up, and the reading ends at the first node
+    where a set may be found, so a busy pool of any size answers after a node or two."""
+    state, guard = search.state, search.guard
+    ix = state.index
+    jobs = state.canonical.jobs
     model_ok = dict.fromkeys(models)
     levels = dict.fromkeys(d.levels)
+    eligible: dict[str, bool] = {}
+
+    def is_eligible(victim_id: str) -> bool:
+        known = eligible.get(victim_id)
+        if known is None:
+            victim = jobs[victim_id]
+            known = eligible[victim_id] = victim.level in levels and eligible_in_reach(
+                d, guard, victim, model_ok, held
+            )
+        return known
+
+    checked: dict[str, None] = {}
+    found = False
     for model in models:
-        classes = ix.victims_by_class.get(model, {})
-        for key in sorted(classes):
+        # (In the index's order: the verdict does not depend on which victim comes first.)
+        for key, members in ix.victims_by_class.get(model, {}).items():
             if key[0] not in levels:
                 continue
-            for _, victim_id in reversed(classes[key]):
-                if eligible_in_reach(d, guard, jobs[victim_id], model_ok, held):
-                    return True
-    return False
+            for _, victim_id in reversed(members):
+                if not is_eligible(victim_id):
+                    continue
+                found = True
+                for slot in jobs[victim_id].placement:
+                    if slot.node not in checked:
+                        checked[slot.node] = None
+                        if _may_free_on(search, slot.node, model_ok, held, is_eligible):
+                            return MAY_FIND
+    return NO_SET if found else NO_ELIGIBLE
+
+
+def _may_free_on(search: SetSearch, name: str, model_ok: dict, held: dict, is_eligible) -> bool:
+    """Whether a set on node `name` may free the job's GPUs (`cannot_free_enough` for one
+    node of the plan's scope): it has them free already, or its eligible victims the guard
+    allows one at a time might (`_may_free`)."""
+    state, job, guard = search.state, search.job, search.guard
+    node = state.canonical.nodes.get(name)
+    if node is None or not takes_work(node) or node.gpu_model not in model_ok or name in held:
+        return False
+    if node.gpus < job.gpus:
+        return False
+    need = job.gpus - node_free_count(node)
+    if need <= 0:
+        return True
+    jobs = state.canonical.jobs
+    units = [
+        (len(gpus_on(jobs[v], name)), jobs[v])
+        for v in state.index.jobs_by_node.get(name, {})
+        if is_eligible(v) and not guard.refusal({}, jobs[v])
+    ]
+    return _may_free(search, units, need)
 
 
 def choose_on_one_node_bounded(

@@ -36,7 +36,7 @@ from ..rules.pricing import LazyPrices, Pricing, VictimCost, price_victims, pric
 from ..rules.rights import DEPTH, depth_refusal
 from ..rules.substitutes import substitute_penalty, substitutes
 from .placement import reserved_nodes
-from .bounded import any_eligible, choose_on_one_node_bounded
+from .bounded import NO_ELIGIBLE, NO_SET, choose_on_one_node_bounded, set_prospect
 from .victims import (
     NegativeCost,
     SetSearch,
@@ -159,18 +159,24 @@ def _plan_on_one_node(
     from the victims' side (core/passes/bounded.py), never listed whole, the same plan or
     decline as from the list of every eligible victim while the search is whole."""
     state, job, p = d.state, d.job, d.policy
-    if not any_eligible(d, guard, scope.models, scope.held):
+    cap = victim_cap(state, p, job, scope.models)
+    prospect = set_prospect(d, SetSearch(state, job, guard, cap), scope.models, scope.held)
+    if prospect == NO_ELIGIBLE:
         if d.own_only:
             return Decline(reason="user_preempting_limit", limit=USER_PREEMPTING)
         return _diagnosed(
             d, guard, Decline(reason="no_eligible_victims"), scope.models, scope, None, diagnose
+        )
+    if prospect == NO_SET:  # whatever the prices: skip them
+        eligible = eligible_victims(d, guard, scope.models, scope.held) if diagnose else []
+        return _diagnosed(
+            d, guard, Decline(reason="no_victim_set_within_limits"), scope.models, scope, eligible, diagnose
         )
     curve = ReleaseCurve(state, scope.nodes, scope.runtime_ms)
     natural_wait = natural_wait_ms(state, job, scope.nodes, curve)
     pricing = pricing_for(state, job, p, scope.runtime_ms, natural_wait)
     fit = RequeueFit(state, scope.nodes, job.gpus, scope.runtime_ms)
     prices = LazyPrices(state, job, [], p, pricing, curve, fit)
-    cap = victim_cap(state, p, job, scope.models)
     search = SetSearch(state, job, guard, cap, pricing)
     out_at = priced_out_at(job, p, pricing, natural_wait) if known_decline == BELOW_COST else None
     regret = 0.0
