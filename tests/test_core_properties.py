@@ -14,7 +14,7 @@ from core.rules.holds import victim_cap
 from core.model.placement import acceptable_models
 from core.rules.shares import fair_shares, holding
 from core.model.scratch import Scratch
-from core.model.state import live_digest, rebuild_index
+from core.model.state import live_digest, rebuild_index, victim_classes
 
 from random_world import World, run_world
 from scenario import check_invariants
@@ -101,6 +101,7 @@ def test_invariants_hold_after_every_step_of_a_random_workload(seed):
         if isinstance(r.event, (T.PreemptionCommitted, T.PreemptionRolledBack))
     ]
     assert sorted(ended) == sorted(planned), "every saga ends exactly once"
+    victim_classes(world.state)  # (the victims touched since a decision last read them keyed)
     assert index_view(rebuild_index(world.state.canonical, Scratch())) == index_view(world.state.index)
     replayed = rebuild(world.records)
     assert state_digest(replayed.canonical) == state_digest(world.state.canonical)

@@ -2,8 +2,8 @@
 exist at all (core/passes/bounded.py `set_prospect`, read from the victims' side and ending
 at the first node where one may): its verdict is the one the list of every eligible victim
 gives (`eligible_victims` empty: no eligible victim; `cannot_free_enough` over them: no set
-within the limits), for every queued job that may preempt, at every step of random worlds
-and of busy pools where urgent jobs arrive."""
+within the limits), for every queued job that may preempt, on busy pools where urgent jobs
+arrive (half of them under level and team guarantees) and at every step of random worlds."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from core.forecast.waits import expected_runtime_ms, natural_wait_ms
 from core.machine import next_due_t
 from core.model.entities import QUEUED
 from core.model.placement import acceptable_models
-from core.model.state import snapshot_bytes
+from core.model.state import snapshot_bytes, victim_classes
 from core.passes.placement import reserved_nodes
 from core.passes.plan import plan_preemption, preemption_scope
 from core.rules.shares import fair_shares, holding, teams_below_share
@@ -28,7 +28,9 @@ from test_explain_agrees_with_decision import random_policy
 
 def frozen(state) -> tuple:
     """What a reader must leave as it was: the canonical entities' bytes and every lookup of
-    the index."""
+    the index (the victim classes as a reader finds them: the jobs touched since they were
+    last read keyed again, as the first read does)."""
+    victim_classes(state)
     return snapshot_bytes(state.canonical), state.canonical.t, copy.deepcopy(vars(state.index))
 
 

@@ -98,6 +98,7 @@ class Index:
         # cheapest victims of a class are at its end (core/passes/bounded.py).
         self.victims_by_class: dict[str, dict[tuple, list[tuple[int, str]]]] = {}
         self.victim_keys: dict[str, tuple[str, tuple, int]] = {}
+        self.victims_stale: dict[str, None] = {}  # touched since: keyed by `victim_classes`
         self.total_gpus = 0
         # While evolve keeps decayed usage (a fair-share half-life is set): each change of the
         # GPUs a team holds at a level, as (level, team, GPUs held before); None otherwise.
@@ -391,7 +392,7 @@ def victim_class(job: Job, p: Policy) -> tuple[tuple, int]:
 
 def victim_index(ix: Index, c: Canonical, job: Job | None, job_id: str = "") -> None:
     """Keep a job's place in `victims_by_class` (running: indexed by its class and anchor;
-    else not at all) after an event touched it."""
+    else not at all) after events touched it."""
     job_id = job.id if job is not None else job_id
     old = ix.victim_keys.pop(job_id, None)
     if old is not None:
@@ -412,9 +413,20 @@ def victim_index(ix: Index, c: Canonical, job: Job | None, job_id: str = "") -> 
 
 
 def reindex_victims(ix: Index, c: Canonical) -> None:
-    """Every running job's victim class again (the policy changed its requeue level)."""
-    for job_id in list(ix.victim_keys):
+    """Every running job's victim class again (the policy changed its requeue level), when
+    the classes are next read."""
+    ix.victims_stale.update(dict.fromkeys(ix.victim_keys))
+
+
+def victim_classes(state: "State") -> dict[str, dict[tuple, list[tuple[int, str]]]]:
+    """`Index.victims_by_class`, the jobs touched since it was last read keyed again first:
+    a job is keyed when a decision reads the classes, not at every event that touches it
+    (a running job's checkpoints touch it many times between two decisions)."""
+    ix, c = state.index, state.canonical
+    for job_id in ix.victims_stale:
         victim_index(ix, c, c.jobs.get(job_id), job_id)
+    ix.victims_stale.clear()
+    return ix.victims_by_class
 
 
 def queue_depth(ix: Index, level: int) -> int:
@@ -432,8 +444,8 @@ def touch_job(state: "State", job_id: str, release_spec: Callable | None = None)
     sx = state.scratch
     old = sx.remaining_memo.pop(job_id, None)
     state.index.hashes_stale[job_id] = None
+    state.index.victims_stale[job_id] = None
     job = state.canonical.jobs.get(job_id)
-    victim_index(state.index, state.canonical, job, job_id)
     if job is None:
         return
     unchanged = False

@@ -3,7 +3,7 @@ candidate nodes first, at most a budget of them priced exactly, and how much che
 it did not look at could be (`Bounded.regret`).
 
 The running jobs are indexed by victim class and anchor (core.model.state `victim_class`,
-`Index.victims_by_class`): within a class a victim costs no less the earlier its anchor
+`victim_classes`): within a class a victim costs no less the earlier its anchor
 (the more progress it would lose), so each class is read from its latest anchor down and
 the classes merged by the least price per GPU they may still hold
 (core.rules.pricing `victim_cost_floor`). A node is looked at when one of its victims
@@ -28,6 +28,7 @@ import heapq
 
 from ..model.cordon import takes_work
 from ..model.entities import node_free_count
+from ..model.state import victim_classes
 from ..model.placement import free_indices, gpus_on
 from ..model.types import Slot
 from ..rules.eligibility import eligible_in_reach
@@ -74,7 +75,6 @@ def set_prospect(d, search: SetSearch, models: list[str], held: dict) -> str:
     checked when one of its eligible victims comes up, and the reading ends at the first node
     where a set may be found, so a busy pool of any size answers after a node or two."""
     state, guard = search.state, search.guard
-    ix = state.index
     jobs = state.canonical.jobs
     model_ok = dict.fromkeys(models)
     levels = dict.fromkeys(d.levels)
@@ -93,7 +93,7 @@ def set_prospect(d, search: SetSearch, models: list[str], held: dict) -> str:
     found = False
     for model in models:
         # (In the index's order: the verdict does not depend on which victim comes first.)
-        for key, members in ix.victims_by_class.get(model, {}).items():
+        for key, members in victim_classes(state).get(model, {}).items():
             if key[0] not in levels:
                 continue
             for _, victim_id in reversed(members):
@@ -144,6 +144,7 @@ def choose_on_one_node_bounded(
         raise NegativeCost
     c = state.canonical
     ix = state.index
+    classes_by_model = victim_classes(state)
     jobs = c.jobs
     model_ok = dict.fromkeys(models)
     levels = dict.fromkeys(d.levels)
@@ -167,7 +168,7 @@ def choose_on_one_node_bounded(
     floors: dict[tuple[str, tuple], tuple[int, float]] = {}  # the last anchor's, per class
 
     def push(model: str, key: tuple, i: int) -> None:
-        members = ix.victims_by_class[model][key]
+        members = classes_by_model[model][key]
         while i >= 0 and not is_eligible(members[i][1]):
             i -= 1
         if i < 0:
@@ -186,12 +187,12 @@ def choose_on_one_node_bounded(
         heapq.heappush(heads, (per_gpu, model, key, i))
 
     for model in models:
-        classes = ix.victims_by_class.get(model, {})
+        classes = classes_by_model.get(model, {})
         for key in sorted(classes):
             if key[0] in levels:
                 push(model, key, len(classes[key]) - 1)
     for _, model, key, i in heads:
-        safe_point = victim_safe_point_ms(jobs[ix.victims_by_class[model][key][i][1]], pricing.safe_point_ms)
+        safe_point = victim_safe_point_ms(jobs[classes_by_model[model][key][i][1]], pricing.safe_point_ms)
         ready_min = safe_point if ready_min is None else min(ready_min, safe_point)
 
     def floor_left() -> float:
@@ -239,7 +240,7 @@ def choose_on_one_node_bounded(
         # read (any order is exact: it only decides how soon the search can end).
         if bound > floor * SLACK:
             _, model, key, i = heapq.heappop(heads)
-            for slot in jobs[ix.victims_by_class[model][key][i][1]].placement:
+            for slot in jobs[classes_by_model[model][key][i][1]].placement:
                 if slot.node not in seen:
                     look_at(slot.node)
             push(model, key, i - 1)
