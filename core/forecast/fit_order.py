@@ -11,9 +11,11 @@ soonest fit at `t` is the least of the three fronts. An entry stays true until
 - an event changes the node's holders, free GPUs or its jobs' forecasts: the code that
   drops or marks the node's kept forecast (`core.model.state.set_holder`, `touch_job`,
   `core.model.scratch.forget_node`, a learned runtime of its jobs' team and kind) marks it
-  in `Scratch.fit_dirty`, and the next query makes its lines again;
+  in `Scratch.fit_dirty`, the next query hands it to every order, and the next query of
+  an order makes its line there again;
 - its line ends (`t` reaches the line's end): the `ends` heap yields it at that time.
-Each change is paid once, at the next query (amortised over the events that made it);
+Each change is paid once per order, at its next query (amortised over the events that
+made it; an order no query reads pays nothing);
 a query reads the fronts, skipping the few nodes held for other jobs. Time read back (a
 drain hold worked out at the step before's time) falls back to reading every node.
 """
@@ -34,7 +36,7 @@ SLOPES = (-1, 0, 1)
 class FitOrder:
     """The up nodes of one model with at least `need` GPUs, by when `need` GPUs fit there."""
 
-    __slots__ = ("by_slope", "entry", "ends")
+    __slots__ = ("by_slope", "entry", "ends", "dirty")
 
     def __init__(self) -> None:
         # slope -> sorted [(intercept, name)]: the fit at t is intercept + slope * t
@@ -42,6 +44,9 @@ class FitOrder:
         # name -> (slope, intercept, end) of its line, or None when it never fits
         self.entry: dict[str, tuple[int, int, int] | None] = {}
         self.ends: list[tuple[int, str]] = []  # (end of a line, name): a heap
+        # The nodes whose fits changed since this order was last read (entered again then:
+        # a node that changes many times between two reads is entered once).
+        self.dirty: dict[str, None] = {}
 
     def put(self, state: State, node, need: int) -> None:
         """Enter the node's fit as its kept line says at the state's time (after `drop`)."""
@@ -98,12 +103,14 @@ def ordered_single_fit(state: State, nodes: UpNodes, need: int) -> tuple[bool, t
     if t < sx.fit_order_t:
         return False, None
     sx.fit_order_t = t
-    _bring_up_to_date(state, t)
+    _hand_out_dirty(sx)
     best = None
     for model in nodes.models:
         order = sx.fit_orders.get((model, need))
         if order is None:
             order = sx.fit_orders[(model, need)] = _made(state, model, need)
+        else:
+            _bring_up_to_date(state, order, model, need, t)
         candidate = order.soonest(t, nodes.excluded)
         if candidate is not None and (best is None or candidate < best):
             best = candidate
@@ -120,24 +127,28 @@ def _made(state: State, model: str, need: int) -> FitOrder:
     return order
 
 
-def _bring_up_to_date(state: State, t: int) -> None:
-    """Enter again the nodes whose fits changed since the last query (`fit_dirty`) and those
-    whose lines have ended by `t`, in every kept order."""
-    sx = state.scratch
-    if not sx.fit_orders:
-        sx.fit_dirty.clear()
-        return
-    nodes = state.canonical.nodes
+def _hand_out_dirty(sx) -> None:
+    """The nodes whose fits changed since the last query, to every kept order (each enters
+    them again when it is next read)."""
     dirty = sx.fit_dirty
-    for (model, need), order in sx.fit_orders.items():
-        again = [name for name in dirty if name in order.entry or _belongs(nodes.get(name), model, need)]
-        again += order.ended(t)
-        for name in sorted(dict.fromkeys(again)):
-            order.drop(name)
-            node = nodes.get(name)
-            if _belongs(node, model, need):
-                order.put(state, node, need)
-    dirty.clear()
+    if dirty:
+        for order in sx.fit_orders.values():
+            order.dirty.update(dirty)
+        dirty.clear()
+
+
+def _bring_up_to_date(state: State, order: FitOrder, model: str, need: int, t: int) -> None:
+    """Enter again the order's nodes whose fits changed since it was last read and those
+    whose lines have ended by `t`."""
+    nodes = state.canonical.nodes
+    again = [name for name in order.dirty if name in order.entry or _belongs(nodes.get(name), model, need)]
+    again += order.ended(t)
+    for name in sorted(dict.fromkeys(again)):
+        order.drop(name)
+        node = nodes.get(name)
+        if _belongs(node, model, need):
+            order.put(state, node, need)
+    order.dirty.clear()
 
 
 def _belongs(node, model: str, need: int) -> bool:

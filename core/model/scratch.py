@@ -70,8 +70,9 @@ class Scratch:
         self.fits_memo_gen = -1
         # Per (model, gang size), its up nodes by when that gang fits there alone
         # (`core.forecast.fit_order.FitOrder`), made when first asked for; the nodes whose
-        # forecasts changed since the last query (`fit_dirty`, entered again then); and the
-        # time of that query (one at an earlier time reads every node instead).
+        # forecasts changed since the last query (`fit_dirty`, handed to every order then,
+        # each entering them again when it is read); and the time of that query (one at an
+        # earlier time reads every node instead).
         self.fit_orders: dict[tuple[str, int], Any] = {}
         self.fit_dirty: dict[str, None] = {}
         self.fit_order_t = -1
