@@ -1,5 +1,5 @@
 """Every command that reads a policy file says, once, on stderr, that a deprecated parameter in
-it (core.model.policy.DEPRECATED_PARAMS) has no effect, and still does its work."""
+it (core.model.policy_deprecated.DEPRECATED_PARAMS) has no effect, and still does its work."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from core import types as T
 from core.passes.placement import reserved_nodes
 from core.log.evolve import evolve
 from projections.views import share_rows
-from core.model.policy import deprecation_notes
+from core.model.policy_deprecated import deprecation_notes
 
 from scenario import HOUR, MIN, Run, check_invariants, node, of, start_all, started, submit, tick
 

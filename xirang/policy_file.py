@@ -1,13 +1,14 @@
 """Policy files as every command reads them: checked (core.model.policy.read_policy_toml raises a
 PolicyError naming the file and key to fix), with one note on stderr per deprecated
-parameter (core.model.policy.DEPRECATED_PARAMS), so the scheduler, `up`, `replay run`, `sim`,
+parameter (core.model.policy_deprecated.DEPRECATED_PARAMS), so the scheduler, `up`, `replay run`, `sim`,
 `sweep` and `whatif` all say the same when a file sets one."""
 
 from __future__ import annotations
 
 import sys
 
-from core.model.policy import Policy, deprecation_notes, read_policy_toml, with_params
+from core.model.policy import Policy, read_policy_toml, with_params
+from core.model.policy_deprecated import deprecation_notes
 from core.model.policy_defaults import DEFAULTS_VERSION_KEY, defaults_of
 
 

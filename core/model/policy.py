@@ -428,20 +428,6 @@ def _check_not_negative(policy: Policy) -> None:
                 raise PolicyError(f"{name} must not be negative, got {value}")
 
 
-# Parameters that no longer change anything, with why: still accepted (older logs and
-# policy files set them), and the scheduler and `xirang replay` say so when given one.
-DEPRECATED_PARAMS = {
-    "team_downgrade_ms": "no effect: a team's downgrade lasts until its preemption quota recovers "
-    "(team_preempting_max in fairness_window_ms)",
-}
-
-
-def deprecation_notes(params: dict[str, Any]) -> list[str]:
-    """One line per deprecated parameter in `params`, saying that it is ignored and why."""
-    return [f"policy parameter {key!r} is deprecated, {DEPRECATED_PARAMS[key]}" for key in sorted(params)
-            if key in DEPRECATED_PARAMS]  # fmt: skip
-
-
 AB_SPLITS = ("team", "user", "job_group", "job")
 AB_CONTROL = "control"
 # The parameters an A/B variant may override: exactly those the preemption decision reads
