@@ -6,6 +6,7 @@ Test-only helpers are in tests/live_helpers.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -235,11 +236,21 @@ class Cluster:
             if predicate(records):
                 return records
             if time.monotonic() > deadline:
-                tail = [f"{r.n} {T.type_name(r.event)} {getattr(r.event, 'job', '')}" for r in records[-15:]]
+                tail = [_described(r) for r in records[-15:]]
                 raise AssertionError(
                     f"{what} not reached in {timeout_s} s; log tail: {tail}; logs in {self.logs}"
+                    + self._log_tails()
                 )
             time.sleep(0.2)
+
+    def _log_tails(self, lines: int = 12) -> str:
+        """The last lines of every process's log: CI keeps what a failure prints, not the
+        temporary folder the logs were in."""
+        out = []
+        for path in sorted(self.logs.glob("*.log")):
+            with contextlib.suppress(OSError):
+                out.append(f"\n--- {path.name}:\n" + "\n".join(path.read_text().splitlines()[-lines:]))
+        return "".join(out)
 
     def wait_for(self, kind, timeout_s: float = 20.0, count: int = 1, **fields) -> list[T.Record]:
         """Wait until the log holds `count` events of `kind` with these field values."""
@@ -287,3 +298,10 @@ def sleep_command(seconds: float, trace: Path | None = None) -> list[str]:
         code += f"open({str(trace)!r}, 'a').write(str(os.getpid()) + '\\n')\n"
     code += f"time.sleep({seconds})\n"
     return [sys.executable, "-c", code]
+
+
+def _described(record: T.Record) -> str:
+    """One record in a line: its number, type, job and, for an ending, why."""
+    ev = record.event
+    why = getattr(ev, "reason", "")
+    return f"{record.n} {T.type_name(ev)} {getattr(ev, 'job', '')}" + (f" ({why})" if why else "")

@@ -5,6 +5,8 @@ single-node fit and every node's releases equal those worked out from scratch.""
 
 import random
 
+import pytest
+
 from core.forecast import waits as F
 from core.forecast import node_fit as N
 from core.forecast.release import holder_specs
@@ -46,7 +48,11 @@ def _busy_workload(count: int):
     )
 
 
-def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkeypatch):
+# Read exactly (grid 0) and on the default grid. The release pool kept across steps
+# (core/forecast/release_pool.py) reads a node's releases only when its holders change,
+# so far fewer reads than fits are checked.
+@pytest.mark.parametrize("grid_ms", [0, 60_000])
+def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkeypatch, grid_ms):
     kept = N.earliest_single_fit
     seen = {"calls": 0, "with_moved_forecasts": 0, "with_moved_jobs": 0, "releases": 0}
 
@@ -88,8 +94,14 @@ def test_each_earliest_single_node_fit_equals_one_worked_out_from_scratch(monkey
     monkeypatch.setattr(F, "earliest_single_fit", checked)
     monkeypatch.setattr(F, "ordered_single_fit", checked_ordered)
     monkeypatch.setattr(F, "node_releases", checked_releases)
-    simulate(_busy_workload(160), Cluster.uniform(32, 8), "xirang", {"tick_s": 60.0}, seed=0)
+    simulate(
+        _busy_workload(160),
+        Cluster.uniform(32, 8),
+        "xirang",
+        {"tick_s": 60.0, "release_curve_grid_ms": grid_ms},
+        seed=0,
+    )
     assert seen["calls"] > 100
     assert seen["with_moved_forecasts"] > 20
     assert seen["with_moved_jobs"] > 20
-    assert seen["releases"] > 100
+    assert seen["releases"] > 40, seen
