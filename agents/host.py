@@ -55,7 +55,7 @@ from .diskwatch import DiskWatch, no_space
 from trust.natsauth import CREDS_ENV, JobMinter
 from trust.signing import KeyRing, verify_one
 
-from . import ckptcopy, ckptfile, ckptpath, rendezvous
+from . import ckptcopy, ckptfile, ckptpath, jobwrap, rendezvous
 from transport import bus
 from transport.locks import AlreadyRunning, InstanceLock
 from .gpus import Inventory
@@ -220,6 +220,9 @@ class HostAgent:
         self.actions = 0
         self.nc = self.js = None
         self._children: dict[int, object] = {}
+        # Exit statuses of wrappers that ended, by pid, until their run's end is reported:
+        # what a wrapper that could not write its exit file (a full disk) still tells.
+        self._wrapper_status: dict[int, int] = {}
         self._keepers: list = []  # output keepers' first processes, reaped as they detach
         self._cleanups: set = set()  # removals of ended jobs' checkpoint copies under way
         # Facts the outbox could not keep (a full disk): sent from memory, in order.
@@ -1170,9 +1173,11 @@ class HostAgent:
     def _alive(self, run: Run) -> bool:
         child = self._children.get(run.pid)
         if child is not None:
-            if child.poll() is None:
+            status = child.poll()
+            if status is None:
                 return True
             self._children.pop(run.pid, None)
+            self._wrapper_status[run.pid] = status
             return False
         # Adopted after a restart: the pid must still be our wrapper, not a reused number.
         return pid_alive(run.pid) and is_run_wrapper(
@@ -1181,6 +1186,9 @@ class HostAgent:
 
     async def _exited(self, run: Run) -> None:
         rc = _read_rc(Path(run.dir) / EXIT_FILE)
+        status = self._wrapper_status.pop(run.pid, None)
+        if rc is None and status is not None and status >= 0:
+            rc = jobwrap.rc_of_status(status)  # the wrapper could not write its exit file
         marker = f"{self.node}/{run.job}/{run.n}"
         # A run ends with its wrapper: whatever it left running in other sessions goes too.
         left = kill_run_processes(marker, run.dir)

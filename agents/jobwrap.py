@@ -6,6 +6,10 @@
 The wrapper shares the job's process group: the host agent signals the group. The wrapper
 itself survives the notices and SIGTERM (the job decides what they mean) and dies with
 the group on SIGKILL, leaving no exit file: the agent then knows the job was killed.
+
+A record it cannot write (a full disk) costs the job nothing: the job runs all the same,
+and the wrapper ends with the job's exit status as its own (128 + N for signal N, as a
+shell says it), which the agent, its parent, reads when the exit file is missing.
 """
 
 from __future__ import annotations
@@ -47,11 +51,24 @@ def main(argv: list[str]) -> int:
     else:
         rc = proc.wait()
     _write_json(exit_file, {"rc": rc, "t": time.time()})
-    return 0
+    return status_of(rc)
+
+
+def status_of(rc: int) -> int:
+    """A job's exit status as a process's own: a signal N (rc -N) as 128 + N."""
+    return 128 - rc if rc < 0 else rc & 0xFF
+
+
+def rc_of_status(status: int) -> int:
+    """`status_of` read back: 128 + N as killed by signal N (rc -N)."""
+    return 128 - status if 128 < status < 160 else status
 
 
 def _write_json(path: str, value: dict) -> None:
-    write_durably(path, json.dumps(value).encode())
+    try:
+        write_durably(path, json.dumps(value).encode())
+    except OSError as err:  # e.g. a full disk: the job must not pay for the record
+        print(f"jobwrap: cannot record {os.path.basename(path)}: {err}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from trust.durable import TMP_SUFFIX, write_durably
+from agents import jobwrap
 from agents.gpus import parse_simulate
 from agents.host import HostAgent, Run
 from agents.local_cluster import REPO
@@ -78,9 +80,29 @@ def test_the_job_wrapper_records_the_exit_status_and_leaves_no_temporary_file(tm
     exit_file = tmp_path / "exit.json"
     job = [sys.executable, "-c", "raise SystemExit(3)"]
     command = [sys.executable, "-m", "agents.jobwrap", str(exit_file), "--", *job]
-    subprocess.run(command, cwd=REPO, timeout=60, check=True)
+    done = subprocess.run(command, cwd=REPO, timeout=60)
     assert json.loads(exit_file.read_text())["rc"] == 3
+    assert done.returncode == 3  # the job's status is the wrapper's own too
     assert leftovers(tmp_path) == []
+
+
+def test_a_wrapper_that_cannot_write_its_records_still_runs_the_job_and_ends_with_its_status(tmp_path):
+    # A full disk, or a folder gone: neither started.json nor exit.json can be written.
+    exit_file = tmp_path / "gone" / "exit.json"
+    ran = tmp_path / "ran"
+    job = [sys.executable, "-c", f"open({str(ran)!r}, 'w').close(); raise SystemExit(3)"]
+    command = [sys.executable, "-m", "agents.jobwrap", str(exit_file), "--", *job]
+    done = subprocess.run(command, cwd=REPO, timeout=60, capture_output=True, text=True)
+    assert ran.exists() and done.returncode == 3
+    assert "cannot record started.json" in done.stderr and "cannot record exit.json" in done.stderr
+    killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"]
+    done = subprocess.run(command[: -len(job)] + killed, cwd=REPO, timeout=60, capture_output=True)
+    assert jobwrap.rc_of_status(done.returncode) == -signal.SIGTERM
+
+
+def test_the_job_wrapper_status_reads_back_as_the_jobs_exit_status():
+    for rc in (0, 1, 3, 127, -9, -15):
+        assert jobwrap.rc_of_status(jobwrap.status_of(rc)) == rc
 
 
 def test_a_restarted_host_removes_the_temporary_files_of_killed_writes_and_keeps_live_ones(tmp_path):
