@@ -20,6 +20,9 @@ newest checkpoint (then the one before is restored, as with one copy).
   through a link, never a file with other names (a hard link), so a job cannot make its
   host serve it anything but its own copies. The reader checks every copy against the
   digest the log recorded anyway.
+- The same subject serves the second copies of checkpoints jobs write themselves, kept in
+  a folder of the agent's (a request `{"copy": <digest hex>, ...}`: agents/pathcopy.py),
+  under the same rules: only the asking job's own, never through a link.
 """
 
 from __future__ import annotations
@@ -116,10 +119,16 @@ def read_chunk(folder: str | os.PathLike, name: str, offset: int) -> tuple[int, 
         return size, fh.read(CHUNK_BYTES)
 
 
-def reply_for(copies_root: str | os.PathLike, job_tok: str, request: bytes) -> bytes:
+def reply_for(
+    copies_root: str | os.PathLike, job_tok: str, request: bytes, paths_root: str | os.PathLike | None = None
+) -> bytes:
     """The agent's answer to one request for a chunk of a job's copy (see the module)."""
     try:
         asked = json.loads(request)
+        if isinstance(asked, dict) and "copy" in asked and paths_root is not None:
+            from . import pathcopy
+
+            return pathcopy.reply_for(paths_root, job_tok, asked)
         name, offset = str(asked["name"]), int(asked.get("offset", 0))
         found = read_chunk(Path(copies_root) / job_tok, name, offset)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
@@ -132,12 +141,12 @@ def reply_for(copies_root: str | os.PathLike, job_tok: str, request: bytes) -> b
     return json.dumps({"size": size}).encode() + b"\n" + data
 
 
-async def serve(nc, node: str, copies_root: str | os.PathLike):
+async def serve(nc, node: str, copies_root: str | os.PathLike, paths_root: str | os.PathLike | None = None):
     """Answer requests for this node's jobs' second copies (returns the subscription)."""
 
     async def answer(msg) -> None:
         job_tok = msg.subject.rsplit(".", 1)[-1]
-        data = await asyncio.to_thread(reply_for, copies_root, job_tok, msg.data)
+        data = await asyncio.to_thread(reply_for, copies_root, job_tok, msg.data, paths_root)
         await msg.respond(data)
 
     return await nc.subscribe(f"{SUBJECT_PREFIX}.{bus_node_token(node)}.*", cb=answer)

@@ -55,7 +55,7 @@ from .diskwatch import DiskWatch, no_space
 from trust.natsauth import CREDS_ENV, JobMinter
 from trust.signing import KeyRing, verify_one
 
-from . import ckptcopy, ckptfile, ckptpath, jobwrap, rendezvous
+from . import ckptcopy, ckptfile, ckptpath, jobwrap, pathcopy, rendezvous
 from transport import bus
 from transport.locks import AlreadyRunning, InstanceLock
 from .gpus import Inventory
@@ -127,6 +127,7 @@ class Run(msgspec.Struct, kw_only=True):
     gang: bool = False  # one part of a run over several nodes
     preempt_signal: str = ""  # the job's own signal at a notice ('' : SIGTERM)
     grace_s: float = 0.0  # the job's own time from the notice to SIGKILL (0: the host's)
+    ckpt_copies: int = 2  # verified copies each of its checkpoints needs (the policy's)
 
 
 class StateFileError(Exception):
@@ -210,6 +211,12 @@ class HostAgent:
         self.outbox.path_roots = lambda job: ckptpath.job_roots(self.ckpt_roots, job)
         # The second copies of this host's jobs' SDK checkpoints (agents/ckptcopy.py).
         self.copies_root = self.dir / ckptcopy.COPIES_DIR
+        # ... and of the checkpoints they write themselves, where no second root takes them
+        # (agents/pathcopy.py): a folder of the agent's, which jobs cannot write.
+        self.paths_root = self.dir / pathcopy.HOST_PATHS_DIR
+        self.outbox.hold = self._hold_for_copy
+        self._copying: dict[str, asyncio.Task] = {}  # fact file -> its second copy under way
+        self._copied: set[str] = set()  # fact files whose second copy is done (or refused)
         self.outbox.on_dropped = self._facts_dropped
         self._outbox_wake: asyncio.Event | None = None
         self.grace_s = grace_s
@@ -567,16 +574,84 @@ class HostAgent:
     def _forget_copies(self, job: str) -> None:
         """A job that has ended resumes no more: its checkpoints' second copies here go.
         (Copies on hosts where earlier runs of it saved stay, as its bus copies do.)"""
-        folder = ckptcopy.job_folder(self.copies_root, job)
-        if folder.exists():
-            task = asyncio.get_running_loop().create_task(asyncio.to_thread(shutil.rmtree, folder, True))
-            self._cleanups.add(task)  # a task nobody holds may be collected before it ends
-            task.add_done_callback(self._cleanups.discard)
+        folders = [ckptcopy.job_folder(self.copies_root, job), pathcopy.host_job_folder(self.dir, job)]
+        folders += [root / pathcopy.COPIES_SUBDIR for root in ckptpath.job_roots(self.ckpt_roots, job)]
+        for folder in folders:
+            if folder.exists():
+                # rmtree never follows a link (one planted as the folder itself fails it).
+                task = asyncio.get_running_loop().create_task(asyncio.to_thread(shutil.rmtree, folder, True))
+                self._cleanups.add(task)  # a task nobody holds may be collected before it ends
+                task.add_done_callback(self._cleanups.discard)
+
+    def _hold_for_copy(self, inp: T.Input, job: str, fact: Path) -> bool:
+        """Whether a run's fact waits for its checkpoint's second copy (the outbox asks before
+        delivering it): a checkpoint the job wrote itself counts, and is reported, once both
+        copies are verified, so a release at a notice (a later fact of the run) waits too."""
+        if not (isinstance(inp, T.CheckpointSaved) and ckptpath.is_file_path(inp.path)):
+            return False
+        key = str(fact)
+        if key in self._copied:
+            self._copied.discard(key)
+            return False
+        run = self.runs.get(job)
+        if run is not None and run.ckpt_copies < 2:
+            return False
+        if key not in self._copying:
+            task = asyncio.get_running_loop().create_task(self._second_copy(inp, job, run, key))
+            self._copying[key] = task
+        return True
+
+    async def _second_copy(self, inp: T.CheckpointSaved, job: str, run: Run | None, key: str) -> None:
+        """Make and verify the second copy of a checkpoint the job wrote (agents/pathcopy.py),
+        then let its fact go; a copy refused leaves the checkpoint with one copy, said in the
+        agent's log and the run's output."""
+        roots = ckptpath.job_roots(self.ckpt_roots, job)
+        owner = self._job_owner(run) if run is not None else None
+        try:
+            src_root, rel = pathcopy.source_of(roots, inp.path)
+            name = rel.rpartition("/")[2] or "checkpoint"
+            if len(roots) > 1:
+                dest_top = roots[(roots.index(src_root) + 1) % len(roots)]
+                where = f"the checkpoint root {dest_top.parent}"
+                dest_rel = f"{pathcopy.COPIES_SUBDIR}/{pathcopy.digest_hex(inp.digest)}/{name}"
+            else:
+                dest_top, owner = pathcopy.host_job_folder(self.dir, job), None
+                where = f"{self.node}'s disk"
+                dest_rel = f"{pathcopy.digest_hex(inp.digest)}/{name}"
+            size = await asyncio.to_thread(
+                pathcopy.copy_verified,
+                src_root,
+                rel,
+                dest_top,
+                dest_rel,
+                inp.digest,
+                self.disk_floor_bytes,
+                owner,
+            )
+            line = f"xirang: checkpoint of step {inp.step}: second copy on {where}, verified ({size} bytes copied)"
+            log.info("host %s: %s: %s", self.node, job, line.removeprefix("xirang: "))
+        except (pathcopy.CopyRefused, OSError) as err:
+            line = (
+                f"xirang: checkpoint of step {inp.step} at {inp.path} keeps one copy: no second copy ({err})"
+            )
+            log.warning("host %s: %s: %s", self.node, job, line.removeprefix("xirang: "))
+        except Exception:  # noqa: BLE001 - a bug here must not hold the run's facts for good
+            log.exception("host %s: %s: second copy of step %d failed", self.node, job, inp.step)
+            line = f"xirang: checkpoint of step {inp.step} keeps one copy: its second copy failed"
+        finally:
+            self._copying.pop(key, None)
+            self._copied.add(key)
+            if self._outbox_wake is not None:
+                self._outbox_wake.set()
+        if run is not None:
+            with contextlib.suppress(OSError):
+                with open(Path(run.dir) / "output.log", "a") as out:
+                    out.write(line + "\n")
 
     async def _serve_copies(self) -> None:
         """Serve this node's second copies of its jobs' checkpoints to their later runs."""
         try:
-            await ckptcopy.serve(self.nc, self.node, self.copies_root)
+            await ckptcopy.serve(self.nc, self.node, self.copies_root, self.paths_root)
         except Exception as err:  # noqa: BLE001 - a role without the subject: the bus's copy only
             log.warning("host %s: cannot serve checkpoint copies (%r)", self.node, err)
 
@@ -747,6 +822,7 @@ class HostAgent:
             gang=len(rendezvous.node_order(ev.placement)) > 1,
             preempt_signal=getattr(ev, "preempt_signal", ""),
             grace_s=getattr(ev, "grace_s", 0.0),
+            ckpt_copies=getattr(ev, "ckpt_copies", 1),
         )
         if not adopted:
             # Nothing of an older run, of this job or of one that gave these GPUs up, may
@@ -789,7 +865,8 @@ class HostAgent:
         if primary and not run.resume:
             # An SDK job restoring a checkpoint reports `started` itself, after checking
             # the checkpoint's digest (a bad one must be reported before it starts).
-            await self._report(T.Started(job=ev.job, attempt=n), f"{marker}:started")
+            copy = int(resume_env.pop(RESTORED_COPY, "0"))
+            await self._report(T.Started(job=ev.job, attempt=n, restored_copy=copy), f"{marker}:started")
 
     async def _vacate(self, job: str, gpus: list[int]) -> None:
         """Wait until no older run of `job`, and no run that is letting go of one of `gpus`
@@ -825,12 +902,13 @@ class HostAgent:
 
     async def _verified_resume(self, run: Run, ev: T.JobResumeRequested, marker: str) -> dict[str, str]:
         """The variables that tell a job without the SDK where to resume from: the newest of
-        its checkpoints (recorded with a path) whose content still matches its digest. Each
-        that does not is reported (the scheduler records the fallback) and said in the run's
-        output; with none left, the job starts from scratch and is told so."""
+        its checkpoints (recorded with a path) of which a copy still matches its digest: the
+        path the job wrote, else its second copy (agents/pathcopy.py). A checkpoint with no
+        good copy left is reported (the scheduler records the fallback); each step is said in
+        the run's output; with none left, the job starts from scratch and is told so."""
         roots = ckptpath.job_roots(self.ckpt_roots, ev.job)
         notes: list[str] = []
-        chosen = None
+        chosen, chosen_path, copy = None, "", 0
         for point in ev.resume_points:
             problem = ckptpath.path_problem(point.path, roots)
             if not problem:
@@ -843,9 +921,15 @@ class HostAgent:
                         "" if digest == point.digest else f"its content no longer matches {point.digest}"
                     )
             if not problem:
-                chosen = point
+                chosen, chosen_path, copy = point, point.path, 1
                 break
-            notes.append(f"xirang: checkpoint of step {point.step} at {point.path}: {problem}")
+            second, said = "", ""
+            if run.ckpt_copies >= 2 and pathcopy.digest_hex(point.digest):
+                second, said = await self._second_copy_of(run, ev.job, point)
+            notes.append(f"xirang: checkpoint of step {point.step} at {point.path}: {problem}; {said}")
+            if second:
+                chosen, chosen_path, copy = point, second, 2
+                break
             if run.primary:
                 await self._report(
                     T.CheckpointFailed(
@@ -854,7 +938,7 @@ class HostAgent:
                     f"{marker}:bad-{point.digest[-16:]}",
                 )
         notes.append(
-            f"xirang: resuming from step {chosen.step} at {chosen.path}"
+            f"xirang: resuming from step {chosen.step} at {chosen_path} (copy {copy})"
             if chosen
             else "xirang: no checkpoint of this job verifies: starting from scratch"
         )
@@ -866,8 +950,74 @@ class HostAgent:
         return {
             "XR_RESUME_STEP": str(chosen.step),
             "XR_RESUME_DIGEST": chosen.digest,
-            "XR_RESUME_PATH": chosen.path,
+            "XR_RESUME_PATH": chosen_path,
+            RESTORED_COPY: str(copy),
         }
+
+    async def _second_copy_of(self, run: Run, job: str, point) -> tuple[str, str]:
+        """(the path of a verified second copy of `point` the job can read, '' : none; what was
+        found, in words). Looked for in the job's folder of each of this host's checkpoint
+        roots (a second root's copy), then on this host's disk, then asked of the agent of
+        the node that reported the checkpoint (the resume point names it); one from a disk
+        of an agent's is copied into the job's first folder and verified there again."""
+        self._ckpt_env(run)  # the job's first folder, made and its own
+        roots = ckptpath.job_roots(self.ckpt_roots, job)
+        hexpart = pathcopy.digest_hex(point.digest)
+        for root in roots:
+            name = await asyncio.to_thread(pathcopy.copy_entry, root / pathcopy.COPIES_SUBDIR, point.digest)
+            rel = f"{pathcopy.COPIES_SUBDIR}/{hexpart}/{name}"
+            if name and await self._digest_is(root, rel, point.digest):
+                return str(root / rel), f"its second copy at {root / rel} matches"
+        owner = self._job_owner(run)
+        local = pathcopy.host_job_folder(self.dir, job)
+        name = await asyncio.to_thread(pathcopy.copy_entry, local, point.digest)
+        dest_rel = f"{pathcopy.COPIES_SUBDIR}/{hexpart}/{name}"
+        if name and await self._digest_is(local, f"{hexpart}/{name}", point.digest):
+            try:
+                await asyncio.to_thread(
+                    pathcopy.copy_verified,
+                    local,
+                    f"{hexpart}/{name}",
+                    roots[0],
+                    dest_rel,
+                    point.digest,
+                    0,
+                    owner,
+                )
+                return str(roots[0] / dest_rel), f"its second copy on {self.node}'s disk matches"
+            except pathcopy.CopyRefused as err:
+                return "", f"its second copy on {self.node}'s disk cannot be restored ({err})"
+        node = point.node if isinstance(point.node, str) else ""
+        if not node or node == self.node:
+            return "", "no second copy of it is left"
+        try:
+            async with self._job_connection(run, job) as nc:
+                rel = await pathcopy.fetch(nc, ckptcopy.subject(node, job), point.digest, roots[0], owner)
+        except (pathcopy.CopyRefused, OSError) as err:
+            return "", f"no good second copy from {node}'s agent ({err})"
+        path = roots[0] / rel
+        return str(path), f"its second copy, read from {node}'s disk, matches"
+
+    async def _digest_is(self, top: Path, rel: str, digest: str) -> bool:
+        try:
+            return await asyncio.to_thread(pathcopy.digest_at, top, rel) == digest
+        except (pathcopy.CopyRefused, OSError):
+            return False
+
+    @contextlib.asynccontextmanager
+    async def _job_connection(self, run: Run, job: str):
+        """A bus connection that may ask only for `job`'s own copies: with the job's own
+        credentials where the bus checks them (a host may not read other jobs' copies)."""
+        if self.job_minter is None:
+            yield self.nc
+            return
+        Path(run.dir).mkdir(parents=True, exist_ok=True)
+        path = self.job_minter.write(job, Path(run.dir) / JOB_CREDS_FILE, owner=self._job_owner(run))
+        nc, _ = await bus.connect(self.url, name=f"host-{self.node}-copies", creds=str(path))
+        try:
+            yield nc
+        finally:
+            await nc.close()
 
     @contextlib.contextmanager
     def _run_user(self, adopted_pid: int, run_dir: Path):
@@ -1254,6 +1404,9 @@ class HostAgent:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+RESTORED_COPY = "XR_RESTORED_COPY"  # which copy a resume read (the `started` fact says it)
 
 
 def _safe(job: str) -> str:

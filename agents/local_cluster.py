@@ -118,8 +118,11 @@ class Cluster:
             f"{instance}.log",
         )
 
-    def agent(self, node: str = "h1", spec: str = "8xH100", grace_s: float = 1.0) -> subprocess.Popen:
-        """Start a host agent process for `node` with simulated GPUs `spec`."""
+    def agent(
+        self, node: str = "h1", spec: str = "8xH100", grace_s: float = 1.0, *extra: str
+    ) -> subprocess.Popen:
+        """Start a host agent process for `node` with simulated GPUs `spec` (`extra`: more of
+        `xirang agent`'s options)."""
         return self._spawn(
             [
                 "agent",
@@ -133,6 +136,7 @@ class Cluster:
                 str(self.root),
                 "--grace-s",
                 str(grace_s),
+                *extra,
             ],
             f"{node}.log",
         )

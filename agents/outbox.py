@@ -63,6 +63,9 @@ class Outbox:
         # Called (job, dropped so far, why) on a run's first dropped fact and every
         # DROPS_REPORTED_EVERY after, for the agent to log and alert.
         self.on_dropped = None
+        # Called (fact, job, its file) before a run's fact is delivered: True holds it, and
+        # the run's later facts, until the host is done with it (a checkpoint's second copy).
+        self.hold: Callable[[T.Input, str, Path], bool] | None = None
 
     def watch_job(self, folder: str | os.PathLike, job: str) -> Path:
         """Deliver, with this outbox's own facts, those a run's SDK leaves in `folder`,
@@ -115,9 +118,12 @@ class Outbox:
         """Publish the waiting facts in order; stops at the first that the bus does not
         take (it stays, and so do those after it). Returns how many were delivered."""
         delivered = 0
+        held: set[Path] = set()  # runs whose facts wait (in order) for the host this time
         for n, (path, job) in enumerate(self._waiting(), 1):
             if n % YIELD_EVERY == 0:  # a flooded folder must not hold the agent's loop
                 await asyncio.sleep(0)
+            if path.parent in held:
+                continue
             if job is not None and self._over_budget_unread(path.parent, job):
                 path.unlink(missing_ok=True)  # beyond the run's bounds whatever it holds: not read
                 continue
@@ -131,6 +137,9 @@ class Outbox:
                 path.unlink(missing_ok=True)
                 continue
             problem = job_fact_problem(inp, job, self.path_roots) if job is not None else ""
+            if not problem and job is not None and self.hold is not None and self.hold(inp, job, path):
+                held.add(path.parent)  # spends nothing of the run's budget until it goes
+                continue
             if not problem and job is not None and self._over_budget(path.parent, job, len(data)):
                 path.unlink(missing_ok=True)  # counted and reported by `_over_budget`
                 continue

@@ -260,10 +260,19 @@ def _checkpoint_recorded(s: State, ev: T.CheckpointRecorded) -> None:
                 progress_ms=ev.progress_ms,
                 t=ev.t,
                 path=ev.path,
+                node=_reporter(s, job, ev.path),
             )
         ]
     )[-s.canonical.policy.checkpoints_kept :]
     job.ckpt_started_t = 0
+
+
+def _reporter(s: State, job, path: str) -> str:
+    """The node whose host delivers a file checkpoint's report (its run's first part's, which
+    alone reports), where the policy has the log say so ('' otherwise)."""
+    if not (s.canonical.policy.resume_points_name_host and job.placement and path):
+        return ""
+    return "" if path.startswith("xr-ckpt:") else job.placement[0].node
 
 
 def _checkpoint_failed(s: State, ev: T.CheckpointFailedRecorded) -> None:

@@ -63,6 +63,7 @@ class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
     progress_ms: int
     t: int
     path: str = ""  # where it lies ('' : found by digest in the SDK's store)
+    node: str = ""  # the node whose host reported it ('' : not recorded)
 
 
 class Job(msgspec.Struct, kw_only=True, omit_defaults=True):

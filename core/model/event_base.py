@@ -31,3 +31,5 @@ class ResumePoint(msgspec.Struct, kw_only=True, frozen=True):
     step: int
     digest: str
     path: str
+    # The node whose host reported it, and keeps its second copy (unset: the log does not say).
+    node: str | msgspec.UnsetType = msgspec.UNSET

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from .state import Index
 from .entities import Canonical, Job, Node
 from .types import ResumePoint, Slot
@@ -133,7 +135,7 @@ def run_details(c: Canonical, job: Job, nodes: list[str]) -> dict[str, Any]:
 def resume_points(job: Job) -> list[ResumePoint]:
     """The job's checkpoints that name where they lie, newest first."""
     return [
-        ResumePoint(step=ck.step, digest=ck.digest, path=ck.path)
+        ResumePoint(step=ck.step, digest=ck.digest, path=ck.path, node=ck.node or msgspec.UNSET)
         for ck in reversed(job.checkpoints)
         if ck.path
     ]

@@ -37,6 +37,7 @@ DEFAULTS_BY_VERSION: dict[int, dict[str, Any]] = {
         "late_release_counts_as_preemption": False,
         "compensation_when_exceeded": False,
         "release_curve_grid_ms": 0,
+        "resume_points_name_host": False,
     },
     # 2026-12-04: fair share weighs a week's decayed usage; a notice covers a checkpoint
     # write in progress; a victim letting go after its deadline counts as preempted;
@@ -47,6 +48,7 @@ DEFAULTS_BY_VERSION: dict[int, dict[str, Any]] = {
         "late_release_counts_as_preemption": True,
         "compensation_when_exceeded": True,
         "release_curve_grid_ms": 0,
+        "resume_points_name_host": False,
     },
     # 2026-12-04: a preemption plan's release curve reads every running job's release as at
     # the start of a one-minute grid step, kept across steps (docs/SCALE.md): a decision at
@@ -57,6 +59,7 @@ DEFAULTS_BY_VERSION: dict[int, dict[str, Any]] = {
         "late_release_counts_as_preemption": True,
         "compensation_when_exceeded": True,
         "release_curve_grid_ms": 60_000,
+        "resume_points_name_host": True,
     },
 }
 NEWEST_DEFAULTS_VERSION = max(DEFAULTS_BY_VERSION)
