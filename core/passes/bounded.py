@@ -60,6 +60,26 @@ class Bounded:
         self.regret = regret
 
 
+def _eligibility(d, guard, jobs: dict, levels: dict, model_ok: dict, held: dict, admit=None):
+    """`is_eligible(victim_id)`: whether that running job is an eligible victim for `d`'s
+    preemptor (its level preemptible, `eligible_in_reach`), each asked once; `admit` is
+    called with each victim the first time it is found eligible."""
+    eligible: dict[str, bool] = {}
+
+    def is_eligible(victim_id: str) -> bool:
+        known = eligible.get(victim_id)
+        if known is None:
+            victim = jobs[victim_id]
+            known = eligible[victim_id] = victim.level in levels and eligible_in_reach(
+                d, guard, victim, model_ok, held
+            )
+            if known and admit is not None:
+                admit(victim)
+        return known
+
+    return is_eligible
+
+
 # What a job that fits one node may hope for before any victim is priced (`set_prospect`).
 NO_ELIGIBLE = "no_eligible"
 NO_SET = "no_set"
@@ -78,17 +98,7 @@ def set_prospect(d, search: SetSearch, models: list[str], held: dict) -> str:
     jobs = state.canonical.jobs
     model_ok = dict.fromkeys(models)
     levels = dict.fromkeys(d.levels)
-    eligible: dict[str, bool] = {}
-
-    def is_eligible(victim_id: str) -> bool:
-        known = eligible.get(victim_id)
-        if known is None:
-            victim = jobs[victim_id]
-            known = eligible[victim_id] = victim.level in levels and eligible_in_reach(
-                d, guard, victim, model_ok, held
-            )
-        return known
-
+    is_eligible = _eligibility(d, guard, jobs, levels, model_ok, held)
     checked: dict[str, None] = {}
     found = False
     for model in models:
@@ -148,18 +158,7 @@ def choose_on_one_node_bounded(
     jobs = c.jobs
     model_ok = dict.fromkeys(models)
     levels = dict.fromkeys(d.levels)
-    eligible: dict[str, bool] = {}
-
-    def is_eligible(victim_id: str) -> bool:
-        known = eligible.get(victim_id)
-        if known is None:
-            victim = jobs[victim_id]
-            known = eligible[victim_id] = victim.level in levels and eligible_in_reach(
-                d, guard, victim, model_ok, held
-            )
-            if known:
-                prices.admit(victim)
-        return known
+    is_eligible = _eligibility(d, guard, jobs, levels, model_ok, held, prices.admit)
 
     # The classes, each at its latest eligible anchor not yet taken: (least price per GPU
     # it may still hold, model, class, index of that victim).
