@@ -137,3 +137,53 @@ def test_the_victims_price_counts_a_slower_second_copy_and_only_then():
     slow = saving_victim_plan(checkpoint_copy_cost_ratio=3.0)
     assert slow.cost > one.cost
     assert slow.deadline_t > one.deadline_t
+
+
+def job_writing_its_own(**params) -> Run:
+    """A job that reports a checkpoint it wrote itself (a folder), then is requeued."""
+    run = Run(**params)
+    run.at(0, node("a1"))
+    run.at(1000, submit("train", 6, 8, est_runtime_s=3600))
+    start_all(run, 2000)
+    run.at(
+        60 * MIN,
+        T.CheckpointSaved(job="train", step=7, digest="sha256-tree:c7", bytes=1, path="/ck/train/s7"),
+    )
+    return run
+
+
+def test_a_resume_point_of_a_checkpoint_the_job_wrote_names_the_host_that_copied_it():
+    run = job_writing_its_own()
+    events = run.at(61 * MIN, T.Requeue(job="train", by="u1"))
+    events += run.at(62 * MIN, T.Tick())
+    (resume,) = of(events, T.JobResumeRequested)
+    assert [(p.path, p.node) for p in resume.resume_points] == [("/ck/train/s7", "a1")]
+
+
+def test_under_older_defaults_a_resume_point_names_no_host_and_reads_as_before():
+    run = job_writing_its_own(host_copies_job_checkpoints=False)
+    events = run.at(61 * MIN, T.Requeue(job="train", by="u1"))
+    events += run.at(62 * MIN, T.Tick())
+    (resume,) = of(events, T.JobResumeRequested)
+    assert resume.resume_points[0].node is msgspec.UNSET
+    assert b'"node"' not in msgspec.json.encode(resume.resume_points[0])
+
+
+def victim_writing_its_own(**params) -> T.PreemptionPlanned:
+    """As `writing_victim`, for a job whose checkpoints are files it writes itself."""
+    run = Run(notice_covers_save_in_progress=True, **params)
+    run.at(0, node("a1"))
+    run.at(1000, submit("batch", 6, 8, team="search", est_runtime_s=8 * 3600, ckpt_cost_s=300))
+    start_all(run, 2000)
+    run.at(60 * MIN, T.CheckpointSaved(job="batch", step=1, digest="sha256:b1", bytes=1, path="/ck/batch/s1"))
+    run.at(WRITE_BEGAN_T, T.CheckpointStarted(job="batch"))
+    events = run.at(NOTICE_T, submit("tuning", 3, 8, team="nlp", est_runtime_s=3600))
+    (plan,) = of(events, T.PreemptionPlanned)
+    return plan
+
+
+def test_the_hosts_copy_of_a_checkpoint_the_job_wrote_follows_the_write_in_the_deadline():
+    slack = Run().state.canonical.policy.deadline_slack_ms
+    assert victim_writing_its_own().deadline_t == WRITE_BEGAN_T + int(CKPT_COST_MS * 1.5) + slack
+    for params in ({"checkpoint_copies": 1}, {"host_copies_job_checkpoints": False}):
+        assert victim_writing_its_own(**params).deadline_t == WRITE_BEGAN_T + CKPT_COST_MS + slack

@@ -11,6 +11,7 @@ from ..model import types as T
 from ..model.state import State, hold_add, hold_remove, queue_add, queue_remove, set_holder
 from ..model.scratch import forget_release_lists, forget_releases
 from ..model.entities import (
+    is_job_written,
     FINISHED,
     HELD,
     HOLDING,
@@ -270,9 +271,9 @@ def _checkpoint_recorded(s: State, ev: T.CheckpointRecorded) -> None:
 def _reporter(s: State, job, path: str) -> str:
     """The node whose host delivers a file checkpoint's report (its run's first part's, which
     alone reports), where the policy has the log say so ('' otherwise)."""
-    if not (s.canonical.policy.resume_points_name_host and job.placement and path):
+    if not (s.canonical.policy.host_copies_job_checkpoints and job.placement and is_job_written(path)):
         return ""
-    return "" if path.startswith("xr-ckpt:") else job.placement[0].node
+    return job.placement[0].node
 
 
 def _checkpoint_failed(s: State, ev: T.CheckpointFailedRecorded) -> None:

@@ -66,6 +66,11 @@ class Checkpoint(msgspec.Struct, kw_only=True, omit_defaults=True):
     node: str = ""  # the node whose host reported it ('' : not recorded)
 
 
+def is_job_written(path: str) -> bool:
+    """Whether a checkpoint's location is a file or folder the job wrote (not `xr-ckpt:`)."""
+    return bool(path) and not path.startswith("xr-ckpt:")
+
+
 class Job(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A job the scheduler knows: what was asked, where it is in its life, where it runs, and
     its checkpoints."""

@@ -266,8 +266,9 @@ class Policy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # second takes to write per unit of the first's (core/rules/copies.py, docs/TRAINING.md).
     checkpoint_copies: int = 2
     checkpoint_copy_cost_ratio: float = 0.5
-    # Each resume point names the node whose host reported it (and keeps its second copy).
-    resume_points_name_host: bool = True
+    # A checkpoint a job writes itself is copied by its host after the write: its resume
+    # points name that host, and a save at a notice is priced with the copy after the write.
+    host_copies_job_checkpoints: bool = True
     compensation_after_preemptions: int = 3
     # Off: a job is compensated from the preemption that brings its count to
     # `compensation_after_preemptions`; on: from the one that takes the count past it, as

@@ -37,7 +37,7 @@ DEFAULTS_BY_VERSION: dict[int, dict[str, Any]] = {
         "late_release_counts_as_preemption": False,
         "compensation_when_exceeded": False,
         "release_curve_grid_ms": 0,
-        "resume_points_name_host": False,
+        "host_copies_job_checkpoints": False,
     },
     # 2026-12-04: fair share weighs a week's decayed usage; a notice covers a checkpoint
     # write in progress; a victim letting go after its deadline counts as preempted;
@@ -48,7 +48,7 @@ DEFAULTS_BY_VERSION: dict[int, dict[str, Any]] = {
         "late_release_counts_as_preemption": True,
         "compensation_when_exceeded": True,
         "release_curve_grid_ms": 0,
-        "resume_points_name_host": False,
+        "host_copies_job_checkpoints": False,
     },
     # 2026-12-04: a preemption plan's release curve reads every running job's release as at
     # the start of a one-minute grid step, kept across steps (docs/SCALE.md): a decision at
@@ -59,7 +59,7 @@ DEFAULTS_BY_VERSION: dict[int, dict[str, Any]] = {
         "late_release_counts_as_preemption": True,
         "compensation_when_exceeded": True,
         "release_curve_grid_ms": 60_000,
-        "resume_points_name_host": True,
+        "host_copies_job_checkpoints": True,
     },
 }
 NEWEST_DEFAULTS_VERSION = max(DEFAULTS_BY_VERSION)
