@@ -628,22 +628,31 @@ class HostAgent:
                 self.disk_floor_bytes,
                 owner,
             )
-            line = f"xirang: checkpoint of step {inp.step}: second copy on {where}, verified ({size} bytes copied)"
-            log.info("host %s: %s: %s", self.node, job, line.removeprefix("xirang: "))
+            log.info(
+                "host %s: %s: checkpoint of step %d: second copy on %s, verified (%d bytes copied)",
+                self.node,
+                job,
+                inp.step,
+                where,
+                size,
+            )
+            line = ""
         except (pathcopy.CopyRefused, OSError) as err:
             line = (
                 f"xirang: checkpoint of step {inp.step} at {inp.path} keeps one copy: no second copy ({err})"
             )
             log.warning("host %s: %s: %s", self.node, job, line.removeprefix("xirang: "))
+        except asyncio.CancelledError:
+            self._copying.pop(key, None)  # the agent stops: copied again when it starts
+            raise
         except Exception:  # noqa: BLE001 - a bug here must not hold the run's facts for good
             log.exception("host %s: %s: second copy of step %d failed", self.node, job, inp.step)
             line = f"xirang: checkpoint of step {inp.step} keeps one copy: its second copy failed"
-        finally:
-            self._copying.pop(key, None)
-            self._copied.add(key)
-            if self._outbox_wake is not None:
-                self._outbox_wake.set()
-        if run is not None:
+        self._copying.pop(key, None)
+        self._copied.add(key)
+        if self._outbox_wake is not None:
+            self._outbox_wake.set()
+        if run is not None and line:
             with contextlib.suppress(OSError):
                 with open(Path(run.dir) / "output.log", "a") as out:
                     out.write(line + "\n")

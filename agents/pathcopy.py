@@ -216,6 +216,10 @@ def source_of(job_roots: list[Path], path: str) -> tuple[Path, str]:
     """(the job's folder holding `path`, `path` relative to it, links resolved): CopyRefused
     when it lies in none (agents/ckptpath.py refused such a report already)."""
     real = Path(os.path.realpath(path))
+    if real in job_roots:
+        raise CopyRefused(
+            "the job's whole checkpoint folder is not copied (it holds the copies): report a file or folder in it"
+        )
     for root in job_roots:
         if root in real.parents:
             return root, real.relative_to(root).as_posix()
@@ -270,12 +274,7 @@ def copy_verified(
                 _write_file(parent, temp, _read_chunks(src), owner)
             else:
                 _copy_tree(src, parent, temp, listing, owner)
-            shutil.rmtree(name, ignore_errors=True, dir_fd=parent)
-            try:
-                os.unlink(name, dir_fd=parent)  # a file (or a link) left by an older copy
-            except (FileNotFoundError, IsADirectoryError, PermissionError):
-                pass
-            os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            _put_in_place(parent, temp, name, lambda: _matches(dest_top, dest_rel, digest))
             os.fsync(parent)
         finally:
             shutil.rmtree(temp, ignore_errors=True, dir_fd=parent)
@@ -288,6 +287,35 @@ def copy_verified(
     if back != digest:
         raise CopyRefused(f"the copy reads back as {back}, not {digest} (the job changed it meanwhile?)")
     return total
+
+
+def _matches(top: Path, rel: str, digest: str) -> bool:
+    try:
+        return digest_at(top, rel) == digest
+    except (OSError, CopyRefused):
+        return False
+
+
+def _put_in_place(parent: int, temp: str, name: str, already_good) -> None:
+    """Rename the finished copy `temp` to `name` in the open folder `parent`. Where `name`
+    is taken, a copy there that is whole and good (another host's part of the same run
+    fetched it at the same time, into a shared root) is kept and ours dropped; anything
+    else there (a spoilt copy, a link the job planted) is removed first, never followed."""
+    try:
+        os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        return
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
+            raise
+    if already_good():
+        return
+    try:
+        shutil.rmtree(name, dir_fd=parent)
+    except NotADirectoryError:
+        os.unlink(name, dir_fd=parent)
+    except OSError:
+        os.unlink(name, dir_fd=parent)  # a link: rmtree refuses it; unlinking removes only it
+    os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
 
 
 def _copy_tree(src: int, parent: int, temp: str, listing: list[tuple[str, int]], owner) -> None:
@@ -454,8 +482,8 @@ async def fetch(nc, subject: str, digest: str, dest_top: Path, owner=None, timeo
                 await asyncio.to_thread(_write_file, dest, base, chunks, owner)
             finally:
                 os.close(dest)
-        await asyncio.to_thread(shutil.rmtree, name, True, None, dir_fd=parent)
-        os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        rel = f"{COPIES_SUBDIR}/{hexpart}/{name}"
+        await asyncio.to_thread(_put_in_place, parent, temp, name, lambda: _matches(dest_top, rel, digest))
     except OSError as err:
         raise CopyRefused(f"cannot write it under {dest_top} ({err})") from err
     finally:

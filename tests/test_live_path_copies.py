@@ -258,3 +258,21 @@ def test_the_agent_serves_no_link_and_nothing_outside_a_jobs_own_copy(tmp_path):
     assert ask("v", list=True)[0] == {"name": "step-3", "files": [["model.bin", 9]]}
     (paths_root / "w").symlink_to(paths_root / "other")  # a job's folder that is a link
     assert "error" in ask("w", list=True)[0]
+
+
+def test_a_copy_that_would_leave_its_disk_below_the_floor_is_refused_and_says_why(tmp_path):
+    job_root = tmp_path / "ckpt" / "v"
+    (job_root / "step-5").mkdir(parents=True)
+    (job_root / "step-5" / "model.bin").write_bytes(b"5" * 2**20)
+    digest, _ = ckptpath.digest_path(job_root / "step-5")
+    dest = tmp_path / "copies"
+    dest.mkdir()
+    rel = f"{pathcopy.digest_hex(digest)}/step-5"
+    floor = shutil.disk_usage(dest).free  # any copy at all would go below it
+    with pytest.raises(pathcopy.CopyRefused, match="below the host's floor"):
+        pathcopy.copy_verified(job_root, "step-5", dest, rel, digest, floor)
+    assert not (dest / pathcopy.digest_hex(digest)).exists()
+    assert pathcopy.copy_verified(job_root, "step-5", dest, rel, digest, 0) == 2**20
+    (dest / rel / "model.bin").write_bytes(b"spoilt")  # a spoilt copy is replaced by a good one
+    assert pathcopy.copy_verified(job_root, "step-5", dest, rel, digest, 0) == 2**20
+    assert pathcopy.digest_at(dest, rel) == digest
