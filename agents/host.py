@@ -628,6 +628,8 @@ class HostAgent:
                 self.disk_floor_bytes,
                 owner,
             )
+            folder = dest_top / dest_rel.rsplit("/", 2)[0] if len(roots) > 1 else dest_top
+            await asyncio.to_thread(pathcopy.keep_newest, folder, pathcopy.digest_hex(inp.digest))
             log.info(
                 "host %s: %s: checkpoint of step %d: second copy on %s, verified (%d bytes copied)",
                 self.node,

@@ -37,6 +37,9 @@ from trust.natsauth import job_token
 COPIES_SUBDIR = ".xr-copies"  # in a job's folder of a checkpoint root
 HOST_PATHS_DIR = "ckpt-paths"  # in the agent's state folder
 HEX = re.compile(r"[0-9a-f]{64}")
+# A job's copies kept per folder: the scheduler's resume points (its last three checkpoints
+# by default, `checkpoints_kept`) and the one being reported.
+COPIES_KEPT = 4
 CHUNK_BYTES = 1 << 20
 # One reply's data over the bus: below its default 1 MB payload limit.
 SERVE_CHUNK_BYTES = 512 * 1024
@@ -374,6 +377,34 @@ def copy_entry(top: Path, digest: str) -> str:
     return names[0] if len(names) == 1 else ""
 
 
+def keep_newest(folder: Path, newest_hex: str, kept: int = COPIES_KEPT) -> list[str]:
+    """Remove all but the `kept` newest copies in a job's folder of copies (`newest_hex`, just
+    made, marked newest): the scheduler resumes only from a job's last few checkpoints, and
+    a job must not fill its host's disk with copies of old ones. Returns those removed."""
+    try:
+        fd = os.open(folder, _DIR)
+    except OSError:
+        return []
+    try:
+        os.utime(newest_hex, dir_fd=fd, follow_symlinks=False)
+        aged = []
+        for name in os.listdir(fd):
+            if HEX.fullmatch(name):
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                aged.append((name == newest_hex, info.st_mtime_ns, name))
+        gone = [name for _, _, name in sorted(aged, reverse=True)[kept:]]
+        for name in gone:
+            try:
+                shutil.rmtree(name, dir_fd=fd)
+            except OSError:
+                os.unlink(name, dir_fd=fd)  # a link planted in its place: removed, not followed
+        return gone
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+
+
 # ------------------------------------------------------------------ serving and fetching
 
 
@@ -461,7 +492,10 @@ async def fetch(nc, subject: str, digest: str, dest_top: Path, owner=None, timeo
         if not is_file and any(part in ("", ".", "..") or "\0" in part for part in rel.split("/")):
             raise CopyRefused(f"it lists {rel!r}, not a path inside the copy")
     temp = f".{name}.fetching-{os.getpid()}"
-    parent = await asyncio.to_thread(_make_dirs, dest_top, f"{COPIES_SUBDIR}/{hexpart}", owner)
+    try:
+        parent = await asyncio.to_thread(_make_dirs, dest_top, f"{COPIES_SUBDIR}/{hexpart}", owner)
+    except OSError as err:
+        raise CopyRefused(f"cannot make its folder under {dest_top} ({err})") from err
     try:
         await asyncio.to_thread(shutil.rmtree, temp, True, None, dir_fd=parent)
         if not is_file:

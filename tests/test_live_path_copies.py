@@ -157,10 +157,19 @@ def test_a_spoilt_or_lost_first_copy_restores_the_same_step_from_the_hosts_copy_
         records = cluster.wait_for(T.JobRunning, job="v", count=3, timeout_s=40)
         assert matching(records, T.JobRunning, job="v")[-1].event.restored_copy == 1
 
+        # The host keeps copies of the job's last few checkpoints only.
+        records = cluster.wait_for(T.CheckpointRecorded, job="v", count=8, timeout_s=40)
+        folder = pathcopy.host_job_folder(cluster.root / "hosts" / "h1", "v")
+        deadline = time.monotonic() + 10
+        while len(list(folder.iterdir())) > pathcopy.COPIES_KEPT and time.monotonic() < deadline:
+            time.sleep(0.1)
+        kept = sorted(p.name for p in folder.iterdir())
+        assert len(kept) <= pathcopy.COPIES_KEPT
+        assert pathcopy.digest_hex(matching(records, T.CheckpointRecorded, job="v")[-1].event.digest) in kept
+
         # The job ends: its copies on the host's disk go.
         cluster.send(T.Cancel(job="v"))
         cluster.wait_for(T.JobCancelled, job="v")
-        folder = pathcopy.host_job_folder(cluster.root / "hosts" / "h1", "v")
         deadline = time.monotonic() + 20
         while folder.exists() and time.monotonic() < deadline:
             time.sleep(0.1)

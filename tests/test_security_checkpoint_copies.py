@@ -155,3 +155,47 @@ def test_on_the_shipped_config_a_resumed_job_reads_its_hosts_copy_through_the_re
         assert matching(records, T.JobRunning, job="t1")[-1].event.restored_copy == 2
         copy = ckptcopy.job_folder(tmp_path / "host" / "hosts" / "h1" / ckptcopy.COPIES_DIR, "t1") / slot
         assert sdk.digest_of(copy.read_bytes()) == newest.digest
+
+
+def test_a_copy_of_a_checkpoint_a_job_wrote_is_fetched_with_its_own_credentials_and_no_other_jobs(
+    secure, tmp_path
+):
+    from agents import ckptpath, pathcopy
+
+    written = tmp_path / "ckpt" / "train.a" / "step-7"
+    (written / "shards").mkdir(parents=True)
+    (written / "model.bin").write_bytes(os.urandom(pathcopy.SERVE_CHUNK_BYTES + 1000))  # two replies
+    (written / "shards" / "rank-1.bin").write_bytes(b"shard")
+    digest, _ = ckptpath.digest_path(written)
+    paths_root = tmp_path / "h1" / pathcopy.HOST_PATHS_DIR
+    held = pathcopy.host_job_folder(tmp_path / "h1", "train.a")
+    pathcopy.copy_verified(written.parent, "step-7", held, f"{pathcopy.digest_hex(digest)}/step-7", digest, 0)
+    minter = JobMinter.from_creds(secure.creds("host-h1"), ttl_s=60)
+    a = str(minter.write("train.a", tmp_path / "runs" / "a" / "nats.creds"))
+    b = str(minter.write("train-b", tmp_path / "runs" / "b" / "nats.creds"))
+    resumed_a, resumed_b = tmp_path / "h2" / "a", tmp_path / "h2" / "b"
+    resumed_a.mkdir(parents=True)
+    resumed_b.mkdir(parents=True)
+
+    async def go():
+        host_nc, _ = await bus.connect(secure.url, creds=secure.creds("host-h1"), reconnects=1)
+        job_a, job_b = await _session(secure, a), await _session(secure, b)
+        try:
+            await ckptcopy.serve(host_nc, "h1", tmp_path / "h1" / ckptcopy.COPIES_DIR, paths_root)
+            await host_nc.flush()
+            await _until_answered(job_a.nc)
+            subject = ckptcopy.subject("h1", "train.a")
+            rel = await pathcopy.fetch(job_a.nc, subject, digest, resumed_a)
+            assert ckptpath.digest_path(resumed_a / rel)[0] == digest
+            # another job cannot ask for it: the server refuses the request
+            with pytest.raises(pathcopy.CopyRefused, match="no agent answers"):
+                await pathcopy.fetch(job_b.nc, subject, digest, resumed_b, timeout_s=2)
+            await _settle(job_b)
+            assert job_b.refused(subject), job_b.errors
+            assert not (resumed_b / pathcopy.COPIES_SUBDIR / pathcopy.digest_hex(digest) / "step-7").exists()
+        finally:
+            await host_nc.close()
+            await job_a.nc.close()
+            await job_b.nc.close()
+
+    asyncio.run(go())
