@@ -45,7 +45,9 @@ CHUNK_BYTES = 1 << 20
 SERVE_CHUNK_BYTES = 512 * 1024
 LISTING_BYTES_MAX = 768 * 1024
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Non-blocking: a FIFO planted in place of a file opens at once (and is then refused)
+# rather than holding the reader until someone writes to it.
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 class CopyRefused(Exception):
@@ -86,6 +88,7 @@ def open_under(folder: Path, rel: str) -> int:
             except NotADirectoryError:
                 if i != len(parts) - 1:
                     raise
+                _plain(os.stat(part, dir_fd=fd, follow_symlinks=False), rel)  # opens no device
                 nxt = os.open(part, _FILE, dir_fd=fd)
             os.close(fd)
             fd = nxt
@@ -162,6 +165,8 @@ def open_under_fd(fd: int, rel: str) -> int:
         for i, part in enumerate(parts):
             if part in ("", ".", "..") or "\0" in part:
                 raise CopyRefused(f"{rel!r} is not a path inside the folder")
+            if i == len(parts) - 1:
+                _plain(os.stat(part, dir_fd=cur, follow_symlinks=False), rel)  # opens no device
             nxt = os.open(part, _FILE if i == len(parts) - 1 else _DIR, dir_fd=cur)
             os.close(cur)
             cur = nxt

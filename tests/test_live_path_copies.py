@@ -285,3 +285,20 @@ def test_a_copy_that_would_leave_its_disk_below_the_floor_is_refused_and_says_wh
     (dest / rel / "model.bin").write_bytes(b"spoilt")  # a spoilt copy is replaced by a good one
     assert pathcopy.copy_verified(job_root, "step-5", dest, rel, digest, 0) == 2**20
     assert pathcopy.digest_at(dest, rel) == digest
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_or_a_link_planted_in_a_checkpoint_is_refused_without_waiting_on_it(tmp_path):
+    job_root = tmp_path / "ckpt" / "v"
+    (job_root / "step-5").mkdir(parents=True)
+    (job_root / "step-5" / "model.bin").write_text("5 weights")
+    os.mkfifo(job_root / "step-5" / "queue")  # opening it for reading would wait for a writer
+    os.mkfifo(job_root / "step-6")
+    (job_root / "step-7").symlink_to(tmp_path / "elsewhere")
+    dest = tmp_path / "copies"
+    for name, digest in (("step-5", "sha256-tree:" + "a" * 64), ("step-6", "sha256:" + "a" * 64)):
+        with pytest.raises(pathcopy.CopyRefused, match="not a plain file or folder"):
+            pathcopy.copy_verified(job_root, name, dest, f"{'a' * 64}/{name}", digest, 0)
+    with pytest.raises(pathcopy.CopyRefused, match="link"):
+        pathcopy.copy_verified(job_root, "step-7", dest, f"{'a' * 64}/step-7", "sha256:" + "a" * 64, 0)
+    assert not list(dest.rglob("*step-*"))
