@@ -17,8 +17,10 @@ checkpoint-saved --path P`: their digests and the roots they must lie under.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 from trust.natsauth import job_token
@@ -33,8 +35,18 @@ def is_file_path(path: str) -> bool:
 
 
 def _file_sha256(path: Path) -> tuple[str, int]:
+    """(sha256 hex, bytes) of a regular file. Anything else a job put in its checkpoint (a
+    FIFO, a device) is refused before a byte is read: opened without waiting (a FIFO with no
+    writer would otherwise hold the reader, its host's agent, forever) and checked on the
+    open file itself, so nothing swapped in after a look gets read either."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(
+            errno.EINVAL, f"{path}: not a regular file (a checkpoint holds files, folders and links)"
+        )
     sha, size = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
+    with os.fdopen(fd, "rb") as fh:
         while block := fh.read(CHUNK_BYTES):
             sha.update(block)
             size += len(block)

@@ -3,7 +3,11 @@ a job's own outbox delivers only checkpoints that lie in the job's own checkpoin
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
+
+import pytest
 
 from agents import ckptpath
 from agents.outbox import job_fact_problem
@@ -29,6 +33,30 @@ def test_a_folders_digest_changes_when_a_file_changes_is_renamed_added_or_remove
     seen.add(ckptpath.digest_path(shard)[0])
     assert len(seen) == 5
     assert ckptpath.digest_path(shard / "d.bin")[0].startswith("sha256:")
+
+
+def test_a_fifo_a_job_plants_in_its_checkpoint_is_refused_without_waiting_for_a_writer(tmp_path):
+    # A hostile job's checkpoint folder holds a FIFO no one writes to: reading it would hold
+    # its host's agent (checking the checkpoint at a resume) forever.
+    shard = tmp_path / "ckpt"
+    shard.mkdir()
+    (shard / "a.bin").write_bytes(b"a" * 10)
+    os.mkfifo(shard / "b.pipe")
+    outcome: list = []
+
+    def digest() -> None:
+        try:
+            outcome.append(ckptpath.digest_path(shard))
+        except OSError as err:
+            outcome.append(err)
+
+    reader = threading.Thread(target=digest, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert not reader.is_alive(), "digest_path is blocked on the FIFO"
+    assert isinstance(outcome[0], OSError) and "not a regular file" in str(outcome[0])
+    with pytest.raises(OSError, match="not a regular file"):
+        ckptpath._file_sha256(Path("/dev/null"))
 
 
 def test_a_job_outbox_drops_a_checkpoint_outside_its_own_folders(tmp_path):
