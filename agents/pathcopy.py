@@ -199,18 +199,32 @@ def _make_dirs(top: Path, rel: str, owner: tuple[int, int] | None) -> int:
         raise
 
 
-def _write_file(dest_dir: int, name: str, chunks, owner: tuple[int, int] | None) -> None:
-    fd = os.open(
+def _create(dest_dir: int, name: str) -> int:
+    """A new file `name` in `dest_dir` (never an existing one, never through a link)."""
+    return os.open(
         name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dest_dir
     )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _seal(fd: int, owner: tuple[int, int] | None) -> None:
+    """On disk for good, and handed to `owner`."""
+    os.fsync(fd)
+    if owner is not None:
+        os.fchown(fd, *owner)
+
+
+def _write_file(dest_dir: int, name: str, chunks, owner: tuple[int, int] | None) -> None:
+    fd = _create(dest_dir, name)
     try:
         for chunk in chunks:
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view) :]
-        os.fsync(fd)
-        if owner is not None:
-            os.fchown(fd, *owner)
+            _write_all(fd, chunk)
+        _seal(fd, owner)
     finally:
         os.close(fd)
 
@@ -507,18 +521,23 @@ async def fetch(nc, subject: str, digest: str, dest_top: Path, owner=None, timeo
             os.mkdir(temp, 0o755, dir_fd=parent)
         for entry in files:
             rel = str(entry[0])
-            got, size, chunks = 0, None, []
-            while size is None or got < size:
-                header, data = await ask({"file": rel, "offset": got})
-                size = int(header["size"])
-                if not data and got < size:
-                    raise CopyRefused(f"{rel or name} shrank while read")
-                chunks.append(data)
-                got += len(data)
             folder, _, base = f"{temp}/{rel}".rstrip("/").rpartition("/") if rel else ("", "", temp)
             dest = await asyncio.to_thread(_make_dirs_fd, parent, folder, owner)
             try:
-                await asyncio.to_thread(_write_file, dest, base, chunks, owner)
+                # Written as it comes, never held whole: a framework's shard may be gigabytes.
+                fd = await asyncio.to_thread(_create, dest, base)
+                try:
+                    got, size = 0, None
+                    while size is None or got < size:
+                        header, data = await ask({"file": rel, "offset": got})
+                        size = int(header["size"])
+                        if not data and got < size:
+                            raise CopyRefused(f"{rel or name} shrank while read")
+                        await asyncio.to_thread(_write_all, fd, data)
+                        got += len(data)
+                    await asyncio.to_thread(_seal, fd, owner)
+                finally:
+                    os.close(fd)
             finally:
                 os.close(dest)
         rel = f"{COPIES_SUBDIR}/{hexpart}/{name}"

@@ -41,7 +41,7 @@ def save(step):
     path = ckdir / f"step-{step}"
     (path / "shards").mkdir(parents=True, exist_ok=True)
     (path / "model.bin").write_text(f"{step} weights")
-    (path / "shards" / "optim-0.bin").write_bytes(os.urandom(4096))
+    (path / "shards" / "optim-0.bin").write_bytes(os.urandom(600 * 1024))  # two served chunks
     if step >= link_at >= 0:
         (path / "peek").symlink_to("/etc/hostname")
     subprocess.run(["xirang", "job", "checkpoint-saved", "--step", str(step), "--path", str(path)], check=True)
