@@ -45,11 +45,18 @@ def _file_sha256(path: Path) -> tuple[str, int]:
         raise OSError(
             errno.EINVAL, f"{path}: not a regular file (a checkpoint holds files, folders and links)"
         )
+    try:
+        return sha256_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_fd(fd: int) -> tuple[str, int]:
+    """(sha256 hex, bytes) of what is left to read from an open file."""
     sha, size = hashlib.sha256(), 0
-    with os.fdopen(fd, "rb") as fh:
-        while block := fh.read(CHUNK_BYTES):
-            sha.update(block)
-            size += len(block)
+    while block := os.read(fd, CHUNK_BYTES):
+        sha.update(block)
+        size += len(block)
     return sha.hexdigest(), size
 
 

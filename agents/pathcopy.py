@@ -34,6 +34,8 @@ from pathlib import Path
 
 from trust.natsauth import job_token
 
+from .ckptpath import sha256_fd
+
 COPIES_SUBDIR = ".xr-copies"  # in a job's folder of a checkpoint root
 HOST_PATHS_DIR = "ckpt-paths"  # in the agent's state folder
 HEX = re.compile(r"[0-9a-f]{64}")
@@ -126,14 +128,6 @@ def scan(fd: int, rel: str = "") -> list[tuple[str, int]]:
     return found
 
 
-def _sha256_fd(fd: int) -> tuple[str, int]:
-    sha, size = hashlib.sha256(), 0
-    while block := os.read(fd, CHUNK_BYTES):
-        sha.update(block)
-        size += len(block)
-    return sha.hexdigest(), size
-
-
 def digest_at(folder: Path, rel: str) -> str:
     """The digest (as agents/ckptpath.py computes it) of the file or folder `folder`/`rel`,
     read without following any link; CopyRefused or OSError when it cannot be."""
@@ -142,13 +136,13 @@ def digest_at(folder: Path, rel: str) -> str:
         info = os.fstat(fd)
         _plain(info, rel)
         if stat.S_ISREG(info.st_mode):
-            return "sha256:" + _sha256_fd(fd)[0]
+            return "sha256:" + sha256_fd(fd)[0]
         manifest = hashlib.sha256()
         for path, _ in scan(fd):
             sub = open_under_fd(fd, path)
             try:
                 _plain(os.fstat(sub), path)
-                hexdigest, size = _sha256_fd(sub)
+                hexdigest, size = sha256_fd(sub)
             finally:
                 os.close(sub)
             manifest.update(f"F {path} {size} {hexdigest}\n".encode())
@@ -183,20 +177,9 @@ def _make_dirs(top: Path, rel: str, owner: tuple[int, int] | None) -> int:
     """A descriptor of `top`/`rel`, each missing folder made (never through a link)."""
     fd = os.open(top, _DIR)
     try:
-        for part in [p for p in rel.split("/") if p]:
-            try:
-                os.mkdir(part, 0o755, dir_fd=fd)
-                if owner is not None:
-                    os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
-            except FileExistsError:
-                pass
-            nxt = os.open(part, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        return fd
-    except BaseException:
+        return _make_dirs_fd(fd, rel, owner)
+    finally:
         os.close(fd)
-        raise
 
 
 def _create(dest_dir: int, name: str) -> int:
@@ -365,6 +348,7 @@ def _copy_tree(src: int, parent: int, temp: str, listing: list[tuple[str, int]],
 
 
 def _make_dirs_fd(top: int, rel: str, owner) -> int:
+    """As `_make_dirs`, from an open folder (left open)."""
     fd = os.dup(top)
     try:
         for part in [p for p in rel.split("/") if p]:
