@@ -613,10 +613,12 @@ class HostAgent:
             if len(roots) > 1:
                 dest_top = roots[(roots.index(src_root) + 1) % len(roots)]
                 where = f"the checkpoint root {dest_top.parent}"
+                copies = dest_top / pathcopy.COPIES_SUBDIR
                 dest_rel = f"{pathcopy.COPIES_SUBDIR}/{pathcopy.digest_hex(inp.digest)}/{name}"
             else:
                 dest_top, owner = pathcopy.host_job_folder(self.dir, job), None
                 where = f"{self.node}'s disk"
+                copies = dest_top
                 dest_rel = f"{pathcopy.digest_hex(inp.digest)}/{name}"
             size = await asyncio.to_thread(
                 pathcopy.copy_verified,
@@ -628,8 +630,7 @@ class HostAgent:
                 self.disk_floor_bytes,
                 owner,
             )
-            folder = dest_top / dest_rel.rsplit("/", 2)[0] if len(roots) > 1 else dest_top
-            await asyncio.to_thread(pathcopy.keep_newest, folder, pathcopy.digest_hex(inp.digest))
+            await asyncio.to_thread(pathcopy.keep_newest, copies, pathcopy.digest_hex(inp.digest))
             log.info(
                 "host %s: %s: checkpoint of step %d: second copy on %s, verified (%d bytes copied)",
                 self.node,
